@@ -1,0 +1,31 @@
+# trainio: `make` builds everything into ./bin/trainio; `make test` runs every test.
+SHELL := /bin/bash
+CARGO ?= cargo
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: all deps build venv test test-fast bench-tracer bench-analysis bench-replay bench-fidelity demo clean
+
+all: build venv
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	$(CARGO) build --release --locked
+
+venv: deps
+
+test: all
+	$(PY) -m pytest tests
+
+# Tests that need neither root nor a device.
+test-fast: all
+	$(PY) -m pytest tests -m "not root and not slow"
+
+bench-tracer: all
+	$(PY) tests/bench/bench_tracer.py
+
+clean:
+	$(CARGO) clean
+	rm -rf $(VENV)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what trainio needs on a fresh Debian 12 machine of this kind (root):
+# Debian packages, then the Python venv. Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages, one list, grouped by who needs them.
+packages=(
+  # BPF build: clang compiles bpf/, bpftool generates vmlinux.h, libbpf-sys links these
+  clang llvm libelf-dev zlib1g-dev pkg-config make bpftool
+  # tests and benchmarks: real workloads, iostat, bpftrace for comparison
+  fio sysstat bpftrace util-linux coreutils
+  # replay: OpenMPI through the mpi crate (rsmpi needs libclang)
+  openmpi-bin libopenmpi-dev libclang-dev
+  # report test: headless Chromium renders the HTML report
+  chromium
+  # NFS tests: a QEMU guest running Debian's cloud kernel
+  qemu-system-x86 debootstrap cpio busybox-static
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+command -v cargo >/dev/null || { echo "install-deps: cargo not found (rustup is expected on this machine kind)" >&2; exit 2; }
+
+# Python venv for analysis/ and tests/.
+if [ ! -x .venv/bin/python ] || ! cmp -s analysis/requirements.txt .venv/.requirements; then
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet -r analysis/requirements.txt
+  cp analysis/requirements.txt .venv/.requirements
+fi
