@@ -1,0 +1,505 @@
+"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1).
+
+This is the only Python module that knows column names, Arrow types and metadata keys;
+everything else imports the names from here. A trace is a directory of
+``seg-NNNNNN.parquet`` segments (``*.partial`` files are ignored) or a single Parquet file.
+
+Design: validation reads only Parquet footers, so opening a 100 GB trace costs
+milliseconds; data is read lazily (:func:`scan_trace`) or one row group at a time
+(:func:`iter_row_groups`), never materialized whole.
+
+Example
+-------
+>>> import tempfile, pathlib
+>>> d = pathlib.Path(tempfile.mkdtemp()) / "t"
+>>> write_trace(d, [{"layer": "block", "op": "read", "issue_ns": 0, "complete_ns": 10,
+...                  "dev": "7:0", "bytes": 4096, "queue_depth": 1, "pid": 1}])
+[PosixPath('.../seg-000000.parquet')]
+>>> scan_trace(d).select("bytes").collect()["bytes"].to_list()
+[4096]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trainio_analysis.errors import TraceError
+
+SCHEMA_VERSION = 1
+KNOWN_SCHEMA_VERSIONS = frozenset({1})
+META_PREFIX = "trainio."
+SEGMENT_GLOB = "seg-*.parquet"
+
+DICT8 = pa.dictionary(pa.int8(), pa.string())
+DICT32 = pa.dictionary(pa.int32(), pa.string())
+
+#: (column, Arrow type, nullable) in the order SCHEMA.md lists them.
+COLUMNS: tuple[tuple[str, pa.DataType, bool], ...] = (
+    ("layer", DICT8, False),
+    ("op", DICT8, False),
+    ("issue_ns", pa.int64(), False),
+    ("complete_ns", pa.int64(), False),
+    ("insert_ns", pa.int64(), True),
+    ("dev", DICT8, True),
+    ("offset", pa.int64(), True),
+    ("bytes", pa.int64(), False),
+    ("bytes_requested", pa.int64(), False),
+    ("queue_depth", pa.uint32(), False),
+    ("pid", pa.uint32(), False),
+    ("tid", pa.uint32(), False),
+    ("comm", DICT32, False),
+    ("fd", pa.int32(), True),
+    ("file", DICT32, True),
+    ("error", pa.int32(), False),
+    ("flags", pa.uint32(), False),
+)
+SCHEMA = pa.schema([pa.field(n, t, nullable=null) for n, t, null in COLUMNS])
+COLUMN_TYPES = {n: t for n, t, _ in COLUMNS}
+STRING_COLUMNS = frozenset(n for n, t, _ in COLUMNS if pa.types.is_dictionary(t))
+
+LAYERS = ("block", "file", "nfs")
+OPS = {
+    "block": ("read", "write", "flush", "discard", "write_zeroes", "other"),
+    "file": ("read", "write", "open", "close"),
+    "nfs": ("read", "write", "commit"),
+}
+#: Ops whose rows are counted in a layer's queue depth (SCHEMA.md, `queue_depth`).
+QD_OPS = {
+    "block": OPS["block"],
+    "file": ("read", "write"),
+    "nfs": ("read", "write"),
+}
+#: Ops whose bytes are data transfers (throughput, sizes).
+DATA_OPS = ("read", "write")
+
+#: Metadata keys whose values are JSON, with the default the writer fills in.
+JSON_META_DEFAULTS: dict[str, Any] = {
+    "layers": None,  # filled from the rows
+    "skipped_probes": {},
+    "target": {"all": True},
+    "devices": [],
+    "lost_events": {},
+    "bpf_stats": {},
+    "events": None,  # filled from the rows
+}
+INT_META_KEYS = ("clock_offset_ns", "start_ns", "end_ns", "segment", "schema_version")
+
+# Columns a caller of write_trace may omit, and how they are filled.
+_NULL_DEFAULT = ("insert_ns", "dev", "offset", "fd", "file")
+_ZERO_DEFAULT = ("error", "flags")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One finished segment: its path, row count and row-group sizes."""
+
+    path: Path
+    rows: int
+    row_groups: tuple[int, ...]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def list_segments(path: str | os.PathLike[str]) -> list[Path]:
+    """Finished segment files of a trace, in name order (a single file is its own list)."""
+    p = Path(path)
+    if p.is_dir():
+        return sorted(p.glob(SEGMENT_GLOB))
+    if p.is_file():
+        return [p]
+    msg = f"{p}: no such trace (neither a directory nor a file)"
+    raise TraceError(msg)
+
+
+def _open_segment(path: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        msg = f"{path}: not a readable Parquet file ({first})"
+        raise TraceError(msg) from None
+
+
+def _raw_metadata(pf: pq.ParquetFile) -> dict[str, str]:
+    kv = pf.metadata.metadata or {}
+    return {
+        k.decode(): v.decode("utf-8", "replace")
+        for k, v in kv.items()
+        if k.startswith(META_PREFIX.encode())
+    }
+
+
+def _check_segment(path: Path, pf: pq.ParquetFile) -> None:
+    meta = _raw_metadata(pf)
+    version = meta.get(META_PREFIX + "schema_version")
+    if version is None:
+        msg = f"{path}: not a trainio trace (no trainio.schema_version metadata)"
+        raise TraceError(msg)
+    try:
+        known = int(version) in KNOWN_SCHEMA_VERSIONS
+    except ValueError:
+        known = False
+    if not known:
+        msg = (
+            f"{path}: unknown trainio.schema_version {version!r} "
+            f"(this reader knows {sorted(KNOWN_SCHEMA_VERSIONS)})"
+        )
+        raise TraceError(msg)
+    schema = pf.schema_arrow
+    missing = [n for n, _, _ in COLUMNS if n not in schema.names]
+    if missing:
+        msg = f"{path}: missing column(s) {', '.join(missing)}"
+        raise TraceError(msg)
+    for name, want, _ in COLUMNS:
+        got = schema.field(name).type
+        if name in STRING_COLUMNS:
+            ok = got in (pa.string(), pa.large_string()) or (
+                pa.types.is_dictionary(got)
+                and got.value_type in (pa.string(), pa.large_string())
+            )
+        else:
+            ok = got == want
+        if not ok:
+            msg = f"{path}: column {name} has type {got}, expected {want}"
+            raise TraceError(msg)
+
+
+def open_trace(path: str | os.PathLike[str]) -> list[Segment]:
+    """Validate a trace from its footers and describe its segments.
+
+    Raises
+    ------
+    TraceError
+        not a trace, not Parquet, unknown schema version, a missing column, or no rows.
+    """
+    files = list_segments(path)
+    if not files:
+        msg = f"{path}: empty trace (no {SEGMENT_GLOB} segments)"
+        raise TraceError(msg)
+    segments = []
+    for f in files:
+        pf = _open_segment(f)
+        _check_segment(f, pf)
+        md = pf.metadata
+        groups = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
+        segments.append(Segment(f, md.num_rows, groups))
+    if sum(s.rows for s in segments) == 0:
+        msg = f"{path}: empty trace (no rows)"
+        raise TraceError(msg)
+    return segments
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Key-value metadata of the trace, from its last segment, prefix stripped.
+
+    JSON values are decoded and integer values converted.
+    """
+    files = list_segments(path)
+    if not files:
+        msg = f"{path}: empty trace (no {SEGMENT_GLOB} segments)"
+        raise TraceError(msg)
+    last = files[-1]
+    pf = _open_segment(last)
+    _check_segment(last, pf)
+    out: dict[str, Any] = {}
+    for key, raw in _raw_metadata(pf).items():
+        short = key[len(META_PREFIX) :]
+        if short in INT_META_KEYS:
+            try:
+                out[short] = int(raw)
+            except ValueError:
+                out[short] = raw
+        elif short in JSON_META_DEFAULTS:
+            try:
+                out[short] = json.loads(raw)
+            except json.JSONDecodeError:
+                msg = f"{last}: metadata trainio.{short} is not JSON: {raw[:60]!r}"
+                raise TraceError(msg) from None
+        else:
+            out[short] = raw
+    return out
+
+
+def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
+    """All rows of a trace as a lazy frame (segments concatenated in name order).
+
+    String columns come back as ``pl.String``; ``layer``/``op`` comparisons push down
+    into the Parquet reader, so ``scan_trace(t).filter(pl.col("layer") == "block")``
+    reads only what it needs.
+    """
+    segments = open_trace(path)
+    files = [str(s.path) for s in segments]
+    lf = pl.scan_parquet(files)
+    return lf.with_columns(pl.col(sorted(STRING_COLUMNS)).cast(pl.String))
+
+
+def iter_row_groups(
+    segments: Sequence[Segment], columns: Sequence[str]
+) -> Iterator[tuple[Segment, int, pa.Table]]:
+    """Yield (segment, row-group index, table of ``columns``) one row group at a time."""
+    for seg in segments:
+        pf = _open_segment(seg.path)
+        for i in range(len(seg.row_groups)):
+            yield seg, i, pf.read_row_group(i, columns=list(columns))
+
+
+def row_group_min(segment: Segment, index: int, column: str) -> int | None:
+    """The Parquet statistics' minimum of ``column`` in one row group, if recorded."""
+    pf = _open_segment(segment.path)
+    rg = pf.metadata.row_group(index)
+    col = pf.schema_arrow.get_field_index(column)
+    # Arrow schema index equals Parquet leaf index for this flat schema.
+    stats = rg.column(col).statistics
+    if stats is None or not stats.has_min_max:
+        return None
+    return int(stats.min)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _to_table(rows: Any) -> pa.Table:
+    if isinstance(rows, pa.Table):
+        return rows
+    if isinstance(rows, pl.DataFrame):
+        return rows.to_arrow()
+    if isinstance(rows, Mapping):
+        return pa.table(dict(rows))
+    rows = list(rows)
+    if not rows:
+        return SCHEMA.empty_table()
+    # Union of keys over all rows: from_pylist would take the first row's keys only.
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    return pa.table({k: [row.get(k) for row in rows] for k in keys})
+
+
+def conform(rows: Any) -> pa.Table:
+    """Turn rows (list of dicts, column dict, polars or Arrow table) into SCHEMA exactly.
+
+    Optional columns may be omitted: nullable ones become null, ``error``/``flags`` 0,
+    ``bytes_requested`` = ``bytes``, ``tid`` = ``pid``, ``comm`` = ``"?"``.
+    """
+    table = _to_table(rows)
+    n = table.num_rows
+    have = set(table.column_names)
+    cols: list[pa.Array | pa.ChunkedArray] = []
+    for name, typ, _ in COLUMNS:
+        if name in have:
+            col = table.column(name)
+        elif name in _NULL_DEFAULT:
+            col = pa.nulls(n, pa.string() if name in STRING_COLUMNS else typ)
+        elif name in _ZERO_DEFAULT:
+            col = pa.array([0] * n, typ) if n < 4096 else pa.repeat(0, n).cast(typ)
+        elif name == "bytes_requested" and "bytes" in have:
+            col = table.column("bytes")
+        elif name == "tid" and "pid" in have:
+            col = table.column("pid")
+        elif name == "comm":
+            col = pa.repeat("?", n) if n else pa.array([], pa.string())
+        else:
+            msg = f"write_trace: required column {name} missing"
+            raise TraceError(msg)
+        try:
+            if name in STRING_COLUMNS:
+                if pa.types.is_dictionary(col.type):
+                    col = col.cast(pa.string())
+                col = col.cast(pa.string()).dictionary_encode().cast(typ)
+            else:
+                col = col.cast(typ)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            msg = f"write_trace: column {name} cannot be stored as {typ}: {exc}"
+            raise TraceError(msg) from None
+        if col.null_count and name not in _NULL_DEFAULT:
+            msg = f"write_trace: column {name} must not contain nulls"
+            raise TraceError(msg)
+        cols.append(col)
+    out = pa.table(cols, schema=SCHEMA)
+    _check_rows(out)
+    return out
+
+
+def _check_rows(table: pa.Table) -> None:
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return
+    if not pc.all(pc.greater_equal(table["complete_ns"], table["issue_ns"])).as_py():
+        msg = "write_trace: complete_ns < issue_ns in some row"
+        raise TraceError(msg)
+    layers = set(pc.unique(table["layer"].cast(pa.string())).to_pylist())
+    if not layers <= set(LAYERS):
+        msg = f"write_trace: unknown layer(s) {sorted(layers - set(LAYERS))}"
+        raise TraceError(msg)
+    pairs = table.select(["layer", "op"]).group_by(["layer", "op"]).aggregate([])
+    for layer, op in zip(pairs["layer"].to_pylist(), pairs["op"].to_pylist(), strict=True):
+        if op not in OPS[layer]:
+            msg = f"write_trace: op {op!r} is not a {layer} op"
+            raise TraceError(msg)
+
+
+def _meta_strings(metadata: Mapping[str, Any]) -> dict[str, str]:
+    out = {}
+    for key, value in metadata.items():
+        full = key if key.startswith(META_PREFIX) else META_PREFIX + key
+        out[full] = value if isinstance(value, str) else json.dumps(value)
+    return out
+
+
+class TraceWriter:
+    """Writes a trace segment by segment, as the tracer does: ``*.partial`` then rename.
+
+    Parameters
+    ----------
+    directory
+        The trace directory (created).
+    metadata
+        Key-value metadata, keys with or without the ``trainio.`` prefix; non-string
+        values are JSON-encoded. Missing keys get neutral defaults; ``segment``,
+        ``events``, ``layers``, ``start_ns``/``end_ns`` are maintained by the writer
+        unless given.
+    rows_per_segment, row_group_rows
+        Segment and row-group sizes.
+
+    Example
+    -------
+    >>> import tempfile
+    >>> with TraceWriter(tempfile.mkdtemp()) as w:
+    ...     w.write([{"layer": "file", "op": "read", "issue_ns": 5, "complete_ns": 9,
+    ...               "bytes": 1, "queue_depth": 1, "pid": 7}])
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        rows_per_segment: int = 4 << 20,
+        row_group_rows: int = 1 << 20,
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.user_meta = dict(metadata or {})
+        self.rows_per_segment = rows_per_segment
+        self.row_group_rows = row_group_rows
+        self.paths: list[Path] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._partial: Path | None = None
+        self._seg_rows = 0
+        self._events: dict[str, int] = {}
+        self._start: int | None = None
+        self._end: int | None = None
+
+    def _given(self, key: str) -> bool:
+        return key in self.user_meta or META_PREFIX + key in self.user_meta
+
+    def _metadata(self) -> dict[str, str]:
+        meta: dict[str, Any] = {
+            "tracer_version": "trainio_analysis",
+            "hostname": socket.gethostname(),
+            "kernel_release": os.uname().release,
+            "clock_offset_ns": 0,
+            "start_ns": self._start if self._start is not None else 0,
+            "end_ns": self._end if self._end is not None else 0,
+        }
+        for key, default in JSON_META_DEFAULTS.items():
+            if default is not None:
+                meta[key] = default
+        meta["layers"] = sorted(self._events)
+        meta["events"] = dict(sorted(self._events.items()))
+        meta.update({k.removeprefix(META_PREFIX): v for k, v in self.user_meta.items()})
+        meta["schema_version"] = str(SCHEMA_VERSION)
+        meta["segment"] = str(len(self.paths))
+        return _meta_strings(meta)
+
+    def write(self, rows: Any) -> None:
+        """Append rows (anything :func:`conform` accepts)."""
+        table = conform(rows)
+        import pyarrow.compute as pc
+
+        if table.num_rows:
+            lo = pc.min(table["issue_ns"]).as_py()
+            hi = pc.max(table["complete_ns"]).as_py()
+            self._start = lo if self._start is None else min(self._start, lo)
+            self._end = hi if self._end is None else max(self._end, hi)
+            counts = table["layer"].cast(pa.string()).value_counts()
+            for item in counts.to_pylist():
+                self._events[item["values"]] = self._events.get(item["values"], 0) + item["counts"]
+        offset = 0
+        while offset < table.num_rows:
+            if self._writer is None:
+                self._open()
+            take = min(table.num_rows - offset, self.rows_per_segment - self._seg_rows)
+            assert self._writer is not None
+            self._writer.write_table(table.slice(offset, take), row_group_size=self.row_group_rows)
+            self._seg_rows += take
+            offset += take
+            if self._seg_rows >= self.rows_per_segment:
+                self._close_segment()
+
+    def _open(self) -> None:
+        name = f"seg-{len(self.paths):06d}.parquet"
+        self._partial = self.directory / (name + ".partial")
+        self._writer = pq.ParquetWriter(
+            self._partial, SCHEMA, compression="zstd", write_statistics=True
+        )
+        self._seg_rows = 0
+
+    def _close_segment(self) -> None:
+        assert self._writer is not None and self._partial is not None
+        self._writer.add_key_value_metadata(self._metadata())
+        self._writer.close()
+        final = self._partial.with_suffix("")  # drop ".partial"
+        self._partial.rename(final)
+        self.paths.append(final)
+        self._writer = None
+        self._partial = None
+
+    def close(self) -> list[Path]:
+        """Close the open segment (an empty trace still gets one empty segment)."""
+        if self._writer is None and not self.paths:
+            self._open()
+        if self._writer is not None:
+            self._close_segment()
+        return self.paths
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_trace(
+    directory: str | os.PathLike[str],
+    rows: Any | Iterable[Any],
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    rows_per_segment: int = 4 << 20,
+    row_group_rows: int = 1 << 20,
+) -> list[Path]:
+    """Write rows as a trace directory; returns the segment paths.
+
+    ``rows`` is a list of row dicts, a dict of columns, a polars or Arrow table, or an
+    iterator of such chunks (a generator: each item is written as it comes, so a trace
+    larger than memory can be produced).
+    """
+    with TraceWriter(
+        directory, metadata, rows_per_segment=rows_per_segment, row_group_rows=row_group_rows
+    ) as writer:
+        if isinstance(rows, Iterator):
+            for chunk in rows:
+                writer.write(chunk)
+        else:
+            writer.write(rows)
+    return writer.paths
