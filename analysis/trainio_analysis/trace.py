@@ -31,6 +31,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from trainio_analysis.errors import TraceError
@@ -254,16 +255,33 @@ def iter_row_groups(
             yield seg, i, pf.read_row_group(i, columns=list(columns))
 
 
-def row_group_min(segment: Segment, index: int, column: str) -> int | None:
-    """The Parquet statistics' minimum of ``column`` in one row group, if recorded."""
+def read_row_group(segment: Segment, index: int, columns: Sequence[str]) -> pa.Table:
+    """One row group of a segment, only ``columns``."""
+    try:
+        return _open_segment(segment.path).read_row_group(index, columns=list(columns))
+    except (pa.ArrowInvalid, OSError) as exc:
+        msg = f"{segment.path}: row group {index} unreadable ({str(exc).splitlines()[0]})"
+        raise TraceError(msg) from None
+
+
+def _row_group_stat(segment: Segment, index: int, column: str, which: str) -> int | None:
     pf = _open_segment(segment.path)
     rg = pf.metadata.row_group(index)
-    col = pf.schema_arrow.get_field_index(column)
-    # Arrow schema index equals Parquet leaf index for this flat schema.
-    stats = rg.column(col).statistics
+    # the Arrow field index equals the Parquet leaf index in this flat schema
+    stats = rg.column(pf.schema_arrow.get_field_index(column)).statistics
     if stats is None or not stats.has_min_max:
         return None
-    return int(stats.min)
+    return int(getattr(stats, which))
+
+
+def row_group_min(segment: Segment, index: int, column: str) -> int | None:
+    """The Parquet statistics' minimum of ``column`` in one row group, if recorded."""
+    return _row_group_stat(segment, index, column, "min")
+
+
+def row_group_max(segment: Segment, index: int, column: str) -> int | None:
+    """The Parquet statistics' maximum of ``column`` in one row group, if recorded."""
+    return _row_group_stat(segment, index, column, "max")
 
 
 # --------------------------------------------------------------------------- writing
@@ -310,6 +328,13 @@ def conform(rows: Any) -> pa.Table:
         else:
             msg = f"write_trace: required column {name} missing"
             raise TraceError(msg)
+        if name in ("comm", "tid", "bytes_requested") and col.null_count:
+            fill = {"comm": "?"}.get(name)
+            if fill is None:
+                fill_col = table.column("pid" if name == "tid" else "bytes")
+                col = pa.chunked_array([pa.compute.coalesce(col, fill_col.cast(col.type))])
+            else:
+                col = pa.compute.fill_null(col.cast(pa.string()), fill)
         try:
             if name in STRING_COLUMNS:
                 if pa.types.is_dictionary(col.type):
@@ -476,8 +501,20 @@ class TraceWriter:
     def __enter__(self) -> TraceWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # nothing half-written: drop the open segment
+            self.abort()
+
+    def abort(self) -> None:
+        """Discard the open segment (finished segments stay)."""
+        if self._writer is not None:
+            self._writer.close()
+            assert self._partial is not None
+            self._partial.unlink(missing_ok=True)
+            self._writer = None
+            self._partial = None
 
 
 def write_trace(

@@ -1,0 +1,110 @@
+"""Command line: ``python -m trainio_analysis analyze|report|compare ...``.
+
+Every expected failure (bad trace, empty selection, unwritable output) is one line on
+stderr naming the file and the problem, exit status 2. A closed stdout pipe is not an
+error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from trainio_analysis.errors import TrainioError
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    msg = f"not JSON serializable: {type(obj).__name__}"
+    raise TypeError(msg)
+
+
+def _clean(obj: Any) -> Any:
+    """NaN/inf are not JSON: turn them into null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(_clean(obj), default=_json_default, allow_nan=False)
+
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layer", choices=("block", "file", "nfs"),
+                   help="layer to analyze (default: the lowest present: block, nfs, file)")
+    p.add_argument("--dev", help="only this device: MAJ:MIN or its name (e.g. nvme0n1)")
+    p.add_argument("--pid", type=int, help="only this process (tgid)")
+    p.add_argument("--bin-s", type=float, default=1.0, metavar="S",
+                   help="throughput timeline bin width in seconds (default 1.0)")
+    p.add_argument("--burst-gap-ms", type=float, default=10.0, metavar="MS",
+                   help="idle gaps at least this long separate bursts (default 10)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainio", description="Characterize and compare trainio storage traces."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    a = sub.add_parser("analyze", help="characterize a trace")
+    a.add_argument("trace", help="trace directory (or one .parquet file)")
+    _add_selection(a)
+    a.add_argument("--json", action="store_true", help="print one JSON object")
+
+    r = sub.add_parser("report", help="self-contained HTML report of one or more traces")
+    r.add_argument("traces", nargs="+", help="trace directories, shown side by side")
+    r.add_argument("-o", "--output", required=True, help="HTML file to write")
+    _add_selection(r)
+
+    c = sub.add_parser("compare", help="fidelity scores of trace B against trace A")
+    c.add_argument("a", help="reference trace (e.g. the recorded job)")
+    c.add_argument("b", help="candidate trace (e.g. its replay)")
+    _add_selection(c)
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def _selection(args: argparse.Namespace) -> dict[str, Any]:
+    return {"layer": args.layer, "dev": args.dev, "pid": args.pid, "bin_s": args.bin_s,
+            "burst_gap_ms": args.burst_gap_ms}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "analyze":
+            from trainio_analysis.analyze import analyze
+            from trainio_analysis.summary import format_summary
+
+            result = analyze(args.trace, **_selection(args))
+            print(dumps(result) if args.json else format_summary(result))
+        elif args.command == "compare":
+            from trainio_analysis.compare import compare, format_compare
+
+            result = compare(args.a, args.b, **_selection(args))
+            print(dumps(result) if args.json else format_compare(result))
+        else:
+            from trainio_analysis.report import write_report
+
+            path = write_report(args.traces, args.output, **_selection(args))
+            print(f"wrote {path}")
+    except TrainioError as exc:
+        print(f"trainio {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away: not an error
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,636 @@
+"""Characterize one layer of a trace: throughput, queue depth, sizes, latency, bursts.
+
+One streaming pass over the row groups does everything that grows with the trace
+(counting, the throughput timeline, size and latency distributions, the queue-depth
+sweep of :mod:`trainio_analysis.sweep`); a thread pool decodes and pre-sorts the next
+row groups while the main thread sweeps the current one, so both cores work and at most
+``2 * workers`` row groups are in memory. The small per-process table of the file layer
+is a polars streaming group-by.
+
+Example
+-------
+>>> result = analyze("traces/sample")  # doctest: +SKIP
+>>> result["qd_hist_issue"]  # doctest: +SKIP
+{'1': 0.5, '2': 0.5}
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from trainio_analysis import trace as tr
+from trainio_analysis.errors import SelectionError, TraceError
+from trainio_analysis.sketch import QuantileSketch, log_bucket, pow2_bucket, pow2_label
+from trainio_analysis.sweep import GroupState, QueueDepthSweep, event_keys
+
+MIB = float(1 << 20)
+LAYER_PREFERENCE = ("block", "nfs", "file")  # lowest layer first: what the storage sees
+DEFAULT_BURST_GAP_MS = 10.0
+MAX_TIMELINE_BINS = 10_000_000
+
+QD_DEFINITIONS = {
+    "qd_hist_issue": "per-issue: fraction of requests that saw k in flight (incl. itself) "
+    "when issued, from the kernel-recorded queue_depth column",
+    "qd_hist_issue_computed": "per-issue, recomputed from issue_ns/complete_ns intervals",
+    "qd_hist_time": "time-weighted: fraction of the trace's wall time with k in flight; "
+    "its mean is iostat aqu-sz",
+    "qd_hist_time_busy": "time-weighted over busy time only (k >= 1)",
+}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which rows to analyze; ``layer`` None means the lowest layer present."""
+
+    layer: str | None = None
+    dev: str | None = None
+    pid: int | None = None
+
+
+@dataclass
+class _Chunk:
+    """What one row group contributes (computed in a worker thread)."""
+
+    events: int = 0
+    reads: int = 0
+    writes: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    latency: np.ndarray | None = None
+    size_counts: np.ndarray | None = None
+    tl_read: np.ndarray | None = None
+    tl_write: np.ndarray | None = None
+    kernel_qd: dict[int, np.ndarray] = field(default_factory=dict)
+    gid: np.ndarray | None = None
+    issue: np.ndarray | None = None
+    complete: np.ndarray | None = None
+    nbytes: np.ndarray | None = None
+    keys_sorted: np.ndarray | None = None
+
+
+def _codes(column: pa.ChunkedArray, lookup: dict[str, int], default: int = -1) -> np.ndarray:
+    """Map each row's string to lookup[value] (default when absent or null)."""
+    parts = []
+    for chunk in column.chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = chunk.dictionary_encode()
+        values = chunk.dictionary.to_pylist()
+        lut = np.array([lookup.get(v, default) for v in values] + [default], dtype=np.int64)
+        idx = chunk.indices.fill_null(len(values)).to_numpy(zero_copy_only=False)
+        parts.append(lut[idx.astype(np.int64)])
+    if not parts:
+        return np.zeros(0, np.int64)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _np(column: pa.ChunkedArray) -> np.ndarray:
+    return column.to_numpy()
+
+
+class _Analyzer:
+    def __init__(self, path: str | os.PathLike[str], sel: Selection, bin_s: float,
+                 burst_gap_ms: float, workers: int) -> None:
+        self.path = Path(path)
+        self.segments = tr.open_trace(path)
+        self.meta = tr.read_metadata(path)
+        self.bin_ns = int(round(bin_s * 1e9))
+        if self.bin_ns <= 0:
+            msg = "--bin-s must be positive"
+            raise SelectionError(msg)
+        self.bin_s = bin_s
+        self.burst_gap_ns = int(round(burst_gap_ms * 1e6))
+        self.burst_gap_ms = burst_gap_ms
+        self.workers = max(1, workers)
+        self.layers_present = self._layers_present()
+        self.layer = self._choose_layer(sel.layer)
+        self.sel = sel
+        self.group_col = "pid" if self.layer == "file" else "dev"
+        self._plan()
+        self._find_groups()
+
+    # ------------------------------------------------------------------ planning
+
+    def _layers_present(self) -> dict[str, int]:
+        events = self.meta.get("events")
+        if isinstance(events, dict) and events:
+            return {k: int(v) for k, v in events.items() if int(v) > 0}
+        counts = (
+            tr.scan_trace(self.path).group_by("layer").len().collect(engine="streaming")
+        )
+        return dict(zip(counts["layer"].to_list(), counts["len"].to_list(), strict=True))
+
+    def _choose_layer(self, layer: str | None) -> str:
+        if layer is not None:
+            if layer not in tr.LAYERS:
+                msg = f"unknown layer {layer!r} (one of {', '.join(tr.LAYERS)})"
+                raise SelectionError(msg)
+            if layer not in self.layers_present:
+                msg = f"{self.path}: no {layer} events (layers present: {self._present()})"
+                raise SelectionError(msg)
+            return layer
+        for candidate in LAYER_PREFERENCE:
+            if candidate in self.layers_present:
+                return candidate
+        msg = f"{self.path}: empty trace (no events in any layer)"
+        raise TraceError(msg)
+
+    def _present(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in sorted(self.layers_present.items())) or "none"
+
+    def _plan(self) -> None:
+        """Row-group order, watermarks and the time window, from footers when possible."""
+        units = []
+        for seg in self.segments:
+            for i in range(len(seg.row_groups)):
+                lo = tr.row_group_min(seg, i, "issue_ns")
+                hi = tr.row_group_max(seg, i, "complete_ns")
+                if lo is None or hi is None:
+                    t = tr.read_row_group(seg, i, ["issue_ns", "complete_ns"])
+                    lo, hi = int(_np(t["issue_ns"]).min()), int(_np(t["complete_ns"]).max())
+                units.append((seg, i, lo, hi))
+        units = [u for u in units if u[0].row_groups[u[1]] > 0]
+        self.units = units
+        mins = [u[2] for u in units]
+        suffix = [0] * len(units)
+        running: int | None = None
+        for k in range(len(units) - 1, -1, -1):
+            suffix[k] = running  # type: ignore[call-overload]
+            running = mins[k] if running is None else min(running, mins[k])
+        first_issue = min(mins)
+        last_complete = max(u[3] for u in units)
+        start = self.meta.get("start_ns")
+        end = self.meta.get("end_ns")
+        self.t0 = min(first_issue, start) if isinstance(start, int) and start > 0 else first_issue
+        self.t1 = max(last_complete, end) if isinstance(end, int) else last_complete
+        self.watermarks = [None if w is None else w - self.t0 for w in suffix]
+        self.window = self.t1 - self.t0
+        nbins = self.window // self.bin_ns + 1
+        if nbins > MAX_TIMELINE_BINS:
+            msg = f"--bin-s {self.bin_s} gives {nbins} bins over {self.window / 1e9:.0f} s: raise it"
+            raise SelectionError(msg)
+        self.nbins = int(nbins)
+
+    def _find_groups(self) -> None:
+        """The selection's devices or processes, so group ids are stable from the start."""
+        lf = tr.scan_trace(self.path).filter(pl.col("layer") == self.layer)
+        lf = self._filter_lazy(lf)
+        found = (
+            lf.group_by(self.group_col).agg(pl.len().alias("events"))
+            .sort(self.group_col).collect(engine="streaming")
+        )
+        if found.height == 0:
+            what = [f"--layer {self.layer}"]
+            if self.sel.dev is not None:
+                what.append(f"--dev {self.sel.dev}")
+            if self.sel.pid is not None:
+                what.append(f"--pid {self.sel.pid}")
+            msg = f"{self.path}: no events match {' '.join(what)}"
+            raise SelectionError(msg)
+        keys = found[self.group_col].to_list()
+        self.group_names = ["?" if k is None else str(k) for k in keys]
+        if self.group_col == "dev":
+            self.dev_lookup = {k: i for i, k in enumerate(keys) if k is not None}
+            self.null_group = keys.index(None) if None in keys else -1
+        else:
+            self.pid_lookup = np.array(keys, dtype=np.int64)
+
+    def _dev_filter_value(self) -> str | None:
+        dev = self.sel.dev
+        if dev is None or ":" in dev:
+            return dev
+        for d in self.meta.get("devices") or []:
+            if isinstance(d, dict) and d.get("name") in (dev, f"/dev/{dev}".removeprefix("/dev/")):
+                return str(d.get("dev"))
+        return dev
+
+    def _filter_lazy(self, lf: pl.LazyFrame) -> pl.LazyFrame:
+        dev = self._dev_filter_value()
+        if dev is not None:
+            lf = lf.filter(pl.col("dev") == dev)
+        if self.sel.pid is not None:
+            lf = lf.filter(pl.col("pid") == self.sel.pid)
+        return lf
+
+    # ------------------------------------------------------------------ per chunk
+
+    def _columns(self) -> list[str]:
+        cols = ["layer", "op", "issue_ns", "complete_ns", "bytes", "queue_depth", self.group_col]
+        if self.sel.dev is not None and "dev" not in cols:
+            cols.append("dev")
+        if self.sel.pid is not None and "pid" not in cols:
+            cols.append("pid")
+        return cols
+
+    def _prepare(self, unit: tuple[tr.Segment, int, int, int]) -> _Chunk:
+        seg, index, _, _ = unit
+        t = tr.read_row_group(seg, index, self._columns())
+        c = _Chunk()
+        ops = tr.OPS[self.layer]
+        op_code = _codes(t["op"], {op: i for i, op in enumerate(ops)})
+        mask = _codes(t["layer"], {self.layer: 1}, 0) == 1
+        dev = self._dev_filter_value()
+        if dev is not None:
+            mask &= _codes(t["dev"], {dev: 1}, 0) == 1
+        if self.sel.pid is not None:
+            mask &= _np(t["pid"]) == self.sel.pid
+        if not mask.any():
+            return c
+        c.events = int(mask.sum())
+        op_code = op_code[mask]
+        issue = _np(t["issue_ns"])[mask] - self.t0
+        complete = _np(t["complete_ns"])[mask] - self.t0
+        nbytes = _np(t["bytes"])[mask]
+        if self.group_col == "dev":
+            gid = _codes(t["dev"], self.dev_lookup, self.null_group)[mask]
+        else:
+            pids = _np(t["pid"])[mask].astype(np.int64)
+            gid = np.searchsorted(self.pid_lookup, pids)
+        # data transfers: throughput, sizes, latency
+        is_read = op_code == ops.index("read")
+        is_write = op_code == ops.index("write")
+        data = is_read | is_write
+        c.reads, c.writes = int(is_read.sum()), int(is_write.sum())
+        c.bytes_read = int(nbytes[is_read].sum())
+        c.bytes_written = int(nbytes[is_write].sum())
+        c.latency = (complete[data] - issue[data])
+        c.size_counts = np.bincount(pow2_bucket(nbytes[data]), minlength=65)
+        tbin = complete // self.bin_ns
+        c.tl_read = np.bincount(tbin[is_read], weights=nbytes[is_read], minlength=self.nbins)
+        c.tl_write = np.bincount(tbin[is_write], weights=nbytes[is_write], minlength=self.nbins)
+        # queue depth: rows the layer's counter counts
+        qd_ops = [i for i, op in enumerate(ops) if op in tr.QD_OPS[self.layer]]
+        counted = np.isin(op_code, qd_ops) if len(qd_ops) < len(ops) else np.ones_like(data)
+        kqd = _np(t["queue_depth"])[mask][counted].astype(np.int64)
+        g = gid[counted]
+        if g.size:
+            width = int(kqd.max()) + 1
+            flat = np.bincount(g * width + kqd, minlength=(int(g.max()) + 1) * width)
+            grid = flat.reshape(-1, width)
+            c.kernel_qd = {int(k): grid[k] for k in np.flatnonzero(grid.sum(axis=1))}
+        c.gid, c.issue, c.complete, c.nbytes = g, issue[counted], complete[counted], nbytes[counted]
+        if g.size and int(g.min()) == int(g.max()):
+            # pre-sort in the worker: the sweep's main cost, and numpy releases the GIL
+            keys = event_keys(c.issue, c.complete)
+            keys.sort()
+            c.keys_sorted = keys
+        return c
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> dict[str, Any]:
+        n_groups = len(self.group_names)
+        sweep = QueueDepthSweep(window_end=self.window, burst_gap=self.burst_gap_ns)
+        union = (
+            QueueDepthSweep(window_end=self.window, burst_gap=self.burst_gap_ns)
+            if n_groups > 1 else None
+        )
+        acc = _Chunk(latency=None)
+        latency = QuantileSketch()
+        size_counts = np.zeros(65, np.int64)
+        tl_read = np.zeros(self.nbins, np.float64)
+        tl_write = np.zeros(self.nbins, np.float64)
+        kernel_qd: dict[int, np.ndarray] = {}
+        pool = ThreadPoolExecutor(max_workers=self.workers)
+        inflight: deque[Future[_Chunk]] = deque()
+        todo = iter(range(len(self.units)))
+        try:
+            for _ in range(2 * self.workers):
+                k = next(todo, None)
+                if k is not None:
+                    inflight.append(pool.submit(self._prepare, self.units[k]))
+            k_done = 0
+            while inflight:
+                c = inflight.popleft().result()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    inflight.append(pool.submit(self._prepare, self.units[nxt]))
+                w = self.watermarks[k_done]
+                k_done += 1
+                if c.events:
+                    acc.events += c.events
+                    acc.reads += c.reads
+                    acc.writes += c.writes
+                    acc.bytes_read += c.bytes_read
+                    acc.bytes_written += c.bytes_written
+                    latency.add(c.latency)
+                    size_counts += c.size_counts
+                    tl_read += c.tl_read
+                    tl_write += c.tl_write
+                    for g, h in c.kernel_qd.items():
+                        prev = kernel_qd.get(g, np.zeros(0, np.int64))
+                        if prev.size < h.size:
+                            prev = np.concatenate((prev, np.zeros(h.size - prev.size, np.int64)))
+                        prev[: h.size] += h
+                        kernel_qd[g] = prev
+                if c.gid is not None and c.gid.size:
+                    sweep.feed(c.gid, c.issue, c.complete, c.nbytes, w,
+                               presorted=c.keys_sorted)
+                    if union is not None:
+                        zeros = np.zeros(c.gid.size, np.int64)
+                        union.feed(zeros, c.issue, c.complete, c.nbytes, w)
+                else:
+                    sweep.advance(w)
+                    if union is not None:
+                        union.advance(w)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        groups = sweep.finish()
+        union_state = union.finish()[0] if union is not None else groups[0]
+        return self._result(acc, latency, size_counts, tl_read, tl_write, kernel_qd,
+                            groups, union_state)
+
+    # ------------------------------------------------------------------ results
+
+    def _result(self, acc: _Chunk, latency: QuantileSketch, size_counts: np.ndarray,
+                tl_read: np.ndarray, tl_write: np.ndarray, kernel_qd: dict[int, np.ndarray],
+                groups: dict[int, GroupState], union_state: GroupState) -> dict[str, Any]:
+        duration_ns = max(self.window, 1)
+        duration_s = self.window / 1e9
+        total_kernel = _sum_hists(kernel_qd.values())
+        total_issue = _sum_hists(g.hist_issue for g in groups.values())
+        total_time = _sum_hists((g.hist_time for g in groups.values()), dtype=np.float64)
+        n_groups = max(len(groups), 1)
+        busy_ns = float(total_time[1:].sum())
+        hist_k = _fractions(total_kernel)
+        hist_c = _fractions(total_issue)
+        data_bytes = acc.bytes_read + acc.bytes_written
+        timeline_total = (tl_read + tl_write) / MIB / self.bin_s
+        out: dict[str, Any] = {
+            "trace": str(self.path),
+            "schema_version": tr.SCHEMA_VERSION,
+            "selection": {
+                "layer": self.layer,
+                "dev": self.sel.dev,
+                "pid": self.sel.pid,
+                "grouped_by": self.group_col,
+                "groups": len(self.group_names),
+            },
+            "layers_present": self.layers_present,
+            "events": acc.events,
+            "reads": acc.reads,
+            "writes": acc.writes,
+            "bytes_read": acc.bytes_read,
+            "bytes_written": acc.bytes_written,
+            "start_ns": self.t0,
+            "end_ns": self.t1,
+            "duration_s": duration_s,
+            "throughput_mib_s": {
+                "mean": data_bytes / MIB / duration_s if duration_s > 0 else 0.0,
+                "read_mean": acc.bytes_read / MIB / duration_s if duration_s > 0 else 0.0,
+                "write_mean": acc.bytes_written / MIB / duration_s if duration_s > 0 else 0.0,
+                "peak": float(timeline_total.max()) if timeline_total.size else 0.0,
+                "bin_s": self.bin_s,
+                "timeline": {
+                    "t_s": [round(i * self.bin_s, 9) for i in range(self.nbins)],
+                    "read": (tl_read / MIB / self.bin_s).tolist(),
+                    "write": (tl_write / MIB / self.bin_s).tolist(),
+                },
+            },
+            "iops": (acc.reads + acc.writes) / duration_s if duration_s > 0 else 0.0,
+            "read_iops": acc.reads / duration_s if duration_s > 0 else 0.0,
+            "write_iops": acc.writes / duration_s if duration_s > 0 else 0.0,
+            "qd_definitions": QD_DEFINITIONS,
+            "qd_hist_issue": hist_k,
+            "qd_hist_issue_computed": hist_c,
+            "qd_issue_agreement": {
+                "w1": w1_distance(hist_k, hist_c),
+                "max_abs_diff": max_abs_diff(hist_k, hist_c),
+                "mean_kernel": hist_mean(hist_k),
+                "mean_computed": hist_mean(hist_c),
+            },
+            "qd_mean_issue": hist_mean(hist_k),
+            "qd_max": max((int(k) for k in hist_c), default=0),
+            "qd_hist_time": _fractions(total_time, total=duration_ns * n_groups),
+            "qd_hist_time_busy": _fractions(total_time[1:], offset=1),
+            "qd_mean_time": _weighted_mean(total_time) / (duration_ns * n_groups),
+            "qd_mean_time_busy": _weighted_mean(total_time) / busy_ns if busy_ns else 0.0,
+            "utilization": busy_ns / (duration_ns * n_groups),
+            "latency_us": {
+                "p50": latency.quantile(0.5) / 1e3,
+                "p90": latency.quantile(0.9) / 1e3,
+                "p99": latency.quantile(0.99) / 1e3,
+                "p999": latency.quantile(0.999) / 1e3,
+                "max": latency.max / 1e3 if latency.count else float("nan"),
+                "mean": latency.sum / latency.count / 1e3 if latency.count else float("nan"),
+                "exact": latency.exact,
+            },
+            "size_hist": {
+                str(pow2_label(b)): float(n) / max(int(size_counts.sum()), 1)
+                for b, n in enumerate(size_counts) if n
+            },
+            "size_counts": {str(pow2_label(b)): int(n) for b, n in enumerate(size_counts) if n},
+            "mean_size_bytes": data_bytes / (acc.reads + acc.writes) if acc.reads + acc.writes else 0.0,
+            "idle_fraction": float(union_state.hist_time[0]) / duration_ns,
+            "bursts": _bursts(union_state, self.burst_gap_ms),
+            "idle_gap_hist_us": _pow2_hist_us(union_state.idle_gaps),
+            "lost_events": _lost(self.meta),
+        }
+        per_group = {}
+        for gid, state in sorted(groups.items()):
+            name = self.group_names[gid]
+            busy = state.busy_ns
+            per_group[name] = {
+                "qd_hist_issue": _fractions(kernel_qd.get(gid, np.zeros(0, np.int64))),
+                "qd_hist_issue_computed": _fractions(state.hist_issue),
+                "qd_hist_time": _fractions(state.hist_time, total=duration_ns),
+                "qd_mean_time": _weighted_mean(state.hist_time) / duration_ns,
+                "qd_mean_time_busy": _weighted_mean(state.hist_time) / busy if busy else 0.0,
+                "utilization": busy / duration_ns,
+                "bursts": _bursts(state, self.burst_gap_ms),
+            }
+        out["groups"] = per_group
+        if self.layer == "file":
+            out["processes"] = self._processes(groups)
+            out["steps"] = _steps(union_state)
+        return out
+
+    def _processes(self, groups: dict[int, GroupState]) -> list[dict[str, Any]]:
+        lf = tr.scan_trace(self.path).filter(pl.col("layer") == "file")
+        lf = self._filter_lazy(lf)
+        reads = pl.col("op") == "read"
+        table = (
+            lf.group_by("pid")
+            .agg(
+                pl.col("comm").filter(reads).first().alias("comm"),
+                reads.sum().alias("reads"),
+                pl.col("bytes").filter(reads).sum().alias("bytes"),
+                pl.col("file").filter(reads).drop_nulls().n_unique().alias("files"),
+                pl.col("queue_depth").filter(reads).mean().alias("qd_mean_issue"),
+                pl.col("queue_depth").filter(reads).max().alias("qd_max"),
+            )
+            .sort("pid")
+            .collect(engine="streaming")
+        )
+        out = []
+        for row in table.iter_rows(named=True):
+            gid = int(np.searchsorted(self.pid_lookup, row["pid"]))
+            state = groups.get(gid)
+            entry = {
+                "pid": row["pid"],
+                "comm": row["comm"],
+                "reads": int(row["reads"]),
+                "bytes": int(row["bytes"] or 0),
+                "files": int(row["files"]),
+                "mean_read_size": (row["bytes"] or 0) / row["reads"] if row["reads"] else 0.0,
+                "concurrency": {
+                    "mean_issue": float(row["qd_mean_issue"] or 0.0),
+                    "max": int(row["qd_max"] or 0),
+                    "mean_time": (
+                        _weighted_mean(state.hist_time) / max(self.window, 1) if state else 0.0
+                    ),
+                },
+            }
+            entry.update(_steps(state) if state else _steps(None))
+            out.append(entry)
+        return out
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _sum_hists(hists: Any, dtype: Any = np.int64) -> np.ndarray:
+    total = np.zeros(0, dtype)
+    for h in hists:
+        if h.size > total.size:
+            total = np.concatenate((total, np.zeros(h.size - total.size, dtype)))
+        total[: h.size] += h
+    return total
+
+
+def _fractions(hist: np.ndarray, *, total: float | None = None, offset: int = 0) -> dict[str, float]:
+    denom = float(hist.sum()) if total is None else float(total)
+    if denom <= 0:
+        return {}
+    return {str(k + offset): float(v) / denom for k, v in enumerate(hist) if v}
+
+
+def _weighted_mean(hist: np.ndarray) -> float:
+    return float((np.arange(hist.size) * hist).sum())
+
+
+def hist_mean(hist: dict[str, float]) -> float:
+    """Mean of a {k: fraction} histogram."""
+    return float(sum(int(k) * v for k, v in hist.items()))
+
+
+def w1_distance(a: dict[str, float], b: dict[str, float]) -> float:
+    """Wasserstein-1 (earth mover's) distance of two {k: fraction} histograms on the integers.
+
+    W1 = sum over k of |CDF_a(k) - CDF_b(k)|, in units of k (queue-depth steps).
+    """
+    if not a or not b:
+        return float("nan") if (a or b) else 0.0
+    top = max(int(k) for k in [*a, *b])
+    pa_ = np.zeros(top + 1)
+    pb_ = np.zeros(top + 1)
+    for k, v in a.items():
+        pa_[int(k)] = v
+    for k, v in b.items():
+        pb_[int(k)] = v
+    pa_ /= pa_.sum()
+    pb_ /= pb_.sum()
+    return float(np.abs(np.cumsum(pa_) - np.cumsum(pb_)).sum())
+
+
+def max_abs_diff(a: dict[str, float], b: dict[str, float]) -> float:
+    keys = set(a) | set(b)
+    return max((abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in keys), default=0.0)
+
+
+def _bursts(state: GroupState, gap_ms: float) -> dict[str, Any]:
+    starts = np.asarray(state.burst_starts, np.int64)
+    ends = np.asarray(state.burst_ends[: starts.size], np.int64)
+    n = int(min(starts.size, ends.size))
+    gaps = np.asarray(state.burst_gaps, np.float64)
+    nbytes = state.burst_bytes[:n].astype(np.float64)
+    return {
+        "gap_threshold_ms": gap_ms,
+        "count": n,
+        "mean_bytes": float(nbytes.mean()) if n else 0.0,
+        "mean_duration_s": float((ends[:n] - starts[:n]).mean()) / 1e9 if n else 0.0,
+        "mean_gap_s": float(gaps.mean()) / 1e9 if gaps.size else 0.0,
+        "median_gap_s": float(np.median(gaps)) / 1e9 if gaps.size else 0.0,
+        "busy_periods": state.busy_periods,
+    }
+
+
+def _steps(state: GroupState | None) -> dict[str, Any]:
+    """Accelerator time per step inferred from the idle gaps between read bursts.
+
+    A training step is one burst (the loader fetching a batch) followed by a gap in which
+    the loader waits for the accelerator: the median gap is the compute time, the median
+    burst's bytes are the bytes per step (medians, so the first epoch's cold start and
+    the final partial step do not skew them).
+    """
+    empty = {"steps": 0, "compute_time_s": None, "bytes_per_step": None,
+             "required_mib_s_per_gpu": None}
+    if state is None or len(state.burst_gaps) == 0:
+        if state is not None:
+            empty["steps"] = len(state.burst_starts)
+        return empty
+    gaps = np.asarray(state.burst_gaps, np.float64) / 1e9
+    nbytes = state.burst_bytes[: len(state.burst_starts)].astype(np.float64)
+    compute = float(np.median(gaps))
+    per_step = float(np.median(nbytes))
+    return {
+        "steps": len(state.burst_starts),
+        "compute_time_s": compute,
+        "bytes_per_step": per_step,
+        "required_mib_s_per_gpu": per_step / MIB / compute if compute > 0 else None,
+    }
+
+
+def _pow2_hist_us(sketch: QuantileSketch) -> dict[str, int]:
+    low, counts = sketch.histogram()
+    out: dict[str, int] = {}
+    for lo, n in zip(low, counts, strict=True):
+        us = lo / 1e3
+        key = "0" if us < 1 else str(1 << int(math.floor(math.log2(us))))
+        out[key] = out.get(key, 0) + int(n)
+    return out
+
+
+def _lost(meta: dict[str, Any]) -> dict[str, Any]:
+    lost = meta.get("lost_events") or {}
+    by_probe = {str(k): int(v) for k, v in lost.items()} if isinstance(lost, dict) else {}
+    total = sum(by_probe.values())
+    return {"total": total, "by_probe": by_probe, "complete": total == 0}
+
+
+def analyze(
+    path: str | os.PathLike[str],
+    *,
+    layer: str | None = None,
+    dev: str | None = None,
+    pid: int | None = None,
+    bin_s: float = 1.0,
+    burst_gap_ms: float = DEFAULT_BURST_GAP_MS,
+    workers: int = 2,
+) -> dict[str, Any]:
+    """Analyze one layer of a trace; returns the JSON-ready result.
+
+    Parameters
+    ----------
+    layer
+        ``block``, ``file`` or ``nfs``; default the lowest layer present.
+    dev, pid
+        Keep only this device (``MAJ:MIN`` or its name) or process.
+    bin_s
+        Throughput timeline bin width in seconds.
+    burst_gap_ms
+        Idle gaps at least this long separate bursts.
+    workers
+        Threads decoding row groups ahead of the sweep.
+    """
+    sel = Selection(layer=layer, dev=dev, pid=pid)
+    return _Analyzer(path, sel, bin_s, burst_gap_ms, workers).run()

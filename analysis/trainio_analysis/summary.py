@@ -1,0 +1,83 @@
+"""Human-readable summary of an :func:`~trainio_analysis.analyze.analyze` result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _hist_line(hist: dict[str, float], limit: int = 8) -> str:
+    if not hist:
+        return "-"
+    top = sorted(hist.items(), key=lambda kv: -kv[1])[:limit]
+    return "  ".join(f"{k}:{v * 100:.1f}%" for k, v in sorted(top, key=lambda kv: int(kv[0])))
+
+
+def _size(n: float) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _opt(v: Any, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def format_summary(r: dict[str, Any]) -> str:
+    sel = r["selection"]
+    where = [f"layer {sel['layer']}"]
+    if sel["dev"]:
+        where.append(f"dev {sel['dev']}")
+    if sel["pid"] is not None:
+        where.append(f"pid {sel['pid']}")
+    tp = r["throughput_mib_s"]
+    lat = r["latency_us"]
+    b = r["bursts"]
+    agree = r["qd_issue_agreement"]
+    lost = r["lost_events"]
+    others = [k for k in r["layers_present"] if k != sel["layer"]]
+    lines = [
+        f"trace {r['trace']}  ({', '.join(where)}; {sel['groups']} {sel['grouped_by']}"
+        f"{'s' if sel['groups'] != 1 else ''})"
+        + (f"  [also recorded: {', '.join(others)}: use --layer]" if others else ""),
+        f"  events       {r['events']:,}  ({r['reads']:,} reads, {r['writes']:,} writes)"
+        f" over {r['duration_s']:.3f} s",
+        f"  bytes        read {_size(r['bytes_read'])}, written {_size(r['bytes_written'])}",
+        f"  throughput   mean {tp['mean']:.1f} MiB/s (read {tp['read_mean']:.1f}, write "
+        f"{tp['write_mean']:.1f}), peak {tp['peak']:.1f} MiB/s per {tp['bin_s']:g} s bin",
+        f"  IOPS         {r['iops']:.0f}  mean size {_size(r['mean_size_bytes'])}",
+        f"  latency us   p50 {_opt(lat['p50'], '.1f')}  p90 {_opt(lat['p90'], '.1f')}  "
+        f"p99 {_opt(lat['p99'], '.1f')}  p99.9 {_opt(lat['p999'], '.1f')}  "
+        f"max {_opt(lat['max'], '.1f')}",
+        f"  QD per-issue (kernel)    {_hist_line(r['qd_hist_issue'])}",
+        f"  QD per-issue (computed)  {_hist_line(r['qd_hist_issue_computed'])}"
+        f"   agreement W1 {_opt(agree['w1'], '.3f')}",
+        f"  QD time-weighted         {_hist_line(r['qd_hist_time'])}",
+        f"  QD mean (aqu-sz) {r['qd_mean_time']:.2f}, busy-only {r['qd_mean_time_busy']:.2f}, "
+        f"utilization {r['utilization'] * 100:.1f}%, idle {r['idle_fraction'] * 100:.1f}%",
+        f"  sizes        {_hist_line(r['size_hist'])}",
+        f"  bursts       {b['count']} (gap >= {b['gap_threshold_ms']:g} ms): mean "
+        f"{_size(b['mean_bytes'])}, {b['mean_duration_s'] * 1e3:.2f} ms long, "
+        f"{b['mean_gap_s'] * 1e3:.2f} ms apart",
+    ]
+    steps = r.get("steps")
+    if steps and steps["compute_time_s"] is not None:
+        lines.append(
+            f"  steps        {steps['steps']}: compute {steps['compute_time_s'] * 1e3:.1f} ms/step, "
+            f"{_size(steps['bytes_per_step'])}/step -> needs "
+            f"{_opt(steps['required_mib_s_per_gpu'], '.1f')} MiB/s per GPU"
+        )
+    for p in r.get("processes", [])[:20]:
+        lines.append(
+            f"  pid {p['pid']:>7} {str(p['comm'] or '?'):<15} {p['reads']:>9,} reads "
+            f"{_size(p['bytes']):>10} {p['files']:>6} files  mean {_size(p['mean_read_size'])}"
+            f"  conc {p['concurrency']['mean_time']:.2f}"
+            + (f"  compute {p['compute_time_s'] * 1e3:.1f} ms, "
+               f"{_opt(p['required_mib_s_per_gpu'], '.1f')} MiB/s/GPU"
+               if p["compute_time_s"] is not None else "")
+        )
+    lines.append(
+        "  lost events  none (trace complete)" if lost["complete"]
+        else f"  lost events  {lost['total']:,} INCOMPLETE TRACE: {lost['by_probe']}"
+    )
+    return "\n".join(lines)
