@@ -1,1 +1,88 @@
-fn main(){}
+#![recursion_limit = "256"]
+//! trainio-replay: `trainio replay|datagen|sweep`. See docs/replay.md.
+
+mod cli;
+mod cluster;
+mod dataset;
+mod engine;
+mod program;
+mod record;
+mod replay;
+mod results;
+mod sweep;
+mod workload;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use cli::{Cli, Command};
+use cluster::Cluster;
+use replay::Job;
+
+fn main() {
+    let cli = Cli::parse();
+    let name = match &cli.command {
+        Command::Replay(_) => "replay",
+        Command::Datagen(_) => "datagen",
+        Command::Sweep(_) => "sweep",
+    };
+    let cluster = match Cluster::init() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("trainio {name}: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(cli.command, &cluster) {
+        let cause = format!("{e:#}").replace('\n', " ");
+        if cluster.size > 1 {
+            eprintln!("trainio {name}: rank {} on {} failed: {cause}", cluster.rank, cluster.hostname);
+        } else {
+            eprintln!("trainio {name}: {cause}");
+        }
+        cluster.abort(2);
+    }
+}
+
+fn run(command: Command, cluster: &Cluster) -> Result<()> {
+    match command {
+        Command::Datagen(source) => {
+            let args = cli::RunArgs {
+                source,
+                generate: true,
+                no_barrier: false,
+                odirect: false,
+                drop_caches: false,
+                threshold: None,
+                quiet: false,
+            };
+            let job = Job::prepare(&args)?;
+            job.datagen(cluster, args.source.gpus)
+        }
+        Command::Replay(args) => {
+            let job = Job::prepare(&args.run)?;
+            if args.run.source.gpus < cluster.size as u64 {
+                anyhow::bail!(replay::InputError(format!(
+                    "--gpus {} is fewer than the {} MPI ranks: give every rank at least one simulated GPU",
+                    args.run.source.gpus, cluster.size
+                )));
+            }
+            let recorder = match &args.record {
+                Some(dir) if cluster.is_root() => Some(record::Recorder::start(dir)?),
+                _ => None,
+            };
+            let result = job.run(cluster, args.run.source.gpus);
+            if let Some(r) = recorder {
+                r.stop()?;
+            }
+            if let Some(summary) = result? {
+                print!("{}", results::human(&summary));
+                if let Some(path) = &args.json {
+                    std::fs::write(path, serde_json::to_vec_pretty(&summary)?)
+                        .with_context(|| format!("writing {}", path.display()))?;
+                }
+            }
+            Ok(())
+        }
+        Command::Sweep(args) => sweep::sweep(&args, cluster),
+    }
+}

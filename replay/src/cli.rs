@@ -1,0 +1,114 @@
+//! Command-line interface: `trainio replay|datagen|sweep`. The raw arguments become a
+//! validated configuration in `replay::Job::prepare`, not here.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "trainio", version, about = "Replay AI-training storage I/O with emulated accelerators")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Replay a DLIO/MLPerf workload or a recorded trace with simulated GPUs.
+    Replay(ReplayArgs),
+    /// Materialize a workload's (or a trace's) dataset in --data-dir.
+    Datagen(SourceArgs),
+    /// Find the most simulated GPUs that keep AU at or above the threshold.
+    Sweep(SweepArgs),
+}
+
+/// Where the I/O pattern comes from, where the data lives, and overrides of the workload.
+#[derive(Args, Debug, Clone)]
+pub struct SourceArgs {
+    /// DLIO / MLPerf Storage workload YAML (v1.0 or v2.0 key names).
+    #[arg(long, value_name = "FILE.yaml", required_unless_present = "trace", conflicts_with = "trace")]
+    pub workload: Option<PathBuf>,
+    /// Recorded trace (directory of Parquet segments, or one .parquet file): its file-layer reads.
+    #[arg(long, value_name = "TRACE")]
+    pub trace: Option<PathBuf>,
+    /// Directory that holds (or will hold) the dataset.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: PathBuf,
+    /// Simulated GPUs in the whole job (spread over the MPI ranks).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub gpus: u64,
+    /// Use a non-empty directory that trainio did not create.
+    #[arg(long)]
+    pub force: bool,
+    /// Override the computation time per step, seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub computation_time: Option<f64>,
+    /// Override reader.batch_size.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch_size: Option<u64>,
+    /// Override reader.read_threads (outstanding reads per simulated GPU).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub read_threads: Option<u64>,
+    /// Override reader.prefetch_size (batches).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub prefetch_size: Option<u64>,
+    /// Bytes per read request (default: reader.transfer_size, else 1 MiB).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(512..=(1u64 << 30)))]
+    pub transfer_size: Option<u64>,
+    /// Override train.epochs.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub epochs: Option<u64>,
+    /// Stop each epoch after this many steps (default: the whole shard).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_steps: Option<u64>,
+    /// Override train.seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Generate the dataset first (as `trainio datagen` would).
+    #[arg(long)]
+    pub generate: bool,
+    /// No step barrier across simulated GPUs (DLIO's allreduce is on by default).
+    #[arg(long)]
+    pub no_barrier: bool,
+    /// Read with O_DIRECT, bypassing the page cache.
+    #[arg(long)]
+    pub odirect: bool,
+    /// Drop the page cache (echo 3 > /proc/sys/vm/drop_caches; root) before the run.
+    #[arg(long)]
+    pub drop_caches: bool,
+    /// AU threshold in percent (default: the workload's metric.au, else 90).
+    #[arg(long, value_name = "PERCENT")]
+    pub threshold: Option<f64>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Trace the replay itself with `trainio record` into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub record: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Largest GPU count to try.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_gpus: u64,
+    /// Where to save the curve (GPUs → AU, throughput) as JSON.
+    #[arg(long, value_name = "FILE", default_value = "trainio-sweep.json")]
+    pub json: PathBuf,
+}

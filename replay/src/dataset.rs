@@ -1,0 +1,270 @@
+//! The dataset on storage: which files exist, how big they are, who owns the directory,
+//! and how files are sharded over simulated GPUs.
+//!
+//! File sizes are a pure function of (workload seed, file index), so a dataset generated
+//! for N GPUs can be grown for 2N later without rewriting what is there, and every rank
+//! of an MPI job computes the same layout without talking to the others.
+//!
+//! Ownership: `trainio datagen` writes only under `--data-dir`. It marks the directory
+//! with `.trainio-dataset` (JSON) and refuses to write into a non-empty directory without
+//! that marker, or into a device node, unless `--force` is given.
+
+use crate::workload::Workload;
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Normal};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+pub const MARKER: &str = ".trainio-dataset";
+/// File and sample sizes are rounded up to this so O_DIRECT reads stay aligned.
+pub const ALIGN: u64 = 4096;
+
+#[derive(Debug, Clone)]
+pub struct DataFile {
+    /// Path relative to the data directory.
+    pub rel: PathBuf,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub root: PathBuf,
+    pub files: Vec<DataFile>,
+    pub samples_per_file: u64,
+    pub description: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Marker {
+    tool: String,
+    version: u32,
+    description: String,
+    files: u64,
+    bytes: u64,
+}
+
+pub fn round_up(v: u64, to: u64) -> u64 {
+    v.div_ceil(to) * to
+}
+
+impl Layout {
+    /// Files needed so that each of `gpus` simulated GPUs owns at least one full batch.
+    pub fn files_for(workload: &Workload, gpus: u64) -> u64 {
+        let per_gpu = workload.batch_size.div_ceil(workload.num_samples_per_file);
+        workload.num_files_train.max(gpus * per_gpu)
+    }
+
+    pub fn from_workload(workload: &Workload, gpus: u64, root: &Path) -> Layout {
+        let n = Layout::files_for(workload, gpus);
+        let spf = workload.num_samples_per_file;
+        let normal = (workload.record_length_stdev > 0.0)
+            .then(|| Normal::new(workload.record_length, workload.record_length_stdev).ok())
+            .flatten();
+        let digits = (n.max(2) - 1).to_string().len().max(6);
+        let files = (0..n)
+            .map(|i| {
+                let record = match &normal {
+                    Some(d) => {
+                        let mut rng = rand::rngs::StdRng::seed_from_u64(workload.seed ^ (i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+                        d.sample(&mut rng).max(1.0)
+                    }
+                    None => workload.record_length,
+                };
+                let sample = round_up((record.ceil() as u64).max(1), ALIGN);
+                let name = format!("file_{i:0digits$}.dat");
+                let rel = if workload.num_subfolders_train > 0 {
+                    PathBuf::from("train").join(format!("{:04}", i % workload.num_subfolders_train)).join(name)
+                } else {
+                    PathBuf::from("train").join(name)
+                };
+                DataFile { rel, size: sample * spf }
+            })
+            .collect();
+        Layout {
+            root: root.to_path_buf(),
+            files,
+            samples_per_file: spf,
+            description: format!("workload {}", workload.name),
+        }
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+
+    pub fn path(&self, file: usize) -> PathBuf {
+        self.root.join(&self.files[file].rel)
+    }
+
+    /// Files of simulated GPU `gpu` of `gpus`: every `gpus`-th file, the same count for all
+    /// GPUs (the remainder is left unread, as DLIO drops the last partial shard).
+    pub fn shard(&self, gpu: u64, gpus: u64) -> Vec<usize> {
+        let per_gpu = self.files.len() as u64 / gpus;
+        (0..per_gpu).map(|k| (k * gpus + gpu) as usize).collect()
+    }
+
+    /// Checks that every file the replay will read exists with its planned size.
+    pub fn verify(&self, upto: usize) -> Result<()> {
+        if !self.root.join(MARKER).exists() {
+            bail!(
+                "{}: no trainio dataset here: run 'trainio datagen' with the same workload and --gpus, or pass --generate",
+                self.root.display()
+            );
+        }
+        for (i, f) in self.files.iter().take(upto).enumerate() {
+            let p = self.root.join(&f.rel);
+            match std::fs::metadata(&p) {
+                Ok(m) if m.len() == f.size => {}
+                Ok(m) => bail!(
+                    "{}: {} bytes, expected {} (file {i}): regenerate with 'trainio datagen' or --generate",
+                    p.display(),
+                    m.len(),
+                    f.size
+                ),
+                Err(_) => bail!(
+                    "{}: missing (the dataset has fewer files than {} GPUs need): run 'trainio datagen' with --gpus, or pass --generate",
+                    p.display(),
+                    self.files.len()
+                ),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Refuses directories that are not ours. Creates the directory when it does not exist.
+pub fn claim_directory(root: &Path, force: bool) -> Result<()> {
+    match std::fs::symlink_metadata(root) {
+        Ok(m) => {
+            let ft = m.file_type();
+            if ft.is_block_device() || ft.is_char_device() {
+                bail!(
+                    "{}: is a device; datagen writes files into a directory: make a file system on it, mount it and pass the mount point",
+                    root.display()
+                );
+            }
+            let m = std::fs::metadata(root)?;
+            if !m.is_dir() {
+                bail!("{}: exists and is not a directory", root.display());
+            }
+            let ours = root.join(MARKER).exists();
+            let empty = std::fs::read_dir(root)?
+                .filter_map(|e| e.ok())
+                .all(|e| e.file_name() == "lost+found");
+            if !ours && !empty && !force {
+                bail!(
+                    "{}: not empty and not a trainio dataset (no {MARKER}): refusing to write there; pass --force to use it anyway",
+                    root.display()
+                );
+            }
+        }
+        Err(_) => std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?,
+    }
+    Ok(())
+}
+
+/// Writes the marker first, so that an interrupted datagen still marks the directory ours.
+pub fn write_marker(layout: &Layout) -> Result<()> {
+    let marker = Marker {
+        tool: "trainio".into(),
+        version: 1,
+        description: layout.description.clone(),
+        files: layout.files.len() as u64,
+        bytes: layout.total_bytes(),
+    };
+    let p = layout.root.join(MARKER);
+    std::fs::write(&p, serde_json::to_vec_pretty(&marker)?).with_context(|| format!("writing {}", p.display()))
+}
+
+/// Materializes the files of `layout` whose index ≡ `part` (mod `parts`), skipping files
+/// that already exist with the right size. Returns the bytes written.
+pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool) -> Result<u64> {
+    let todo: Vec<usize> = (0..layout.files.len())
+        .filter(|i| i % parts == part)
+        .filter(|&i| std::fs::metadata(layout.path(i)).map(|m| m.len() != layout.files[i].size).unwrap_or(true))
+        .collect();
+    let bytes: u64 = todo.iter().map(|&i| layout.files[i].size).sum();
+    let bar = if show_progress { ProgressBar::new(bytes) } else { ProgressBar::hidden() };
+    bar.set_style(
+        ProgressStyle::with_template("datagen {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}")
+            .unwrap(),
+    );
+    let mut block = vec![0u8; 1 << 20];
+    rand::rngs::StdRng::seed_from_u64(0x7472_6169_6e69_6f).fill(&mut block[..]);
+    for &i in &todo {
+        let path = layout.path(i);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        let mut left = layout.files[i].size;
+        let mut chunk_no = 0u64;
+        while left > 0 {
+            // A distinct stamp per chunk keeps deduplicating storage from collapsing the data.
+            block[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            block[8..16].copy_from_slice(&chunk_no.to_le_bytes());
+            let n = left.min(block.len() as u64) as usize;
+            out.write_all(&block[..n]).with_context(|| format!("writing {}", path.display()))?;
+            left -= n as u64;
+            chunk_no += 1;
+            bar.inc(n as u64);
+        }
+        out.flush().with_context(|| format!("writing {}", path.display()))?;
+    }
+    // One syncfs instead of an fsync per file: O_DIRECT readers must find the data on disk.
+    if let Ok(dir) = std::fs::File::open(&layout.root) {
+        use std::os::fd::AsRawFd;
+        unsafe { libc::syncfs(dir.as_raw_fd()) };
+    }
+    bar.finish_and_clear();
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(stdev: f64) -> Workload {
+        let y = format!("dataset:\n  num_files_train: 10\n  record_length_bytes: 100000\n  record_length_bytes_stdev: {stdev}\nreader:\n  batch_size: 4\ntrain:\n  computation_time: 0.1\n");
+        Workload::from_yaml(&y, "t").unwrap()
+    }
+
+    #[test]
+    fn sizes_are_stable_and_aligned() {
+        let w = workload(20000.0);
+        let a = Layout::from_workload(&w, 1, Path::new("/x"));
+        let b = Layout::from_workload(&w, 20, Path::new("/x"));
+        assert_eq!(a.files.len(), 10);
+        assert_eq!(b.files.len(), 80, "20 GPUs × 4 samples per batch");
+        for (x, y) in a.files.iter().zip(&b.files) {
+            assert_eq!(x.size, y.size);
+            assert_eq!(x.size % ALIGN, 0);
+        }
+        assert!(a.files.iter().any(|f| f.size != a.files[0].size), "stdev must vary sizes");
+    }
+
+    #[test]
+    fn shards_are_disjoint() {
+        let l = Layout::from_workload(&workload(0.0), 3, Path::new("/x"));
+        let mut all: Vec<usize> = (0..3).flat_map(|g| l.shard(g, 3)).collect();
+        assert_eq!(all.len(), 12, "10 files raised to 3 GPUs × one batch of 4");
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 12);
+    }
+
+    #[test]
+    fn refuses_foreign_directories() {
+        let dir = std::env::temp_dir().join(format!("trainio-claim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("precious"), b"x").unwrap();
+        assert!(claim_directory(&dir, false).is_err());
+        assert!(claim_directory(&dir, true).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

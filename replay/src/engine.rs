@@ -1,0 +1,530 @@
+//! The accelerator model: simulated GPUs, their data-loader workers, and the step barrier,
+//! all driven by one event loop per rank over io_uring.
+//!
+//! Why one thread: a simulated GPU is mostly asleep (computing) or waiting for its reads,
+//! so an OS thread per GPU or per reader would spend the host's CPU on context switches
+//! and make sleep overshoot grow with the GPU count. Here every reader of every simulated
+//! GPU is a state machine with at most one read in flight, submitted to io_uring, so the
+//! storage sees exactly `read_threads` outstanding reads per simulated GPU, as a PyTorch
+//! DataLoader with `num_workers = read_threads` would create, whatever the GPU count. The
+//! compute sleeps are deadlines in a heap; the loop waits in `io_uring_enter` with a timeout
+//! at the next deadline.
+//!
+//! Loader model (PyTorch's): each worker reads one whole batch, sample after sample, and
+//! hands it over in step order; a GPU may have `window` batches started but not consumed
+//! (`read_threads × ceil(prefetch_size / read_threads)`, DLIO's prefetch_factor rule).
+//! A new epoch's reading starts when the GPU enters that epoch (a new DataLoader iterator).
+
+use crate::cluster::{Cluster, PendingBarrier};
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use io_uring::{opcode, types, IoUring};
+use rand::rngs::StdRng;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::cmp::Reverse;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// One sample (or one recorded read) to read: a byte range of a file.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleRead {
+    pub file: u32,
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    pub samples: u32,
+    pub reads: Vec<SampleRead>,
+}
+
+/// What every simulated GPU of this rank does; implemented by the workload and trace modes.
+pub trait Program {
+    fn epochs(&self) -> u64;
+    fn steps_per_epoch(&self) -> u64;
+    /// `gpu` is the rank-local index.
+    fn batch(&self, gpu: usize, epoch: u64, step: u64) -> Batch;
+    fn compute_seconds(&self, gpu: usize, epoch: u64, step: u64, rng: &mut StdRng) -> f64;
+    fn path(&self, file: u32) -> PathBuf;
+    fn read_threads(&self, gpu: usize) -> usize;
+    fn prefetch_size(&self, gpu: usize) -> usize;
+    /// Largest single read request, bytes.
+    fn max_request(&self) -> u64;
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub odirect: bool,
+    pub barrier: bool,
+    pub progress: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EpochStats {
+    pub epoch: u64,
+    pub steps: u64,
+    pub samples: u64,
+    pub bytes: u64,
+    pub duration_s: f64,
+    pub first_step_s: f64,
+    /// Σ measured compute of steps 2..n of this epoch.
+    pub compute_after_first_s: f64,
+    pub au: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GpuStats {
+    pub gpu: u64,
+    pub rank: usize,
+    pub steps: u64,
+    pub samples: u64,
+    pub bytes: u64,
+    pub compute_s: f64,
+    pub io_wait_s: f64,
+    pub barrier_wait_s: f64,
+    /// DLIO's AU as a fraction: first step of each epoch excluded.
+    pub au: f64,
+    pub epochs: Vec<EpochStats>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RankRun {
+    pub gpus: Vec<GpuStats>,
+    pub wall_s: f64,
+    /// Sleep overshoot histogram: (µs, count), sparse.
+    pub overshoot_us: Vec<(u64, u64)>,
+}
+
+const ALIGN: u64 = 4096;
+
+struct AlignedBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl AlignedBuf {
+    fn new(size: usize) -> AlignedBuf {
+        let layout = std::alloc::Layout::from_size_align(size.max(ALIGN as usize), ALIGN as usize).unwrap();
+        // Zeroed so the pages exist before the first read and no read measures a page fault.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "out of memory for read buffers");
+        AlignedBuf { ptr, layout }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+struct Worker {
+    gpu: usize,
+    /// Step of the batch being read, if any.
+    step: Option<u64>,
+    item: usize,
+    pos: u64,
+    fd: i32,
+    buf: AlignedBuf,
+    path: PathBuf,
+}
+
+struct Slot {
+    step: u64,
+    batch: Batch,
+    done: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    WaitBatch { since: u64 },
+    Computing { start: u64 },
+    AtBarrier { since: u64 },
+    Done,
+}
+
+struct Gpu {
+    workers: Vec<usize>,
+    window: u64,
+    epoch: u64,
+    step: u64,
+    /// Batches handed to the GPU this epoch (the window counts from here).
+    consumed: u64,
+    next_to_start: u64,
+    slots: VecDeque<Slot>,
+    state: State,
+    carry_ns: u64,
+    rng: StdRng,
+    epoch_start: u64,
+    first_step_end: Option<u64>,
+    cur: EpochStats,
+    stats: GpuStats,
+}
+
+pub struct Engine<'a, P: Program> {
+    program: &'a P,
+    options: EngineOptions,
+    cluster: &'a Cluster,
+    ring: IoUring,
+    workers: Vec<Worker>,
+    gpus: Vec<Gpu>,
+    timers: BinaryHeap<Reverse<(u64, usize)>>,
+    in_flight: usize,
+    at_barrier: usize,
+    pending_barrier: Option<PendingBarrier>,
+    t0: Instant,
+    overshoot: BTreeMap<u64, u64>,
+    bar: ProgressBar,
+}
+
+impl<'a, P: Program> Engine<'a, P> {
+    /// `gpus`: global indices of this rank's simulated GPUs; `seed` makes compute draws repeatable.
+    pub fn new(program: &'a P, gpus: &[u64], rank: usize, cluster: &'a Cluster, options: EngineOptions, seed: u64) -> Result<Self> {
+        use rand::SeedableRng;
+        let buf_size = crate::dataset::round_up(program.max_request().max(1), ALIGN) as usize + ALIGN as usize;
+        let mut workers = Vec::new();
+        let mut sims = Vec::new();
+        for (local, &global) in gpus.iter().enumerate() {
+            let threads = program.read_threads(local).max(1);
+            let ids: Vec<usize> = (workers.len()..workers.len() + threads).collect();
+            for _ in 0..threads {
+                workers.push(Worker { gpu: local, step: None, item: 0, pos: 0, fd: -1, buf: AlignedBuf::new(buf_size), path: PathBuf::new() });
+            }
+            let prefetch = program.prefetch_size(local).max(1);
+            let window = (threads * prefetch.div_ceil(threads)) as u64;
+            sims.push(Gpu {
+                workers: ids,
+                window,
+                epoch: 0,
+                step: 0,
+                consumed: 0,
+                next_to_start: 0,
+                slots: VecDeque::new(),
+                state: State::WaitBatch { since: 0 },
+                carry_ns: 0,
+                rng: StdRng::seed_from_u64(seed ^ global.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                epoch_start: 0,
+                first_step_end: None,
+                cur: EpochStats::default(),
+                stats: GpuStats { gpu: global, rank, ..Default::default() },
+            });
+        }
+        let entries = (workers.len().max(8) as u32).next_power_of_two().min(32768);
+        let ring = IoUring::new(entries).context("setting up io_uring (is it disabled by kernel.io_uring_disabled?)")?;
+        let total = program.epochs() * program.steps_per_epoch();
+        let bar = if options.progress && cluster.is_root() { ProgressBar::new(total) } else { ProgressBar::hidden() };
+        bar.set_style(ProgressStyle::with_template("replay {bar:40} step {pos}/{len} {per_sec} eta {eta} {msg}").unwrap());
+        Ok(Engine {
+            program,
+            options,
+            cluster,
+            ring,
+            workers,
+            gpus: sims,
+            timers: BinaryHeap::new(),
+            in_flight: 0,
+            at_barrier: 0,
+            pending_barrier: None,
+            t0: Instant::now(),
+            overshoot: BTreeMap::new(),
+            bar,
+        })
+    }
+
+    fn now(&self) -> u64 {
+        self.t0.elapsed().as_nanos() as u64
+    }
+
+    pub fn run(mut self) -> Result<RankRun> {
+        self.t0 = Instant::now();
+        if self.program.steps_per_epoch() == 0 || self.program.epochs() == 0 {
+            bail!("nothing to replay: 0 steps per epoch");
+        }
+        for g in 0..self.gpus.len() {
+            self.fill(g)?;
+        }
+        let mut completions: Vec<(u64, i32)> = Vec::with_capacity(1024);
+        loop {
+            let now = self.now();
+            while let Some(&Reverse((deadline, g))) = self.timers.peek() {
+                if deadline > now {
+                    break;
+                }
+                self.timers.pop();
+                self.compute_done(g, deadline, now)?;
+            }
+            if let Some(b) = self.pending_barrier.as_mut() {
+                if b.done() {
+                    self.pending_barrier = None;
+                    self.release_barrier()?;
+                    continue;
+                }
+            }
+            if self.gpus.iter().all(|g| g.state == State::Done) && self.in_flight == 0 {
+                break;
+            }
+            // Wait for a completion, the next deadline, or the next barrier poll.
+            let mut wait_ns = u64::MAX;
+            if let Some(&Reverse((deadline, _))) = self.timers.peek() {
+                wait_ns = deadline.saturating_sub(self.now());
+            }
+            if self.pending_barrier.is_some() {
+                wait_ns = wait_ns.min(100_000);
+            }
+            if wait_ns == u64::MAX && self.in_flight == 0 {
+                bail!("internal error: the replay stalled (no reads in flight, no GPU computing)");
+            }
+            if wait_ns > 0 {
+                let want = if self.in_flight > 0 || wait_ns != u64::MAX { 1 } else { 0 };
+                let ts = types::Timespec::new().sec(wait_ns.min(3_600_000_000_000) / 1_000_000_000).nsec((wait_ns % 1_000_000_000) as u32);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                match self.ring.submitter().submit_with_args(want, &args) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ETIME) || e.raw_os_error() == Some(libc::EINTR) => {}
+                    Err(e) => return Err(e).context("io_uring_enter"),
+                }
+            } else {
+                self.ring.submit().context("io_uring_enter")?;
+            }
+            completions.clear();
+            completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            for &(w, res) in &completions {
+                self.in_flight -= 1;
+                self.read_done(w as usize, res)?;
+            }
+        }
+        self.bar.finish_and_clear();
+        let wall_s = self.now() as f64 / 1e9;
+        Ok(RankRun {
+            gpus: self.gpus.into_iter().map(|g| g.stats).collect(),
+            wall_s,
+            overshoot_us: self.overshoot.into_iter().collect(),
+        })
+    }
+
+    /// Starts batches on idle workers of GPU `g` while the prefetch window allows.
+    fn fill(&mut self, g: usize) -> Result<()> {
+        let spe = self.program.steps_per_epoch();
+        for k in 0..self.gpus[g].workers.len() {
+            let w = self.gpus[g].workers[k];
+            let gpu = &self.gpus[g];
+            if self.workers[w].step.is_some() || gpu.state == State::Done {
+                continue;
+            }
+            if gpu.next_to_start >= spe || gpu.next_to_start >= gpu.consumed + gpu.window {
+                break;
+            }
+            let step = gpu.next_to_start;
+            let batch = self.program.batch(g, gpu.epoch, step);
+            let gpu = &mut self.gpus[g];
+            gpu.next_to_start += 1;
+            gpu.slots.push_back(Slot { step, batch, done: false });
+            let worker = &mut self.workers[w];
+            worker.step = Some(step);
+            worker.item = 0;
+            worker.pos = 0;
+            self.start_item(w)?;
+        }
+        Ok(())
+    }
+
+    fn slot_of(&mut self, g: usize, step: u64) -> &mut Slot {
+        let gpu = &mut self.gpus[g];
+        let first = gpu.slots.front().map(|s| s.step).unwrap_or(0);
+        &mut gpu.slots[(step - first) as usize]
+    }
+
+    /// Opens the worker's current sample and issues its first read, or finishes the batch.
+    fn start_item(&mut self, w: usize) -> Result<()> {
+        let g = self.workers[w].gpu;
+        let step = self.workers[w].step.expect("worker without a batch");
+        let item = self.workers[w].item;
+        let read = self.slot_of(g, step).batch.reads.get(item).copied();
+        let Some(read) = read else {
+            self.slot_of(g, step).done = true;
+            self.workers[w].step = None;
+            self.try_consume(g)?;
+            return self.fill(g);
+        };
+        let path = self.program.path(read.file);
+        let c = CString::new(path.as_os_str().as_bytes()).context("file name with a NUL byte")?;
+        let flags = libc::O_RDONLY | libc::O_CLOEXEC | if self.options.odirect { libc::O_DIRECT } else { 0 };
+        let fd = unsafe { libc::open(c.as_ptr(), flags) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            bail!("opening {}: {e}", path.display());
+        }
+        let worker = &mut self.workers[w];
+        worker.fd = fd;
+        worker.pos = 0;
+        worker.path = path;
+        self.submit_read(w, read)
+    }
+
+    fn submit_read(&mut self, w: usize, read: SampleRead) -> Result<()> {
+        let max = self.program.max_request();
+        let worker = &self.workers[w];
+        let mut offset = read.offset + worker.pos;
+        let mut len = (read.len - worker.pos).min(max);
+        if self.options.odirect {
+            // O_DIRECT wants aligned offsets and lengths; recorded reads may not be.
+            let start = offset / ALIGN * ALIGN;
+            len = crate::dataset::round_up(offset + len - start, ALIGN);
+            offset = start;
+        }
+        let len = len.min(worker.buf.layout.size() as u64) as u32;
+        let sqe = opcode::Read::new(types::Fd(worker.fd), worker.buf.ptr, len).offset(offset).build().user_data(w as u64);
+        // SAFETY: the buffer belongs to the worker, which has no other read in flight.
+        unsafe {
+            if self.ring.submission().push(&sqe).is_err() {
+                self.ring.submit().context("io_uring_enter")?;
+                self.ring.submission().push(&sqe).map_err(|_| anyhow::anyhow!("io_uring submission queue full"))?;
+            }
+        }
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    fn read_done(&mut self, w: usize, res: i32) -> Result<()> {
+        let g = self.workers[w].gpu;
+        let step = self.workers[w].step.expect("completion for an idle worker");
+        let item = self.workers[w].item;
+        let read = self.slot_of(g, step).batch.reads[item];
+        if res < 0 {
+            let e = std::io::Error::from_raw_os_error(-res);
+            bail!("reading {} at offset {}: {e}", self.workers[w].path.display(), read.offset + self.workers[w].pos);
+        }
+        let got = res as u64;
+        let gpu = &mut self.gpus[g];
+        gpu.stats.bytes += got;
+        gpu.cur.bytes += got;
+        let worker = &mut self.workers[w];
+        // An O_DIRECT read may have started before the sample (alignment): count progress
+        // from the aligned start.
+        let lead = if self.options.odirect { (read.offset + worker.pos) % ALIGN } else { 0 };
+        worker.pos += got.saturating_sub(lead);
+        if got > 0 && worker.pos < read.len {
+            return self.submit_read(w, read);
+        }
+        // Sample finished (or the file ended early: a short file is read as it is).
+        unsafe { libc::close(worker.fd) };
+        worker.fd = -1;
+        worker.item += 1;
+        self.start_item(w)
+    }
+
+    /// If GPU `g` is waiting and its next batch is complete, take it and start computing.
+    fn try_consume(&mut self, g: usize) -> Result<()> {
+        let now = self.now();
+        let gpu = &mut self.gpus[g];
+        let State::WaitBatch { since } = gpu.state else { return Ok(()) };
+        match gpu.slots.front() {
+            Some(s) if s.step == gpu.step && s.done => {}
+            _ => return Ok(()),
+        }
+        let slot = gpu.slots.pop_front().unwrap();
+        gpu.consumed += 1;
+        gpu.stats.io_wait_s += (now - since) as f64 / 1e9;
+        gpu.stats.samples += slot.batch.samples as u64;
+        gpu.cur.samples += slot.batch.samples as u64;
+        let seconds = self.program.compute_seconds(g, gpu.epoch, gpu.step, &mut gpu.rng);
+        let want = (seconds * 1e9) as u64;
+        // fio's rule: overshoot of the previous sleep is taken off this one, not lost.
+        let sleep = want.saturating_sub(gpu.carry_ns);
+        gpu.carry_ns -= want - sleep;
+        gpu.state = State::Computing { start: now };
+        self.timers.push(Reverse((now + sleep, g)));
+        self.fill(g)
+    }
+
+    fn compute_done(&mut self, g: usize, deadline: u64, now: u64) -> Result<()> {
+        let over = now - deadline;
+        *self.overshoot.entry(over / 1000).or_default() += 1;
+        let gpu = &mut self.gpus[g];
+        let State::Computing { start } = gpu.state else { bail!("internal error: timer for a GPU that is not computing") };
+        gpu.carry_ns += over;
+        let compute = (now - start) as f64 / 1e9;
+        gpu.stats.compute_s += compute;
+        if gpu.first_step_end.is_some() {
+            gpu.cur.compute_after_first_s += compute;
+        }
+        if self.options.barrier {
+            gpu.state = State::AtBarrier { since: now };
+            self.at_barrier += 1;
+            let active = self.gpus.iter().filter(|g| g.state != State::Done).count();
+            if self.at_barrier == active {
+                self.pending_barrier = Some(self.cluster.start_barrier());
+            }
+            Ok(())
+        } else {
+            self.end_step(g, now)
+        }
+    }
+
+    fn release_barrier(&mut self) -> Result<()> {
+        let now = self.now();
+        self.at_barrier = 0;
+        for g in 0..self.gpus.len() {
+            if let State::AtBarrier { since } = self.gpus[g].state {
+                self.gpus[g].stats.barrier_wait_s += (now - since) as f64 / 1e9;
+                self.end_step(g, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn end_step(&mut self, g: usize, now: u64) -> Result<()> {
+        let spe = self.program.steps_per_epoch();
+        let epochs = self.program.epochs();
+        let gpu = &mut self.gpus[g];
+        gpu.stats.steps += 1;
+        gpu.cur.steps += 1;
+        gpu.step += 1;
+        if gpu.first_step_end.is_none() {
+            gpu.first_step_end = Some(now);
+        }
+        if g == 0 {
+            self.bar.inc(1);
+        }
+        let gpu = &mut self.gpus[g];
+        if gpu.step == spe {
+            let first_end = gpu.first_step_end.unwrap();
+            let mut e = std::mem::take(&mut gpu.cur);
+            e.epoch = gpu.epoch;
+            e.duration_s = (now - gpu.epoch_start) as f64 / 1e9;
+            e.first_step_s = (first_end - gpu.epoch_start) as f64 / 1e9;
+            let rest = (now - first_end) as f64 / 1e9;
+            e.au = if rest > 0.0 { e.compute_after_first_s / rest } else { 0.0 };
+            gpu.stats.epochs.push(e);
+            gpu.epoch += 1;
+            gpu.step = 0;
+            gpu.consumed = 0;
+            gpu.next_to_start = 0;
+            gpu.first_step_end = None;
+            gpu.epoch_start = now;
+            if gpu.epoch == epochs {
+                gpu.state = State::Done;
+                let (c, t): (f64, f64) = gpu
+                    .stats
+                    .epochs
+                    .iter()
+                    .fold((0.0, 0.0), |(c, t), e| (c + e.compute_after_first_s, t + e.duration_s - e.first_step_s));
+                // With one step per epoch nothing is left after excluding it: fall back to
+                // the whole run rather than report 0.
+                gpu.stats.au = if t > 0.0 {
+                    c / t
+                } else {
+                    gpu.stats.compute_s / gpu.stats.epochs.iter().map(|e| e.duration_s).sum::<f64>().max(1e-9)
+                };
+                return Ok(());
+            }
+        }
+        gpu.state = State::WaitBatch { since: now };
+        self.fill(g)?;
+        self.try_consume(g)
+    }
+}

@@ -1,0 +1,244 @@
+//! One replay job: arguments → validated configuration → dataset → engine → results.
+
+use crate::cli::RunArgs;
+use crate::cluster::Cluster;
+use crate::dataset::{self, Layout};
+use crate::engine::{Engine, EngineOptions};
+use crate::program::WorkloadProgram;
+use crate::results::{self, RankReport, Settings};
+use crate::workload::{ComputeTime, Workload};
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+
+/// An error in what the user gave us (file, flags): reported in one line, exit 2.
+#[derive(Debug)]
+pub struct InputError(pub String);
+impl std::fmt::Display for InputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for InputError {}
+
+pub const DEFAULT_TRANSFER: u64 = 1 << 20;
+
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub workload: Workload,
+    pub source: String,
+    pub data_dir: PathBuf,
+    pub transfer_size: u64,
+    pub max_steps: u64,
+    pub threshold_percent: f64,
+    pub barrier: bool,
+    pub odirect: bool,
+    pub drop_caches: bool,
+    pub generate: bool,
+    pub force: bool,
+    pub progress: bool,
+}
+
+/// GPUs of rank `rank` when `gpus` are spread over `ranks`: contiguous, the first
+/// `gpus % ranks` ranks take one more.
+pub fn split(gpus: u64, ranks: usize, rank: usize) -> Vec<u64> {
+    let ranks = ranks as u64;
+    let rank = rank as u64;
+    let base = gpus / ranks;
+    let extra = gpus % ranks;
+    let start = rank * base + rank.min(extra);
+    let count = base + u64::from(rank < extra);
+    (start..start + count).collect()
+}
+
+pub fn mem_total_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+fn cpu_seconds() -> f64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+impl Job {
+    pub fn prepare(args: &RunArgs) -> Result<Job> {
+        let src = &args.source;
+        let Some(path) = &src.workload else {
+            bail!(InputError(format!(
+                "{}: replay from a trace is not available in this build yet (use --workload)",
+                src.trace.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+            )));
+        };
+        let mut w = Workload::from_file(path).map_err(|e| InputError(format!("{e:#}").replace('\n', " ")))?;
+        if let Some(ct) = src.computation_time {
+            if !(ct >= 0.0 && ct.is_finite()) {
+                bail!(InputError(format!("--computation-time must be ≥ 0 seconds, got {ct}")));
+            }
+            w.computation_time = ComputeTime::Fixed(ct);
+        }
+        if let Some(v) = src.batch_size {
+            w.batch_size = v;
+        }
+        if let Some(v) = src.read_threads {
+            w.read_threads = v;
+        }
+        if let Some(v) = src.prefetch_size {
+            w.prefetch_size = v;
+        }
+        if let Some(v) = src.epochs {
+            w.epochs = v;
+        }
+        if let Some(v) = src.seed {
+            w.seed = v;
+        }
+        let threshold = args.threshold.unwrap_or(w.au_threshold_percent);
+        if !(0.0..=100.0).contains(&threshold) {
+            bail!(InputError(format!("--threshold must be between 0 and 100 percent, got {threshold}")));
+        }
+        Ok(Job {
+            transfer_size: src.transfer_size.or(w.transfer_size).unwrap_or(DEFAULT_TRANSFER),
+            odirect: args.odirect || w.odirect,
+            workload: w,
+            source: path.display().to_string(),
+            data_dir: src.data_dir.clone(),
+            max_steps: src.max_steps.unwrap_or(0),
+            threshold_percent: threshold,
+            barrier: !args.no_barrier,
+            drop_caches: args.drop_caches,
+            generate: args.generate,
+            force: src.force,
+            progress: !args.quiet,
+        })
+    }
+
+    pub fn layout(&self, gpus: u64) -> Layout {
+        Layout::from_workload(&self.workload, gpus, &self.data_dir)
+    }
+
+    /// Generates the dataset for `gpus`, every rank writing its share of the files.
+    pub fn datagen(&self, cluster: &Cluster, gpus: u64) -> Result<()> {
+        let layout = self.layout(gpus);
+        if cluster.is_root() {
+            dataset::claim_directory(&self.data_dir, self.force)?;
+            dataset::write_marker(&layout)?;
+        }
+        cluster.barrier();
+        let started = std::time::Instant::now();
+        let bytes = dataset::generate(&layout, cluster.rank, cluster.size, self.progress && cluster.is_root())?;
+        cluster.barrier();
+        if cluster.is_root() {
+            eprintln!(
+                "trainio datagen: {} files, {:.1} MiB in {} ({:.1} MiB written by rank 0 in {:.1} s)",
+                layout.files.len(),
+                layout.total_bytes() as f64 / 1048576.0,
+                self.data_dir.display(),
+                bytes as f64 / 1048576.0,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs the replay with `gpus` simulated GPUs. Rank 0 gets the results.
+    pub fn run(&self, cluster: &Cluster, gpus: u64) -> Result<Option<serde_json::Value>> {
+        if self.generate {
+            self.datagen(cluster, gpus)?;
+        }
+        let layout = self.layout(gpus);
+        let local = split(gpus, cluster.size, cluster.rank);
+        let files_per_gpu = layout.files.len() as u64 / gpus;
+        let used_files = (files_per_gpu * gpus) as usize;
+        // Each rank checks the files its own GPUs read.
+        let mine: Vec<usize> = local.iter().flat_map(|&g| layout.shard(g, gpus)).collect();
+        let max_mine = mine.iter().copied().max().map(|m| m + 1).unwrap_or(0);
+        layout.verify(max_mine.min(used_files))?;
+        let used_bytes: u64 = layout.files[..used_files].iter().map(|f| f.size).sum();
+        let program = WorkloadProgram::new(&self.workload, layout.clone(), gpus, &local, self.transfer_size, self.max_steps);
+        if program.steps_per_epoch == 0 {
+            bail!(InputError(format!(
+                "each GPU's shard holds fewer samples than one batch ({} files of {} samples for {} GPUs, batch {})",
+                layout.files.len(),
+                layout.samples_per_file,
+                gpus,
+                self.workload.batch_size
+            )));
+        }
+        let ram = mem_total_bytes();
+        if cluster.is_root() && !self.odirect && !self.drop_caches && used_bytes < 5 * ram {
+            eprintln!(
+                "trainio replay: warning: the dataset ({:.1} GiB) is smaller than 5× this host's RAM ({:.1} GiB): reads may come from the page cache and AU would say nothing about storage; pass --odirect or --drop-caches, or generate more data (MLPerf's rule)",
+                used_bytes as f64 / (1u64 << 30) as f64,
+                5.0 * ram as f64 / (1u64 << 30) as f64
+            );
+        }
+        if self.drop_caches {
+            unsafe { libc::sync() };
+            std::fs::write("/proc/sys/vm/drop_caches", b"3")
+                .context("--drop-caches: writing /proc/sys/vm/drop_caches (needs root)")?;
+        }
+        let options = EngineOptions { odirect: self.odirect, barrier: self.barrier, progress: self.progress };
+        let engine = Engine::new(&program, &local, cluster.rank, cluster, options, self.workload.seed)?;
+        cluster.barrier();
+        let cpu0 = cpu_seconds();
+        let run = engine.run()?;
+        let report = RankReport {
+            rank: cluster.rank,
+            hostname: cluster.hostname.clone(),
+            mem_total_bytes: ram,
+            cpu_s: cpu_seconds() - cpu0,
+            run,
+        };
+        let gathered = cluster.gather(serde_json::to_vec(&report)?);
+        let Some(all) = gathered else { return Ok(None) };
+        let reports: Vec<RankReport> =
+            all.iter().map(|b| serde_json::from_slice(b)).collect::<Result<_, _>>().context("decoding rank results")?;
+        let w = &self.workload;
+        let settings = Settings {
+            mode: "workload".into(),
+            source: self.source.clone(),
+            name: w.name.clone(),
+            data_dir: self.data_dir.display().to_string(),
+            batch_size: w.batch_size,
+            read_threads: w.read_threads,
+            prefetch_size: w.prefetch_size,
+            transfer_size: self.transfer_size,
+            computation_time: w.computation_time.describe(),
+            computation_time_mean_s: w.computation_time.mean(),
+            steps_per_epoch: program.steps_per_epoch,
+            epochs: w.epochs,
+            barrier: self.barrier,
+            odirect: self.odirect,
+            drop_caches: self.drop_caches,
+            nominal_sample_bytes: w.record_length,
+            dataset_files: used_files as u64,
+            dataset_bytes: used_bytes,
+        };
+        Ok(Some(results::summarize(&reports, &settings, self.threshold_percent)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uneven_split_covers_every_gpu_once() {
+        for (gpus, ranks) in [(5u64, 2usize), (7, 3), (2, 4), (288, 7)] {
+            let all: Vec<u64> = (0..ranks).flat_map(|r| split(gpus, ranks, r)).collect();
+            assert_eq!(all, (0..gpus).collect::<Vec<_>>());
+            let sizes: Vec<usize> = (0..ranks).map(|r| split(gpus, ranks, r).len()).collect();
+            assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
+        }
+        assert_eq!(split(5, 2, 0), vec![0, 1, 2]);
+    }
+}

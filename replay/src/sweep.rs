@@ -1,0 +1,120 @@
+//! `trainio sweep`: the most simulated GPUs the storage keeps at AU ≥ threshold
+//! (MLPerf's "supported accelerators"). Doubles the GPU count from --gpus until a run
+//! fails or --max-gpus is reached, then bisects between the last pass and the first fail.
+//! Every rank runs the same sequence; rank 0's verdict is broadcast so all agree.
+
+use crate::cli::SweepArgs;
+use crate::cluster::Cluster;
+use crate::replay::Job;
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+
+struct Point {
+    gpus: u64,
+    pass: bool,
+    summary: serde_json::Value,
+}
+
+pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
+    let job = Job::prepare(&args.run)?;
+    let start = args.run.source.gpus.max(cluster.size as u64);
+    if start > args.max_gpus {
+        bail!(crate::replay::InputError(format!("--gpus {start} is above --max-gpus {}", args.max_gpus)));
+    }
+    let mut curve: Vec<Point> = Vec::new();
+    let mut trial = |n: u64| -> Result<bool> {
+        let summary = job.run(cluster, n)?;
+        let verdict = cluster.broadcast(match &summary {
+            Some(s) => serde_json::to_vec(s)?,
+            None => Vec::new(),
+        });
+        let s: serde_json::Value = serde_json::from_slice(&verdict).context("decoding rank 0's results")?;
+        let pass = s["pass"].as_bool().unwrap_or(false);
+        if cluster.is_root() {
+            eprintln!(
+                "trainio sweep: {n:>6} GPUs  AU {:6.2}%  {:10.1} MiB/s  {}",
+                s["au_percent"].as_f64().unwrap_or(0.0),
+                s["throughput_mib_s"].as_f64().unwrap_or(0.0),
+                if pass { "pass" } else { "FAIL" }
+            );
+        }
+        curve.push(Point { gpus: n, pass, summary: s });
+        Ok(pass)
+    };
+    // Doubling.
+    let (mut good, mut bad) = (0u64, None);
+    let mut n = start;
+    loop {
+        if trial(n)? {
+            good = n;
+            if n >= args.max_gpus {
+                break;
+            }
+            n = (n * 2).min(args.max_gpus);
+        } else {
+            bad = Some(n);
+            break;
+        }
+    }
+    // Bisection between the last pass and the first fail.
+    if let Some(mut hi) = bad {
+        let mut lo = good.max(start.saturating_sub(1));
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if mid < start {
+                break;
+            }
+            if trial(mid)? {
+                lo = mid;
+                good = mid;
+            } else {
+                hi = mid;
+            }
+        }
+    }
+    if !cluster.is_root() {
+        return Ok(());
+    }
+    curve.sort_by_key(|p| p.gpus);
+    let threshold = curve.first().and_then(|p| p.summary["threshold_percent"].as_f64()).unwrap_or(0.0);
+    println!("trainio sweep: {} (threshold {threshold:.0}% AU)", job.workload.name);
+    println!("{:>8} {:>9} {:>9} {:>12} {:>12}  verdict", "GPUs", "AU %", "min AU %", "MiB/s", "samples/s");
+    for p in &curve {
+        let f = |k: &str| p.summary[k].as_f64().unwrap_or(0.0);
+        println!(
+            "{:>8} {:>9.2} {:>9.2} {:>12.1} {:>12.1}  {}",
+            p.gpus,
+            f("au_percent"),
+            f("au_min_percent"),
+            f("throughput_mib_s"),
+            f("samples_per_s"),
+            if p.pass { "pass" } else { "FAIL" }
+        );
+    }
+    if good == 0 {
+        println!("supported simulated GPUs: none (even {start} GPUs fall below the threshold)");
+    } else if bad.is_none() {
+        println!("supported simulated GPUs: at least {good} (--max-gpus reached)");
+    } else {
+        println!("supported simulated GPUs: {good}");
+    }
+    let out = json!({
+        "workload": job.workload.name,
+        "threshold_percent": threshold,
+        "supported_gpus": good,
+        "limited_by_max_gpus": bad.is_none(),
+        "curve": curve.iter().map(|p| json!({
+            "gpus": p.gpus,
+            "au_percent": p.summary["au_percent"],
+            "au_min_percent": p.summary["au_min_percent"],
+            "throughput_mib_s": p.summary["throughput_mib_s"],
+            "samples_per_s": p.summary["samples_per_s"],
+            "sleep_overshoot_us_p99": p.summary["sleep_overshoot_us_p99"],
+            "pass": p.pass,
+        })).collect::<Vec<_>>(),
+        "runs": curve.iter().map(|p| &p.summary).collect::<Vec<_>>(),
+    });
+    std::fs::write(&args.json, serde_json::to_vec_pretty(&out)?).with_context(|| format!("writing {}", args.json.display()))?;
+    println!("curve saved to {}", args.json.display());
+    Ok(())
+}

@@ -1,0 +1,366 @@
+//! DLIO / MLPerf Storage workload files, read as they are.
+//!
+//! The YAML is walked as a generic value tree instead of a fixed serde struct because the
+//! published files differ in small ways that a strict struct would reject: v1.0 spells the
+//! record keys `record_length*`, v2.0 `record_length_bytes*`; `model` is a string in some
+//! files and a mapping in others; numbers are sometimes quoted; `computation_time` is a
+//! scalar or a distribution. Keys we do not use are ignored, as DLIO ignores them.
+
+use anyhow::{bail, Context, Result};
+use rand::Rng;
+use rand_distr::{Distribution, Exp, Gamma, Normal, Poisson};
+use serde_yaml::Value;
+use std::path::Path;
+
+/// How long the emulated accelerator computes on one batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ComputeTime {
+    Fixed(f64),
+    Normal { mean: f64, stdev: f64 },
+    Uniform { min: f64, max: f64 },
+    Gamma { shape: f64, scale: f64 },
+    Exponential { scale: f64 },
+    Poisson { lam: f64 },
+}
+
+impl ComputeTime {
+    /// Draws one step's computation time in seconds (never negative).
+    pub fn sample<R: Rng>(&self, rng: &mut R) -> f64 {
+        let seconds = match *self {
+            ComputeTime::Fixed(s) => s,
+            ComputeTime::Normal { mean, stdev } if stdev > 0.0 => {
+                Normal::new(mean, stdev).map(|d| d.sample(rng)).unwrap_or(mean)
+            }
+            ComputeTime::Normal { mean, .. } => mean,
+            ComputeTime::Uniform { min, max } if max > min => rng.gen_range(min..max),
+            ComputeTime::Uniform { min, .. } => min,
+            ComputeTime::Gamma { shape, scale } => {
+                Gamma::new(shape, scale).map(|d| d.sample(rng)).unwrap_or(shape * scale)
+            }
+            ComputeTime::Exponential { scale } if scale > 0.0 => {
+                Exp::new(1.0 / scale).map(|d| d.sample(rng)).unwrap_or(scale)
+            }
+            ComputeTime::Exponential { scale } => scale,
+            ComputeTime::Poisson { lam } if lam > 0.0 => {
+                Poisson::new(lam).map(|d| d.sample(rng)).unwrap_or(lam)
+            }
+            ComputeTime::Poisson { lam } => lam,
+        };
+        seconds.max(0.0)
+    }
+
+    pub fn mean(&self) -> f64 {
+        match *self {
+            ComputeTime::Fixed(s) => s,
+            ComputeTime::Normal { mean, .. } => mean,
+            ComputeTime::Uniform { min, max } => (min + max) / 2.0,
+            ComputeTime::Gamma { shape, scale } => shape * scale,
+            ComputeTime::Exponential { scale } => scale,
+            ComputeTime::Poisson { lam } => lam,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match *self {
+            ComputeTime::Fixed(s) => format!("{s} s"),
+            ComputeTime::Normal { mean, stdev } => format!("normal(mean {mean} s, stdev {stdev} s)"),
+            ComputeTime::Uniform { min, max } => format!("uniform({min} s, {max} s)"),
+            ComputeTime::Gamma { shape, scale } => format!("gamma(shape {shape}, scale {scale} s)"),
+            ComputeTime::Exponential { scale } => format!("exponential(scale {scale} s)"),
+            ComputeTime::Poisson { lam } => format!("poisson(lam {lam} s)"),
+        }
+    }
+}
+
+/// Shuffling as DLIO spells it: off, or seeded/random.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shuffle {
+    Off,
+    Seed,
+    Random,
+}
+
+/// The parts of a DLIO workload that drive storage I/O.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    pub name: String,
+    pub format: String,
+    pub data_loader: String,
+    pub num_files_train: u64,
+    pub num_samples_per_file: u64,
+    pub num_subfolders_train: u64,
+    /// On-disk bytes of one sample (mean of the distribution).
+    pub record_length: f64,
+    pub record_length_stdev: f64,
+    pub batch_size: u64,
+    pub read_threads: u64,
+    pub prefetch_size: u64,
+    /// Bytes per read request; None = 1 MiB (see docs/replay.md).
+    pub transfer_size: Option<u64>,
+    pub odirect: bool,
+    pub file_shuffle: Shuffle,
+    pub sample_shuffle: Shuffle,
+    pub epochs: u64,
+    pub computation_time: ComputeTime,
+    pub seed: u64,
+    /// Accelerator-utilization threshold in percent (metric.au × 100).
+    pub au_threshold_percent: f64,
+}
+
+impl Workload {
+    pub fn from_file(path: &Path) -> Result<Workload> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read the workload file", path.display()))?;
+        let fallback = path.file_stem().and_then(|s| s.to_str()).unwrap_or("workload");
+        Workload::from_yaml(&text, fallback).with_context(|| format!("{}: bad workload", path.display()))
+    }
+
+    pub fn from_yaml(text: &str, fallback_name: &str) -> Result<Workload> {
+        let root: Value = serde_yaml::from_str(text).context("not valid YAML")?;
+        if !root.is_mapping() {
+            bail!("expected a mapping with the DLIO sections (dataset, reader, train)");
+        }
+        let dataset = section(&root, "dataset")?;
+        let reader = section(&root, "reader")?;
+        let train = section(&root, "train")?;
+        let metric = root.get("metric");
+
+        let name = match root.get("model") {
+            Some(Value::String(s)) => s.clone(),
+            Some(m @ Value::Mapping(_)) => m.get("name").and_then(Value::as_str).unwrap_or(fallback_name).to_string(),
+            _ => fallback_name.to_string(),
+        };
+        let record_length = first_number(dataset, "dataset", &["record_length_bytes", "record_length"])?
+            .context("dataset.record_length_bytes (or v1.0's record_length) is required")?;
+        if record_length <= 0.0 {
+            bail!("dataset.record_length_bytes must be positive, got {record_length}");
+        }
+        let record_length_stdev =
+            first_number(dataset, "dataset", &["record_length_bytes_stdev", "record_length_stdev"])?.unwrap_or(0.0);
+        let batch_size = uint(reader, "reader", "batch_size")?.unwrap_or(1);
+        let read_threads = uint(reader, "reader", "read_threads")?.unwrap_or(1);
+        let prefetch_size = uint(reader, "reader", "prefetch_size")?.unwrap_or(2);
+        let computation_time = compute_time(train)?;
+        let au = match metric {
+            Some(m) => number(m, "metric", "au")?,
+            None => None,
+        };
+        let workload = Workload {
+            name,
+            format: string(dataset, "format").unwrap_or_else(|| "npz".into()),
+            data_loader: string(reader, "data_loader")
+                .or_else(|| root.get("framework").and_then(Value::as_str).map(str::to_string))
+                .unwrap_or_else(|| "pytorch".into()),
+            num_files_train: uint(dataset, "dataset", "num_files_train")?.unwrap_or(1),
+            num_samples_per_file: uint(dataset, "dataset", "num_samples_per_file")?.unwrap_or(1),
+            num_subfolders_train: uint(dataset, "dataset", "num_subfolders_train")?.unwrap_or(0),
+            record_length,
+            record_length_stdev,
+            batch_size,
+            read_threads,
+            prefetch_size,
+            transfer_size: uint(reader, "reader", "transfer_size")?,
+            odirect: boolean(reader, "reader", "odirect")?.unwrap_or(false),
+            file_shuffle: shuffle(reader, "file_shuffle")?,
+            sample_shuffle: shuffle(reader, "sample_shuffle")?,
+            epochs: uint(train, "train", "epochs")?.unwrap_or(1),
+            computation_time,
+            seed: uint(train, "train", "seed")?.unwrap_or(123),
+            au_threshold_percent: au.map(|a| if a <= 1.0 { a * 100.0 } else { a }).unwrap_or(90.0),
+        };
+        workload.validate()?;
+        Ok(workload)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        for (key, v) in [
+            ("dataset.num_files_train", self.num_files_train),
+            ("dataset.num_samples_per_file", self.num_samples_per_file),
+            ("reader.batch_size", self.batch_size),
+            ("reader.read_threads", self.read_threads),
+            ("train.epochs", self.epochs),
+        ] {
+            if v == 0 {
+                bail!("{key} must be at least 1");
+            }
+        }
+        if self.computation_time.mean() < 0.0 {
+            bail!("train.computation_time must not be negative");
+        }
+        if self.transfer_size == Some(0) {
+            bail!("reader.transfer_size must be positive");
+        }
+        Ok(())
+    }
+}
+
+fn section<'a>(root: &'a Value, name: &str) -> Result<&'a Value> {
+    match root.get(name) {
+        Some(v @ Value::Mapping(_)) => Ok(v),
+        Some(_) => bail!("section '{name}' must be a mapping"),
+        None => bail!("section '{name}' is missing"),
+    }
+}
+
+fn to_f64(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn number(sec: &Value, sec_name: &str, key: &str) -> Result<Option<f64>> {
+    match sec.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => to_f64(v)
+            .map(Some)
+            .with_context(|| format!("{sec_name}.{key} must be a number, got {}", short(v))),
+    }
+}
+
+fn first_number(sec: &Value, sec_name: &str, keys: &[&str]) -> Result<Option<f64>> {
+    for key in keys {
+        if let Some(v) = number(sec, sec_name, key)? {
+            return Ok(Some(v));
+        }
+    }
+    Ok(None)
+}
+
+fn uint(sec: &Value, sec_name: &str, key: &str) -> Result<Option<u64>> {
+    match number(sec, sec_name, key)? {
+        None => Ok(None),
+        Some(v) if v >= 0.0 && v.fract() == 0.0 => Ok(Some(v as u64)),
+        Some(v) => bail!("{sec_name}.{key} must be a whole number ≥ 0, got {v}"),
+    }
+}
+
+fn boolean(sec: &Value, sec_name: &str, key: &str) -> Result<Option<bool>> {
+    match sec.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(Value::String(s)) if s.eq_ignore_ascii_case("true") => Ok(Some(true)),
+        Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => Ok(Some(false)),
+        Some(v) => bail!("{sec_name}.{key} must be true or false, got {}", short(v)),
+    }
+}
+
+fn string(sec: &Value, key: &str) -> Option<String> {
+    sec.get(key).and_then(|v| match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    })
+}
+
+fn shuffle(reader: &Value, key: &str) -> Result<Shuffle> {
+    match reader.get(key) {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(Shuffle::Off),
+        Some(Value::Bool(true)) => Ok(Shuffle::Seed),
+        Some(Value::String(s)) => match s.to_ascii_lowercase().as_str() {
+            "off" | "none" | "false" => Ok(Shuffle::Off),
+            "seed" | "true" => Ok(Shuffle::Seed),
+            "random" => Ok(Shuffle::Random),
+            other => bail!("reader.{key} must be off, seed or random, got '{other}'"),
+        },
+        Some(v) => bail!("reader.{key} must be off, seed or random, got {}", short(v)),
+    }
+}
+
+/// `train.computation_time`: a scalar (with an optional `computation_time_stdev` beside it)
+/// or a mapping `{mean, stdev}` / `{type: normal|uniform|gamma|exponential|poisson, ...}`.
+fn compute_time(train: &Value) -> Result<ComputeTime> {
+    let stdev = number(train, "train", "computation_time_stdev")?.unwrap_or(0.0);
+    let spec = match train.get("computation_time") {
+        None | Some(Value::Null) => return Ok(ComputeTime::Fixed(0.0)),
+        Some(v) => v,
+    };
+    if let Some(s) = to_f64(spec) {
+        return Ok(if stdev > 0.0 { ComputeTime::Normal { mean: s, stdev } } else { ComputeTime::Fixed(s) });
+    }
+    if !spec.is_mapping() {
+        bail!("train.computation_time must be a number or a distribution mapping, got {}", short(spec));
+    }
+    let field = |k: &str| number(spec, "train.computation_time", k);
+    let need = |k: &str| -> Result<f64> {
+        field(k)?.with_context(|| format!("train.computation_time needs '{k}' for this distribution"))
+    };
+    let kind = spec.get("type").and_then(Value::as_str).unwrap_or("normal").to_ascii_lowercase();
+    let ct = match kind.as_str() {
+        "normal" | "gaussian" => {
+            ComputeTime::Normal { mean: need("mean")?, stdev: field("stdev")?.unwrap_or(stdev) }
+        }
+        "uniform" => ComputeTime::Uniform { min: need("min")?, max: need("max")? },
+        "gamma" => ComputeTime::Gamma { shape: need("shape")?, scale: need("scale")? },
+        "exponential" => ComputeTime::Exponential { scale: need("scale")? },
+        "poisson" => ComputeTime::Poisson { lam: need("lam")? },
+        other => bail!("train.computation_time type '{other}' is not one of normal, uniform, gamma, exponential, poisson"),
+    };
+    Ok(ct)
+}
+
+fn short(v: &Value) -> String {
+    let s = serde_yaml::to_string(v).unwrap_or_default();
+    let s = s.trim();
+    if s.len() > 40 {
+        format!("{}…", &s[..40])
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V2: &str = "model:\n  name: unet3d\nframework: pytorch\ndataset:\n  format: npz\n  num_files_train: 168\n  num_samples_per_file: 1\n  record_length_bytes: 146600628\n  record_length_bytes_stdev: 68341808\n  record_length_bytes_resize: 2097152\nreader:\n  data_loader: pytorch\n  batch_size: 7\n  read_threads: 4\n  file_shuffle: seed\ntrain:\n  epochs: 5\n  computation_time: 0.636\nmetric:\n  au: 0.90\n";
+
+    #[test]
+    fn v2_keys() {
+        let w = Workload::from_yaml(V2, "x").unwrap();
+        assert_eq!(w.name, "unet3d");
+        assert_eq!(w.record_length, 146600628.0);
+        assert_eq!(w.record_length_stdev, 68341808.0);
+        assert_eq!(w.batch_size, 7);
+        assert_eq!(w.prefetch_size, 2);
+        assert_eq!(w.computation_time, ComputeTime::Fixed(0.636));
+        assert_eq!(w.file_shuffle, Shuffle::Seed);
+        assert!((w.au_threshold_percent - 90.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn v1_keys_and_string_model() {
+        let y = V2.replace("record_length_bytes", "record_length").replace("model:\n  name: unet3d", "model: unet3d");
+        let w = Workload::from_yaml(&y, "x").unwrap();
+        assert_eq!(w.name, "unet3d");
+        assert_eq!(w.record_length, 146600628.0);
+        assert_eq!(w.record_length_stdev, 68341808.0);
+    }
+
+    #[test]
+    fn distributions() {
+        let y = V2.replace("computation_time: 0.636", "computation_time:\n    mean: 0.5\n    stdev: 0.1");
+        assert_eq!(Workload::from_yaml(&y, "x").unwrap().computation_time, ComputeTime::Normal { mean: 0.5, stdev: 0.1 });
+        let y = V2.replace("computation_time: 0.636", "computation_time:\n    type: uniform\n    min: 0.1\n    max: 0.3");
+        let ct = Workload::from_yaml(&y, "x").unwrap().computation_time;
+        assert_eq!(ct, ComputeTime::Uniform { min: 0.1, max: 0.3 });
+        let mut rng = rand::thread_rng();
+        for _ in 0..100 {
+            let s = ct.sample(&mut rng);
+            assert!((0.1..0.3).contains(&s));
+        }
+        let y = V2.replace("computation_time: 0.636", "computation_time: 0.2\n  computation_time_stdev: 0.01");
+        assert_eq!(Workload::from_yaml(&y, "x").unwrap().computation_time, ComputeTime::Normal { mean: 0.2, stdev: 0.01 });
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let y = V2.replace("batch_size: 7", "batch_size: seven");
+        let e = format!("{:#}", Workload::from_yaml(&y, "x").unwrap_err());
+        assert!(e.contains("reader.batch_size"), "{e}");
+        let e = format!("{:#}", Workload::from_yaml("dataset: {}\n", "x").unwrap_err());
+        assert!(e.contains("reader"), "{e}");
+        assert!(Workload::from_yaml("a: [", "x").is_err());
+    }
+}
