@@ -37,14 +37,14 @@ stamp_ok() {
 }
 
 [ "$(id -u)" = 0 ] || die "must run as root (debootstrap, chroot)"
-for tool in debootstrap mke2fs cpio apt-get dpkg-deb readelf; do
+for tool in debootstrap mke2fs cpio gzip apt-get dpkg-deb findmnt flock; do
   command -v "$tool" >/dev/null || die "$tool not found: run scripts/install-deps.sh"
 done
+# The initramfs has no libc: its busybox must be the static one (package busybox-static, which
+# replaces the dynamically linked package busybox and its /bin/busybox).
 BUSYBOX=/bin/busybox
-[ -x "$BUSYBOX" ] && "$BUSYBOX" --list | grep -x switch_root >/dev/null ||
-  die "static busybox not found at $BUSYBOX: install busybox-static"
-file_is_static() { ! LC_ALL=C readelf -l "$1" 2>/dev/null | grep INTERP >/dev/null; }
-file_is_static "$BUSYBOX" || die "$BUSYBOX is dynamically linked: install busybox-static"
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep 'install ok installed' >/dev/null &&
+  [ -x "$BUSYBOX" ] || die "static busybox not found: install busybox-static"
 
 mkdir -p "$(dirname "$CACHE")"
 # One builder at a time (concurrent test sessions); the others wait and then reuse the cache.

@@ -50,6 +50,7 @@ SCRIPT_TIMEOUT=300
 
 echo "$(cut -d' ' -f1 /proc/uptime)" >/out/.uptime_stage2
 setup() {
+  PS4='+ ${EPOCHREALTIME} '
   set -x
   hostname trainio-guest
   $BB ip link set lo up

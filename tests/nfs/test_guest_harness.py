@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+import guest  # tests/nfs/guest.py, put on sys.path by conftest.py
+
 pytestmark = [pytest.mark.nfs, pytest.mark.slow]
 
 # Tracepoints the NFS recorder needs.
@@ -199,3 +201,11 @@ def test_host_built_rust_binaries_run_in_the_guest(harness):
     for name in binaries:
         assert (r.outdir / f"{name}.rc").read_text().strip() == "0", (r.outdir / f"{name}.out").read_text()
         assert (r.outdir / f"{name}.out").read_text() == "hello from rust, 1 args\n"
+
+
+def test_a_boot_that_never_reaches_the_script_is_retried_then_raises(nfs_guest, tmp_path):
+    """3 s is too short to boot under TCG: both boots time out (qemu is killed and reaped)."""
+    with pytest.raises(guest.GuestError) as e:
+        nfs_guest("true", timeout=3, outdir=tmp_path / "out")
+    msg = str(e.value)
+    assert "boot 1: timed out" in msg and "boot 2: timed out" in msg, msg
