@@ -30,7 +30,13 @@ import pyarrow as pa
 
 from trainio_analysis import trace as tr
 from trainio_analysis.errors import SelectionError, TraceError
-from trainio_analysis.sketch import QuantileSketch, log_bucket, pow2_bucket, pow2_label
+from trainio_analysis.sketch import (
+    N_BUCKETS,
+    QuantileSketch,
+    log_bucket,
+    pow2_bucket,
+    pow2_label,
+)
 from trainio_analysis.sweep import GroupState, QueueDepthSweep, event_keys
 
 MIB = float(1 << 20)
@@ -67,6 +73,7 @@ class _Chunk:
     bytes_read: int = 0
     bytes_written: int = 0
     latency: np.ndarray | None = None
+    latency_buckets: np.ndarray | None = None
     size_counts: np.ndarray | None = None
     tl_read: np.ndarray | None = None
     tl_write: np.ndarray | None = None
@@ -74,7 +81,6 @@ class _Chunk:
     gid: np.ndarray | None = None
     issue: np.ndarray | None = None
     complete: np.ndarray | None = None
-    nbytes: np.ndarray | None = None
     keys_sorted: np.ndarray | None = None
 
 
@@ -182,7 +188,7 @@ class _Analyzer:
 
     def _find_groups(self) -> None:
         """The selection's devices or processes, so group ids are stable from the start."""
-        lf = tr.scan_trace(self.path).filter(pl.col("layer") == self.layer)
+        lf = tr.scan_segments(self.segments).filter(pl.col("layer") == self.layer)
         lf = self._filter_lazy(lf)
         found = (
             lf.group_by(self.group_col).agg(pl.len().alias("events"))
@@ -196,7 +202,7 @@ class _Analyzer:
                 what.append(f"--pid {self.sel.pid}")
             msg = f"{self.path}: no events match {' '.join(what)}"
             raise SelectionError(msg)
-        keys = found[self.group_col].to_list()
+        keys = found[self.group_col].cast(pl.String if self.group_col == "dev" else pl.Int64).to_list()
         self.group_names = ["?" if k is None else str(k) for k in keys]
         if self.group_col == "dev":
             self.dev_lookup = {k: i for i, k in enumerate(keys) if k is not None}
@@ -262,7 +268,8 @@ class _Analyzer:
         c.reads, c.writes = int(is_read.sum()), int(is_write.sum())
         c.bytes_read = int(nbytes[is_read].sum())
         c.bytes_written = int(nbytes[is_write].sum())
-        c.latency = (complete[data] - issue[data])
+        c.latency = complete[data] - issue[data]
+        c.latency_buckets = np.bincount(log_bucket(c.latency), minlength=N_BUCKETS)
         c.size_counts = np.bincount(pow2_bucket(nbytes[data]), minlength=65)
         tbin = complete // self.bin_ns
         c.tl_read = np.bincount(tbin[is_read], weights=nbytes[is_read], minlength=self.nbins)
@@ -277,7 +284,7 @@ class _Analyzer:
             flat = np.bincount(g * width + kqd, minlength=(int(g.max()) + 1) * width)
             grid = flat.reshape(-1, width)
             c.kernel_qd = {int(k): grid[k] for k in np.flatnonzero(grid.sum(axis=1))}
-        c.gid, c.issue, c.complete, c.nbytes = g, issue[counted], complete[counted], nbytes[counted]
+        c.gid, c.issue, c.complete = g, issue[counted], complete[counted]
         if g.size and int(g.min()) == int(g.max()):
             # pre-sort in the worker: the sweep's main cost, and numpy releases the GIL
             keys = event_keys(c.issue, c.complete)
@@ -322,7 +329,7 @@ class _Analyzer:
                     acc.writes += c.writes
                     acc.bytes_read += c.bytes_read
                     acc.bytes_written += c.bytes_written
-                    latency.add(c.latency)
+                    latency.add(c.latency, buckets=c.latency_buckets)
                     size_counts += c.size_counts
                     tl_read += c.tl_read
                     tl_write += c.tl_write
@@ -333,11 +340,10 @@ class _Analyzer:
                         prev[: h.size] += h
                         kernel_qd[g] = prev
                 if c.gid is not None and c.gid.size:
-                    sweep.feed(c.gid, c.issue, c.complete, c.nbytes, w,
-                               presorted=c.keys_sorted)
+                    sweep.feed(c.gid, c.issue, c.complete, w, presorted=c.keys_sorted)
                     if union is not None:
                         zeros = np.zeros(c.gid.size, np.int64)
-                        union.feed(zeros, c.issue, c.complete, c.nbytes, w)
+                        union.feed(zeros, c.issue, c.complete, w)
                 else:
                     sweep.advance(w)
                     if union is not None:
@@ -431,7 +437,7 @@ class _Analyzer:
             "size_counts": {str(pow2_label(b)): int(n) for b, n in enumerate(size_counts) if n},
             "mean_size_bytes": data_bytes / (acc.reads + acc.writes) if acc.reads + acc.writes else 0.0,
             "idle_fraction": float(union_state.hist_time[0]) / duration_ns,
-            "bursts": _bursts(union_state, self.burst_gap_ms),
+            "bursts": _bursts(union_state, self.burst_gap_ms, data_bytes),
             "idle_gap_hist_us": _pow2_hist_us(union_state.idle_gaps),
             "lost_events": _lost(self.meta),
         }
@@ -446,12 +452,12 @@ class _Analyzer:
                 "qd_mean_time": _weighted_mean(state.hist_time) / duration_ns,
                 "qd_mean_time_busy": _weighted_mean(state.hist_time) / busy if busy else 0.0,
                 "utilization": busy / duration_ns,
-                "bursts": _bursts(state, self.burst_gap_ms),
+                "bursts": _bursts(state, self.burst_gap_ms, None),
             }
         out["groups"] = per_group
         if self.layer == "file":
             out["processes"] = self._processes(groups)
-            out["steps"] = _steps(union_state)
+            out["steps"] = _steps(union_state, acc.bytes_read)
         return out
 
     def _processes(self, groups: dict[int, GroupState]) -> list[dict[str, Any]]:
@@ -490,7 +496,7 @@ class _Analyzer:
                     ),
                 },
             }
-            entry.update(_steps(state) if state else _steps(None))
+            entry.update(_steps(state, entry["bytes"]))
             out.append(entry)
         return out
 
@@ -547,30 +553,33 @@ def max_abs_diff(a: dict[str, float], b: dict[str, float]) -> float:
     return max((abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in keys), default=0.0)
 
 
-def _bursts(state: GroupState, gap_ms: float) -> dict[str, Any]:
+def _bursts(state: GroupState, gap_ms: float, nbytes: float | None) -> dict[str, Any]:
+    """Burst statistics; every request lies in exactly one burst, so the mean bytes per
+    burst is the selection's bytes over the burst count."""
     starts = np.asarray(state.burst_starts, np.int64)
     ends = np.asarray(state.burst_ends[: starts.size], np.int64)
     n = int(min(starts.size, ends.size))
     gaps = np.asarray(state.burst_gaps, np.float64)
-    nbytes = state.burst_bytes[:n].astype(np.float64)
-    return {
+    out: dict[str, Any] = {
         "gap_threshold_ms": gap_ms,
         "count": n,
-        "mean_bytes": float(nbytes.mean()) if n else 0.0,
         "mean_duration_s": float((ends[:n] - starts[:n]).mean()) / 1e9 if n else 0.0,
         "mean_gap_s": float(gaps.mean()) / 1e9 if gaps.size else 0.0,
         "median_gap_s": float(np.median(gaps)) / 1e9 if gaps.size else 0.0,
         "busy_periods": state.busy_periods,
     }
+    if nbytes is not None:
+        out["mean_bytes"] = nbytes / n if n else 0.0
+    return out
 
 
-def _steps(state: GroupState | None) -> dict[str, Any]:
+def _steps(state: GroupState | None, read_bytes: int) -> dict[str, Any]:
     """Accelerator time per step inferred from the idle gaps between read bursts.
 
     A training step is one burst (the loader fetching a batch) followed by a gap in which
-    the loader waits for the accelerator: the median gap is the compute time, the median
-    burst's bytes are the bytes per step (medians, so the first epoch's cold start and
-    the final partial step do not skew them).
+    the loader waits for the accelerator: the median gap is the compute time (a median,
+    so the odd long pause, e.g. an evaluation or checkpoint, does not skew it), and the
+    bytes per step are the bytes read over the number of bursts.
     """
     empty = {"steps": 0, "compute_time_s": None, "bytes_per_step": None,
              "required_mib_s_per_gpu": None}
@@ -579,9 +588,8 @@ def _steps(state: GroupState | None) -> dict[str, Any]:
             empty["steps"] = len(state.burst_starts)
         return empty
     gaps = np.asarray(state.burst_gaps, np.float64) / 1e9
-    nbytes = state.burst_bytes[: len(state.burst_starts)].astype(np.float64)
     compute = float(np.median(gaps))
-    per_step = float(np.median(nbytes))
+    per_step = read_bytes / len(state.burst_starts)
     return {
         "steps": len(state.burst_starts),
         "compute_time_s": compute,

@@ -51,6 +51,30 @@ def _grow_add(acc: np.ndarray, add: np.ndarray) -> np.ndarray:
     return acc
 
 
+def _issues_per_level(level_counts: np.ndarray, carry_in: int, carry_out: int) -> np.ndarray:
+    """Issues that raised the count to k, from how many events left the count at k.
+
+    Counting ``q[is_issue]`` needs a gather over every event; this needs one bincount.
+    With up(k) the issues that moved k-1 -> k and down(k) the completions k -> k-1,
+    events that left the count at k are E(k) = up(k) + down(k+1), and over the chunk
+    up(k) - down(k) = d(k) is +1 for carry_in < k <= carry_out, -1 for
+    carry_out < k <= carry_in, else 0. Hence up(k) = E(k) - up(k+1) + d(k+1), solved
+    from the top level down.
+    """
+    top = max(level_counts.size, carry_in + 2, carry_out + 2)
+    counts = np.zeros(top + 1, np.int64)
+    counts[: level_counts.size] = level_counts
+    up = np.zeros(top + 1, np.int64)
+    lo, hi = min(carry_in, carry_out), max(carry_in, carry_out)
+    sign = 1 if carry_out > carry_in else -1
+    nxt = 0
+    for k in range(top - 1, 0, -1):
+        d_next = sign if lo < k + 1 <= hi else 0
+        nxt = int(counts[k]) - nxt + d_next
+        up[k] = nxt
+    return up[:top]
+
+
 @dataclass
 class GroupState:
     """Running state and results of one group's sweep (times relative to the base)."""
@@ -65,10 +89,6 @@ class GroupState:
     burst_starts: list[int] = field(default_factory=list)
     burst_ends: list[int] = field(default_factory=list)
     burst_gaps: list[int] = field(default_factory=list)  # idle gap before each burst but the first
-    burst_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    first_candidate: int = 0  # earliest burst a request not yet assigned can belong to
-    pending_issue: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    pending_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     idle_gaps: QuantileSketch = field(default_factory=QuantileSketch)
     busy_periods: int = 0
 
@@ -93,7 +113,7 @@ class QueueDepthSweep:
     Example
     -------
     >>> s = QueueDepthSweep(window_end=30, burst_gap=5)
-    >>> s.feed(np.array([0, 0]), np.array([0, 10]), np.array([20, 30]), np.array([1, 1]), None)
+    >>> s.feed(np.array([0, 0]), np.array([0, 10]), np.array([20, 30]), None)
     >>> s.groups[0].hist_issue.tolist(), s.groups[0].hist_time.tolist()
     ([0, 1, 1], [0.0, 20.0, 10.0])
     """
@@ -119,7 +139,6 @@ class QueueDepthSweep:
         gid: np.ndarray,
         issue: np.ndarray,
         complete: np.ndarray,
-        nbytes: np.ndarray,
         watermark: int | None,
         *,
         presorted: np.ndarray | None = None,
@@ -139,8 +158,6 @@ class QueueDepthSweep:
                 # two sorted runs: the stable sort (timsort) merges them in linear time
                 keys = np.sort(np.concatenate((state.pending, keys)), kind="stable")
             state.pending = keys
-        if gid.size:
-            self._buffer_bytes(gid, issue, nbytes)
         self.advance(watermark)
 
     def advance(self, watermark: int | None) -> None:
@@ -153,7 +170,6 @@ class QueueDepthSweep:
                 ready, state.pending = state.pending[:cut], state.pending[cut:]
             if ready.size:
                 self._sweep(state, ready)
-            self._assign_bytes(state, watermark)
 
     def _split(
         self, gid: np.ndarray, issue: np.ndarray, complete: np.ndarray
@@ -185,21 +201,6 @@ class QueueDepthSweep:
             out[int(g)] = keys
         return out
 
-    def _buffer_bytes(self, gid: np.ndarray, issue: np.ndarray, nbytes: np.ndarray) -> None:
-        single = int(gid.min()) == int(gid.max())
-        present = gid[:1] if single else np.unique(gid)
-        for g in present:
-            state = self.group(int(g))
-            if single:
-                iss, nb = issue, nbytes
-            else:
-                sel = gid == g
-                iss, nb = issue[sel], nbytes[sel]
-            if state.pending_issue.size:
-                iss = np.concatenate((state.pending_issue, iss))
-                nb = np.concatenate((state.pending_bytes, nb))
-            state.pending_issue, state.pending_bytes = iss, nb
-
     # ------------------------------------------------------------------ sweeping
 
     def _sweep(self, state: GroupState, keys: np.ndarray) -> None:
@@ -209,12 +210,13 @@ class QueueDepthSweep:
         q = np.cumsum(step, dtype=np.int32)  # in flight after each event
         if state.carry:
             q += state.carry
-        q_issue = q[is_issue]
-        state.hist_issue = _grow_add(state.hist_issue, np.bincount(q_issue))
-        # time-weighted: [last_t, t0) at carry, then [t_i, t_i+1) at q_i
-        state.hist_time = _grow_add(
-            state.hist_time, np.bincount(q[:-1], weights=np.diff(t).astype(np.float64))
+        carry_out = int(q[-1])
+        level_counts = np.bincount(q)
+        state.hist_issue = _grow_add(
+            state.hist_issue, _issues_per_level(level_counts, state.carry, carry_out)
         )
+        # time-weighted: [last_t, t0) at carry, then [t_i, t_i+1) at q_i
+        state.hist_time = _grow_add(state.hist_time, np.bincount(q[:-1], weights=np.diff(t)))
         state.hist_time = _grow_add(
             state.hist_time,
             np.bincount([state.carry], weights=[float(t[0] - state.last_t)]),
@@ -223,7 +225,7 @@ class QueueDepthSweep:
         starts = t[is_issue & (q == 1)]
         ends = t[q == 0]
         self._bursts(state, starts, ends)
-        state.carry = int(q[-1])
+        state.carry = carry_out
         state.last_t = int(t[-1])
 
     def _bursts(self, state: GroupState, starts: np.ndarray, ends: np.ndarray) -> None:
@@ -250,30 +252,6 @@ class QueueDepthSweep:
             state.busy_periods += int(starts.size)
         if ends.size:
             state.last_end = int(ends[-1])
-
-    def _assign_bytes(self, state: GroupState, watermark: int | None) -> None:
-        """Add the bytes of swept requests to the burst each was issued in."""
-        if state.pending_issue.size == 0:
-            return
-        if watermark is None:
-            ready = np.ones(state.pending_issue.size, dtype=bool)
-        else:
-            ready = state.pending_issue < watermark
-        if not ready.any():
-            return
-        starts = np.asarray(state.burst_starts[state.first_candidate :], dtype=np.int64)
-        idx = np.searchsorted(starts, state.pending_issue[ready], side="right") - 1
-        add = np.bincount(idx, weights=state.pending_bytes[ready], minlength=starts.size)
-        total = len(state.burst_starts)
-        if state.burst_bytes.size < total:
-            state.burst_bytes = np.concatenate(
-                (state.burst_bytes, np.zeros(total - state.burst_bytes.size, np.int64))
-            )
-        state.burst_bytes[state.first_candidate : total] += np.rint(add).astype(np.int64)
-        state.first_candidate = max(total - 1, 0)
-        keep = ~ready
-        state.pending_issue = state.pending_issue[keep]
-        state.pending_bytes = state.pending_bytes[keep]
 
     # ------------------------------------------------------------------ finishing
 

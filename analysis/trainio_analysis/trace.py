@@ -239,10 +239,14 @@ def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
     into the Parquet reader, so ``scan_trace(t).filter(pl.col("layer") == "block")``
     reads only what it needs.
     """
-    segments = open_trace(path)
-    files = [str(s.path) for s in segments]
-    lf = pl.scan_parquet(files)
+    lf = scan_segments(open_trace(path))
     return lf.with_columns(pl.col(sorted(STRING_COLUMNS)).cast(pl.String))
+
+
+def scan_segments(segments: Sequence[Segment]) -> pl.LazyFrame:
+    """Lazy frame over already validated segments, string columns left categorical
+    (cheaper to filter and group on than strings)."""
+    return pl.scan_parquet([str(s.path) for s in segments])
 
 
 def iter_row_groups(
@@ -337,9 +341,9 @@ def conform(rows: Any) -> pa.Table:
                 col = pa.compute.fill_null(col.cast(pa.string()), fill)
         try:
             if name in STRING_COLUMNS:
-                if pa.types.is_dictionary(col.type):
-                    col = col.cast(pa.string())
-                col = col.cast(pa.string()).dictionary_encode().cast(typ)
+                if not pa.types.is_dictionary(col.type):
+                    col = col.cast(pa.string()).dictionary_encode()
+                col = col.cast(typ)
             else:
                 col = col.cast(typ)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
