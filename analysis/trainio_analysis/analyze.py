@@ -430,6 +430,7 @@ class _Analyzer:
                 "mean": latency.sum / latency.count / 1e3 if latency.count else float("nan"),
                 "exact": latency.exact,
             },
+            "latency_hist_us": _pow2_hist_us(latency),
             "size_hist": {
                 str(pow2_label(b)): float(n) / max(int(size_counts.sum()), 1)
                 for b, n in enumerate(size_counts) if n

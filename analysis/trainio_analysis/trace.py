@@ -454,27 +454,28 @@ class TraceWriter:
     def write(self, rows: Any) -> None:
         """Append rows (anything :func:`conform` accepts)."""
         table = conform(rows)
-        import pyarrow.compute as pc
-
-        if table.num_rows:
-            lo = pc.min(table["issue_ns"]).as_py()
-            hi = pc.max(table["complete_ns"]).as_py()
-            self._start = lo if self._start is None else min(self._start, lo)
-            self._end = hi if self._end is None else max(self._end, hi)
-            counts = table["layer"].cast(pa.string()).value_counts()
-            for item in counts.to_pylist():
-                self._events[item["values"]] = self._events.get(item["values"], 0) + item["counts"]
         offset = 0
         while offset < table.num_rows:
             if self._writer is None:
                 self._open()
             take = min(table.num_rows - offset, self.rows_per_segment - self._seg_rows)
+            piece = table.slice(offset, take)
+            self._count(piece)
             assert self._writer is not None
-            self._writer.write_table(table.slice(offset, take), row_group_size=self.row_group_rows)
+            self._writer.write_table(piece, row_group_size=self.row_group_rows)
             self._seg_rows += take
             offset += take
             if self._seg_rows >= self.rows_per_segment:
                 self._close_segment()
+
+    def _count(self, piece: pa.Table) -> None:
+        """Cumulative counters, so each segment's metadata is as of its closing."""
+        lo = pa.compute.min(piece["issue_ns"]).as_py()
+        hi = pa.compute.max(piece["complete_ns"]).as_py()
+        self._start = lo if self._start is None else min(self._start, lo)
+        self._end = hi if self._end is None else max(self._end, hi)
+        for item in piece["layer"].cast(pa.string()).value_counts().to_pylist():
+            self._events[item["values"]] = self._events.get(item["values"], 0) + item["counts"]
 
     def _open(self) -> None:
         name = f"seg-{len(self.paths):06d}.parquet"

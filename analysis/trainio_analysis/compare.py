@@ -1,0 +1,95 @@
+"""Fidelity of one trace against another: how well a replay reproduces a recorded job.
+
+Scores (B against reference A, same layer and selection):
+
+- ``throughput_rel_error``: (B - A) / A of the mean MiB/s (signed; 0 is perfect).
+- ``qd_w1_issue`` / ``qd_w1_time``: Wasserstein-1 distance between the per-issue and the
+  time-weighted queue-depth histograms, in queue-depth units (0 is identical; 1 means
+  on average one request deeper or shallower).
+- ``size_w1_log2``: W1 of the request-size distributions over power-of-two buckets, in
+  octaves (1.0 = every request twice or half the size).
+- ``latency_p50_ratio`` / ``latency_p99_ratio``: B / A (1 is perfect).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from trainio_analysis.analyze import analyze, w1_distance
+
+
+def _ratio(b: float | None, a: float | None) -> float | None:
+    if a is None or b is None or not math.isfinite(a) or not math.isfinite(b) or a == 0:
+        return None
+    return b / a
+
+
+def _octaves(size_hist: dict[str, float]) -> dict[str, float]:
+    """Re-key a size histogram by octave index (0 bytes -> 0, [1,2) -> 1, ...)."""
+    out: dict[str, float] = {}
+    for k, v in size_hist.items():
+        n = int(k)
+        out[str(0 if n == 0 else n.bit_length())] = v
+    return out
+
+
+def scores(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Fidelity scores from two :func:`analyze` results."""
+    ta, tb = a["throughput_mib_s"]["mean"], b["throughput_mib_s"]["mean"]
+    rel = (tb - ta) / ta if ta else None
+    return {
+        "throughput_mib_s": {"a": ta, "b": tb},
+        "throughput_rel_error": rel,
+        "throughput_abs_rel_error": abs(rel) if rel is not None else None,
+        "iops_rel_error": (b["iops"] - a["iops"]) / a["iops"] if a["iops"] else None,
+        "qd_w1_issue": w1_distance(a["qd_hist_issue"], b["qd_hist_issue"]),
+        "qd_w1_issue_computed": w1_distance(
+            a["qd_hist_issue_computed"], b["qd_hist_issue_computed"]
+        ),
+        "qd_w1_time": w1_distance(a["qd_hist_time"], b["qd_hist_time"]),
+        "qd_w1_time_busy": w1_distance(a["qd_hist_time_busy"], b["qd_hist_time_busy"]),
+        "qd_mean_time": {"a": a["qd_mean_time"], "b": b["qd_mean_time"]},
+        "size_w1_log2": w1_distance(_octaves(a["size_hist"]), _octaves(b["size_hist"])),
+        "latency_p50_ratio": _ratio(b["latency_us"]["p50"], a["latency_us"]["p50"]),
+        "latency_p99_ratio": _ratio(b["latency_us"]["p99"], a["latency_us"]["p99"]),
+        "idle_fraction": {"a": a["idle_fraction"], "b": b["idle_fraction"]},
+        "bytes_read": {"a": a["bytes_read"], "b": b["bytes_read"]},
+    }
+
+
+def compare(
+    a: str | os.PathLike[str],
+    b: str | os.PathLike[str],
+    *,
+    layer: str | None = None,
+    dev: str | None = None,
+    pid: int | None = None,
+    bin_s: float = 1.0,
+    burst_gap_ms: float = 10.0,
+) -> dict[str, Any]:
+    """Analyze both traces with the same options and score B against A.
+
+    When no layer is given, B is analyzed at the layer chosen for A.
+    """
+    ra = analyze(a, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms)
+    layer = layer or ra["selection"]["layer"]
+    rb = analyze(b, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms)
+    return {"a": str(a), "b": str(b), "layer": layer, **scores(ra, rb)}
+
+
+def format_compare(r: dict[str, Any]) -> str:
+    def f(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    tp = r["throughput_mib_s"]
+    return "\n".join([
+        f"compare A={r['a']}  B={r['b']}  (layer {r['layer']})",
+        f"  throughput        A {tp['a']:.1f} MiB/s  B {tp['b']:.1f} MiB/s  "
+        f"rel. error {f(r['throughput_rel_error'], '+.1%')}",
+        f"  QD W1 per-issue   {f(r['qd_w1_issue'], '.3f')}  (computed {f(r['qd_w1_issue_computed'], '.3f')})",
+        f"  QD W1 time        {f(r['qd_w1_time'], '.3f')}  (busy-only {f(r['qd_w1_time_busy'], '.3f')})",
+        f"  size W1           {f(r['size_w1_log2'], '.3f')} octaves",
+        f"  latency B/A       p50 {f(r['latency_p50_ratio'], '.2f')}  p99 {f(r['latency_p99_ratio'], '.2f')}",
+    ])

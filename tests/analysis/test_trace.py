@@ -1,0 +1,150 @@
+"""The Python reader/writer keeps to traces/SCHEMA.md and refuses what is not a trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import block, fread
+
+from trainio_analysis import trace as tr
+from trainio_analysis.errors import TraceError, TrainioError
+
+SCHEMA_MD_TYPES = {
+    "layer": "dictionary<values=string, indices=int8, ordered=0>",
+    "op": "dictionary<values=string, indices=int8, ordered=0>",
+    "issue_ns": "int64",
+    "complete_ns": "int64",
+    "insert_ns": "int64",
+    "dev": "dictionary<values=string, indices=int8, ordered=0>",
+    "offset": "int64",
+    "bytes": "int64",
+    "bytes_requested": "int64",
+    "queue_depth": "uint32",
+    "pid": "uint32",
+    "tid": "uint32",
+    "comm": "dictionary<values=string, indices=int32, ordered=0>",
+    "fd": "int32",
+    "file": "dictionary<values=string, indices=int32, ordered=0>",
+    "error": "int32",
+    "flags": "uint32",
+}
+NULLABLE = {"insert_ns", "dev", "offset", "fd", "file"}
+
+
+def _rows() -> list[dict]:
+    return [block(0, 20, qd=1), block(10, 30, qd=2), fread(5, 9, pid=7, file="/d/a")]
+
+
+def test_segments_have_exact_schema_types_and_zstd(trace_dir: Path) -> None:
+    paths = tr.write_trace(trace_dir, _rows())
+    assert [p.name for p in paths] == ["seg-000000.parquet"]
+    pf = pq.ParquetFile(paths[0])
+    schema = pf.schema_arrow
+    assert schema.names == list(SCHEMA_MD_TYPES)
+    for name, typ in SCHEMA_MD_TYPES.items():
+        assert str(schema.field(name).type) == typ, name
+        assert schema.field(name).nullable == (name in NULLABLE), name
+    md = pf.metadata
+    codecs = {md.row_group(0).column(i).compression for i in range(md.num_columns)}
+    assert codecs == {"ZSTD"}
+
+
+def test_metadata_keys_values_and_last_segment_wins(trace_dir: Path) -> None:
+    rows = [block(i * 10, i * 10 + 5, qd=1) for i in range(5)]
+    tr.write_trace(trace_dir, rows, {"lost_events": {"block_rq_issue": 3}, "hostname": "h1"},
+                   rows_per_segment=2)
+    segs = tr.list_segments(trace_dir)
+    assert [s.name for s in segs] == [f"seg-00000{i}.parquet" for i in range(3)]
+    first = {k.decode(): v.decode() for k, v in pq.ParquetFile(segs[0]).metadata.metadata.items()
+             if k.startswith(b"trainio.")}
+    assert first["trainio.schema_version"] == "1"
+    assert first["trainio.segment"] == "0"
+    assert json.loads(first["trainio.events"]) == {"block": 2}  # cumulative as of closing
+    for key in ("tracer_version", "hostname", "kernel_release", "clock_offset_ns", "start_ns",
+                "end_ns", "layers", "skipped_probes", "target", "devices", "lost_events",
+                "bpf_stats", "events"):
+        assert f"trainio.{key}" in first, key
+    meta = tr.read_metadata(trace_dir)
+    assert meta["segment"] == 2
+    assert meta["events"] == {"block": 5}
+    assert meta["layers"] == ["block"]
+    assert meta["lost_events"] == {"block_rq_issue": 3}
+    assert meta["hostname"] == "h1"
+    assert meta["start_ns"] == 0
+    assert meta["end_ns"] == 45_000
+
+
+def test_scan_concatenates_segments_in_name_order_and_ignores_partial(trace_dir: Path) -> None:
+    rows = [block(i, i + 1, qd=1, nbytes=i + 1) for i in range(7)]
+    tr.write_trace(trace_dir, rows, rows_per_segment=3)
+    (trace_dir / "seg-000003.parquet.partial").write_bytes(b"half a segment")
+    df = tr.scan_trace(trace_dir).collect()
+    assert df["bytes"].to_list() == [1, 2, 3, 4, 5, 6, 7]
+    assert df.schema["layer"] == pl.String
+    assert df["dev"].to_list() == ["7:0"] * 7
+
+
+def test_single_parquet_file_is_a_one_segment_trace(trace_dir: Path) -> None:
+    tr.write_trace(trace_dir, _rows())
+    single = trace_dir / "seg-000000.parquet"
+    assert tr.scan_trace(single).collect().height == 3
+
+
+def test_writer_fills_optional_columns_and_rejects_bad_rows(trace_dir: Path) -> None:
+    tr.write_trace(trace_dir, [{"layer": "file", "op": "open", "issue_ns": 1, "complete_ns": 2,
+                                "bytes": 0, "queue_depth": 0, "pid": 9}])
+    row = tr.scan_trace(trace_dir).collect().row(0, named=True)
+    assert row["tid"] == 9 and row["comm"] == "?" and row["error"] == 0 and row["flags"] == 0
+    assert row["bytes_requested"] == 0 and row["file"] is None and row["offset"] is None
+    with pytest.raises(TraceError, match="complete_ns < issue_ns"):
+        tr.write_trace(trace_dir / "x", [block(10, 5, qd=1)])
+    with pytest.raises(TraceError, match="not a block op"):
+        tr.write_trace(trace_dir / "y", [{**block(0, 1, qd=1), "op": "open"}])
+    with pytest.raises(TraceError, match="queue_depth missing"):
+        tr.write_trace(trace_dir / "z", [{k: v for k, v in block(0, 1, qd=1).items()
+                                          if k != "queue_depth"}])
+    # a failed write leaves nothing behind, not even a .partial
+    assert not list((trace_dir / "z").glob("*"))
+
+
+def test_writer_accepts_polars_and_chunk_iterators(trace_dir: Path) -> None:
+    df = pl.DataFrame(_rows()[:2])
+    tr.write_trace(trace_dir, iter([df, df]))
+    assert tr.scan_trace(trace_dir).collect().height == 4
+
+
+def _write_table(path: Path, table: pa.Table, version: str | None = "1") -> None:
+    meta = {} if version is None else {"trainio.schema_version": version}
+    pq.write_table(table.replace_schema_metadata(meta), path)
+
+
+def test_errors_name_the_file(tmp_path: Path) -> None:
+    good = tr.conform(_rows())
+    cases = {
+        "notparquet": (lambda p: p.write_text("hello"), "not a readable Parquet file"),
+        "version": (lambda p: _write_table(p, good, "2"), "unknown trainio.schema_version '2'"),
+        "noversion": (lambda p: _write_table(p, good, None), "not a trainio trace"),
+        "missing": (lambda p: _write_table(p, good.drop_columns(["queue_depth"])),
+                    "missing column\\(s\\) queue_depth"),
+        "wrongtype": (lambda p: _write_table(p, good.set_column(
+            2, "issue_ns", good["issue_ns"].cast(pa.float64()))), "issue_ns has type double"),
+        "empty": (lambda p: _write_table(p, good.slice(0, 0)), "empty trace"),
+    }
+    for name, (make, message) in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        seg = d / "seg-000000.parquet"
+        make(seg)
+        with pytest.raises(TraceError, match=message) as info:
+            tr.scan_trace(d)
+        assert str(info.value).startswith(str(d)), name
+        assert isinstance(info.value, TrainioError)
+    with pytest.raises(TraceError, match="no seg-"):
+        tr.open_trace(tmp_path / "empty-dir-" if (tmp_path / "empty-dir-").mkdir() is None else "")
+    with pytest.raises(TraceError, match="no such trace"):
+        tr.open_trace(tmp_path / "absent")
