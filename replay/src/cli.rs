@@ -5,7 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "trainio", version, about = "Replay AI-training storage I/O with emulated accelerators")]
+#[command(name = "trainio", bin_name = "trainio", version, about = "Replay AI-training storage I/O with emulated accelerators")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -57,9 +57,10 @@ pub struct SourceArgs {
     /// Override train.epochs.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub epochs: Option<u64>,
-    /// Stop each epoch after this many steps (default: the whole shard).
+    /// Steps per epoch (default: as many as each GPU's shard of num_files_train holds);
+    /// the dataset grows when a shard holds fewer.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_steps: Option<u64>,
+    pub steps: Option<u64>,
     /// Override train.seed.
     #[arg(long)]
     pub seed: Option<u64>,

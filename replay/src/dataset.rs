@@ -52,14 +52,15 @@ pub fn round_up(v: u64, to: u64) -> u64 {
 }
 
 impl Layout {
-    /// Files needed so that each of `gpus` simulated GPUs owns at least one full batch.
-    pub fn files_for(workload: &Workload, gpus: u64) -> u64 {
-        let per_gpu = workload.batch_size.div_ceil(workload.num_samples_per_file);
+    /// Files needed so that each of `gpus` simulated GPUs owns `steps` full batches
+    /// (at least one), or num_files_train if that is more.
+    pub fn files_for(workload: &Workload, gpus: u64, steps: u64) -> u64 {
+        let per_gpu = (workload.batch_size * steps.max(1)).div_ceil(workload.num_samples_per_file);
         workload.num_files_train.max(gpus * per_gpu)
     }
 
-    pub fn from_workload(workload: &Workload, gpus: u64, root: &Path) -> Layout {
-        let n = Layout::files_for(workload, gpus);
+    pub fn from_workload(workload: &Workload, gpus: u64, steps: u64, root: &Path) -> Layout {
+        let n = Layout::files_for(workload, gpus, steps);
         let spf = workload.num_samples_per_file;
         let normal = (workload.record_length_stdev > 0.0)
             .then(|| Normal::new(workload.record_length, workload.record_length_stdev).ok())
@@ -237,8 +238,8 @@ mod tests {
     #[test]
     fn sizes_are_stable_and_aligned() {
         let w = workload(20000.0);
-        let a = Layout::from_workload(&w, 1, Path::new("/x"));
-        let b = Layout::from_workload(&w, 20, Path::new("/x"));
+        let a = Layout::from_workload(&w, 1, 0, Path::new("/x"));
+        let b = Layout::from_workload(&w, 20, 0, Path::new("/x"));
         assert_eq!(a.files.len(), 10);
         assert_eq!(b.files.len(), 80, "20 GPUs × 4 samples per batch");
         for (x, y) in a.files.iter().zip(&b.files) {
@@ -250,7 +251,7 @@ mod tests {
 
     #[test]
     fn shards_are_disjoint() {
-        let l = Layout::from_workload(&workload(0.0), 3, Path::new("/x"));
+        let l = Layout::from_workload(&workload(0.0), 3, 0, Path::new("/x"));
         let mut all: Vec<usize> = (0..3).flat_map(|g| l.shard(g, 3)).collect();
         assert_eq!(all.len(), 12, "10 files raised to 3 GPUs × one batch of 4");
         all.sort();

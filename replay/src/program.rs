@@ -139,7 +139,7 @@ mod tests {
     fn batches_cover_the_shard_once() {
         let y = "dataset:\n  num_files_train: 12\n  num_samples_per_file: 2\n  record_length_bytes: 8192\nreader:\n  batch_size: 3\n  sample_shuffle: seed\ntrain:\n  computation_time: 0.1\n";
         let w = Workload::from_yaml(y, "t").unwrap();
-        let layout = Layout::from_workload(&w, 2, Path::new("/d"));
+        let layout = Layout::from_workload(&w, 2, 0, Path::new("/d"));
         let p = WorkloadProgram::new(&w, layout, 2, &[1], 1 << 20, 0);
         assert_eq!(p.steps_per_epoch, 4, "6 files × 2 samples / batch 3");
         let mut seen = Vec::new();

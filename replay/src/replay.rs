@@ -111,7 +111,7 @@ impl Job {
             workload: w,
             source: path.display().to_string(),
             data_dir: src.data_dir.clone(),
-            max_steps: src.max_steps.unwrap_or(0),
+            max_steps: src.steps.unwrap_or(0),
             threshold_percent: threshold,
             barrier: !args.no_barrier,
             drop_caches: args.drop_caches,
@@ -122,7 +122,7 @@ impl Job {
     }
 
     pub fn layout(&self, gpus: u64) -> Layout {
-        Layout::from_workload(&self.workload, gpus, &self.data_dir)
+        Layout::from_workload(&self.workload, gpus, self.max_steps, &self.data_dir)
     }
 
     /// Generates the dataset for `gpus`, every rank writing its share of the files.

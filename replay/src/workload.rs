@@ -354,6 +354,35 @@ mod tests {
         assert_eq!(Workload::from_yaml(&y, "x").unwrap().computation_time, ComputeTime::Normal { mean: 0.2, stdev: 0.01 });
     }
 
+    /// configs/ must carry MLPerf Storage's published numbers (REFERENCE.md §2).
+    #[test]
+    fn shipped_configs_have_the_published_numbers() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let load = |n: &str| Workload::from_file(&dir.join(n)).unwrap();
+        for (gpu, ct) in [("a100", 0.636), ("h100", 0.323)] {
+            let w = load(&format!("unet3d_{gpu}.yaml"));
+            assert_eq!((w.record_length, w.record_length_stdev), (146_600_628.0, 68_341_808.0));
+            assert_eq!((w.num_files_train, w.num_samples_per_file, w.batch_size, w.read_threads), (168, 1, 7, 4));
+            assert_eq!((w.computation_time.clone(), w.epochs, w.au_threshold_percent), (ComputeTime::Fixed(ct), 5, 90.0));
+        }
+        for (gpu, ct) in [("a100", 0.435), ("h100", 0.224)] {
+            let w = load(&format!("resnet50_{gpu}.yaml"));
+            assert_eq!(w.record_length, 114_660.07);
+            assert_eq!((w.num_files_train, w.num_samples_per_file, w.batch_size, w.read_threads), (1024, 1251, 400, 8));
+            assert_eq!((w.computation_time.clone(), w.au_threshold_percent), (ComputeTime::Fixed(ct), 90.0));
+        }
+        for (gpu, ct) in [("a100", 0.00551), ("h100", 0.00350)] {
+            let w = load(&format!("cosmoflow_{gpu}.yaml"));
+            assert_eq!((w.record_length, w.record_length_stdev), (2_828_486.0, 71_311.0));
+            assert_eq!((w.num_files_train, w.num_samples_per_file, w.batch_size, w.read_threads), (524_288, 1, 1, 4));
+            assert_eq!(w.computation_time, ComputeTime::Fixed(ct));
+            assert!((w.au_threshold_percent - 70.0).abs() < 1e-9);
+        }
+        for demo in ["demo-unet3d.yaml", "demo-resnet50.yaml", "demo-cosmoflow.yaml"] {
+            load(demo);
+        }
+    }
+
     #[test]
     fn errors_name_the_key() {
         let y = V2.replace("batch_size: 7", "batch_size: seven");
