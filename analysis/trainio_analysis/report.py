@@ -70,7 +70,9 @@ def _figures(results: list[tuple[str, dict[str, Any]]],
     for name, r in results:
         t = r["throughput_mib_s"]["timeline"]
         total = [a + b for a, b in zip(t["read"], t["write"], strict=True)]
-        tl.add_trace(go.Scatter(name=f"{name}", x=t["t_s"], y=total, mode="lines"))
+        # markers too when there are few bins, so a short trace is not an invisible dot
+        mode = "lines+markers" if len(total) <= 60 else "lines"
+        tl.add_trace(go.Scatter(name=f"{name}", x=t["t_s"], y=total, mode=mode))
     tl.update_layout(title="Throughput (read + write) per "
                      f"{results[0][1]['throughput_mib_s']['bin_s']:g} s bin",
                      xaxis_title="time since trace start (s)", yaxis_title="MiB/s (2^20 B/s)")
