@@ -26,6 +26,9 @@ test-fast: all
 bench-tracer: all
 	$(PY) tests/bench/bench_tracer.py
 
+bench-analysis: all
+	$(PY) tests/bench/bench_analysis.py
+
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV)
