@@ -1,1 +1,118 @@
-pub fn x(){}
+//! The trainio trace format (traces/SCHEMA.md), version 1: the one Rust module that knows
+//! its columns, types and metadata keys. The tracer writes through [`TraceWriter`]; the
+//! replayer reads through [`read_rows`].
+//!
+//! A trace is a directory of numbered segments. A segment is written as
+//! `seg-NNNNNN.parquet.partial` and renamed when closed, so every `.parquet` file in a
+//! trace is complete even if the writer was killed.
+
+mod read;
+mod write;
+
+pub use read::{read_metadata, read_rows, segment_paths, OwnedRow, TraceError};
+pub use write::{BatchBuilder, SegmentLimits, TraceWriter};
+
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+/// Value of `trainio.schema_version` written by this crate and the versions it reads.
+pub const SCHEMA_VERSION: &str = "1";
+
+/// Metadata keys (Parquet key-value metadata, UTF-8 values; JSON where SCHEMA.md says).
+pub mod keys {
+    pub const SCHEMA_VERSION: &str = "trainio.schema_version";
+    pub const TRACER_VERSION: &str = "trainio.tracer_version";
+    pub const HOSTNAME: &str = "trainio.hostname";
+    pub const KERNEL_RELEASE: &str = "trainio.kernel_release";
+    pub const CLOCK_OFFSET_NS: &str = "trainio.clock_offset_ns";
+    pub const START_NS: &str = "trainio.start_ns";
+    pub const END_NS: &str = "trainio.end_ns";
+    pub const SEGMENT: &str = "trainio.segment";
+    pub const LAYERS: &str = "trainio.layers";
+    pub const SKIPPED_PROBES: &str = "trainio.skipped_probes";
+    pub const TARGET: &str = "trainio.target";
+    pub const DEVICES: &str = "trainio.devices";
+    pub const LOST_EVENTS: &str = "trainio.lost_events";
+    pub const BPF_STATS: &str = "trainio.bpf_stats";
+    pub const EVENTS: &str = "trainio.events";
+}
+
+/// The layer a row was recorded at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Layer {
+    Block,
+    File,
+    Nfs,
+}
+
+impl Layer {
+    pub const ALL: [Layer; 3] = [Layer::Block, Layer::File, Layer::Nfs];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layer::Block => "block",
+            Layer::File => "file",
+            Layer::Nfs => "nfs",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Layer> {
+        Layer::ALL.into_iter().find(|l| l.as_str() == s)
+    }
+}
+
+/// One row as the writer takes it: borrowed strings, no allocation per row.
+#[derive(Clone, Debug)]
+pub struct Row<'a> {
+    pub layer: Layer,
+    pub op: &'a str,
+    pub issue_ns: i64,
+    pub complete_ns: i64,
+    pub insert_ns: Option<i64>,
+    /// `"MAJ:MIN"`.
+    pub dev: Option<&'a str>,
+    pub offset: Option<i64>,
+    pub bytes: i64,
+    pub bytes_requested: i64,
+    pub queue_depth: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: &'a str,
+    pub fd: Option<i32>,
+    pub file: Option<&'a str>,
+    pub error: i32,
+    pub flags: u32,
+}
+
+fn dict(name: &str, key: DataType, nullable: bool) -> Field {
+    Field::new(name, DataType::Dictionary(Box::new(key), Box::new(DataType::Utf8)), nullable)
+}
+
+/// The Arrow schema of a segment, column order as in SCHEMA.md.
+pub fn arrow_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        dict("layer", DataType::Int8, false),
+        dict("op", DataType::Int8, false),
+        Field::new("issue_ns", DataType::Int64, false),
+        Field::new("complete_ns", DataType::Int64, false),
+        Field::new("insert_ns", DataType::Int64, true),
+        dict("dev", DataType::Int16, true),
+        Field::new("offset", DataType::Int64, true),
+        Field::new("bytes", DataType::Int64, false),
+        Field::new("bytes_requested", DataType::Int64, false),
+        Field::new("queue_depth", DataType::UInt32, false),
+        Field::new("pid", DataType::UInt32, false),
+        Field::new("tid", DataType::UInt32, false),
+        dict("comm", DataType::Int32, false),
+        Field::new("fd", DataType::Int32, true),
+        dict("file", DataType::Int32, true),
+        Field::new("error", DataType::Int32, false),
+        Field::new("flags", DataType::UInt32, false),
+    ]))
+}
+
+/// `"MAJ:MIN"` of a kernel-internal dev_t (major << 20 | minor).
+pub fn dev_string(kernel_dev: u32) -> String {
+    format!("{}:{}", kernel_dev >> 20, kernel_dev & ((1 << 20) - 1))
+}

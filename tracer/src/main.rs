@@ -1,1 +1,40 @@
-fn main(){}
+//! `trainio record`: eBPF block-layer and file-level tracing into a Parquet trace.
+mod cli;
+mod events;
+mod host;
+mod probes;
+mod record;
+
+mod block_skel {
+    #![allow(unused_imports)]
+    include!(concat!(env!("OUT_DIR"), "/block.skel.rs"));
+}
+mod file_skel {
+    #![allow(unused_imports)]
+    include!(concat!(env!("OUT_DIR"), "/file.skel.rs"));
+}
+
+/// The skeletons and the event types of bpf/trainio.h, generated at build time.
+mod bpf {
+    pub use crate::block_skel::{types::block_event, BlockSkel, BlockSkelBuilder};
+    pub use crate::file_skel::types::{file_event, open_event, trainio_file_op, trainio_kind};
+    pub use crate::file_skel::{FileSkel, FileSkelBuilder};
+    // SAFETY: plain-old-data structs generated from bpf/trainio.h.
+    unsafe impl plain::Plain for block_event {}
+    unsafe impl plain::Plain for file_event {}
+    unsafe impl plain::Plain for open_event {}
+}
+
+use clap::Parser;
+
+fn main() {
+    let args = cli::Args::parse();
+    match record::run(args) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("trainio record: {e:#}");
+            let bad_input = e.chain().any(|c| c.is::<cli::Usage>());
+            std::process::exit(if bad_input { 2 } else { 1 });
+        }
+    }
+}

@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The one header shared by the BPF programs and the Rust tracer (which gets these types
+ * through the libbpf-cargo skeleton). Every record in a ring buffer starts with a __u32
+ * kind tag so that user space can dispatch on it; fields are fixed-width and ordered so
+ * that no padding depends on the compiler.
+ */
+#ifndef TRAINIO_H
+#define TRAINIO_H
+
+#define TRAINIO_COMM_LEN 16
+#define TRAINIO_PATH_LEN 256
+
+enum trainio_kind {
+	TRAINIO_KIND_BLOCK = 1, /* struct block_event */
+	TRAINIO_KIND_FILE = 2,  /* struct file_event */
+	TRAINIO_KIND_OPEN = 3,  /* struct open_event */
+};
+
+/* Which syscall a file_event came from. */
+enum trainio_file_op {
+	TRAINIO_FOP_READ = 1,
+	TRAINIO_FOP_PREAD64 = 2,
+	TRAINIO_FOP_READV = 3,
+	TRAINIO_FOP_PREADV = 4,
+	TRAINIO_FOP_PREADV2 = 5,
+	TRAINIO_FOP_WRITE = 6,
+	TRAINIO_FOP_PWRITE64 = 7,
+	TRAINIO_FOP_CLOSE = 8,
+};
+
+/* Index of the lost-event counters (a per-CPU array in each object). */
+enum trainio_lost {
+	TRAINIO_LOST_BLOCK_RINGBUF = 0, /* block_rq_complete: ring buffer full */
+	TRAINIO_LOST_BLOCK_MAP = 1,     /* block_rq_issue: in-flight map full */
+	TRAINIO_LOST_FILE_RINGBUF = 2,  /* sys_exit_*: ring buffer full */
+	TRAINIO_LOST_FILE_MAP = 3,      /* sys_enter_*: in-flight syscall map full */
+	TRAINIO_LOST_OPEN_RINGBUF = 4,  /* sys_exit_openat: ring buffer full */
+	TRAINIO_LOST_PROC_MAP = 5,      /* sched_process_fork: traced-process map full */
+	TRAINIO_LOST_MAX = 6,
+};
+
+struct block_event {
+	__u32 kind;        /* TRAINIO_KIND_BLOCK */
+	__u32 dev;         /* kernel dev_t of the disk: major << 20 | minor */
+	__u64 insert_ns;   /* 0: never passed through the scheduler */
+	__u64 issue_ns;
+	__u64 complete_ns;
+	__u64 sector;      /* ~0ULL for a flush */
+	__u32 bytes;       /* bytes completed by this completion */
+	__u32 cmd_flags;   /* op in the low 8 bits, REQ_* flags above */
+	__u32 queue_depth; /* requests in flight on dev at issue, including this one */
+	__u32 pid;         /* tgid of the task that inserted or issued it */
+	__u32 tid;
+	__s32 error;       /* blk_status_t as the kernel passed it */
+	char comm[TRAINIO_COMM_LEN];
+};
+
+struct file_event {
+	__u32 kind; /* TRAINIO_KIND_FILE */
+	__u32 op;   /* enum trainio_file_op */
+	__u64 enter_ns;
+	__u64 exit_ns;
+	__s64 offset;    /* -1: no offset (close) */
+	__u64 requested; /* count asked for (iovec lengths summed) */
+	__s64 ret;       /* the syscall's return value */
+	__u32 pid;
+	__u32 tid;
+	__s32 fd;
+	__u32 queue_depth; /* read/write syscalls in flight in this tgid, including this one */
+	__u32 dev;         /* kernel dev_t of the file (i_rdev for a block device node) */
+	__u32 flags;       /* f_flags of the open file */
+	char comm[TRAINIO_COMM_LEN];
+};
+
+struct open_event {
+	__u32 kind; /* TRAINIO_KIND_OPEN */
+	__u32 pid;
+	__u64 enter_ns;
+	__u64 exit_ns;
+	__u32 tid;
+	__s32 ret; /* new fd, or -errno */
+	__u32 flags;
+	__s32 dirfd;
+	char comm[TRAINIO_COMM_LEN];
+	char path[TRAINIO_PATH_LEN];
+};
+
+#endif /* TRAINIO_H */

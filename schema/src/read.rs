@@ -1,0 +1,174 @@
+//! Reading: a trace directory (or one segment file) → rows and metadata.
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow_cast::cast;
+use arrow_schema::DataType;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::file::reader::{FileReader, SerializedFileReader};
+
+use crate::{keys, Layer, SCHEMA_VERSION};
+
+/// A trace that cannot be read: the message names the file and what is wrong.
+#[derive(Debug)]
+pub struct TraceError(pub String);
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TraceError {}
+
+fn bad(path: &Path, what: impl fmt::Display) -> TraceError {
+    TraceError(format!("{}: {what}", path.display()))
+}
+
+/// The finished segments of a trace in order (a single `.parquet` file is a trace of one).
+pub fn segment_paths(path: &Path) -> Result<Vec<PathBuf>, TraceError> {
+    if path.is_file() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let entries = std::fs::read_dir(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
+    let mut segs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .collect();
+    segs.sort();
+    if segs.is_empty() {
+        return Err(bad(path, "no trace segments (*.parquet) in this directory"));
+    }
+    Ok(segs)
+}
+
+fn file_metadata(seg: &Path) -> Result<HashMap<String, String>, TraceError> {
+    let file = File::open(seg).map_err(|e| bad(seg, format!("cannot open: {e}")))?;
+    let reader = SerializedFileReader::new(file).map_err(|e| bad(seg, format!("not Parquet: {e}")))?;
+    let kv = reader.metadata().file_metadata().key_value_metadata().cloned().unwrap_or_default();
+    let meta: HashMap<String, String> =
+        kv.into_iter().filter_map(|kv| kv.value.map(|v| (kv.key, v))).collect();
+    match meta.get(keys::SCHEMA_VERSION).map(String::as_str) {
+        Some(SCHEMA_VERSION) => Ok(meta),
+        Some(v) => Err(bad(seg, format!("trace schema version {v} is not supported (this build reads {SCHEMA_VERSION})"))),
+        None => Err(bad(seg, format!("not a trainio trace: no {} metadata", keys::SCHEMA_VERSION))),
+    }
+}
+
+/// Metadata of the trace: that of its last segment, whose counters are final.
+pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>, TraceError> {
+    let segs = segment_paths(path)?;
+    file_metadata(segs.last().expect("at least one segment"))
+}
+
+/// A row read back from a trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OwnedRow {
+    pub layer: Layer,
+    pub op: Arc<str>,
+    pub issue_ns: i64,
+    pub complete_ns: i64,
+    pub insert_ns: Option<i64>,
+    pub dev: Option<Arc<str>>,
+    pub offset: Option<i64>,
+    pub bytes: i64,
+    pub bytes_requested: i64,
+    pub queue_depth: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: Arc<str>,
+    pub fd: Option<i32>,
+    pub file: Option<Arc<str>>,
+    pub error: i32,
+    pub flags: u32,
+}
+
+/// Columns cast to one canonical type whatever the writer used (dictionary or plain
+/// strings, any integer width), so traces written by Python read the same.
+struct Columns {
+    strings: HashMap<&'static str, StringArray>,
+    ints: HashMap<&'static str, Int64Array>,
+}
+
+const STRING_COLS: [&str; 5] = ["layer", "op", "dev", "comm", "file"];
+const INT_COLS: [&str; 12] = [
+    "issue_ns", "complete_ns", "insert_ns", "offset", "bytes", "bytes_requested",
+    "queue_depth", "pid", "tid", "fd", "error", "flags",
+];
+
+fn columns(seg: &Path, batch: &RecordBatch) -> Result<Columns, TraceError> {
+    let get = |name: &str| -> Result<ArrayRef, TraceError> {
+        batch.column_by_name(name).cloned().ok_or_else(|| bad(seg, format!("missing column `{name}`")))
+    };
+    let mut strings = HashMap::new();
+    for name in STRING_COLS {
+        let col = cast(&get(name)?, &DataType::Utf8).map_err(|e| bad(seg, format!("column `{name}`: {e}")))?;
+        strings.insert(name, col.as_any().downcast_ref::<StringArray>().expect("utf8").clone());
+    }
+    let mut ints = HashMap::new();
+    for name in INT_COLS {
+        let col = cast(&get(name)?, &DataType::Int64).map_err(|e| bad(seg, format!("column `{name}`: {e}")))?;
+        ints.insert(name, col.as_any().downcast_ref::<Int64Array>().expect("int64").clone());
+    }
+    Ok(Columns { strings, ints })
+}
+
+/// Reads every row of a trace, or only those of `layer`.
+pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, TraceError> {
+    let mut rows = Vec::new();
+    let mut interned: HashMap<String, Arc<str>> = HashMap::new();
+    let mut intern = |s: &str| -> Arc<str> {
+        interned.entry(s.to_string()).or_insert_with(|| Arc::from(s)).clone()
+    };
+    for seg in segment_paths(path)? {
+        file_metadata(&seg)?;
+        let file = File::open(&seg).map_err(|e| bad(&seg, format!("cannot open: {e}")))?;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+            .and_then(|b| b.with_batch_size(65536).build())
+            .map_err(|e| bad(&seg, format!("not Parquet: {e}")))?;
+        for batch in reader {
+            let batch = batch.map_err(|e| bad(&seg, format!("corrupt: {e}")))?;
+            let c = columns(&seg, &batch)?;
+            let s = |n: &str, i: usize| {
+                let a = &c.strings[n];
+                (!a.is_null(i)).then(|| a.value(i))
+            };
+            let n = |name: &str, i: usize| {
+                let a = &c.ints[name];
+                (!a.is_null(i)).then(|| a.value(i))
+            };
+            for i in 0..batch.num_rows() {
+                let layer_name = s("layer", i).unwrap_or("");
+                let row_layer = Layer::parse(layer_name)
+                    .ok_or_else(|| bad(&seg, format!("row {i}: unknown layer `{layer_name}`")))?;
+                if layer.is_some_and(|l| l != row_layer) {
+                    continue;
+                }
+                rows.push(OwnedRow {
+                    layer: row_layer,
+                    op: intern(s("op", i).unwrap_or("")),
+                    issue_ns: n("issue_ns", i).unwrap_or(0),
+                    complete_ns: n("complete_ns", i).unwrap_or(0),
+                    insert_ns: n("insert_ns", i),
+                    dev: s("dev", i).map(&mut intern),
+                    offset: n("offset", i),
+                    bytes: n("bytes", i).unwrap_or(0),
+                    bytes_requested: n("bytes_requested", i).unwrap_or(0),
+                    queue_depth: n("queue_depth", i).unwrap_or(0) as u32,
+                    pid: n("pid", i).unwrap_or(0) as u32,
+                    tid: n("tid", i).unwrap_or(0) as u32,
+                    comm: intern(s("comm", i).unwrap_or("")),
+                    fd: n("fd", i).map(|v| v as i32),
+                    file: s("file", i).map(&mut intern),
+                    error: n("error", i).unwrap_or(0) as i32,
+                    flags: n("flags", i).unwrap_or(0) as u32,
+                });
+            }
+        }
+    }
+    Ok(rows)
+}

@@ -1,0 +1,88 @@
+//! Command line of `trainio record`, and the errors that mean "bad input" (exit 2).
+use std::ffi::OsString;
+use std::fmt;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Record a training job's storage I/O with eBPF into a Parquet trace.
+///
+/// Block-layer requests on the selected devices are recorded whatever process issued
+/// them; file-layer syscalls only for the target (a command and its descendants, a pid,
+/// a cgroup, or every process when no target is given).
+#[derive(Parser, Debug)]
+#[command(name = "trainio record", version, after_help = "Example: trainio record -o /tmp/t -- dd if=/dev/loop0 of=/dev/null bs=1M count=64 iflag=direct")]
+pub struct Args {
+    /// Directory to write the trace into (created if missing; must be empty)
+    #[arg(short, long)]
+    pub output: PathBuf,
+
+    /// Layers to record, comma-separated: block, file
+    #[arg(long, value_delimiter = ',', default_value = "block,file")]
+    pub layers: Vec<String>,
+
+    /// Block device to record (name like loop0, /dev/nvme0n1, or MAJ:MIN); repeatable.
+    /// Default: all devices
+    #[arg(long = "dev", value_name = "NAME|MAJ:MIN")]
+    pub devs: Vec<String>,
+
+    /// Stop recording after this many seconds
+    #[arg(long, value_parser = positive_f64)]
+    pub duration: Option<f64>,
+
+    /// Ring-buffer size per layer in MiB (rounded up to a power of two, at least 4 KiB)
+    #[arg(long, default_value_t = 16.0, value_parser = positive_f64)]
+    pub ringbuf_mb: f64,
+
+    /// Start a new segment when the current one reaches this many MiB
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    pub segment_mb: u64,
+
+    /// Start a new segment when the current one is this many seconds old
+    #[arg(long, default_value_t = 300.0, value_parser = positive_f64)]
+    pub segment_s: f64,
+
+    /// Do not enable the kernel's BPF run-time statistics (saves ~2 clock reads per event)
+    #[arg(long)]
+    pub no_bpf_stats: bool,
+
+    /// Trace this running process (and the children it starts from now on)
+    #[arg(long, conflicts_with_all = ["cgroup", "command"])]
+    pub pid: Option<u32>,
+
+    /// Trace the processes of this cgroup-v2 directory
+    #[arg(long, conflicts_with = "command")]
+    pub cgroup: Option<PathBuf>,
+
+    /// Only errors and the final summary on stderr
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// The command to run and trace, after `--`; its exit code becomes ours
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+fn positive_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("`{s}` is not a positive number")),
+    }
+}
+
+/// Bad input: reported in one line, exit code 2.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl fmt::Display for Usage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+macro_rules! usage {
+    ($($arg:tt)*) => { return Err(anyhow::Error::new($crate::cli::Usage(format!($($arg)*)))) };
+}
+pub(crate) use usage;

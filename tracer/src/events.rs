@@ -1,0 +1,265 @@
+//! Turns raw ring-buffer records into trace rows. Runs on the drain path: no allocation
+//! per event except the first time a device, process or fd is seen.
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use trainio_schema::{dev_string, BatchBuilder, Layer, Row};
+
+use crate::bpf::{block_event, file_event, open_event, trainio_file_op as fop, trainio_kind as kind};
+
+const KIND_BLOCK: u32 = kind::TRAINIO_KIND_BLOCK.0;
+const KIND_FILE: u32 = kind::TRAINIO_KIND_FILE.0;
+const KIND_OPEN: u32 = kind::TRAINIO_KIND_OPEN.0;
+const FOP_CLOSE: u32 = fop::TRAINIO_FOP_CLOSE.0;
+const FOP_WRITE: u32 = fop::TRAINIO_FOP_WRITE.0;
+const FOP_PWRITE64: u32 = fop::TRAINIO_FOP_PWRITE64.0;
+
+const AT_FDCWD: i32 = -100;
+const REQ_OP_MASK: u32 = 0xff;
+
+/// Per layer and device: what the summary prints and the metadata counts.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct Tally {
+    pub events: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+pub struct Collector {
+    pub batch: BatchBuilder,
+    devs: HashMap<u32, Arc<str>>,
+    /// (tgid, fd) → path, from openat, or from /proc when the fd predates the recording.
+    fds: HashMap<(u32, i32), Option<Arc<str>>>,
+    cwds: HashMap<u32, PathBuf>,
+    pub tally: BTreeMap<(Layer, Option<Arc<str>>), Tally>,
+    pub undecodable: u64,
+}
+
+fn comm_str(comm: &[i8; 16]) -> &str {
+    // SAFETY: i8 and u8 have the same layout.
+    let bytes: &[u8; 16] = unsafe { &*(comm as *const [i8; 16] as *const [u8; 16]) };
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    std::str::from_utf8(&bytes[..end]).unwrap_or("?")
+}
+
+/// Request op as REQ_OP_* (include/linux/blk_types.h) names it.
+fn block_op(cmd_flags: u32) -> &'static str {
+    match cmd_flags & REQ_OP_MASK {
+        0 => "read",
+        1 => "write",
+        2 => "flush",
+        3 | 5 => "discard", // DISCARD, SECURE_ERASE
+        9 => "write_zeroes",
+        _ => "other",
+    }
+}
+
+/// blk_status_t → -errno, as the kernel's blk_errors table maps them.
+fn blk_status_errno(status: i32) -> i32 {
+    -match status {
+        0 => 0,
+        1 => libc::EOPNOTSUPP,
+        2 => libc::ETIMEDOUT,
+        3 => libc::ENOSPC,
+        4 => libc::ENOLINK,
+        5 => libc::EREMOTEIO,
+        6 => libc::EBADE,
+        7 => libc::ENODATA,
+        8 => libc::EILSEQ,
+        9 => libc::ENOMEM,
+        11 => libc::EREMCHG,
+        12 => libc::EAGAIN,
+        13 => libc::EBUSY,
+        14 => libc::ETOOMANYREFS,
+        15 => libc::EOVERFLOW,
+        16 => libc::ENODEV,
+        17 => libc::ETIME,
+        _ => libc::EIO,
+    }
+}
+
+fn nonzero(ns: u64) -> Option<i64> {
+    (ns != 0).then_some(ns as i64)
+}
+
+impl Collector {
+    pub fn new() -> Self {
+        Collector {
+            batch: BatchBuilder::new(),
+            devs: HashMap::new(),
+            fds: HashMap::new(),
+            cwds: HashMap::new(),
+            tally: BTreeMap::new(),
+            undecodable: 0,
+        }
+    }
+
+    fn dev(&mut self, kernel_dev: u32) -> Option<Arc<str>> {
+        (kernel_dev != 0).then(|| self.devs.entry(kernel_dev).or_insert_with(|| dev_string(kernel_dev).into()).clone())
+    }
+
+    /// Devices seen so far, as MAJ:MIN.
+    pub fn devices(&self) -> impl Iterator<Item = &str> {
+        self.devs.values().map(|d| &**d)
+    }
+
+    fn count(&mut self, layer: Layer, dev: &Option<Arc<str>>, read: u64, written: u64) {
+        let t = self.tally.entry((layer, dev.clone())).or_default();
+        t.events += 1;
+        t.bytes_read += read;
+        t.bytes_written += written;
+    }
+
+    /// Decodes one ring-buffer record. Returns 0 as libbpf's callback contract wants.
+    pub fn on_record(&mut self, data: &[u8]) -> i32 {
+        let tag = data.get(..4).map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
+        let decoded = match tag {
+            Some(KIND_BLOCK) => plain::from_bytes::<block_event>(data).map(|e| self.block(e)).is_ok(),
+            Some(KIND_FILE) => plain::from_bytes::<file_event>(data).map(|e| self.file(e)).is_ok(),
+            Some(KIND_OPEN) => plain::from_bytes::<open_event>(data).map(|e| self.open(e)).is_ok(),
+            _ => false,
+        };
+        if !decoded {
+            self.undecodable += 1;
+        }
+        0
+    }
+
+    fn block(&mut self, e: &block_event) {
+        let op = block_op(e.cmd_flags);
+        let dev = self.dev(e.dev);
+        let offset = (op != "flush" && e.sector != u64::MAX).then(|| (e.sector * 512) as i64);
+        let bytes = e.bytes as i64;
+        self.batch.push(&Row {
+            layer: Layer::Block,
+            op,
+            issue_ns: e.issue_ns as i64,
+            complete_ns: e.complete_ns as i64,
+            insert_ns: nonzero(e.insert_ns),
+            dev: dev.as_deref(),
+            offset,
+            bytes,
+            bytes_requested: bytes,
+            queue_depth: e.queue_depth,
+            pid: e.pid,
+            tid: e.tid,
+            comm: comm_str(&e.comm),
+            fd: None,
+            file: None,
+            error: blk_status_errno(e.error),
+            flags: e.cmd_flags & !REQ_OP_MASK,
+        });
+        let (r, w) = match op {
+            "read" => (e.bytes as u64, 0),
+            "write" => (0, e.bytes as u64),
+            _ => (0, 0),
+        };
+        self.count(Layer::Block, &dev, r, w);
+    }
+
+    fn cwd(&mut self, pid: u32) -> Option<PathBuf> {
+        if let Some(c) = self.cwds.get(&pid) {
+            return Some(c.clone());
+        }
+        let c = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+        self.cwds.insert(pid, c.clone());
+        Some(c)
+    }
+
+    /// The path of an fd: as it was opened while we traced, else what /proc says now.
+    fn fd_path(&mut self, pid: u32, fd: i32) -> Option<Arc<str>> {
+        self.fds
+            .entry((pid, fd))
+            .or_insert_with(|| {
+                std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+                    .ok()
+                    .map(|p| Arc::from(p.to_string_lossy().as_ref()))
+            })
+            .clone()
+    }
+
+    fn file(&mut self, e: &file_event) {
+        let (op, read) = match e.op {
+            FOP_CLOSE => ("close", false),
+            FOP_WRITE | FOP_PWRITE64 => ("write", false),
+            _ => ("read", true),
+        };
+        let file = self.fd_path(e.pid, e.fd);
+        let dev = self.dev(e.dev);
+        let done = e.ret.max(0);
+        self.batch.push(&Row {
+            layer: Layer::File,
+            op,
+            issue_ns: e.enter_ns as i64,
+            complete_ns: e.exit_ns as i64,
+            insert_ns: None,
+            dev: dev.as_deref(),
+            offset: (op != "close" && e.offset >= 0).then_some(e.offset),
+            bytes: if op == "close" { 0 } else { done },
+            bytes_requested: e.requested as i64,
+            queue_depth: e.queue_depth,
+            pid: e.pid,
+            tid: e.tid,
+            comm: comm_str(&e.comm),
+            fd: Some(e.fd),
+            file: file.as_deref(),
+            error: if e.ret < 0 { e.ret as i32 } else { 0 },
+            flags: e.flags,
+        });
+        if op == "close" {
+            self.fds.remove(&(e.pid, e.fd));
+            self.count(Layer::File, &dev, 0, 0);
+        } else if read {
+            self.count(Layer::File, &dev, done as u64, 0);
+        } else {
+            self.count(Layer::File, &dev, 0, done as u64);
+        }
+    }
+
+    fn open(&mut self, e: &open_event) {
+        // SAFETY: i8 and u8 have the same layout.
+        let raw: &[u8] = unsafe { &*(&e.path[..] as *const [i8] as *const [u8]) };
+        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+        let given = String::from_utf8_lossy(&raw[..end]);
+        let path: Option<Arc<str>> = if given.is_empty() {
+            None
+        } else if given.starts_with('/') {
+            Some(Arc::from(given.as_ref()))
+        } else {
+            let base = if e.dirfd == AT_FDCWD {
+                self.cwd(e.pid)
+            } else {
+                self.fd_path(e.pid, e.dirfd).map(|p| PathBuf::from(&*p))
+            };
+            Some(match base {
+                Some(b) => Arc::from(Path::new(&b).join(given.as_ref()).to_string_lossy().as_ref()),
+                None => Arc::from(given.as_ref()),
+            })
+        };
+        let fd = (e.ret >= 0).then_some(e.ret);
+        if let Some(fd) = fd {
+            self.fds.insert((e.pid, fd), path.clone());
+        }
+        self.batch.push(&Row {
+            layer: Layer::File,
+            op: "open",
+            issue_ns: e.enter_ns as i64,
+            complete_ns: e.exit_ns as i64,
+            insert_ns: None,
+            dev: None,
+            offset: None,
+            bytes: 0,
+            bytes_requested: 0,
+            queue_depth: 0,
+            pid: e.pid,
+            tid: e.tid,
+            comm: comm_str(&e.comm),
+            fd,
+            file: path.as_deref(),
+            error: e.ret.min(0),
+            flags: e.flags,
+        });
+        self.count(Layer::File, &None, 0, 0);
+    }
+}

@@ -1,0 +1,287 @@
+//! BPF lifecycle: open → configure (rodata, map sizes, autoload) → load → attach, with
+//! each step's failure named. Probes the kernel lacks are switched off before load (one
+//! program that fails to load fails its whole object) and reported as skipped.
+use std::collections::{BTreeMap, HashSet};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
+use libbpf_rs::libbpf_sys;
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
+use serde::Serialize;
+
+use crate::bpf::{BlockSkel, BlockSkelBuilder, FileSkel, FileSkelBuilder};
+use crate::host;
+
+/// Which processes the file layer follows (must match TARGET_* in file.bpf.c).
+#[derive(Clone, Debug)]
+pub enum Target {
+    All,
+    /// tgids seeded by user space, followed through fork.
+    Tgids,
+    Cgroup(u64),
+}
+
+pub struct Settings {
+    pub block: bool,
+    pub file: bool,
+    pub devs: Vec<u32>,
+    pub ringbuf_bytes: u32,
+    pub target: Target,
+    pub bpf_stats: bool,
+}
+
+/// Names of the lost-event counters, by index (enum trainio_lost in bpf/trainio.h).
+const LOST_NAMES: [&str; 6] = [
+    "block_rq_complete:ringbuf_full",
+    "block_rq_issue:map_full",
+    "file_syscall_exit:ringbuf_full",
+    "file_syscall_enter:map_full",
+    "openat_exit:ringbuf_full",
+    "sched_process_fork:map_full",
+];
+
+#[derive(Serialize, Clone, Debug)]
+pub struct ProgStats {
+    pub run_cnt: u64,
+    pub run_time_ns: u64,
+    pub ns_per_run: f64,
+}
+
+pub struct Probes<'o> {
+    block: Option<BlockSkel<'o>>,
+    file: Option<FileSkel<'o>>,
+    links: std::cell::RefCell<Vec<Link>>,
+    stats_fd: Option<OwnedFd>,
+    pub skipped: BTreeMap<String, String>,
+    pub attached: Vec<String>,
+}
+
+/// All tracepoint names under tracefs, as `group/name`, and name → group.
+fn tracepoints(tracefs: &Path) -> HashSet<String> {
+    let mut all = HashSet::new();
+    if let Ok(groups) = std::fs::read_dir(tracefs.join("events")) {
+        for g in groups.flatten().filter(|g| g.path().is_dir()) {
+            if let Ok(evs) = std::fs::read_dir(g.path()) {
+                for e in evs.flatten() {
+                    all.insert(format!("{}/{}", g.file_name().to_string_lossy(), e.file_name().to_string_lossy()));
+                }
+            }
+        }
+    }
+    all
+}
+
+/// Whether a program's attach point exists: SEC("tracepoint/G/N") needs G/N, and
+/// SEC("tp_btf/N") needs a tracepoint N in any group.
+fn attach_point_exists(section: &str, tps: &HashSet<String>) -> bool {
+    if let Some(gn) = section.strip_prefix("tracepoint/") {
+        tps.contains(gn)
+    } else if let Some(n) = section.strip_prefix("tp_btf/") {
+        tps.iter().any(|t| t.rsplit_once('/').is_some_and(|(_, name)| name == n))
+    } else {
+        true
+    }
+}
+
+/// Switches off the programs whose attach point is missing; returns (skipped, kept).
+fn autoload_available<'a>(
+    progs: impl Iterator<Item = libbpf_rs::OpenProgramMut<'a>>,
+    tps: &HashSet<String>,
+    skipped: &mut BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut kept = Vec::new();
+    for mut p in progs {
+        let section = p.section().to_string_lossy().into_owned();
+        let name = p.name().to_string_lossy().into_owned();
+        if attach_point_exists(&section, tps) {
+            kept.push(section);
+        } else {
+            p.set_autoload(false);
+            skipped.insert(section, "tracepoint not present in this kernel".into());
+            let _ = name;
+        }
+    }
+    kept
+}
+
+impl<'o> Probes<'o> {
+    pub fn load(
+        s: &Settings,
+        block_obj: &'o mut MaybeUninit<OpenObject>,
+        file_obj: &'o mut MaybeUninit<OpenObject>,
+    ) -> Result<Probes<'o>> {
+        let tracefs = host::tracefs()?;
+        let tps = tracepoints(&tracefs);
+        let mut skipped = BTreeMap::new();
+        let mut attached = Vec::new();
+        let wakeup = (s.ringbuf_bytes as u64 / 4).min(1 << 20);
+
+        let block = if s.block {
+            let mut open = BlockSkelBuilder::default().open(block_obj).context("opening the block probes")?;
+            let needed = ["tp_btf/block_rq_issue", "tp_btf/block_rq_complete"];
+            if let Some(missing) = needed.iter().find(|n| !attach_point_exists(n, &tps)) {
+                skipped.insert("block".into(), format!("{missing} is not in this kernel: block layer not recorded"));
+                None
+            } else {
+                let ro = open.maps.rodata_data.as_deref_mut().context("block probes: no rodata")?;
+                ro.wakeup_bytes = wakeup;
+                ro.filter_devs = !s.devs.is_empty();
+                open.maps.block_events.set_max_entries(s.ringbuf_bytes).context("sizing the block ring buffer")?;
+                attached.extend(autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped));
+                let skel = open.load().context("loading the block probes into the kernel")?;
+                for d in &s.devs {
+                    skel.maps.allowed_devs.update(&d.to_ne_bytes(), &[1], MapFlags::ANY).context("filling the device filter")?;
+                }
+                Some(skel)
+            }
+        } else {
+            None
+        };
+
+        let file = if s.file {
+            let mut open = FileSkelBuilder::default().open(file_obj).context("opening the file probes")?;
+            let ro = open.maps.rodata_data.as_deref_mut().context("file probes: no rodata")?;
+            ro.wakeup_bytes = wakeup;
+            ro.self_tgid = std::process::id();
+            match s.target {
+                Target::All => ro.target_mode = 0,
+                Target::Tgids => ro.target_mode = 1,
+                Target::Cgroup(id) => {
+                    ro.target_mode = 2;
+                    ro.target_cgroup_id = id;
+                }
+            }
+            open.maps.file_events.set_max_entries(s.ringbuf_bytes).context("sizing the file ring buffer")?;
+            attached.extend(autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped));
+            Some(open.load().context("loading the file probes into the kernel")?)
+        } else {
+            None
+        };
+
+        // Kernel BPF statistics cost two clock reads per program run; only while we hold
+        // this fd.
+        let stats_fd = if s.bpf_stats {
+            // SAFETY: plain syscall wrapper; a non-negative return is an fd we now own.
+            let fd = unsafe { libbpf_sys::bpf_enable_stats(libbpf_sys::BPF_STATS_RUN_TIME) };
+            (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+        } else {
+            None
+        };
+
+        let mut probes = Probes { block, file, links: Default::default(), stats_fd, skipped, attached };
+        probes.attach()?;
+        Ok(probes)
+    }
+
+    fn attach(&mut self) -> Result<()> {
+        let mut progs = Vec::new();
+        if let Some(b) = &self.block {
+            progs.extend(b.object().progs_mut());
+        }
+        if let Some(f) = &self.file {
+            progs.extend(f.object().progs_mut());
+        }
+        for p in progs.into_iter().filter(|p| p.autoload()) {
+            let link = p
+                .attach()
+                .with_context(|| format!("attaching {} ({})", p.name().to_string_lossy(), p.section().to_string_lossy()))?;
+            self.links.get_mut().push(link);
+        }
+        if self.links.get_mut().is_empty() {
+            bail!("no probe could be attached: {:?}", self.skipped);
+        }
+        Ok(())
+    }
+
+    /// The file layer's traced-process map, for seeding it (also from a forked child).
+    pub fn traced_map_fd(&self) -> Option<RawFd> {
+        self.file.as_ref().map(|f| f.maps.traced.as_fd().as_raw_fd())
+    }
+
+    pub fn trace_pid(&self, pid: u32) -> Result<()> {
+        if let Some(f) = &self.file {
+            f.maps.traced.update(&pid.to_ne_bytes(), &[1], MapFlags::ANY).context("adding the target pid")?;
+        }
+        Ok(())
+    }
+
+    pub fn ring_buffer<'cb>(&'cb self, mut on_record: impl FnMut(&[u8]) -> i32 + 'cb) -> Result<RingBuffer<'cb>>
+    where
+        'o: 'cb,
+    {
+        // One callback shared by every ring buffer: records carry their own kind tag.
+        let cb = std::rc::Rc::new(std::cell::RefCell::new(move |d: &[u8]| on_record(d)));
+        let mut builder = RingBufferBuilder::new();
+        if let Some(b) = &self.block {
+            let cb = cb.clone();
+            builder.add(&b.maps.block_events, move |d| (cb.borrow_mut())(d))?;
+        }
+        if let Some(f) = &self.file {
+            let cb = cb.clone();
+            builder.add(&f.maps.file_events, move |d| (cb.borrow_mut())(d))?;
+        }
+        builder.build().context("setting up the ring buffer reader")
+    }
+
+    /// Events lost per probe so far (summed over CPUs and objects).
+    pub fn lost(&self) -> BTreeMap<String, u64> {
+        let mut out: BTreeMap<String, u64> = BTreeMap::new();
+        let mut add = |map: &dyn MapCore, indices: std::ops::Range<u32>| {
+            for i in indices {
+                let n: u64 = map
+                    .lookup_percpu(&i.to_ne_bytes(), MapFlags::ANY)
+                    .ok()
+                    .flatten()
+                    .map(|per_cpu| per_cpu.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).sum())
+                    .unwrap_or(0);
+                *out.entry(LOST_NAMES[i as usize].to_string()).or_default() += n;
+            }
+        };
+        if let Some(b) = &self.block {
+            add(&b.maps.lost, 0..2);
+        }
+        if let Some(f) = &self.file {
+            add(&f.maps.lost, 2..6);
+        }
+        out
+    }
+
+    /// Run count and time per attached program, from the kernel's BPF statistics.
+    pub fn bpf_stats(&self) -> BTreeMap<String, ProgStats> {
+        let mut out = BTreeMap::new();
+        if self.stats_fd.is_none() {
+            return out;
+        }
+        let mut progs = Vec::new();
+        if let Some(b) = &self.block {
+            progs.extend(b.object().progs());
+        }
+        if let Some(f) = &self.file {
+            progs.extend(f.object().progs());
+        }
+        for p in progs.into_iter().filter(|p| p.autoload()) {
+            let mut info: libbpf_sys::bpf_prog_info = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+            // SAFETY: info is a zeroed bpf_prog_info of the size we pass.
+            let rc = unsafe {
+                libbpf_sys::bpf_prog_get_info_by_fd(p.as_fd().as_raw_fd(), &mut info, &mut len)
+            };
+            if rc == 0 {
+                let ns_per_run = if info.run_cnt > 0 { info.run_time_ns as f64 / info.run_cnt as f64 } else { 0.0 };
+                out.insert(
+                    p.name().to_string_lossy().into_owned(),
+                    ProgStats { run_cnt: info.run_cnt, run_time_ns: info.run_time_ns, ns_per_run },
+                );
+            }
+        }
+        out
+    }
+
+    /// Detaches every program now; maps stay readable until the skeletons are dropped.
+    pub fn detach(&self) {
+        self.links.borrow_mut().clear();
+    }
+}

@@ -1,0 +1,379 @@
+//! The recording: preflight checks, probes, the target, the drain loop, segments,
+//! metadata and the summary. Order matters at the end: stop the target, detach, drain
+//! what is left, then close the last segment with the final counters.
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::mem::MaybeUninit;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use trainio_schema::{keys, Layer, SegmentLimits, TraceWriter, SCHEMA_VERSION};
+
+use crate::cli::{usage, Args};
+use crate::events::Collector;
+use crate::host;
+use crate::probes::{Probes, Settings, Target};
+
+const POLL: Duration = Duration::from_millis(10);
+const FLUSH_ROWS: usize = 64 * 1024;
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNALLED.store(sig, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// What is being traced, as the user gave it.
+enum Subject {
+    Command(Vec<OsString>),
+    Pid(u32),
+    Cgroup(PathBuf),
+    All,
+}
+
+/// Resolves a command name the way execvp will, so a typo fails before any probe loads.
+fn find_program(name: &OsString) -> Option<PathBuf> {
+    let p = Path::new(name);
+    if p.components().count() > 1 {
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).map(|d| d.join(p)).find(|c| c.is_file()))
+        .unwrap_or(None)
+}
+
+struct Checked {
+    block: bool,
+    file: bool,
+    devs: Vec<(u32, String)>,
+    subject: Subject,
+    target: Target,
+    ringbuf_bytes: u32,
+}
+
+/// Every check that can fail on bad input, before anything is loaded or written.
+fn preflight(args: &Args) -> Result<Checked> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        usage!("must run as root: loading BPF programs needs CAP_BPF and CAP_PERFMON (try sudo)");
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        usage!("this kernel has no BTF (/sys/kernel/btf/vmlinux missing): CONFIG_DEBUG_INFO_BTF=y is needed");
+    }
+    let (mut block, mut file) = (false, false);
+    for l in &args.layers {
+        match Layer::parse(l.trim()) {
+            Some(Layer::Block) => block = true,
+            Some(Layer::File) => file = true,
+            Some(Layer::Nfs) => usage!("--layers: the nfs layer is not available in this build yet"),
+            None => usage!("--layers: unknown layer `{l}` (known: block, file)"),
+        }
+    }
+    let mut devs = Vec::new();
+    for d in &args.devs {
+        devs.push(host::resolve_block_device(d).map_err(|e| anyhow::Error::new(crate::cli::Usage(e.to_string())))?);
+    }
+    let out = &args.output;
+    if out.exists() {
+        if !out.is_dir() {
+            usage!("--output {}: exists and is not a directory", out.display());
+        }
+        if std::fs::read_dir(out)?.next().is_some() {
+            usage!("--output {}: directory is not empty (a trace is never written over another)", out.display());
+        }
+    }
+    let (subject, target) = if !args.command.is_empty() {
+        if find_program(&args.command[0]).is_none() {
+            usage!("command not found: {}", args.command[0].to_string_lossy());
+        }
+        (Subject::Command(args.command.clone()), Target::Tgids)
+    } else if let Some(pid) = args.pid {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            usage!("--pid {pid}: no such process");
+        }
+        (Subject::Pid(pid), Target::Tgids)
+    } else if let Some(cg) = &args.cgroup {
+        let id = host::cgroup_id(cg).map_err(|e| anyhow::Error::new(crate::cli::Usage(e.to_string())))?;
+        (Subject::Cgroup(cg.clone()), Target::Cgroup(id))
+    } else {
+        (Subject::All, Target::All)
+    };
+    let bytes = (args.ringbuf_mb * 1048576.0).ceil().max(4096.0);
+    if bytes > (1u64 << 31) as f64 {
+        usage!("--ringbuf-mb {}: at most 2048", args.ringbuf_mb);
+    }
+    let ringbuf_bytes = (bytes as u32).next_power_of_two();
+    Ok(Checked { block, file, devs, subject, target, ringbuf_bytes })
+}
+
+/// Starts the command held just before exec until its pid is in the traced map, so the
+/// trace sees it from its first syscall: the child adds itself (the map fd is inherited).
+fn spawn_traced(argv: &[OsString], traced_map: Option<i32>) -> Result<Child> {
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    if let Some(fd) = traced_map {
+        // SAFETY: the hook only makes async-signal-safe syscalls (getpid, bpf).
+        unsafe {
+            cmd.pre_exec(move || {
+                let pid = libc::getpid() as u32;
+                let one: u8 = 1;
+                let rc = libbpf_rs::libbpf_sys::bpf_map_update_elem(
+                    fd,
+                    &pid as *const u32 as *const libc::c_void,
+                    &one as *const u8 as *const libc::c_void,
+                    0,
+                );
+                if rc != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.spawn().with_context(|| format!("starting {}", argv[0].to_string_lossy()))
+}
+
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+fn process_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+/// Fixed facts of the recording, written into every segment.
+struct Static {
+    start_ns: i64,
+    layers: Vec<&'static str>,
+    target: serde_json::Value,
+    skipped: BTreeMap<String, String>,
+    selected_devs: Vec<String>,
+}
+
+fn segment_metadata(
+    st: &Static,
+    coll: &Collector,
+    probes: &Probes,
+    segment: u32,
+) -> Vec<(String, String)> {
+    let mut devs: Vec<&str> = coll.devices().collect();
+    devs.extend(st.selected_devs.iter().map(String::as_str));
+    devs.sort();
+    devs.dedup();
+    let mut events: BTreeMap<&str, u64> = BTreeMap::new();
+    for ((layer, _), t) in &coll.tally {
+        *events.entry(layer.as_str()).or_default() += t.events;
+    }
+    let mut lost = probes.lost();
+    if coll.undecodable > 0 {
+        lost.insert("undecodable_records".into(), coll.undecodable);
+    }
+    vec![
+        (keys::SCHEMA_VERSION.into(), SCHEMA_VERSION.into()),
+        (keys::TRACER_VERSION.into(), env!("CARGO_PKG_VERSION").into()),
+        (keys::HOSTNAME.into(), host::hostname()),
+        (keys::KERNEL_RELEASE.into(), host::kernel_release()),
+        (keys::CLOCK_OFFSET_NS.into(), host::clock_offset_ns().to_string()),
+        (keys::START_NS.into(), st.start_ns.to_string()),
+        (keys::END_NS.into(), host::monotonic_ns().to_string()),
+        (keys::SEGMENT.into(), segment.to_string()),
+        (keys::LAYERS.into(), json!(st.layers).to_string()),
+        (keys::SKIPPED_PROBES.into(), json!(st.skipped).to_string()),
+        (keys::TARGET.into(), st.target.to_string()),
+        (keys::DEVICES.into(), json!(host::describe_devices(devs)).to_string()),
+        (keys::LOST_EVENTS.into(), json!(lost).to_string()),
+        (keys::BPF_STATS.into(), json!(probes.bpf_stats()).to_string()),
+        (keys::EVENTS.into(), json!(events).to_string()),
+    ]
+}
+
+pub fn run(args: Args) -> Result<i32> {
+    let checked = preflight(&args)?;
+    std::fs::create_dir_all(&args.output).with_context(|| format!("creating {}", args.output.display()))?;
+    let note = |msg: &str| {
+        if !args.quiet {
+            eprintln!("trainio record: {msg}");
+        }
+    };
+
+    let settings = Settings {
+        block: checked.block,
+        file: checked.file,
+        devs: checked.devs.iter().map(|(d, _)| *d).collect(),
+        ringbuf_bytes: checked.ringbuf_bytes,
+        target: checked.target.clone(),
+        bpf_stats: !args.no_bpf_stats,
+    };
+    let mut block_obj = MaybeUninit::uninit();
+    let mut file_obj = MaybeUninit::uninit();
+    let mut probes = Probes::load(&settings, &mut block_obj, &mut file_obj)?;
+    for (probe, why) in &probes.skipped {
+        note(&format!("note: skipping {probe}: {why}"));
+    }
+
+    let mut layers = Vec::new();
+    if checked.block && !probes.skipped.contains_key("block") {
+        layers.push("block");
+    }
+    if checked.file {
+        layers.push("file");
+    }
+    let st = Static {
+        start_ns: host::monotonic_ns(),
+        layers,
+        target: match &checked.subject {
+            Subject::Command(argv) => json!({"command": argv.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>()}),
+            Subject::Pid(p) => json!({"pid": p}),
+            Subject::Cgroup(c) => json!({"cgroup": c.display().to_string()}),
+            Subject::All => json!({"all": true}),
+        },
+        skipped: probes.skipped.clone(),
+        selected_devs: checked.devs.iter().map(|(d, _)| trainio_schema::dev_string(*d)).collect(),
+    };
+
+    let collector = Rc::new(RefCell::new(Collector::new()));
+    let ring = {
+        let c = collector.clone();
+        probes.ring_buffer(move |data| c.borrow_mut().on_record(data))?
+    };
+    let mut writer = TraceWriter::new(
+        &args.output,
+        SegmentLimits { max_bytes: args.segment_mb << 20, max_age: Duration::from_secs_f64(args.segment_s) },
+    );
+
+    install_signal_handlers();
+    let mut child = match &checked.subject {
+        Subject::Command(argv) => Some(spawn_traced(argv, probes.traced_map_fd())?),
+        Subject::Pid(pid) => {
+            probes.trace_pid(*pid)?;
+            None
+        }
+        _ => None,
+    };
+    let started = Instant::now();
+    let deadline = args.duration.map(|s| started + Duration::from_secs_f64(s));
+    note(&format!("recording {} into {}", st.layers.join("+"), args.output.display()));
+
+    let mut exit_status = None;
+    let mut forwarded = false;
+    let mut last_flush = Instant::now();
+    loop {
+        // Poll errors are EINTR from our own signal handlers; the loop checks them below.
+        let _ = ring.poll(POLL);
+        let _ = ring.consume();
+        if collector.borrow().batch.len() >= FLUSH_ROWS || last_flush.elapsed() >= FLUSH_EVERY {
+            let batch = collector.borrow_mut().batch.finish();
+            writer.write(&batch)?;
+            last_flush = Instant::now();
+            if writer.segment_full() {
+                let meta = segment_metadata(&st, &collector.borrow(), &probes, writer.segment_index());
+                writer.close_segment(&meta)?;
+            }
+        }
+        if let Some(c) = child.as_mut() {
+            if let Some(status) = c.try_wait()? {
+                exit_status = Some(status);
+                break;
+            }
+        }
+        let sig = SIGNALLED.load(Ordering::SeqCst);
+        if sig != 0 {
+            match child.as_ref() {
+                // Let the command end as it would without us, and record its exit.
+                Some(c) if !forwarded => {
+                    // SAFETY: sending a signal to our own child.
+                    unsafe { libc::kill(c.id() as i32, sig) };
+                    forwarded = true;
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        if let Subject::Pid(pid) = checked.subject {
+            if !process_alive(pid) {
+                break;
+            }
+        }
+    }
+
+    // Completions of requests issued just before the end are still arriving: drain once
+    // more after a short grace, detach, then drain what was submitted meanwhile.
+    std::thread::sleep(Duration::from_millis(20));
+    let _ = ring.consume();
+    probes.detach();
+    let _ = ring.consume();
+    let batch = collector.borrow_mut().batch.finish();
+    writer.write(&batch)?;
+    writer.open()?;
+    let meta = segment_metadata(&st, &collector.borrow(), &probes, writer.segment_index());
+    writer.close_segment(&meta)?;
+    let elapsed = started.elapsed();
+    drop(ring);
+
+    print_summary(&args.output, &writer, &collector.borrow(), &probes, elapsed);
+
+    // A --duration that ended before the command: the command is the user's job, so wait.
+    let code = match (exit_status, child.as_mut()) {
+        (Some(status), _) => exit_code(status),
+        (None, Some(c)) => exit_code(c.wait()?),
+        (None, None) => 0,
+    };
+    Ok(code)
+}
+
+fn print_summary(dir: &Path, writer: &TraceWriter, coll: &Collector, probes: &Probes, elapsed: Duration) {
+    let size: u64 = writer.finished_segments().iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+    let mib = |b: u64| b as f64 / 1048576.0;
+    eprintln!(
+        "trainio record: trace {} ({} segment{}, {:.1} MiB on disk, {:.2} s)",
+        dir.display(),
+        writer.finished_segments().len(),
+        if writer.finished_segments().len() == 1 { "" } else { "s" },
+        mib(size),
+        elapsed.as_secs_f64()
+    );
+    eprintln!("  {:<6} {:<9} {:>10} {:>11} {:>11}", "layer", "dev", "events", "read MiB", "write MiB");
+    for ((layer, dev), t) in &coll.tally {
+        eprintln!(
+            "  {:<6} {:<9} {:>10} {:>11.2} {:>11.2}",
+            layer.as_str(),
+            dev.as_deref().unwrap_or("-"),
+            t.events,
+            mib(t.bytes_read),
+            mib(t.bytes_written)
+        );
+    }
+    let lost = probes.lost();
+    let total: u64 = lost.values().sum::<u64>() + coll.undecodable;
+    if total == 0 {
+        eprintln!("  lost events: 0");
+    } else {
+        eprintln!("  WARNING: {total} EVENTS LOST, the trace is incomplete: raise --ringbuf-mb");
+        for (probe, n) in lost.iter().filter(|(_, n)| **n > 0) {
+            eprintln!("    {probe}: {n}");
+        }
+    }
+}
