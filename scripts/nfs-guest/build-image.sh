@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds, once, the QEMU guest the NFS tests boot: Debian 12's cloud kernel, a small busybox
-# initramfs that loads the virtio/ext4 modules and switches to an ext4 root image made from a
-# debootstrap minbase root (NFS server + client, rpcbind, kmod, fio, util-linux), and an empty
-# ext4 image the guest exports over NFS. Everything goes into a cache directory outside the
-# repository; a complete cache with the current recipe version is reused as is.
+# initramfs that loads the virtio modules and switches to an ext4 root image made from a
+# debootstrap minbase root (NFS server + client, rpcbind, kmod, fio, util-linux, the libraries
+# the recorder links, bpftool), and an empty ext4 image the guest exports over NFS. Everything
+# goes into a cache directory outside the repository; a complete cache with the current recipe
+# version is reused as is. Design and measurements: docs/nfs-guest.md.
 #
 #   scripts/nfs-guest/build-image.sh            build if needed, print the cache path last
 #   TRAINIO_GUEST_CACHE=/somewhere ...           other cache directory
@@ -16,12 +17,13 @@
 set -euo pipefail
 
 # Bump when anything below changes what ends up in the cache: the next run rebuilds.
-RECIPE_VERSION=1
+# 1: first recipe. 2: libelf1, zlib1g (the recorder links them dynamically) and bpftool.
+RECIPE_VERSION=2
 
 CACHE=${TRAINIO_GUEST_CACHE:-/var/cache/trainio/nfs-guest}
 SUITE=bookworm
 KERNEL_META=linux-image-cloud-amd64
-GUEST_PACKAGES=nfs-kernel-server,nfs-common,rpcbind,kmod,fio,util-linux,e2fsprogs,procps
+GUEST_PACKAGES=nfs-kernel-server,nfs-common,rpcbind,kmod,fio,util-linux,e2fsprogs,procps,libelf1,zlib1g,bpftool
 # Modules the initramfs loads to reach the root disk (dependencies are added from modules.dep;
 # built-in ones are skipped).
 INITRAMFS_MODULES=(virtio_pci virtio_blk crc32c_generic crc32c-intel ext4)

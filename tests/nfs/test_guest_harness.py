@@ -6,7 +6,7 @@ tests then judge its output.
 - the guest kernel has the tracepoints the NFS recorder attaches to, with the field layout
   trainio's BPF code assumes (REFERENCE.md §5), and module BTF for nfs and sunrpc;
 - a Rust binary built on this host runs in the guest (dynamically linked: glibc compatibility;
-  and statically linked);
+  and statically linked), and the guest has bpftool and libelf/zlib (the recorder links them);
 - the script's exit status, stdout, stderr and $OUT come back.
 """
 
@@ -79,6 +79,8 @@ for ev in @TRACEPOINTS@; do
 done
 ls "$T/nfs" "$T/nfs4" "$T/sunrpc" > "$OUT/events.txt" 2>&1
 ls /sys/kernel/btf > "$OUT/btf.txt"
+bpftool version > "$OUT/bpftool.txt" 2>&1; echo $? >> "$OUT/bpftool.txt"
+ldconfig -p | grep -E 'libelf\.so\.1|libz\.so\.1' > "$OUT/libs.txt"
 
 # (c) Rust binaries built on the host.
 for b in hello-dynamic hello-static; do
@@ -193,6 +195,14 @@ def test_guest_has_the_nfs_tracepoints_the_recorder_needs(harness):
 def test_guest_has_module_btf_for_nfs_and_sunrpc(harness):
     btf = (harness["result"].outdir / "btf.txt").read_text().split()
     assert "vmlinux" in btf and "nfs" in btf and "sunrpc" in btf, btf
+
+
+def test_guest_has_bpftool_and_the_libraries_the_recorder_links(harness):
+    out = harness["result"].outdir
+    lines = (out / "bpftool.txt").read_text().splitlines()
+    assert lines[-1] == "0" and lines[0].startswith("bpftool"), lines
+    libs = (out / "libs.txt").read_text()
+    assert "libelf.so.1" in libs and "libz.so.1" in libs, libs
 
 
 def test_host_built_rust_binaries_run_in_the_guest(harness):
