@@ -85,6 +85,10 @@ pub struct RunArgs {
     /// AU threshold in percent (default: the workload's metric.au, else 90).
     #[arg(long, value_name = "PERCENT")]
     pub threshold: Option<f64>,
+    /// Run each rank's event loop SCHED_FIFO (root): compute sleeps then end on time even
+    /// when other processes load the host's CPUs.
+    #[arg(long)]
+    pub realtime: bool,
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,

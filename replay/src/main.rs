@@ -53,6 +53,7 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                 odirect: false,
                 drop_caches: false,
                 threshold: None,
+                realtime: false,
                 quiet: false,
             };
             let job = Job::prepare(&args)?;

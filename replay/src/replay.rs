@@ -36,6 +36,7 @@ pub struct Job {
     pub generate: bool,
     pub force: bool,
     pub progress: bool,
+    pub realtime: bool,
 }
 
 /// GPUs of rank `rank` when `gpus` are spread over `ranks`: contiguous, the first
@@ -118,6 +119,7 @@ impl Job {
             generate: args.generate,
             force: src.force,
             progress: !args.quiet,
+            realtime: args.realtime,
         })
     }
 
@@ -186,7 +188,7 @@ impl Job {
             std::fs::write("/proc/sys/vm/drop_caches", b"3")
                 .context("--drop-caches: writing /proc/sys/vm/drop_caches (needs root)")?;
         }
-        let options = EngineOptions { odirect: self.odirect, barrier: self.barrier, progress: self.progress };
+        let options = EngineOptions { odirect: self.odirect, barrier: self.barrier, progress: self.progress, realtime: self.realtime };
         let engine = Engine::new(&program, &local, cluster.rank, cluster, options, self.workload.seed)?;
         cluster.barrier();
         let cpu0 = cpu_seconds();
@@ -219,6 +221,7 @@ impl Job {
             barrier: self.barrier,
             odirect: self.odirect,
             drop_caches: self.drop_caches,
+            realtime: self.realtime,
             nominal_sample_bytes: w.record_length,
             dataset_files: used_files as u64,
             dataset_bytes: used_bytes,

@@ -36,6 +36,7 @@ pub struct Settings {
     pub barrier: bool,
     pub odirect: bool,
     pub drop_caches: bool,
+    pub realtime: bool,
     pub nominal_sample_bytes: f64,
     pub dataset_files: u64,
     pub dataset_bytes: u64,
