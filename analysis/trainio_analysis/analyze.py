@@ -37,7 +37,7 @@ from trainio_analysis.sketch import (
     pow2_bucket,
     pow2_label,
 )
-from trainio_analysis.sweep import GroupState, QueueDepthSweep, event_keys
+from trainio_analysis.sweep import GroupState, QueueDepthSweep, TailExchange, sweep_slices
 
 MIB = float(1 << 20)
 LAYER_PREFERENCE = ("block", "nfs", "file")  # lowest layer first: what the storage sees
@@ -81,7 +81,7 @@ class _Chunk:
     gid: np.ndarray | None = None
     issue: np.ndarray | None = None
     complete: np.ndarray | None = None
-    keys_sorted: np.ndarray | None = None
+    summaries: list[dict[int, Any]] = field(default_factory=list)
 
 
 def _codes(column: pa.ChunkedArray, lookup: dict[str, int], default: int = -1) -> np.ndarray:
@@ -229,78 +229,151 @@ class _Analyzer:
 
     # ------------------------------------------------------------------ per chunk
 
-    def _columns(self) -> list[str]:
-        cols = ["layer", "op", "issue_ns", "complete_ns", "bytes", "queue_depth", self.group_col]
-        if self.sel.dev is not None and "dev" not in cols:
-            cols.append("dev")
-        if self.sel.pid is not None and "pid" not in cols:
-            cols.append("pid")
-        return cols
+    def _constants(self, seg: tr.Segment, index: int) -> dict[str, str]:
+        """String columns holding one value in this row group (from its statistics)."""
+        out = {}
+        for col in ("layer", "op", "dev"):
+            value = tr.row_group_constant(seg, index, col)
+            if value is not None:
+                out[col] = value
+        return out
 
     def _prepare(self, unit: tuple[tr.Segment, int, int, int]) -> _Chunk:
         seg, index, _, _ = unit
-        t = tr.read_row_group(seg, index, self._columns())
-        c = _Chunk()
-        ops = tr.OPS[self.layer]
-        op_code = _codes(t["op"], {op: i for i, op in enumerate(ops)})
-        mask = _codes(t["layer"], {self.layer: 1}, 0) == 1
+        const = self._constants(seg, index)
         dev = self._dev_filter_value()
-        if dev is not None:
-            mask &= _codes(t["dev"], {dev: 1}, 0) == 1
+        c = _Chunk()
+        if const.get("layer", self.layer) != self.layer or (
+            dev is not None and const.get("dev", dev) != dev
+        ):
+            return c  # the statistics say no row of this group is selected
+        cols = ["issue_ns", "complete_ns", "bytes", "queue_depth"]
+        cols += [k for k in ("layer", "op") if k not in const]
+        if (self.group_col == "dev" or dev is not None) and "dev" not in const:
+            cols.append("dev")
+        if self.group_col == "pid" or self.sel.pid is not None:
+            cols.append("pid")
+        t = tr.read_row_group(seg, index, cols)
+        n = t.num_rows
+        ops = tr.OPS[self.layer]
+        op_lookup = {op: i for i, op in enumerate(ops)}
+        mask: np.ndarray | None = None  # None: every row is selected
+        if "layer" not in const:
+            mask = _codes(t["layer"], {self.layer: 1}, 0) == 1
+        if dev is not None and "dev" not in const:
+            m = _codes(t["dev"], {dev: 1}, 0) == 1
+            mask = m if mask is None else mask & m
         if self.sel.pid is not None:
-            mask &= _np(t["pid"]) == self.sel.pid
-        if not mask.any():
-            return c
-        c.events = int(mask.sum())
-        op_code = op_code[mask]
-        issue = _np(t["issue_ns"])[mask] - self.t0
-        complete = _np(t["complete_ns"])[mask] - self.t0
-        nbytes = _np(t["bytes"])[mask]
-        if self.group_col == "dev":
-            gid = _codes(t["dev"], self.dev_lookup, self.null_group)[mask]
+            m = _np(t["pid"]) == self.sel.pid
+            mask = m if mask is None else mask & m
+        if mask is not None:
+            if mask.all():
+                mask = None
+            elif not mask.any():
+                return c
+
+        def pick(a: np.ndarray, m: np.ndarray | None) -> np.ndarray:
+            return a if m is None else a[m]
+
+        c.events = n if mask is None else int(mask.sum())
+        issue = pick(_np(t["issue_ns"]), mask) - self.t0
+        complete = pick(_np(t["complete_ns"]), mask) - self.t0
+        nbytes = pick(_np(t["bytes"]), mask)
+        kqd_all = pick(_np(t["queue_depth"]), mask)
+        if "op" in const:
+            op_code = None
+            only_op = const["op"]
         else:
-            pids = _np(t["pid"])[mask].astype(np.int64)
-            gid = np.searchsorted(self.pid_lookup, pids)
-        # data transfers: throughput, sizes, latency
-        is_read = op_code == ops.index("read")
-        is_write = op_code == ops.index("write")
-        data = is_read | is_write
-        c.reads, c.writes = int(is_read.sum()), int(is_write.sum())
-        c.bytes_read = int(nbytes[is_read].sum())
-        c.bytes_written = int(nbytes[is_write].sum())
-        c.latency = complete[data] - issue[data]
-        c.latency_buckets = np.bincount(log_bucket(c.latency), minlength=N_BUCKETS)
-        c.size_counts = np.bincount(pow2_bucket(nbytes[data]), minlength=65)
+            op_code = pick(_codes(t["op"], op_lookup), mask)
+            only_op = None
+        if self.group_col == "dev":
+            if "dev" in const:
+                gid = np.full(c.events, self.dev_lookup.get(const["dev"], self.null_group))
+            else:
+                gid = pick(_codes(t["dev"], self.dev_lookup, self.null_group), mask)
+        else:
+            gid = np.searchsorted(self.pid_lookup, pick(_np(t["pid"]), mask).astype(np.int64))
+
+        # data transfers: throughput, sizes, latency (None: every row, empty: no row)
+        def op_mask(op: str) -> np.ndarray | None:
+            if op_code is None:
+                return None if only_op == op else np.zeros(c.events, bool)
+            return op_code == op_lookup[op]
+
+        is_read, is_write = op_mask("read"), op_mask("write")
+        if is_read is None or is_write is None:
+            data = None
+        else:
+            data = is_read | is_write
+            if data.all():
+                data = None
+        c.reads = c.events if is_read is None else int(is_read.sum())
+        c.writes = c.events if is_write is None else int(is_write.sum())
         tbin = complete // self.bin_ns
-        c.tl_read = np.bincount(tbin[is_read], weights=nbytes[is_read], minlength=self.nbins)
-        c.tl_write = np.bincount(tbin[is_write], weights=nbytes[is_write], minlength=self.nbins)
+        c.bytes_read = c.bytes_written = 0
+        c.tl_read = c.tl_write = None
+        for kind, m in (("read", is_read), ("write", is_write)):
+            if m is not None and not m.any():
+                continue
+            b = pick(nbytes, m)
+            tl = np.bincount(pick(tbin, m), weights=b, minlength=self.nbins)
+            if kind == "read":
+                c.bytes_read, c.tl_read = int(b.sum()), tl
+            else:
+                c.bytes_written, c.tl_write = int(b.sum()), tl
+        c.latency = pick(complete, data) - pick(issue, data)
+        c.latency_buckets = np.bincount(log_bucket(c.latency), minlength=N_BUCKETS)
+        c.size_counts = np.bincount(pow2_bucket(pick(nbytes, data)), minlength=65)
         # queue depth: rows the layer's counter counts
-        qd_ops = [i for i, op in enumerate(ops) if op in tr.QD_OPS[self.layer]]
-        counted = np.isin(op_code, qd_ops) if len(qd_ops) < len(ops) else np.ones_like(data)
-        kqd = _np(t["queue_depth"])[mask][counted].astype(np.int64)
-        g = gid[counted]
+        counted: np.ndarray | None = None
+        if op_code is not None:
+            qd_ops = [op_lookup[op] for op in tr.QD_OPS[self.layer]]
+            if len(qd_ops) < len(ops):
+                counted = np.isin(op_code, qd_ops)
+        elif only_op not in tr.QD_OPS[self.layer]:
+            counted = np.zeros(c.events, bool)
+        kqd = pick(kqd_all, counted).astype(np.int64)
+        g = pick(gid, counted)
         if g.size:
-            width = int(kqd.max()) + 1
-            flat = np.bincount(g * width + kqd, minlength=(int(g.max()) + 1) * width)
-            grid = flat.reshape(-1, width)
-            c.kernel_qd = {int(k): grid[k] for k in np.flatnonzero(grid.sum(axis=1))}
-        c.gid, c.issue, c.complete = g, issue[counted], complete[counted]
-        if g.size and int(g.min()) == int(g.max()):
-            # pre-sort in the worker: the sweep's main cost, and numpy releases the GIL
-            keys = event_keys(c.issue, c.complete)
-            keys.sort()
-            c.keys_sorted = keys
+            single = int(g.min()) == int(g.max())
+            if single:
+                c.kernel_qd = {int(g[0]): np.bincount(kqd)}
+            else:
+                width = int(kqd.max()) + 1
+                flat = np.bincount(g * width + kqd, minlength=(int(g.max()) + 1) * width)
+                grid = flat.reshape(-1, width)
+                c.kernel_qd = {int(k): grid[k] for k in np.flatnonzero(grid.sum(axis=1))}
+            c.gid, c.issue, c.complete = g, pick(issue, counted), pick(complete, counted)
         return c
 
     # ------------------------------------------------------------------ main loop
 
+    def _task(self, k: int, channels: list[tuple[QueueDepthSweep, TailExchange, bool]]) -> _Chunk:
+        """Worker: decode and count one row group, then sweep its ready events."""
+        try:
+            c = self._prepare(self.units[k])
+        except BaseException:
+            for _, exchange, _ in channels:
+                exchange.fail(k)
+            raise
+        for sweep, exchange, union in channels:
+            if c.gid is None or c.gid.size == 0:
+                per_group: dict[int, np.ndarray] = {}
+            else:
+                gid = np.zeros(c.gid.size, np.int64) if union else c.gid
+                per_group = sweep.split(gid, c.issue, c.complete)
+            c.summaries.append(sweep_slices(exchange, k, per_group))
+        c.gid = c.issue = c.complete = None  # swept: free them before the main thread runs
+        return c
+
     def run(self) -> dict[str, Any]:
         n_groups = len(self.group_names)
         sweep = QueueDepthSweep(window_end=self.window, burst_gap=self.burst_gap_ns)
-        union = (
-            QueueDepthSweep(window_end=self.window, burst_gap=self.burst_gap_ns)
-            if n_groups > 1 else None
-        )
+        channels = [(sweep, TailExchange(self.watermarks), False)]
+        union = None
+        if n_groups > 1:
+            union = QueueDepthSweep(window_end=self.window, burst_gap=self.burst_gap_ns)
+            channels.append((union, TailExchange(self.watermarks), True))
         acc = _Chunk(latency=None)
         latency = QuantileSketch()
         size_counts = np.zeros(65, np.int64)
@@ -314,15 +387,13 @@ class _Analyzer:
             for _ in range(2 * self.workers):
                 k = next(todo, None)
                 if k is not None:
-                    inflight.append(pool.submit(self._prepare, self.units[k]))
+                    inflight.append(pool.submit(self._task, k, channels))
             k_done = 0
             while inflight:
                 c = inflight.popleft().result()
                 nxt = next(todo, None)
                 if nxt is not None:
-                    inflight.append(pool.submit(self._prepare, self.units[nxt]))
-                w = self.watermarks[k_done]
-                k_done += 1
+                    inflight.append(pool.submit(self._task, nxt, channels))
                 if c.events:
                     acc.events += c.events
                     acc.reads += c.reads
@@ -331,27 +402,30 @@ class _Analyzer:
                     acc.bytes_written += c.bytes_written
                     latency.add(c.latency, buckets=c.latency_buckets)
                     size_counts += c.size_counts
-                    tl_read += c.tl_read
-                    tl_write += c.tl_write
+                    if c.tl_read is not None:
+                        tl_read += c.tl_read
+                    if c.tl_write is not None:
+                        tl_write += c.tl_write
                     for g, h in c.kernel_qd.items():
                         prev = kernel_qd.get(g, np.zeros(0, np.int64))
                         if prev.size < h.size:
                             prev = np.concatenate((prev, np.zeros(h.size - prev.size, np.int64)))
                         prev[: h.size] += h
                         kernel_qd[g] = prev
-                if c.gid is not None and c.gid.size:
-                    sweep.feed(c.gid, c.issue, c.complete, w, presorted=c.keys_sorted)
-                    if union is not None:
-                        zeros = np.zeros(c.gid.size, np.int64)
-                        union.feed(zeros, c.issue, c.complete, w)
-                else:
-                    sweep.advance(w)
-                    if union is not None:
-                        union.advance(w)
+                for (ch_sweep, exchange, _), summaries in zip(channels, c.summaries, strict=True):
+                    for g, summary in summaries.items():
+                        ch_sweep.apply(g, summary)
+                    exchange.release(k_done)
+                k_done += 1
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         groups = sweep.finish()
-        union_state = union.finish()[0] if union is not None else groups[0]
+        if union is not None:
+            union_state = union.finish()[0]
+        elif groups:
+            union_state = groups[0]
+        else:  # selected rows, none of them counted in a queue (e.g. only open/close)
+            union_state = GroupState(hist_time=np.array([float(self.window)]))
         return self._result(acc, latency, size_counts, tl_read, tl_write, kernel_qd,
                             groups, union_state)
 

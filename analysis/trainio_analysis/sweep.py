@@ -21,12 +21,21 @@ be preceded by anything, so they are swept and dropped; later ones wait in a sma
 sorted buffer. Memory is bounded by the trace's disorder, not its length: a trace in
 near-completion order (as the tracer writes) keeps a buffer of a few thousand events.
 
+Parallel. The expensive part of a slice (sort, cumulative sum, histograms) does not
+need to know how many requests were in flight when the slice starts: :func:`summarize`
+computes it relative to an unknown carry c (levels shifted by the slice's minimum), in a
+worker thread; :meth:`QueueDepthSweep.apply` then adds the shifted histograms in trace
+order, which is cheap. Busy periods can only start or end where the count reaches 0,
+i.e. at the slice's minimum when c equals minus that minimum: the worker records those
+candidates and ``apply`` keeps them only then.
+
 Groups (a device, a process) are swept independently: a small group id is put in the
 key's high bits, so one sort still serves all groups.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,8 +49,23 @@ CODE_COMPLETE_ZERO = 2
 
 def event_keys(issue: np.ndarray, complete: np.ndarray) -> np.ndarray:
     """Unsorted event keys of requests (times relative to a base, non-negative)."""
-    code_c = np.where(complete == issue, CODE_COMPLETE_ZERO, CODE_COMPLETE)
-    return np.concatenate((issue * 4 + CODE_ISSUE, complete * 4 + code_c))
+    n = issue.size
+    keys = np.empty(2 * n, np.int64)
+    np.multiply(issue, 4, out=keys[:n])
+    keys[:n] += CODE_ISSUE
+    np.multiply(complete, 4, out=keys[n:])
+    zero = complete == issue
+    if zero.any():
+        keys[n:][zero] += CODE_COMPLETE_ZERO
+    return keys
+
+
+def _shifted(hist: np.ndarray, shift: int, dtype: type) -> np.ndarray:
+    if shift == 0:
+        return hist.astype(dtype, copy=False)
+    out = np.zeros(hist.size + shift, dtype)
+    out[shift:] = hist
+    return out
 
 
 def _grow_add(acc: np.ndarray, add: np.ndarray) -> np.ndarray:
@@ -73,6 +97,45 @@ def _issues_per_level(level_counts: np.ndarray, carry_in: int, carry_out: int) -
         nxt = int(counts[k]) - nxt + d_next
         up[k] = nxt
     return up[:top]
+
+
+@dataclass
+class ChunkSummary:
+    """One group's sorted, ready slice of events, swept relative to an unknown carry."""
+
+    t_first: int
+    t_last: int
+    q_min: int  # lowest running count reached (relative to carry 0)
+    q_last: int  # running count after the last event (relative to carry 0)
+    level_counts: np.ndarray  # events that left the count at q_min + k
+    time_hist: np.ndarray  # ns spent at q_min + k between the slice's first and last event
+    ends: np.ndarray  # times the count reached q_min: busy ends if that is 0
+    starts: np.ndarray  # issues that raised it to q_min + 1: busy starts if q_min is 0
+
+
+def summarize(keys: np.ndarray) -> ChunkSummary | None:
+    """Sweep a sorted slice of event keys (None when empty); see the module docstring."""
+    if keys.size == 0:
+        return None
+    t = keys >> 2
+    is_issue = (keys & 3) == CODE_ISSUE
+    step = is_issue.view(np.int8) * np.int8(2) - np.int8(1)
+    q = np.cumsum(step, dtype=np.int32)
+    q_min = int(q.min())
+    q_last = int(q[-1])
+    if q_min:
+        q -= q_min
+    dt = np.diff(t)
+    return ChunkSummary(
+        t_first=int(t[0]),
+        t_last=int(t[-1]),
+        q_min=q_min,
+        q_last=q_last,
+        level_counts=np.bincount(q),
+        time_hist=np.bincount(q[:-1], weights=dt),
+        ends=t[q == 0],
+        starts=t[is_issue & (q == 1)],
+    )
 
 
 @dataclass
@@ -151,7 +214,7 @@ class QueueDepthSweep:
         if presorted is not None and gid.size:
             per_group = {int(gid[0]): presorted}
         else:
-            per_group = self._split(gid, issue, complete)
+            per_group = self.split(gid, issue, complete)
         for g, keys in per_group.items():
             state = self.group(g)
             if state.pending.size:
@@ -171,7 +234,7 @@ class QueueDepthSweep:
             if ready.size:
                 self._sweep(state, ready)
 
-    def _split(
+    def split(
         self, gid: np.ndarray, issue: np.ndarray, complete: np.ndarray
     ) -> dict[int, np.ndarray]:
         """Sorted event keys of each group in the chunk."""
@@ -204,29 +267,33 @@ class QueueDepthSweep:
     # ------------------------------------------------------------------ sweeping
 
     def _sweep(self, state: GroupState, keys: np.ndarray) -> None:
-        t = keys >> 2
-        is_issue = (keys & 3) == CODE_ISSUE
-        step = is_issue.view(np.int8) * np.int8(2) - np.int8(1)
-        q = np.cumsum(step, dtype=np.int32)  # in flight after each event
-        if state.carry:
-            q += state.carry
-        carry_out = int(q[-1])
-        level_counts = np.bincount(q)
-        state.hist_issue = _grow_add(
-            state.hist_issue, _issues_per_level(level_counts, state.carry, carry_out)
-        )
-        # time-weighted: [last_t, t0) at carry, then [t_i, t_i+1) at q_i
-        state.hist_time = _grow_add(state.hist_time, np.bincount(q[:-1], weights=np.diff(t)))
-        state.hist_time = _grow_add(
-            state.hist_time,
-            np.bincount([state.carry], weights=[float(t[0] - state.last_t)]),
-        )
-        # an issue that brings the count to 1 starts a busy period; reaching 0 ends one
-        starts = t[is_issue & (q == 1)]
-        ends = t[q == 0]
-        self._bursts(state, starts, ends)
+        summary = summarize(keys)
+        if summary is not None:
+            self._apply(state, summary)
+
+    def apply(self, gid: int, summary: ChunkSummary | None) -> None:
+        """Add one group's next slice (slices must come in time order)."""
+        if summary is not None:
+            self._apply(self.group(gid), summary)
+
+    def _apply(self, state: GroupState, s: ChunkSummary) -> None:
+        carry = state.carry
+        shift = carry + s.q_min  # true count at the slice's lowest point
+        if shift < 0:
+            msg = "queue-depth sweep: slices applied out of order"
+            raise AssertionError(msg)
+        carry_out = carry + s.q_last
+        levels = _shifted(s.level_counts, shift, np.int64)
+        state.hist_issue = _grow_add(state.hist_issue, _issues_per_level(levels, carry, carry_out))
+        state.hist_time = _grow_add(state.hist_time, _shifted(s.time_hist, shift, np.float64))
+        # [last_t, t_first) at the carried count
+        gap = np.zeros(carry + 1, np.float64)
+        gap[carry] = float(s.t_first - state.last_t)
+        state.hist_time = _grow_add(state.hist_time, gap)
+        if shift == 0:
+            self._bursts(state, s.starts, s.ends)
         state.carry = carry_out
-        state.last_t = int(t[-1])
+        state.last_t = s.t_last
 
     def _bursts(self, state: GroupState, starts: np.ndarray, ends: np.ndarray) -> None:
         """Turn busy-period boundaries into idle gaps and bursts."""
@@ -270,3 +337,96 @@ class QueueDepthSweep:
                 state.burst_ends.append(state.last_end)
         self.finished = True
         return self.groups
+
+
+class TailExchange:
+    """Hands chunk k's worker the events that earlier chunks left for it.
+
+    Chunk k sweeps the events before its watermark W_k; the rest (its *tail*) belong to
+    later chunks: chunk m takes the keys in [4 W_(m-1), 4 W_m) of every earlier tail, so
+    the tails are partitioned. A worker publishes its tail before it takes, so it only
+    ever waits for workers of earlier chunks, which never wait for it.
+    """
+
+    def __init__(self, watermarks: list[int | None]) -> None:
+        self.watermarks = watermarks
+        self._tails: dict[int, dict[int, np.ndarray]] = {}
+        self._published = [threading.Event() for _ in watermarks]
+        self._lock = threading.Lock()
+        self._failed = False
+
+    def bound(self, k: int) -> int | None:
+        """Keys below this are chunk k's to sweep (None: all)."""
+        w = self.watermarks[k]
+        return None if w is None else 4 * w
+
+    def split_own(
+        self, k: int, per_group: dict[int, np.ndarray]
+    ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+        """(ready, tail) parts of chunk k's own sorted keys."""
+        hi = self.bound(k)
+        ready, tail = {}, {}
+        for g, keys in per_group.items():
+            cut = keys.size if hi is None else int(np.searchsorted(keys, hi, side="left"))
+            ready[g] = keys[:cut]
+            if cut < keys.size:
+                tail[g] = keys[cut:]
+        return ready, tail
+
+    def publish(self, k: int, tail: dict[int, np.ndarray]) -> None:
+        with self._lock:
+            self._tails[k] = tail
+        self._published[k].set()
+
+    def fail(self, k: int) -> None:
+        """Chunk k's worker failed: release whoever waits for it."""
+        self._failed = True
+        self._published[k].set()
+
+    def take(self, k: int) -> dict[int, list[np.ndarray]]:
+        """The pieces of earlier chunks' tails that chunk k must sweep, per group."""
+        lo = self.bound(k - 1) if k > 0 else None
+        hi = self.bound(k)
+        out: dict[int, list[np.ndarray]] = {}
+        for j in range(k):
+            self._published[j].wait()
+            if self._failed:
+                msg = "an earlier chunk failed"
+                raise RuntimeError(msg)
+            with self._lock:
+                tail = self._tails.get(j)
+            if not tail:
+                continue
+            for g, keys in tail.items():
+                a = 0 if lo is None else int(np.searchsorted(keys, lo, side="left"))
+                b = keys.size if hi is None else int(np.searchsorted(keys, hi, side="left"))
+                if b > a:
+                    out.setdefault(g, []).append(keys[a:b])
+        return out
+
+    def release(self, k: int) -> None:
+        """After chunk k is applied: forget tails that are entirely handed out."""
+        hi = self.bound(k)
+        with self._lock:
+            for j in [j for j in self._tails if j <= k]:
+                tail = self._tails[j]
+                if hi is None or all(keys[-1] < hi for keys in tail.values()):
+                    self._tails[j] = {}
+
+
+def sweep_slices(
+    exchange: TailExchange, k: int, per_group: dict[int, np.ndarray]
+) -> dict[int, ChunkSummary | None]:
+    """Worker side of chunk k: publish its tail, take what earlier chunks left, summarize."""
+    ready, tail = exchange.split_own(k, per_group)
+    exchange.publish(k, tail)
+    earlier = exchange.take(k)
+    out: dict[int, ChunkSummary | None] = {}
+    for g in sorted(set(ready) | set(earlier)):
+        parts = [p for p in (ready.get(g), *earlier.get(g, [])) if p is not None and p.size]
+        if not parts:
+            continue
+        # sorted runs: the stable sort (timsort) merges them in linear time
+        keys = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts), kind="stable")
+        out[g] = summarize(keys)
+    return out

@@ -262,7 +262,10 @@ def iter_row_groups(
 def read_row_group(segment: Segment, index: int, columns: Sequence[str]) -> pa.Table:
     """One row group of a segment, only ``columns``."""
     try:
-        return _open_segment(segment.path).read_row_group(index, columns=list(columns))
+        # one thread: callers read several row groups in parallel themselves
+        return _open_segment(segment.path).read_row_group(
+            index, columns=list(columns), use_threads=False
+        )
     except (pa.ArrowInvalid, OSError) as exc:
         msg = f"{segment.path}: row group {index} unreadable ({str(exc).splitlines()[0]})"
         raise TraceError(msg) from None
@@ -276,6 +279,20 @@ def _row_group_stat(segment: Segment, index: int, column: str, which: str) -> in
     if stats is None or not stats.has_min_max:
         return None
     return int(getattr(stats, which))
+
+
+def row_group_constant(segment: Segment, index: int, column: str) -> str | None:
+    """The value of a string column when the statistics show it is the same in every row
+    of the row group (and never null), else None."""
+    pf = _open_segment(segment.path)
+    stats = pf.metadata.row_group(index).column(pf.schema_arrow.get_field_index(column)).statistics
+    if stats is None or not stats.has_min_max or stats.null_count != 0 or stats.min != stats.max:
+        return None
+    # a writer may truncate long string bounds: only exact ones prove a constant
+    if not (getattr(stats, "is_min_value_exact", True) and getattr(stats, "is_max_value_exact", True)):
+        return None
+    value = stats.min
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def row_group_min(segment: Segment, index: int, column: str) -> int | None:

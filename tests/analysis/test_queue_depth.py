@@ -173,3 +173,8 @@ def test_analyze_histograms_equal_naive_reference(tmp_path_factory, reqs, group_
                 {str(k): v / (t1 - t0) for k, v in want_time.items()})
     assert r["qd_hist_issue_computed"] == pytest.approx(
         {str(k): v / len(rows) for k, v in pooled.items()})
+    # idle: nothing in flight on any device (the union of all requests)
+    _, union_time = naive_qd([x["issue_ns"] for x in rows], [x["complete_ns"] for x in rows],
+                             (t0, t1))
+    if t1 > t0:
+        assert r["idle_fraction"] == pytest.approx(union_time.get(0, 0) / (t1 - t0))
