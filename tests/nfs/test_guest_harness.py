@@ -4,7 +4,8 @@ tests then judge its output.
 - O_DIRECT writes through the NFS 4.1 and NFS 3 mounts read back identically, and the mounts
   are the versions they claim (mountinfo, mountstats);
 - the guest kernel has the tracepoints the NFS recorder attaches to, with the field layout
-  trainio's BPF code assumes (REFERENCE.md §5), and module BTF for nfs and sunrpc;
+  trainio's BPF code assumes (REFERENCE.md §5), they fire for O_DIRECT and buffered I/O on both
+  mounts, and there is module BTF for nfs and sunrpc;
 - a Rust binary built on this host runs in the guest (dynamically linked: glibc compatibility;
   and statically linked), and the guest has bpftool and libelf/zlib (the recorder links them);
 - the script's exit status, stdout, stderr and $OUT come back.
@@ -34,7 +35,8 @@ TRACEPOINTS = [
     "sunrpc/xprt_transmit", "sunrpc/rpc_stats_latency",
 ]
 
-# Field offsets the BPF code reads (REFERENCE.md §5): event -> {field: offset}.
+# Field offsets the BPF code reads (REFERENCE.md §5; the commit events as seen on the guest
+# kernel 6.1.0-56-cloud-amd64): event -> {field: offset}.
 EXPECTED_OFFSETS = {
     "nfs/nfs_initiate_read": {"dev": 8, "fhandle": 12, "fileid": 16, "offset": 24, "count": 32},
     "nfs/nfs_readpage_done": {"dev": 8, "fhandle": 12, "fileid": 16, "offset": 24,
@@ -44,6 +46,9 @@ EXPECTED_OFFSETS = {
     "nfs/nfs_writeback_done": {"dev": 8, "fhandle": 12, "fileid": 16, "offset": 24,
                                "arg_count": 32, "res_count": 36, "error": 40, "stable": 48,
                                "verifier": 56},
+    "nfs/nfs_initiate_commit": {"dev": 8, "fhandle": 12, "fileid": 16, "offset": 24, "count": 32},
+    "nfs/nfs_commit_done": {"dev": 8, "fhandle": 12, "fileid": 16, "offset": 24, "error": 32,
+                            "stable": 40, "verifier": 48},
     "sunrpc/rpc_task_begin": {"task_id": 8, "client_id": 12, "action": 16, "runstate": 24,
                               "status": 32, "flags": 36},
     "sunrpc/rpc_task_end": {"task_id": 8, "client_id": 12, "action": 16, "runstate": 24,
@@ -61,6 +66,12 @@ set -u
 echo "harness-stdout-marker"
 echo "harness-stderr-marker" >&2
 
+# The recorder's tracepoints are on (ftrace) while the I/O below runs.
+TR=/sys/kernel/tracing
+echo 8192 > $TR/buffer_size_kb
+for ev in @TRACEPOINTS@; do echo 1 > "$TR/events/$ev/enable"; done
+echo 1 > $TR/tracing_on
+
 # (a) O_DIRECT round trip through each mount; read back through both mounts and the server.
 mkdir -p "$OUT/rt"
 for m in nfs41:"$NFS41" nfs3:"$NFS3"; do
@@ -69,7 +80,13 @@ for m in nfs41:"$NFS41" nfs3:"$NFS3"; do
   dd if="$NFS41/$name.bin" of="$OUT/rt/$name.via-nfs41" bs=1M iflag=direct status=none
   dd if="$NFS3/$name.bin" of="$OUT/rt/$name.via-nfs3" bs=1M iflag=direct status=none
   cp "$EXPORT/$name.bin" "$OUT/rt/$name.on-server"
+  # and buffered: page-cache writeback, then a cold read
+  dd if=/payload/pattern.bin of="$dir/$name.buffered" bs=1M status=none && sync
+  echo 3 > /proc/sys/vm/drop_caches
+  cat "$dir/$name.buffered" > /dev/null
 done
+echo 0 > $TR/tracing_on
+cat $TR/trace > "$OUT/trace.txt"
 
 # (b) tracepoints and their formats, the event lists, BTF.
 T=/sys/kernel/tracing/events
@@ -190,6 +207,28 @@ def test_guest_has_the_nfs_tracepoints_the_recorder_needs(harness):
         for field, off in EXPECTED_OFFSETS.get(ev, {}).items():
             assert field in fields, f"{ev}: no field {field}; has {sorted(fields)}"
             assert fields[field][1] == off, f"{ev}.{field}: offset {fields[field][1]}, expected {off}"
+
+
+def test_the_tracepoints_fire_for_both_mounts(harness):
+    """Each recorder tracepoint fired during the O_DIRECT and buffered I/O, and the nfs events
+    carry the mounts' s_dev (printed as fileid=MAJ:MIN:fileid in hex)."""
+    r = harness["result"]
+    trace = (r.outdir / "trace.txt").read_text()
+    seen: dict[str, set[str]] = {}
+    for line in trace.splitlines():
+        m = re.search(r"\d+\.\d+: (\w+): (.*)", line)
+        if m:
+            f = re.search(r"\bfileid=([0-9a-f]+:[0-9a-f]+):", m.group(2))
+            seen.setdefault(m.group(1), set()).add(f.group(1) if f else "")
+    for ev in TRACEPOINTS:
+        assert ev.split("/")[1] in seen, f"{ev} never fired; fired: {sorted(seen)}"
+    devs = set()
+    for mp in ("/mnt/nfs41", "/mnt/nfs3"):
+        major, minor = (int(x) for x in r.mount(mp)["dev"].split(":"))
+        devs.add(f"{major:02x}:{minor:02x}")
+    for ev in ("nfs_initiate_read", "nfs_readpage_done", "nfs_initiate_write",
+               "nfs_writeback_done", "nfs_initiate_commit", "nfs_commit_done"):
+        assert seen[ev] == devs, f"{ev}: devs {seen[ev]}, mounts {devs}"
 
 
 def test_guest_has_module_btf_for_nfs_and_sunrpc(harness):
