@@ -14,8 +14,9 @@ packages=(
   openmpi-bin libopenmpi-dev libclang-dev
   # report test: headless Chromium renders the HTML report
   chromium
-  # NFS tests: a QEMU guest running Debian's cloud kernel
-  qemu-system-x86 debootstrap cpio busybox-static
+  # NFS tests: a QEMU guest running Debian's cloud kernel (scripts/nfs-guest; mke2fs -d builds
+  # its disk images)
+  qemu-system-x86 debootstrap cpio busybox-static e2fsprogs
 )
 missing=()
 for p in "${packages[@]}"; do
