@@ -186,15 +186,43 @@ class _Analyzer:
             raise SelectionError(msg)
         self.nbins = int(nbins)
 
+    def _groups_from_stats(self) -> list[Any] | None:
+        """The selection's groups when row-group statistics prove them (else None)."""
+        if self.sel.pid is not None and self.group_col == "dev":
+            return None
+        dev = self._dev_filter_value()
+        found = set()
+        for seg, i, _, _ in self.units:
+            layer = tr.row_group_constant(seg, i, "layer")
+            if layer is None:
+                return None
+            if layer != self.layer:
+                continue
+            if dev is not None and self.group_col != "dev":
+                return None
+            value = tr.row_group_constant(seg, i, self.group_col)
+            if value is None:
+                return None
+            if (dev is not None and value != dev) or (
+                self.sel.pid is not None and value != self.sel.pid
+            ):
+                continue
+            found.add(value)
+        return sorted(found)
+
     def _find_groups(self) -> None:
         """The selection's devices or processes, so group ids are stable from the start."""
-        lf = tr.scan_segments(self.segments).filter(pl.col("layer") == self.layer)
-        lf = self._filter_lazy(lf)
-        found = (
-            lf.group_by(self.group_col).agg(pl.len().alias("events"))
-            .sort(self.group_col).collect(engine="streaming")
-        )
-        if found.height == 0:
+        keys = self._groups_from_stats()
+        if keys is None:
+            lf = tr.scan_segments(self.segments).filter(pl.col("layer") == self.layer)
+            found = (
+                self._filter_lazy(lf).group_by(self.group_col).agg(pl.len())
+                .sort(self.group_col).collect(engine="streaming")
+            )
+            keys = found[self.group_col].cast(
+                pl.String if self.group_col == "dev" else pl.Int64
+            ).to_list()
+        if not keys:
             what = [f"--layer {self.layer}"]
             if self.sel.dev is not None:
                 what.append(f"--dev {self.sel.dev}")
@@ -202,7 +230,6 @@ class _Analyzer:
                 what.append(f"--pid {self.sel.pid}")
             msg = f"{self.path}: no events match {' '.join(what)}"
             raise SelectionError(msg)
-        keys = found[self.group_col].cast(pl.String if self.group_col == "dev" else pl.Int64).to_list()
         self.group_names = ["?" if k is None else str(k) for k in keys]
         if self.group_col == "dev":
             self.dev_lookup = {k: i for i, k in enumerate(keys) if k is not None}

@@ -35,6 +35,7 @@ key's high bits, so one sort still serves all groups.
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -45,6 +46,7 @@ from trainio_analysis.sketch import QuantileSketch
 CODE_COMPLETE = 0
 CODE_ISSUE = 1
 CODE_COMPLETE_ZERO = 2
+_LITTLE = sys.byteorder == "little"
 
 
 def event_keys(issue: np.ndarray, complete: np.ndarray) -> np.ndarray:
@@ -117,15 +119,20 @@ def summarize(keys: np.ndarray) -> ChunkSummary | None:
     """Sweep a sorted slice of event keys (None when empty); see the module docstring."""
     if keys.size == 0:
         return None
+    keys = np.ascontiguousarray(keys)
     t = keys >> 2
-    is_issue = (keys & 3) == CODE_ISSUE
-    step = is_issue.view(np.int8) * np.int8(2) - np.int8(1)
+    # the code is in the lowest byte (little-endian): a strided byte view, no int64 temp
+    low = keys.view(np.uint8)[:: keys.itemsize] if _LITTLE else (keys & 3).astype(np.uint8)
+    is_issue = (low & np.uint8(3)) == CODE_ISSUE
+    step = is_issue.view(np.int8) * np.int8(2)
+    step -= np.int8(1)
     q = np.cumsum(step, dtype=np.int32)
     q_min = int(q.min())
     q_last = int(q[-1])
     if q_min:
         q -= q_min
-    dt = np.diff(t)
+    dt = np.empty(t.size - 1, np.float64)  # bincount wants float weights: cast once
+    np.subtract(t[1:], t[:-1], out=dt, casting="unsafe")
     return ChunkSummary(
         t_first=int(t[0]),
         t_last=int(t[-1]),
