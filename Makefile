@@ -29,6 +29,10 @@ bench-tracer: all
 bench-analysis: all
 	$(PY) tests/bench/bench_analysis.py
 
+# 288 simulated GPUs in one rank (CPU per GPU-step, sleep overshoot), and the replayer vs fio.
+bench-replay: all
+	$(PY) tests/bench/bench_replay.py
+
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV)

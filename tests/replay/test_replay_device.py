@@ -5,7 +5,7 @@ the bandwidth says: AU ≈ compute / (bytes per step / bandwidth)."""
 from __future__ import annotations
 
 import pytest
-from conftest import in_cgroup, load_json, run_trainio, write_workload
+from replay_helpers import in_cgroup, load_json, run_trainio, write_workload
 
 MIB = 1 << 20
 BPS = 50 * MIB

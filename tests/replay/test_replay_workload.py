@@ -6,7 +6,7 @@ import os
 import shutil
 
 import pytest
-from conftest import ROOT, load_json, run_trainio, write_workload
+from replay_helpers import ROOT, load_json, run_trainio, write_workload
 
 MIB = 1 << 20
 
