@@ -1,0 +1,208 @@
+"""`trainio record` against real kernel events: loop devices over /dev/shm, real BPF."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import TRAINIO, majmin, run, trainio
+from trainio_analysis.trace import read_metadata, scan_trace
+
+MiB = 1 << 20
+
+pytestmark = [pytest.mark.root]
+
+
+def rows(trace: Path, **eq) -> pl.DataFrame:
+    lf = scan_trace(trace)
+    for col, val in eq.items():
+        lf = lf.filter(pl.col(col) == val)
+    return lf.collect()
+
+
+def fio(dev: str, *extra: str, runtime: float | None = None, size: str = "128M") -> list[str]:
+    cmd = ["fio", "--name=t", f"--filename={dev}", "--direct=1", "--rw=randread", "--bs=4k",
+           f"--size={size}", "--randrepeat=1", "--norandommap", "--output-format=json", *extra]
+    if runtime:
+        cmd += ["--time_based", f"--runtime={runtime}"]
+    return cmd
+
+
+def test_dd_direct_read_is_recorded_exactly(tmp_path: Path, loop_dev: str) -> None:
+    out = tmp_path / "trace"
+    res = trainio("record", "-o", out, "--", "dd", f"if={loop_dev}", "of=/dev/null", "bs=1M",
+                  "count=64", "iflag=direct")
+    assert res.returncode == 0, res.stderr
+    dev = majmin(loop_dev)
+
+    block = rows(out, layer="block", dev=dev, op="read").sort("offset")
+    assert block["bytes"].sum() == 64 * MiB
+    # Offsets cover [0, 64 MiB) exactly once: each request starts where the last ended.
+    starts = block["offset"].to_list()
+    ends = (block["offset"] + block["bytes"]).to_list()
+    assert starts[0] == 0 and ends[-1] == 64 * MiB
+    assert starts[1:] == ends[:-1]
+    assert ((block["complete_ns"] - block["issue_ns"]) > 0).all()
+    assert (block["queue_depth"] >= 1).all()
+
+    reads = rows(out, layer="file", op="read", comm="dd", file=loop_dev).sort("issue_ns")
+    assert reads.height == 64
+    assert (reads["bytes"] == MiB).all() and (reads["bytes_requested"] == MiB).all()
+    assert reads["offset"].to_list() == [i * MiB for i in range(64)]
+    assert (reads["dev"] == dev).all()
+    assert (reads["flags"] & os.O_DIRECT != 0).all()
+
+    # The summary names the device and the byte count.
+    assert dev in res.stderr and "64.00" in res.stderr and "lost events: 0" in res.stderr
+    meta = read_metadata(out)
+    assert meta["schema_version"] == 1 or meta["schema_version"] == "1"
+    assert sum(meta["lost_events"].values()) == 0
+    assert meta["target"]["command"][0] == "dd"
+    loop = next(d for d in meta["devices"] if d["dev"] == dev)
+    assert loop["name"] == Path(loop_dev).name and loop["backing_file"].startswith("/dev/shm/")
+    stats = meta["bpf_stats"]
+    assert stats["tio_rq_issue"]["run_cnt"] >= 64 and stats["tio_rq_issue"]["run_time_ns"] > 0
+
+
+def test_exit_code_of_the_command_is_propagated(tmp_path: Path) -> None:
+    res = trainio("record", "--layers", "file", "-o", tmp_path / "t", "--", "sh", "-c", "exit 7")
+    assert res.returncode == 7, res.stderr
+    assert list((tmp_path / "t").glob("seg-*.parquet")), "a trace is written even without I/O"
+
+
+def test_fio_iodepth_1_is_queue_depth_1(tmp_path: Path, loop_dev: str) -> None:
+    out = tmp_path / "qd1"
+    res = trainio("record", "-o", out, "--dev", loop_dev, "--",
+                  *fio(loop_dev, "--ioengine=psync", "--iodepth=1", "--io_size=16M"))
+    assert res.returncode == 0, res.stderr
+    block = rows(out, layer="block", op="read")
+    assert block.height >= 4096
+    assert block["dev"].unique().to_list() == [majmin(loop_dev)], "--dev filters other devices out"
+    assert (block["queue_depth"] == 1).all()
+
+
+def test_fio_iodepth_16_stays_within_16_and_mostly_above_1(tmp_path: Path, loop_dev: str) -> None:
+    out = tmp_path / "qd16"
+    res = trainio("record", "-o", out, "--dev", majmin(loop_dev), "--",
+                  *fio(loop_dev, "--ioengine=io_uring", "--iodepth=16", "--io_size=64M"))
+    assert res.returncode == 0, res.stderr
+    qd = rows(out, layer="block", op="read")["queue_depth"]
+    assert qd.len() >= 16384
+    assert qd.max() <= 16
+    assert (qd > 1).mean() > 0.5, qd.value_counts().sort("queue_depth")
+
+
+def test_file_layer_offsets_sizes_and_relative_paths(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "sample.bin").write_bytes(os.urandom(64 * 1024))
+    script = """
+import os
+fd = os.open("sample.bin", os.O_RDONLY)          # relative: resolved with the cwd
+os.read(fd, 1000)                                 # offset 0 (file position)
+os.read(fd, 3000)                                 # offset 1000
+os.pread(fd, 4096, 8192)                          # offset 8192
+os.readv(fd, [bytearray(100), bytearray(200)])    # offset 4000, 300 requested
+os.preadv(fd, [bytearray(512)] * 3, 16384)        # offset 16384, 1536 requested
+os.lseek(fd, 60000, 0)
+os.read(fd, 10000)                                # offset 60000, 5536 returned at EOF
+os.close(fd)
+"""
+    out = tmp_path / "t"
+    res = trainio("record", "--layers", "file", "-o", out, "--", sys.executable, "-c", script, cwd=data)
+    assert res.returncode == 0, res.stderr
+    path = str(data / "sample.bin")
+    reads = rows(out, layer="file", op="read", file=path).sort("issue_ns")
+    got = list(zip(reads["offset"], reads["bytes_requested"], reads["bytes"]))
+    assert got == [(0, 1000, 1000), (1000, 3000, 3000), (8192, 4096, 4096), (4000, 300, 300),
+                   (16384, 1536, 1536), (60000, 10000, 5536)]
+    assert (reads["queue_depth"] == 1).all()
+    opens = rows(out, layer="file", op="open", file=path)
+    closes = rows(out, layer="file", op="close", file=path)
+    assert opens.height == 1 and closes.height == 1
+    assert opens["fd"][0] == reads["fd"][0] == closes["fd"][0]
+
+
+def test_pid_mode_follows_children_forked_after_attach(tmp_path: Path) -> None:
+    victim = tmp_path / "v.bin"
+    victim.write_bytes(b"x" * 8192)
+    proc = subprocess.Popen(["sh", "-c", f"sleep 1.5; cat {victim} > /dev/null; sleep 0.2"])
+    try:
+        res = trainio("record", "--layers", "file", "-o", tmp_path / "t", "--pid", str(proc.pid))
+        assert res.returncode == 0, res.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+    reads = rows(tmp_path / "t", layer="file", op="read", file=str(victim))
+    assert reads["comm"].unique().to_list() == ["cat"]
+    assert reads["bytes"].sum() == 8192
+    assert reads["pid"][0] != proc.pid, "cat is a child forked after the recorder attached"
+
+
+def test_sigkill_leaves_readable_segments_and_no_programs(tmp_path: Path, loop_dev: str) -> None:
+    out = tmp_path / "killed"
+    tracer = subprocess.Popen(
+        [str(TRAINIO), "record", "-o", str(out), "--segment-s", "0.3", "--dev", loop_dev, "--",
+         *fio(loop_dev, "--ioengine=psync", runtime=30)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while len(list(out.glob("seg-*.parquet"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(tracer.pid, signal.SIGKILL)
+        tracer.wait()
+    finally:
+        os.killpg(tracer.pid, signal.SIGKILL)  # the orphaned fio
+    done = sorted(out.glob("seg-*.parquet"))
+    assert len(done) >= 2
+    total = 0
+    for seg in done:
+        md = pq.read_metadata(seg).metadata
+        assert md[b"trainio.schema_version"] == b"1"
+        total += pq.read_table(seg).num_rows
+    assert total > 0
+    assert scan_trace(out).select(pl.len()).collect().item() == total, "readers skip the .partial"
+
+
+def test_tiny_ring_buffer_reports_lost_events(tmp_path: Path, loop_dev: str) -> None:
+    out = tmp_path / "lossy"
+    res = trainio("record", "-o", out, "--ringbuf-mb", "0.004", "--dev", loop_dev, "--",
+                  *fio(loop_dev, "--ioengine=io_uring", "--iodepth=32", runtime=2))
+    assert res.returncode == 0, res.stderr
+    lost = read_metadata(out)["lost_events"]
+    assert lost["block_rq_complete:ringbuf_full"] > 0
+    assert "EVENTS LOST" in res.stderr and "raise --ringbuf-mb" in res.stderr
+
+
+def _one_line_exit_2(res: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    _one_line_exit_2(trainio("record", "-o", out, "--dev", "nosuchdisk0", "--", "true"), "nosuchdisk0")
+    _one_line_exit_2(trainio("record", "-o", out, "--", "no-such-command-xyz"), "no-such-command-xyz")
+    _one_line_exit_2(trainio("record", "-o", out, "--layers", "block,tape", "--", "true"), "tape")
+    _one_line_exit_2(trainio("record", "-o", out, "--pid", "999999999"), "999999999")
+    assert not out.exists(), "nothing is written on bad input"
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("precious")
+    _one_line_exit_2(trainio("record", "-o", full, "--", "true"), str(full), "not empty")
+    assert [p.name for p in full.iterdir()] == ["keep.txt"]
+    nobody = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(TRAINIO),
+                  "record", "-o", str(tmp_path / "n"), "--", "true"])
+    _one_line_exit_2(nobody, "root")
