@@ -303,8 +303,8 @@ class _Analyzer:
             return a if m is None else a[m]
 
         c.events = n if mask is None else int(mask.sum())
-        issue = pick(_np(t["issue_ns"]), mask) - self.t0
-        complete = pick(_np(t["complete_ns"]), mask) - self.t0
+        issue = pick(_np(t["issue_ns"]), mask)  # absolute: keys and bins subtract t0
+        complete = pick(_np(t["complete_ns"]), mask)
         nbytes = pick(_np(t["bytes"]), mask)
         kqd_all = pick(_np(t["queue_depth"]), mask)
         if "op" in const:
@@ -336,7 +336,8 @@ class _Analyzer:
                 data = None
         c.reads = c.events if is_read is None else int(is_read.sum())
         c.writes = c.events if is_write is None else int(is_write.sum())
-        tbin = complete // self.bin_ns
+        tbin = complete - self.t0
+        tbin //= self.bin_ns
         c.bytes_read = c.bytes_written = 0
         c.tl_read = c.tl_write = None
         for kind, m in (("read", is_read), ("write", is_write)):
@@ -359,7 +360,7 @@ class _Analyzer:
                 counted = np.isin(op_code, qd_ops)
         elif only_op not in tr.QD_OPS[self.layer]:
             counted = np.zeros(c.events, bool)
-        kqd = pick(kqd_all, counted).astype(np.int64)
+        kqd = pick(kqd_all, counted)
         g = pick(gid, counted)
         if g.size:
             single = int(g.min()) == int(g.max())
@@ -367,7 +368,8 @@ class _Analyzer:
                 c.kernel_qd = {int(g[0]): np.bincount(kqd)}
             else:
                 width = int(kqd.max()) + 1
-                flat = np.bincount(g * width + kqd, minlength=(int(g.max()) + 1) * width)
+                flat = np.bincount(g * width + kqd.astype(np.int64),
+                                   minlength=(int(g.max()) + 1) * width)
                 grid = flat.reshape(-1, width)
                 c.kernel_qd = {int(k): grid[k] for k in np.flatnonzero(grid.sum(axis=1))}
             c.gid, c.issue, c.complete = g, pick(issue, counted), pick(complete, counted)
@@ -388,7 +390,7 @@ class _Analyzer:
                 per_group: dict[int, np.ndarray] = {}
             else:
                 gid = np.zeros(c.gid.size, np.int64) if union else c.gid
-                per_group = sweep.split(gid, c.issue, c.complete)
+                per_group = sweep.split(gid, c.issue, c.complete, self.t0)
             c.summaries.append(sweep_slices(exchange, k, per_group))
         c.gid = c.issue = c.complete = None  # swept: free them before the main thread runs
         return c

@@ -18,11 +18,14 @@ N_BUCKETS = 64 * SUB + 1  # bucket 0 holds the value 0
 def log_bucket(values: np.ndarray) -> np.ndarray:
     """Bucket index of non-negative integers: 0 for 0, else octave*SUB + sub-bucket + 1.
 
-    Read straight from the float64 bits: exponent and the top SUB_BITS of the mantissa.
+    Read straight from the float64 bits: exponent and the top SUB_BITS of the mantissa
+    (0.0 has all bits 0 and lands below bucket 1: clipped to 0).
     """
     bits = values.astype(np.float64).view(np.int64)
-    idx = (bits >> (52 - SUB_BITS)) - ((1023 << SUB_BITS) - 1)
-    return np.where(values > 0, idx, 0)
+    bits >>= 52 - SUB_BITS
+    bits -= (1023 << SUB_BITS) - 1
+    np.maximum(bits, 0, out=bits)
+    return bits
 
 
 def bucket_bounds(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -117,8 +120,11 @@ class QuantileSketch:
 
 def pow2_bucket(nbytes: np.ndarray) -> np.ndarray:
     """Power-of-two bucket: 0 for 0 bytes, else k+1 where 2**k <= bytes < 2**(k+1)."""
-    exp = (nbytes.astype(np.float64).view(np.int64) >> 52) - 1022
-    return np.where(nbytes > 0, exp, 0)
+    bits = nbytes.astype(np.float64).view(np.int64)
+    bits >>= 52
+    bits -= 1022
+    np.maximum(bits, 0, out=bits)
+    return bits
 
 
 def pow2_label(bucket: int) -> int:

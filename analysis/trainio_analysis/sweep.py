@@ -49,17 +49,34 @@ CODE_COMPLETE_ZERO = 2
 _LITTLE = sys.byteorder == "little"
 
 
-def event_keys(issue: np.ndarray, complete: np.ndarray) -> np.ndarray:
-    """Unsorted event keys of requests (times relative to a base, non-negative)."""
+def event_keys(issue: np.ndarray, complete: np.ndarray, offset: int = 0) -> np.ndarray:
+    """Unsorted event keys of requests; times are ``issue - offset`` etc. (non-negative)."""
     n = issue.size
     keys = np.empty(2 * n, np.int64)
     np.multiply(issue, 4, out=keys[:n])
-    keys[:n] += CODE_ISSUE
+    keys[:n] += CODE_ISSUE - 4 * offset
     np.multiply(complete, 4, out=keys[n:])
+    keys[n:] -= 4 * offset
     zero = complete == issue
     if zero.any():
         keys[n:][zero] += CODE_COMPLETE_ZERO
     return keys
+
+
+def _sort_keys(keys: np.ndarray) -> None:
+    """Sort non-negative int64 keys in place: as uint64 (same order), which numpy sorts
+    about 1.5x faster here than int64."""
+    keys.view(np.uint64).sort()
+
+
+def merge_sorted(big: np.ndarray, pieces: list[np.ndarray]) -> np.ndarray:
+    """Merge a few small sorted arrays into a big sorted one with one copy of it."""
+    if not pieces:
+        return big
+    small = np.sort(np.concatenate(pieces)) if len(pieces) > 1 else pieces[0]
+    if big.size == 0:
+        return small
+    return np.insert(big, np.searchsorted(big, small, side="right"), small)
 
 
 def _shifted(hist: np.ndarray, shift: int, dtype: type) -> np.ndarray:
@@ -242,20 +259,20 @@ class QueueDepthSweep:
                 self._sweep(state, ready)
 
     def split(
-        self, gid: np.ndarray, issue: np.ndarray, complete: np.ndarray
+        self, gid: np.ndarray, issue: np.ndarray, complete: np.ndarray, offset: int = 0
     ) -> dict[int, np.ndarray]:
-        """Sorted event keys of each group in the chunk."""
+        """Sorted event keys of each group in the chunk (times minus ``offset``)."""
         if gid.size == 0:
             return {}
         lo, hi = int(gid.min()), int(gid.max())
         if lo == hi:
-            keys = event_keys(issue, complete)
-            keys.sort()
+            keys = event_keys(issue, complete, offset)
+            _sort_keys(keys)
             return {lo: keys}
         if hi < (1 << self.group_bits):
             g2 = np.concatenate((gid, gid)).astype(np.int64) << self.key_bits
-            keys = event_keys(issue, complete) | g2
-            keys.sort()
+            keys = event_keys(issue, complete, offset) | g2
+            _sort_keys(keys)
             mask = (1 << self.key_bits) - 1
             present = np.unique(gid)
             bounds = np.searchsorted(keys, present.astype(np.int64) << self.key_bits)
@@ -266,8 +283,8 @@ class QueueDepthSweep:
         out = {}
         for g in np.unique(gid):
             sel = gid == g
-            keys = event_keys(issue[sel], complete[sel])
-            keys.sort()
+            keys = event_keys(issue[sel], complete[sel], offset)
+            _sort_keys(keys)
             out[int(g)] = keys
         return out
 
@@ -430,10 +447,6 @@ def sweep_slices(
     earlier = exchange.take(k)
     out: dict[int, ChunkSummary | None] = {}
     for g in sorted(set(ready) | set(earlier)):
-        parts = [p for p in (ready.get(g), *earlier.get(g, [])) if p is not None and p.size]
-        if not parts:
-            continue
-        # sorted runs: the stable sort (timsort) merges them in linear time
-        keys = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts), kind="stable")
-        out[g] = summarize(keys)
+        own = ready.get(g, np.zeros(0, np.int64))
+        out[g] = summarize(merge_sorted(own, earlier.get(g, [])))
     return out
