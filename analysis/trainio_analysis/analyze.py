@@ -315,7 +315,10 @@ class _Analyzer:
             only_op = None
         if self.group_col == "dev":
             if "dev" in const:
-                gid = np.full(c.events, self.dev_lookup.get(const["dev"], self.null_group))
+                # a zero-stride view: one device, no per-row array needed
+                gid = np.broadcast_to(
+                    np.int64(self.dev_lookup.get(const["dev"], self.null_group)), (c.events,)
+                )
             else:
                 gid = pick(_codes(t["dev"], self.dev_lookup, self.null_group), mask)
         else:

@@ -143,7 +143,7 @@ def summarize(keys: np.ndarray) -> ChunkSummary | None:
     is_issue = (low & np.uint8(3)) == CODE_ISSUE
     step = is_issue.view(np.int8) * np.int8(2)
     step -= np.int8(1)
-    q = np.cumsum(step, dtype=np.int32)
+    q = np.cumsum(step, dtype=np.intp)  # intp: bincount would convert anything else
     q_min = int(q.min())
     q_last = int(q[-1])
     if q_min:
