@@ -241,10 +241,12 @@ class _Analyzer:
         dev = self.sel.dev
         if dev is None or ":" in dev:
             return dev
+        name = dev.removeprefix("/dev/")
         for d in self.meta.get("devices") or []:
-            if isinstance(d, dict) and d.get("name") in (dev, f"/dev/{dev}".removeprefix("/dev/")):
-                return str(d.get("dev"))
-        return dev
+            if isinstance(d, dict) and d.get("name") == name and d.get("dev"):
+                return str(d["dev"])
+        msg = f"{self.path}: no device {dev!r} in trainio.devices (give MAJ:MIN)"
+        raise SelectionError(msg)
 
     def _filter_lazy(self, lf: pl.LazyFrame) -> pl.LazyFrame:
         dev = self._dev_filter_value()

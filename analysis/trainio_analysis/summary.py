@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -20,7 +21,7 @@ def _size(n: float) -> str:
 
 
 def _opt(v: Any, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
 
 def format_summary(r: dict[str, Any]) -> str:

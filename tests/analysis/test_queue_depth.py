@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from qd_reference import naive_qd
 
 from trainio_analysis.analyze import analyze
+from trainio_analysis.errors import SelectionError
 from trainio_analysis.sweep import QueueDepthSweep
 from trainio_analysis.trace import write_trace
 
@@ -74,6 +75,16 @@ def test_devices_are_separate_queues(trace_dir: Path) -> None:
     assert r["idle_fraction"] == 0.0
     only = analyze(trace_dir, dev="8:16")
     assert only["events"] == 1 and set(only["groups"]) == {"8:16"}
+
+
+def test_dev_selected_by_name_from_metadata(trace_dir: Path) -> None:
+    rows = [block(0, 20, qd=1, dev="259:0"), block(0, 20, qd=1, dev="259:1"),
+            block(5, 20, qd=2, dev="259:1")]
+    write_trace(trace_dir, rows, {"devices": [{"dev": "259:1", "name": "nvme1n1"}]})
+    r = analyze(trace_dir, dev="/dev/nvme1n1")
+    assert r["events"] == 2 and r["qd_hist_issue_computed"] == {"1": 0.5, "2": 0.5}
+    with pytest.raises(SelectionError, match="no device 'sda'"):
+        analyze(trace_dir, dev="sda")
 
 
 def test_kernel_and_computed_disagreement_is_reported(trace_dir: Path) -> None:
