@@ -665,10 +665,10 @@ def max_abs_diff(a: dict[str, float], b: dict[str, float]) -> float:
 def _bursts(state: GroupState, gap_ms: float, nbytes: float | None) -> dict[str, Any]:
     """Burst statistics; every request lies in exactly one burst, so the mean bytes per
     burst is the selection's bytes over the burst count."""
-    starts = np.asarray(state.burst_starts, np.int64)
-    ends = np.asarray(state.burst_ends[: starts.size], np.int64)
+    starts = state.burst_starts.array()
+    ends = state.burst_ends.array()[: starts.size]
     n = int(min(starts.size, ends.size))
-    gaps = np.asarray(state.burst_gaps, np.float64)
+    gaps = state.burst_gaps.array().astype(np.float64)
     out: dict[str, Any] = {
         "gap_threshold_ms": gap_ms,
         "count": n,
@@ -696,7 +696,7 @@ def _steps(state: GroupState | None, read_bytes: int) -> dict[str, Any]:
         if state is not None:
             empty["steps"] = len(state.burst_starts)
         return empty
-    gaps = np.asarray(state.burst_gaps, np.float64) / 1e9
+    gaps = state.burst_gaps.array() / 1e9
     compute = float(np.median(gaps))
     per_step = read_bytes / len(state.burst_starts)
     return {

@@ -162,6 +162,30 @@ def summarize(keys: np.ndarray) -> ChunkSummary | None:
     )
 
 
+class Int64Series:
+    """An append-only int64 sequence stored as numpy chunks (compact, unlike a list)."""
+
+    def __init__(self) -> None:
+        self._parts: list[np.ndarray] = []
+        self._n = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        if values.size:
+            self._parts.append(np.asarray(values, np.int64))
+            self._n += int(values.size)
+
+    def append(self, value: int) -> None:
+        self.extend(np.array([value], np.int64))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def array(self) -> np.ndarray:
+        if len(self._parts) != 1:
+            self._parts = [np.concatenate(self._parts) if self._parts else np.zeros(0, np.int64)]
+        return self._parts[0]
+
+
 @dataclass
 class GroupState:
     """Running state and results of one group's sweep (times relative to the base)."""
@@ -173,10 +197,11 @@ class GroupState:
     last_end: int | None = None  # when the last busy period ended
     pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     # bursts: busy periods merged across idle gaps shorter than the threshold
-    burst_starts: list[int] = field(default_factory=list)
-    burst_ends: list[int] = field(default_factory=list)
-    burst_gaps: list[int] = field(default_factory=list)  # idle gap before each burst but the first
-    idle_gaps: QuantileSketch = field(default_factory=QuantileSketch)
+    burst_starts: Int64Series = field(default_factory=Int64Series)
+    burst_ends: Int64Series = field(default_factory=Int64Series)
+    burst_gaps: Int64Series = field(default_factory=Int64Series)  # idle gap before each burst but the first
+    # only its histogram is reported: a small exact part keeps many groups cheap
+    idle_gaps: QuantileSketch = field(default_factory=lambda: QuantileSketch(exact_limit=4096))
     busy_periods: int = 0
 
     @property
@@ -337,9 +362,9 @@ class QueueDepthSweep:
             split = ~known | (gaps >= self.burst_gap)
             new_starts = starts[split]
             closing = prev[split & known]
-            state.burst_ends.extend(closing.tolist())
-            state.burst_gaps.extend(gaps[split & known].tolist())
-            state.burst_starts.extend(new_starts.tolist())
+            state.burst_ends.extend(closing)
+            state.burst_gaps.extend(gaps[split & known])
+            state.burst_starts.extend(new_starts)
             state.busy_periods += int(starts.size)
         if ends.size:
             state.last_end = int(ends[-1])
