@@ -41,14 +41,27 @@ def dumps(obj: Any) -> str:
 
 
 def _add_selection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layer", choices=("block", "file", "nfs"),
-                   help="layer to analyze (default: the lowest present: block, nfs, file)")
+    p.add_argument(
+        "--layer",
+        choices=("block", "file", "nfs"),
+        help="layer to analyze (default: the lowest present: block, nfs, file)",
+    )
     p.add_argument("--dev", help="only this device: MAJ:MIN or its name (e.g. nvme0n1)")
     p.add_argument("--pid", type=int, help="only this process (tgid)")
-    p.add_argument("--bin-s", type=float, default=1.0, metavar="S",
-                   help="throughput timeline bin width in seconds (default 1.0)")
-    p.add_argument("--burst-gap-ms", type=float, default=10.0, metavar="MS",
-                   help="idle gaps at least this long separate bursts (default 10)")
+    p.add_argument(
+        "--bin-s",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="throughput timeline bin width in seconds (default 1.0)",
+    )
+    p.add_argument(
+        "--burst-gap-ms",
+        type=float,
+        default=10.0,
+        metavar="MS",
+        help="idle gaps at least this long separate bursts (default 10)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,8 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _selection(args: argparse.Namespace) -> dict[str, Any]:
-    return {"layer": args.layer, "dev": args.dev, "pid": args.pid, "bin_s": args.bin_s,
-            "burst_gap_ms": args.burst_gap_ms}
+    return {
+        "layer": args.layer,
+        "dev": args.dev,
+        "pid": args.pid,
+        "bin_s": args.bin_s,
+        "burst_gap_ms": args.burst_gap_ms,
+    }
 
 
 def _keep_freed_memory() -> None:

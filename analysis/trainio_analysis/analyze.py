@@ -104,8 +104,14 @@ def _np(column: pa.ChunkedArray) -> np.ndarray:
 
 
 class _Analyzer:
-    def __init__(self, path: str | os.PathLike[str], sel: Selection, bin_s: float,
-                 burst_gap_ms: float, workers: int) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        sel: Selection,
+        bin_s: float,
+        burst_gap_ms: float,
+        workers: int,
+    ) -> None:
         self.path = Path(path)
         self.segments = tr.open_trace(path)
         self.meta = tr.read_metadata(path)
@@ -130,9 +136,7 @@ class _Analyzer:
         events = self.meta.get("events")
         if isinstance(events, dict) and events:
             return {k: int(v) for k, v in events.items() if int(v) > 0}
-        counts = (
-            tr.scan_trace(self.path).group_by("layer").len().collect(engine="streaming")
-        )
+        counts = tr.scan_trace(self.path).group_by("layer").len().collect(engine="streaming")
         return dict(zip(counts["layer"].to_list(), counts["len"].to_list(), strict=True))
 
     def _choose_layer(self, layer: str | None) -> str:
@@ -182,7 +186,9 @@ class _Analyzer:
         self.window = self.t1 - self.t0
         nbins = self.window // self.bin_ns + 1
         if nbins > MAX_TIMELINE_BINS:
-            msg = f"--bin-s {self.bin_s} gives {nbins} bins over {self.window / 1e9:.0f} s: raise it"
+            msg = (
+                f"--bin-s {self.bin_s} gives {nbins} bins over {self.window / 1e9:.0f} s: raise it"
+            )
             raise SelectionError(msg)
         self.nbins = int(nbins)
 
@@ -216,12 +222,17 @@ class _Analyzer:
         if keys is None:
             lf = tr.scan_segments(self.segments).filter(pl.col("layer") == self.layer)
             found = (
-                self._filter_lazy(lf).group_by(self.group_col).agg(pl.len())
-                .sort(self.group_col).collect(engine="streaming")
+                self._filter_lazy(lf)
+                .group_by(self.group_col)
+                .agg(pl.len())
+                .sort(self.group_col)
+                .collect(engine="streaming")
             )
-            keys = found[self.group_col].cast(
-                pl.String if self.group_col == "dev" else pl.Int64
-            ).to_list()
+            keys = (
+                found[self.group_col]
+                .cast(pl.String if self.group_col == "dev" else pl.Int64)
+                .to_list()
+            )
         if not keys:
             what = [f"--layer {self.layer}"]
             if self.sel.dev is not None:
@@ -373,8 +384,9 @@ class _Analyzer:
                 c.kernel_qd = {int(g[0]): np.bincount(kqd)}
             else:
                 width = int(kqd.max()) + 1
-                flat = np.bincount(g * width + kqd.astype(np.int64),
-                                   minlength=(int(g.max()) + 1) * width)
+                flat = np.bincount(
+                    g * width + kqd.astype(np.int64), minlength=(int(g.max()) + 1) * width
+                )
                 grid = flat.reshape(-1, width)
                 c.kernel_qd = {int(k): grid[k] for k in np.flatnonzero(grid.sum(axis=1))}
             c.gid, c.issue, c.complete = g, pick(issue, counted), pick(complete, counted)
@@ -460,14 +472,23 @@ class _Analyzer:
             union_state = groups[0]
         else:  # selected rows, none of them counted in a queue (e.g. only open/close)
             union_state = GroupState(hist_time=np.array([float(self.window)]))
-        return self._result(acc, latency, size_counts, tl_read, tl_write, kernel_qd,
-                            groups, union_state)
+        return self._result(
+            acc, latency, size_counts, tl_read, tl_write, kernel_qd, groups, union_state
+        )
 
     # ------------------------------------------------------------------ results
 
-    def _result(self, acc: _Chunk, latency: QuantileSketch, size_counts: np.ndarray,
-                tl_read: np.ndarray, tl_write: np.ndarray, kernel_qd: dict[int, np.ndarray],
-                groups: dict[int, GroupState], union_state: GroupState) -> dict[str, Any]:
+    def _result(
+        self,
+        acc: _Chunk,
+        latency: QuantileSketch,
+        size_counts: np.ndarray,
+        tl_read: np.ndarray,
+        tl_write: np.ndarray,
+        kernel_qd: dict[int, np.ndarray],
+        groups: dict[int, GroupState],
+        union_state: GroupState,
+    ) -> dict[str, Any]:
         duration_ns = max(self.window, 1)
         duration_s = self.window / 1e9
         total_kernel = _sum_hists(kernel_qd.values())
@@ -541,10 +562,13 @@ class _Analyzer:
             "latency_hist_us": _pow2_hist_us(latency),
             "size_hist": {
                 str(pow2_label(b)): float(n) / max(int(size_counts.sum()), 1)
-                for b, n in enumerate(size_counts) if n
+                for b, n in enumerate(size_counts)
+                if n
             },
             "size_counts": {str(pow2_label(b)): int(n) for b, n in enumerate(size_counts) if n},
-            "mean_size_bytes": data_bytes / (acc.reads + acc.writes) if acc.reads + acc.writes else 0.0,
+            "mean_size_bytes": data_bytes / (acc.reads + acc.writes)
+            if acc.reads + acc.writes
+            else 0.0,
             "idle_fraction": float(union_state.hist_time[0]) / duration_ns,
             "bursts": _bursts(union_state, self.burst_gap_ms, data_bytes),
             "idle_gap_hist_us": _pow2_hist_us(union_state.idle_gaps),
@@ -622,7 +646,9 @@ def _sum_hists(hists: Any, dtype: Any = np.int64) -> np.ndarray:
     return total
 
 
-def _fractions(hist: np.ndarray, *, total: float | None = None, offset: int = 0) -> dict[str, float]:
+def _fractions(
+    hist: np.ndarray, *, total: float | None = None, offset: int = 0
+) -> dict[str, float]:
     denom = float(hist.sum()) if total is None else float(total)
     if denom <= 0:
         return {}
@@ -690,8 +716,12 @@ def _steps(state: GroupState | None, read_bytes: int) -> dict[str, Any]:
     so the odd long pause, e.g. an evaluation or checkpoint, does not skew it), and the
     bytes per step are the bytes read over the number of bursts.
     """
-    empty = {"steps": 0, "compute_time_s": None, "bytes_per_step": None,
-             "required_mib_s_per_gpu": None}
+    empty = {
+        "steps": 0,
+        "compute_time_s": None,
+        "bytes_per_step": None,
+        "required_mib_s_per_gpu": None,
+    }
     if state is None or len(state.burst_gaps) == 0:
         if state is not None:
             empty["steps"] = len(state.burst_starts)

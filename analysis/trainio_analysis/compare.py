@@ -84,12 +84,14 @@ def format_compare(r: dict[str, Any]) -> str:
         return "-" if v is None else format(v, fmt)
 
     tp = r["throughput_mib_s"]
-    return "\n".join([
-        f"compare A={r['a']}  B={r['b']}  (layer {r['layer']})",
-        f"  throughput        A {tp['a']:.1f} MiB/s  B {tp['b']:.1f} MiB/s  "
-        f"rel. error {f(r['throughput_rel_error'], '+.1%')}",
-        f"  QD W1 per-issue   {f(r['qd_w1_issue'], '.3f')}  (computed {f(r['qd_w1_issue_computed'], '.3f')})",
-        f"  QD W1 time        {f(r['qd_w1_time'], '.3f')}  (busy-only {f(r['qd_w1_time_busy'], '.3f')})",
-        f"  size W1           {f(r['size_w1_log2'], '.3f')} octaves",
-        f"  latency B/A       p50 {f(r['latency_p50_ratio'], '.2f')}  p99 {f(r['latency_p99_ratio'], '.2f')}",
-    ])
+    return "\n".join(
+        [
+            f"compare A={r['a']}  B={r['b']}  (layer {r['layer']})",
+            f"  throughput        A {tp['a']:.1f} MiB/s  B {tp['b']:.1f} MiB/s  "
+            f"rel. error {f(r['throughput_rel_error'], '+.1%')}",
+            f"  QD W1 per-issue   {f(r['qd_w1_issue'], '.3f')}  (computed {f(r['qd_w1_issue_computed'], '.3f')})",
+            f"  QD W1 time        {f(r['qd_w1_time'], '.3f')}  (busy-only {f(r['qd_w1_time_busy'], '.3f')})",
+            f"  size W1           {f(r['size_w1_log2'], '.3f')} octaves",
+            f"  latency B/A       p50 {f(r['latency_p50_ratio'], '.2f')}  p99 {f(r['latency_p99_ratio'], '.2f')}",
+        ]
+    )

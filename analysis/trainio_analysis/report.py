@@ -22,7 +22,14 @@ from trainio_analysis.analyze import analyze
 from trainio_analysis.errors import SelectionError, TrainioError
 
 PLOT_IDS = (
-    "throughput", "qd-issue", "qd-time", "qd-time-busy", "sizes", "latency", "gaps", "processes",
+    "throughput",
+    "qd-issue",
+    "qd-time",
+    "qd-time-busy",
+    "sizes",
+    "latency",
+    "gaps",
+    "processes",
 )
 
 
@@ -46,25 +53,42 @@ def _us_label(us: int) -> str:
     return f"{us} µs"
 
 
-def _bars(results: list[tuple[str, dict[str, Any]]], key: str, *, title: str, xaxis: str,
-          yaxis: str, fmt: Any = str, sub: str | None = None) -> go.Figure:
+def _bars(
+    results: list[tuple[str, dict[str, Any]]],
+    key: str,
+    *,
+    title: str,
+    xaxis: str,
+    yaxis: str,
+    fmt: Any = str,
+    sub: str | None = None,
+) -> go.Figure:
     fig = go.Figure()
     all_keys = sorted({int(k) for _, r in results for k in (r[sub][key] if sub else r[key])})
     for name, r in results:
         hist = r[sub][key] if sub else r[key]
         total = sum(hist.values()) or 1
-        fig.add_trace(go.Bar(
-            name=name,
-            x=[fmt(k) for k in all_keys],
-            y=[hist.get(str(k), 0) / total for k in all_keys],
-        ))
-    fig.update_layout(barmode="group", title=title, xaxis_title=xaxis, yaxis_title=yaxis,
-                      xaxis_type="category", yaxis_tickformat=".0%")
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                x=[fmt(k) for k in all_keys],
+                y=[hist.get(str(k), 0) / total for k in all_keys],
+            )
+        )
+    fig.update_layout(
+        barmode="group",
+        title=title,
+        xaxis_title=xaxis,
+        yaxis_title=yaxis,
+        xaxis_type="category",
+        yaxis_tickformat=".0%",
+    )
     return fig
 
 
-def _figures(results: list[tuple[str, dict[str, Any]]],
-             files: list[tuple[str, dict[str, Any] | None]]) -> dict[str, go.Figure]:
+def _figures(
+    results: list[tuple[str, dict[str, Any]]], files: list[tuple[str, dict[str, Any] | None]]
+) -> dict[str, go.Figure]:
     figs: dict[str, go.Figure] = {}
     tl = go.Figure()
     for name, r in results:
@@ -73,51 +97,94 @@ def _figures(results: list[tuple[str, dict[str, Any]]],
         # markers too when there are few bins, so a short trace is not an invisible dot
         mode = "lines+markers" if len(total) <= 60 else "lines"
         tl.add_trace(go.Scatter(name=f"{name}", x=t["t_s"], y=total, mode=mode))
-    tl.update_layout(title="Throughput (read + write) per "
-                     f"{results[0][1]['throughput_mib_s']['bin_s']:g} s bin",
-                     xaxis_title="time since trace start (s)", yaxis_title="MiB/s (2^20 B/s)")
+    tl.update_layout(
+        title=f"Throughput (read + write) per {results[0][1]['throughput_mib_s']['bin_s']:g} s bin",
+        xaxis_title="time since trace start (s)",
+        yaxis_title="MiB/s (2^20 B/s)",
+    )
     figs["throughput"] = tl
-    figs["qd-issue"] = _bars(results, "qd_hist_issue", title="Queue depth per issue "
-                             "(fraction of requests that saw k in flight, incl. itself)",
-                             xaxis="queue depth k", yaxis="requests")
-    figs["qd-time"] = _bars(results, "qd_hist_time", title="Queue depth time-weighted "
-                            "(fraction of wall time with k in flight; mean = aqu-sz)",
-                            xaxis="queue depth k", yaxis="time")
-    figs["qd-time-busy"] = _bars(results, "qd_hist_time_busy", title="Queue depth "
-                                 "time-weighted, busy time only (k >= 1)",
-                                 xaxis="queue depth k", yaxis="busy time")
-    figs["sizes"] = _bars(results, "size_hist", title="Request sizes (power-of-two buckets)",
-                          xaxis="size ≥", yaxis="requests", fmt=_bytes_label)
-    figs["latency"] = _bars(results, "latency_hist_us", title="Latency (issue to completion)",
-                            xaxis="latency ≥", yaxis="requests", fmt=_us_label)
-    figs["gaps"] = _bars(results, "idle_gap_hist_us", title="Idle gaps between busy periods",
-                         xaxis="gap ≥", yaxis="gaps", fmt=_us_label)
+    figs["qd-issue"] = _bars(
+        results,
+        "qd_hist_issue",
+        title="Queue depth per issue (fraction of requests that saw k in flight, incl. itself)",
+        xaxis="queue depth k",
+        yaxis="requests",
+    )
+    figs["qd-time"] = _bars(
+        results,
+        "qd_hist_time",
+        title="Queue depth time-weighted (fraction of wall time with k in flight; mean = aqu-sz)",
+        xaxis="queue depth k",
+        yaxis="time",
+    )
+    figs["qd-time-busy"] = _bars(
+        results,
+        "qd_hist_time_busy",
+        title="Queue depth time-weighted, busy time only (k >= 1)",
+        xaxis="queue depth k",
+        yaxis="busy time",
+    )
+    figs["sizes"] = _bars(
+        results,
+        "size_hist",
+        title="Request sizes (power-of-two buckets)",
+        xaxis="size ≥",
+        yaxis="requests",
+        fmt=_bytes_label,
+    )
+    figs["latency"] = _bars(
+        results,
+        "latency_hist_us",
+        title="Latency (issue to completion)",
+        xaxis="latency ≥",
+        yaxis="requests",
+        fmt=_us_label,
+    )
+    figs["gaps"] = _bars(
+        results,
+        "idle_gap_hist_us",
+        title="Idle gaps between busy periods",
+        xaxis="gap ≥",
+        yaxis="gaps",
+        fmt=_us_label,
+    )
     proc = go.Figure()
     for name, fr in files:
         if fr is None:
             continue
         procs = fr.get("processes", [])
-        proc.add_trace(go.Bar(
-            name=name,
-            x=[f"{p['pid']} {p['comm'] or ''}".strip() for p in procs],
-            y=[p["bytes"] / 2**20 for p in procs],
-            customdata=[[p["reads"], p["files"], p["concurrency"]["mean_time"]] for p in procs],
-            hovertemplate="%{y:.1f} MiB, %{customdata[0]} reads, %{customdata[1]} files, "
-                          "concurrency %{customdata[2]:.2f}<extra></extra>",
-        ))
+        proc.add_trace(
+            go.Bar(
+                name=name,
+                x=[f"{p['pid']} {p['comm'] or ''}".strip() for p in procs],
+                y=[p["bytes"] / 2**20 for p in procs],
+                customdata=[[p["reads"], p["files"], p["concurrency"]["mean_time"]] for p in procs],
+                hovertemplate="%{y:.1f} MiB, %{customdata[0]} reads, %{customdata[1]} files, "
+                "concurrency %{customdata[2]:.2f}<extra></extra>",
+            )
+        )
     if proc.data:
-        proc.update_layout(barmode="group", title="Per-process read streams (file layer)",
-                           xaxis_title="process", yaxis_title="MiB read",
-                           xaxis_type="category")
+        proc.update_layout(
+            barmode="group",
+            title="Per-process read streams (file layer)",
+            xaxis_title="process",
+            yaxis_title="MiB read",
+            xaxis_type="category",
+        )
     else:  # no file layer recorded: the selected layer's streams, per device
         for name, r in results:
             groups = r["groups"]
-            proc.add_trace(go.Bar(name=name, x=list(groups),
-                                  y=[g["utilization"] for g in groups.values()]))
-        proc.update_layout(barmode="group", xaxis_type="category", yaxis_tickformat=".0%",
-                           title=f"Per-{results[0][1]['selection']['grouped_by']} streams: "
-                                 "utilization (no file layer recorded)",
-                           yaxis_title="busy time")
+            proc.add_trace(
+                go.Bar(name=name, x=list(groups), y=[g["utilization"] for g in groups.values()])
+            )
+        proc.update_layout(
+            barmode="group",
+            xaxis_type="category",
+            yaxis_tickformat=".0%",
+            title=f"Per-{results[0][1]['selection']['grouped_by']} streams: "
+            "utilization (no file layer recorded)",
+            yaxis_title="busy time",
+        )
     figs["processes"] = proc
     return figs
 
@@ -133,31 +200,45 @@ def _table(results: list[tuple[str, dict[str, Any]]]) -> str:
         ("QD mean time (aqu-sz)", lambda r: f"{r['qd_mean_time']:.2f}"),
         ("utilization", lambda r: f"{r['utilization']:.1%}"),
         ("idle", lambda r: f"{r['idle_fraction']:.1%}"),
-        ("latency p50 / p99", lambda r: f"{r['latency_us']['p50']:.1f} / "
-                                        f"{r['latency_us']['p99']:.1f} µs"),
-        ("bursts", lambda r: f"{r['bursts']['count']} (mean gap "
-                             f"{r['bursts']['mean_gap_s'] * 1e3:.1f} ms)"),
+        (
+            "latency p50 / p99",
+            lambda r: f"{r['latency_us']['p50']:.1f} / {r['latency_us']['p99']:.1f} µs",
+        ),
+        (
+            "bursts",
+            lambda r: f"{r['bursts']['count']} (mean gap {r['bursts']['mean_gap_s'] * 1e3:.1f} ms)",
+        ),
         ("lost events", lambda r: f"{r['lost_events']['total']:,}"),
     ]
     head = "".join(f"<th>{html.escape(n)}</th>" for n, _ in results)
     body = "".join(
-        "<tr><td>" + html.escape(label) + "</td>"
-        + "".join(f"<td>{html.escape(str(fn(r)))}</td>" for _, r in results) + "</tr>"
+        "<tr><td>"
+        + html.escape(label)
+        + "</td>"
+        + "".join(f"<td>{html.escape(str(fn(r)))}</td>" for _, r in results)
+        + "</tr>"
         for label, fn in rows
     )
     return f"<table><tr><th></th>{head}</tr>{body}</table>"
 
 
-def render(results: list[tuple[str, dict[str, Any]]],
-           files: list[tuple[str, dict[str, Any] | None]]) -> str:
+def render(
+    results: list[tuple[str, dict[str, Any]]], files: list[tuple[str, dict[str, Any] | None]]
+) -> str:
     """The report's HTML text."""
     figs = _figures(results, files)
     divs = []
     for div_id in PLOT_IDS:
         fig = figs[div_id]
         fig.update_layout(template="plotly_white", height=420, margin={"t": 60})
-        divs.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
-                                config={"displaylogo": False}))
+        divs.append(
+            fig.to_html(
+                full_html=False,
+                include_plotlyjs=False,
+                div_id=div_id,
+                config={"displaylogo": False},
+            )
+        )
     names = ", ".join(html.escape(n) for n, _ in results)
     raw = html.escape(json.dumps({n: r["selection"] for n, r in results}))
     return f"""<!DOCTYPE html>
@@ -171,7 +252,7 @@ td:first-child{{text-align:left}}</style>
 <p>Traces: {names}. MiB = 2<sup>20</sup> bytes. Queue depth per issue comes from the
 kernel-recorded counter; time-weighted from the issue/complete intervals.</p>
 {_table(results)}
-{''.join(divs)}
+{"".join(divs)}
 <p data-selection="{raw}">generated by trainio_analysis</p>
 </body></html>
 """
@@ -207,8 +288,9 @@ def write_report(
     text = render(results, files)
     out = Path(output)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp",
-                                   dir=out.parent if str(out.parent) else ".")
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{out.name}.", suffix=".tmp", dir=out.parent if str(out.parent) else "."
+        )
     except OSError as exc:
         msg = f"{out}: cannot write ({exc.strerror})"
         raise TrainioError(msg) from None

@@ -70,15 +70,19 @@ def format_summary(r: dict[str, Any]) -> str:
         )
     for p in r.get("processes", [])[:20]:
         lines.append(
-            f"  pid {p['pid']:>7} {str(p['comm'] or '?'):<15} {p['reads']:>9,} reads "
+            f"  pid {p['pid']:>7} {p['comm'] or '?'!s:<15} {p['reads']:>9,} reads "
             f"{_size(p['bytes']):>10} {p['files']:>6} files  mean {_size(p['mean_read_size'])}"
             f"  conc {p['concurrency']['mean_time']:.2f}"
-            + (f"  compute {p['compute_time_s'] * 1e3:.1f} ms, "
-               f"{_opt(p['required_mib_s_per_gpu'], '.1f')} MiB/s/GPU"
-               if p["compute_time_s"] is not None else "")
+            + (
+                f"  compute {p['compute_time_s'] * 1e3:.1f} ms, "
+                f"{_opt(p['required_mib_s_per_gpu'], '.1f')} MiB/s/GPU"
+                if p["compute_time_s"] is not None
+                else ""
+            )
         )
     lines.append(
-        "  lost events  none (trace complete)" if lost["complete"]
+        "  lost events  none (trace complete)"
+        if lost["complete"]
         else f"  lost events  {lost['total']:,} INCOMPLETE TRACE: {lost['by_probe']}"
     )
     return "\n".join(lines)

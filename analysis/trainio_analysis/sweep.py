@@ -199,7 +199,9 @@ class GroupState:
     # bursts: busy periods merged across idle gaps shorter than the threshold
     burst_starts: Int64Series = field(default_factory=Int64Series)
     burst_ends: Int64Series = field(default_factory=Int64Series)
-    burst_gaps: Int64Series = field(default_factory=Int64Series)  # idle gap before each burst but the first
+    burst_gaps: Int64Series = field(
+        default_factory=Int64Series
+    )  # idle gap before each burst but the first
     # only its histogram is reported: a small exact part keeps many groups cheap
     idle_gaps: QuantileSketch = field(default_factory=lambda: QuantileSketch(exact_limit=4096))
     busy_periods: int = 0
@@ -302,9 +304,7 @@ class QueueDepthSweep:
             present = np.unique(gid)
             bounds = np.searchsorted(keys, present.astype(np.int64) << self.key_bits)
             ends = np.append(bounds[1:], keys.size)
-            return {
-                int(g): keys[b:e] & mask for g, b, e in zip(present, bounds, ends, strict=True)
-            }
+            return {int(g): keys[b:e] & mask for g, b, e in zip(present, bounds, ends, strict=True)}
         out = {}
         for g in np.unique(gid):
             sel = gid == g

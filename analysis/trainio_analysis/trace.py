@@ -31,7 +31,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.compute
 import pyarrow.parquet as pq
 
 from trainio_analysis.errors import TraceError
@@ -178,8 +178,7 @@ def _check_segment(path: Path, pf: pq.ParquetFile) -> None:
         got = schema.field(name).type
         if name in STRING_COLUMNS:
             ok = got in (pa.string(), pa.large_string()) or (
-                pa.types.is_dictionary(got)
-                and got.value_type in (pa.string(), pa.large_string())
+                pa.types.is_dictionary(got) and got.value_type in (pa.string(), pa.large_string())
             )
         else:
             ok = got == want
@@ -303,7 +302,9 @@ def row_group_constant(segment: Segment, index: int, column: str) -> str | int |
     if stats is None or not stats.has_min_max or stats.null_count != 0 or stats.min != stats.max:
         return None
     # a writer may truncate long string bounds: only exact ones prove a constant
-    if not (getattr(stats, "is_min_value_exact", True) and getattr(stats, "is_max_value_exact", True)):
+    if not (
+        getattr(stats, "is_min_value_exact", True) and getattr(stats, "is_max_value_exact", True)
+    ):
         return None
     value = stats.min
     return value.decode() if isinstance(value, bytes) else value
@@ -527,8 +528,9 @@ class TraceWriter:
             compression="zstd",
             write_statistics=True,
             use_dictionary=sorted(STRING_COLUMNS),
-            column_encoding={n: "DELTA_BINARY_PACKED" for n, _, _ in COLUMNS
-                             if n not in STRING_COLUMNS},
+            column_encoding={
+                n: "DELTA_BINARY_PACKED" for n, _, _ in COLUMNS if n not in STRING_COLUMNS
+            },
         )
         self._seg_rows = 0
 

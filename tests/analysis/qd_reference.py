@@ -30,7 +30,7 @@ def naive_qd(issue: list[int], complete: list[int], window: tuple[int, int]):
         per_issue[k] = per_issue.get(k, 0) + 1
     points = sorted({window[0], window[1], *issue, *complete})
     per_time: dict[int, int] = {}
-    for a, b in zip(points, points[1:]):
+    for a, b in zip(points, points[1:], strict=False):
         k = sum(1 for j in range(n) if issue[j] <= a < complete[j])
         if b > a:
             per_time[k] = per_time.get(k, 0) + (b - a)

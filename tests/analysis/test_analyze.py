@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import US, block, fread, run_cli
+from conftest import block, fread, run_cli
 
 from trainio_analysis.analyze import analyze, w1_distance
 from trainio_analysis.trace import write_trace
@@ -15,8 +15,9 @@ from trainio_analysis.trace import write_trace
 MIB = 1 << 20
 
 
-def _dlio_like(steps: int = 10, reads_per_step: int = 4, compute_us: int = 100_000,
-               pid: int = 100) -> list[dict]:
+def _dlio_like(
+    steps: int = 10, reads_per_step: int = 4, compute_us: int = 100_000, pid: int = 100
+) -> list[dict]:
     """Each step: reads_per_step sequential 1 MiB reads of 1 ms, then compute_us of silence."""
     rows = []
     t = 0
@@ -29,9 +30,12 @@ def _dlio_like(steps: int = 10, reads_per_step: int = 4, compute_us: int = 100_0
 
 
 def test_counts_bytes_duration_throughput_iops(trace_dir: Path) -> None:
-    rows = [block(0, 100, qd=1, nbytes=MIB), block(200, 300, qd=1, nbytes=MIB),
-            block(1_500_000, 1_999_000, qd=1, nbytes=2 * MIB, op="write"),
-            {**block(2_000_000, 2_000_000, qd=1, nbytes=0, op="flush"), "offset": None}]
+    rows = [
+        block(0, 100, qd=1, nbytes=MIB),
+        block(200, 300, qd=1, nbytes=MIB),
+        block(1_500_000, 1_999_000, qd=1, nbytes=2 * MIB, op="write"),
+        {**block(2_000_000, 2_000_000, qd=1, nbytes=0, op="flush"), "offset": None},
+    ]
     write_trace(trace_dir, rows)
     r = analyze(trace_dir, bin_s=0.5)
     assert r["events"] == 4 and r["reads"] == 2 and r["writes"] == 1
@@ -54,8 +58,10 @@ def test_counts_bytes_duration_throughput_iops(trace_dir: Path) -> None:
 def test_latency_percentiles_and_sizes_are_exact_on_small_traces(trace_dir: Path) -> None:
     lat_us = [10, 20, 30, 40, 50, 60, 70, 80, 90, 1000]
     sizes = [4096, 4096, 4096, 4096, 8192, 8191, 131072, 131072, 0, 1]
-    rows = [block(i * 2000, i * 2000 + lat, qd=1, nbytes=n)
-            for i, (lat, n) in enumerate(zip(lat_us, sizes, strict=True))]
+    rows = [
+        block(i * 2000, i * 2000 + lat, qd=1, nbytes=n)
+        for i, (lat, n) in enumerate(zip(lat_us, sizes, strict=True))
+    ]
     write_trace(trace_dir, rows)
     r = analyze(trace_dir)
     lat = r["latency_us"]
@@ -65,7 +71,8 @@ def test_latency_percentiles_and_sizes_are_exact_on_small_traces(trace_dir: Path
     assert lat["max"] == pytest.approx(1000.0)
     assert lat["mean"] == pytest.approx(sum(lat_us) / 10)
     assert r["size_hist"] == pytest.approx(
-        {"0": 0.1, "1": 0.1, "4096": 0.5, "8192": 0.1, "131072": 0.2})
+        {"0": 0.1, "1": 0.1, "4096": 0.5, "8192": 0.1, "131072": 0.2}
+    )
     assert r["size_counts"]["4096"] == 5  # 8191 is in [4096, 8192)
     assert sum(r["latency_hist_us"].values()) == 10
     assert r["latency_hist_us"]["512"] == 1  # 1000 us is in [512, 1024)
@@ -127,8 +134,11 @@ def test_layer_choice_and_lost_events(trace_dir: Path) -> None:
     r = analyze(trace_dir)
     assert r["selection"]["layer"] == "block"  # the lowest layer present by default
     assert r["layers_present"] == {"block": 1, "file": 1}
-    assert r["lost_events"] == {"total": 7, "complete": False,
-                                "by_probe": {"block_rq_complete": 7, "sys_exit_read": 0}}
+    assert r["lost_events"] == {
+        "total": 7,
+        "complete": False,
+        "by_probe": {"block_rq_complete": 7, "sys_exit_read": 0},
+    }
     assert analyze(trace_dir, layer="file")["events"] == 1
 
 
@@ -146,11 +156,28 @@ def test_cli_json_has_the_documented_keys(trace_dir: Path) -> None:
     res = run_cli("analyze", str(trace_dir), "--json", "--bin-s", "0.1")
     assert res.returncode == 0, res.stderr
     r = json.loads(res.stdout)  # strict JSON: no NaN
-    for key in ("events", "bytes_read", "bytes_written", "duration_s", "throughput_mib_s",
-                "iops", "qd_hist_issue", "qd_hist_issue_computed", "qd_issue_agreement",
-                "qd_hist_time", "qd_hist_time_busy", "qd_mean_time", "utilization",
-                "latency_us", "size_hist", "idle_fraction", "bursts", "lost_events",
-                "processes", "steps"):
+    for key in (
+        "events",
+        "bytes_read",
+        "bytes_written",
+        "duration_s",
+        "throughput_mib_s",
+        "iops",
+        "qd_hist_issue",
+        "qd_hist_issue_computed",
+        "qd_issue_agreement",
+        "qd_hist_time",
+        "qd_hist_time_busy",
+        "qd_mean_time",
+        "utilization",
+        "latency_us",
+        "size_hist",
+        "idle_fraction",
+        "bursts",
+        "lost_events",
+        "processes",
+        "steps",
+    ):
         assert key in r, key
     assert set(r["latency_us"]) >= {"p50", "p90", "p99", "p999", "max"}
     assert r["throughput_mib_s"]["bin_s"] == 0.1
@@ -184,8 +211,9 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
 
         d.mkdir()
         t = conform([block(0, 1, qd=1)])
-        pq.write_table(t.replace_schema_metadata({"trainio.schema_version": "99"}),
-                       d / "seg-000000.parquet")
+        pq.write_table(
+            t.replace_schema_metadata({"trainio.schema_version": "99"}), d / "seg-000000.parquet"
+        )
     res = run_cli(*args)
     assert res.returncode == 2
     assert res.stdout == ""

@@ -21,8 +21,10 @@ def _qd2(n: int, size: int = 4096, lat: int = 20) -> list[dict]:
     """n requests, two always in flight (pairs issued together)."""
     rows = []
     for i in range(n // 2):
-        rows += [block(i * lat, (i + 1) * lat, qd=1, nbytes=size),
-                 block(i * lat, (i + 1) * lat, qd=2, nbytes=size)]
+        rows += [
+            block(i * lat, (i + 1) * lat, qd=1, nbytes=size),
+            block(i * lat, (i + 1) * lat, qd=2, nbytes=size),
+        ]
     return rows
 
 

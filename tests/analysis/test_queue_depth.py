@@ -78,8 +78,11 @@ def test_devices_are_separate_queues(trace_dir: Path) -> None:
 
 
 def test_dev_selected_by_name_from_metadata(trace_dir: Path) -> None:
-    rows = [block(0, 20, qd=1, dev="259:0"), block(0, 20, qd=1, dev="259:1"),
-            block(5, 20, qd=2, dev="259:1")]
+    rows = [
+        block(0, 20, qd=1, dev="259:0"),
+        block(0, 20, qd=1, dev="259:1"),
+        block(5, 20, qd=2, dev="259:1"),
+    ]
     write_trace(trace_dir, rows, {"devices": [{"dev": "259:1", "name": "nvme1n1"}]})
     r = analyze(trace_dir, dev="/dev/nvme1n1")
     assert r["events"] == 2 and r["qd_hist_issue_computed"] == {"1": 0.5, "2": 0.5}
@@ -99,10 +102,19 @@ def test_kernel_and_computed_disagreement_is_reported(trace_dir: Path) -> None:
 
 def test_file_layer_queue_depth_is_per_process_and_ignores_open(trace_dir: Path) -> None:
     rows = [
-        fread(0, 20, pid=1), fread(10, 30, pid=1, qd=2),  # process 1 overlaps itself
+        fread(0, 20, pid=1),
+        fread(10, 30, pid=1, qd=2),  # process 1 overlaps itself
         fread(0, 30, pid=2),  # process 2 overlaps process 1 but is its own queue
-        {"layer": "file", "op": "open", "issue_ns": 5 * US, "complete_ns": 25 * US,
-         "bytes": 0, "queue_depth": 0, "pid": 1, "file": "/data/f0"},
+        {
+            "layer": "file",
+            "op": "open",
+            "issue_ns": 5 * US,
+            "complete_ns": 25 * US,
+            "bytes": 0,
+            "queue_depth": 0,
+            "pid": 1,
+            "file": "/data/f0",
+        },
     ]
     write_trace(trace_dir, rows)
     r = analyze(trace_dir, layer="file")
@@ -115,12 +127,14 @@ def test_file_layer_queue_depth_is_per_process_and_ignores_open(trace_dir: Path)
 
 def test_sweep_carries_in_flight_requests_across_row_groups(trace_dir: Path) -> None:
     # one row per row group, rows in completion order: every boundary cuts a live request
-    rows = sorted((block(i * 10, i * 10 + 25, qd=1) for i in range(20)),
-                  key=lambda r: r["complete_ns"])
+    rows = sorted(
+        (block(i * 10, i * 10 + 25, qd=1) for i in range(20)), key=lambda r: r["complete_ns"]
+    )
     write_trace(trace_dir, rows, row_group_rows=1, rows_per_segment=3)
     r = analyze(trace_dir)
-    hist, per_time = naive_qd([x["issue_ns"] for x in rows], [x["complete_ns"] for x in rows],
-                              (0, 215 * US))
+    hist, per_time = naive_qd(
+        [x["issue_ns"] for x in rows], [x["complete_ns"] for x in rows], (0, 215 * US)
+    )
     assert r["qd_hist_issue_computed"] == pytest.approx({str(k): v / 20 for k, v in hist.items()})
     assert r["qd_hist_time"] == pytest.approx({str(k): v / (215 * US) for k, v in per_time.items()})
 
@@ -129,7 +143,8 @@ def test_sweep_carries_in_flight_requests_across_row_groups(trace_dir: Path) -> 
 
 requests = st.lists(
     st.tuples(st.integers(0, 60), st.integers(0, 25), st.sampled_from(["8:0", "8:16"])),
-    min_size=1, max_size=40,
+    min_size=1,
+    max_size=40,
 )
 
 
@@ -147,8 +162,7 @@ def test_streaming_sweep_equals_naive_reference(reqs, n_chunks, rnd) -> None:
     mins = [int(issue[c].min()) if c.size else None for c in chunks]
     for k, c in enumerate(chunks):
         later = [m for m in mins[k + 1 :] if m is not None]
-        sweep.feed(np.zeros(c.size, np.int64), issue[c], complete[c],
-                   min(later) if later else None)
+        sweep.feed(np.zeros(c.size, np.int64), issue[c], complete[c], min(later) if later else None)
     state = sweep.finish()[0]
     want_issue, want_time = naive_qd(issue.tolist(), complete.tolist(), (0, end))
     got_issue = {k: int(v) for k, v in enumerate(state.hist_issue) if v}
@@ -157,7 +171,9 @@ def test_streaming_sweep_equals_naive_reference(reqs, n_chunks, rnd) -> None:
     assert got_time == want_time
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(requests, st.integers(1, 8), st.randoms(use_true_random=False))
 def test_analyze_histograms_equal_naive_reference(tmp_path_factory, reqs, group_rows, rnd) -> None:
     """End to end through the writer, Parquet row groups and statistics, per device."""
@@ -172,20 +188,25 @@ def test_analyze_histograms_equal_naive_reference(tmp_path_factory, reqs, group_
     pooled: dict[int, int] = {}
     for dev, got in r["groups"].items():
         mine = [x for x in rows if x["dev"] == dev]
-        want_issue, want_time = naive_qd([x["issue_ns"] for x in mine],
-                                         [x["complete_ns"] for x in mine], (t0, t1))
+        want_issue, want_time = naive_qd(
+            [x["issue_ns"] for x in mine], [x["complete_ns"] for x in mine], (t0, t1)
+        )
         for k, v in want_issue.items():
             pooled[k] = pooled.get(k, 0) + v
         n = len(mine)
         assert got["qd_hist_issue_computed"] == pytest.approx(
-            {str(k): v / n for k, v in want_issue.items()})
+            {str(k): v / n for k, v in want_issue.items()}
+        )
         if t1 > t0:
             assert got["qd_hist_time"] == pytest.approx(
-                {str(k): v / (t1 - t0) for k, v in want_time.items()})
+                {str(k): v / (t1 - t0) for k, v in want_time.items()}
+            )
     assert r["qd_hist_issue_computed"] == pytest.approx(
-        {str(k): v / len(rows) for k, v in pooled.items()})
+        {str(k): v / len(rows) for k, v in pooled.items()}
+    )
     # idle: nothing in flight on any device (the union of all requests)
-    _, union_time = naive_qd([x["issue_ns"] for x in rows], [x["complete_ns"] for x in rows],
-                             (t0, t1))
+    _, union_time = naive_qd(
+        [x["issue_ns"] for x in rows], [x["complete_ns"] for x in rows], (t0, t1)
+    )
     if t1 > t0:
         assert r["idle_fraction"] == pytest.approx(union_time.get(0, 0) / (t1 - t0))

@@ -65,8 +65,12 @@ def _plot_sections(dom: str) -> dict[str, str]:
 
 def _bar_heights(section: str) -> list[float]:
     # plotly draws a bar as M x,y0 V y1 H x2 V y0 Z: its height is |y0 - y1|
-    return [abs(float(y0) - float(y1)) for y0, y1 in
-            re.findall(r'<g class="point"><path d="M[-\d.e]+,([-\d.e]+)V([-\d.e]+)H', section)]
+    return [
+        abs(float(y0) - float(y1))
+        for y0, y1 in re.findall(
+            r'<g class="point"><path d="M[-\d.e]+,([-\d.e]+)V([-\d.e]+)H', section
+        )
+    ]
 
 
 @pytest.mark.slow
@@ -75,10 +79,18 @@ def test_every_plot_renders_with_data_in_headless_chromium(tmp_path: Path) -> No
     one, eight = _job(tmp_path / "gpu1", 1), _job(tmp_path / "gpu4", 4)
     out = tmp_path / "report.html"
     assert run_cli("report", str(one), str(eight), "-o", str(out), "--bin-s", "0.1").returncode == 0
-    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-            f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=15000"]
-    dom = subprocess.run([*base, "--dump-dom", out.as_uri()], capture_output=True, text=True,
-                         timeout=180, check=True).stdout
+    base = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=15000",
+    ]
+    dom = subprocess.run(
+        [*base, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=180, check=True
+    ).stdout
     sections = _plot_sections(dom)
     for div_id, section in sections.items():
         assert 'class="main-svg"' in section, f"{div_id}: no svg rendered"
@@ -93,8 +105,12 @@ def test_every_plot_renders_with_data_in_headless_chromium(tmp_path: Path) -> No
     # the 4-GPU job's per-issue QD reaches 4 on the block layer: its bars are on the x axis
     assert ">4<" in sections["qd-issue"]
     shot = tmp_path / "report.png"
-    subprocess.run([*base, "--window-size=1300,4200", f"--screenshot={shot}", out.as_uri()],
-                   capture_output=True, timeout=180, check=True)
+    subprocess.run(
+        [*base, "--window-size=1300,4200", f"--screenshot={shot}", out.as_uri()],
+        capture_output=True,
+        timeout=180,
+        check=True,
+    )
     assert shot.stat().st_size > 50_000  # a blank page is a few KiB
     keep = Path(__file__).resolve().parents[2] / "results" / "test-report.png"
     keep.parent.mkdir(exist_ok=True)

@@ -56,18 +56,37 @@ def test_segments_have_exact_schema_types_and_zstd(trace_dir: Path) -> None:
 
 def test_metadata_keys_values_and_last_segment_wins(trace_dir: Path) -> None:
     rows = [block(i * 10, i * 10 + 5, qd=1) for i in range(5)]
-    tr.write_trace(trace_dir, rows, {"lost_events": {"block_rq_issue": 3}, "hostname": "h1"},
-                   rows_per_segment=2)
+    tr.write_trace(
+        trace_dir,
+        rows,
+        {"lost_events": {"block_rq_issue": 3}, "hostname": "h1"},
+        rows_per_segment=2,
+    )
     segs = tr.list_segments(trace_dir)
     assert [s.name for s in segs] == [f"seg-00000{i}.parquet" for i in range(3)]
-    first = {k.decode(): v.decode() for k, v in pq.ParquetFile(segs[0]).metadata.metadata.items()
-             if k.startswith(b"trainio.")}
+    first = {
+        k.decode(): v.decode()
+        for k, v in pq.ParquetFile(segs[0]).metadata.metadata.items()
+        if k.startswith(b"trainio.")
+    }
     assert first["trainio.schema_version"] == "1"
     assert first["trainio.segment"] == "0"
     assert json.loads(first["trainio.events"]) == {"block": 2}  # cumulative as of closing
-    for key in ("tracer_version", "hostname", "kernel_release", "clock_offset_ns", "start_ns",
-                "end_ns", "layers", "skipped_probes", "target", "devices", "lost_events",
-                "bpf_stats", "events"):
+    for key in (
+        "tracer_version",
+        "hostname",
+        "kernel_release",
+        "clock_offset_ns",
+        "start_ns",
+        "end_ns",
+        "layers",
+        "skipped_probes",
+        "target",
+        "devices",
+        "lost_events",
+        "bpf_stats",
+        "events",
+    ):
         assert f"trainio.{key}" in first, key
     meta = tr.read_metadata(trace_dir)
     assert meta["segment"] == 2
@@ -96,8 +115,20 @@ def test_single_parquet_file_is_a_one_segment_trace(trace_dir: Path) -> None:
 
 
 def test_writer_fills_optional_columns_and_rejects_bad_rows(trace_dir: Path) -> None:
-    tr.write_trace(trace_dir, [{"layer": "file", "op": "open", "issue_ns": 1, "complete_ns": 2,
-                                "bytes": 0, "queue_depth": 0, "pid": 9}])
+    tr.write_trace(
+        trace_dir,
+        [
+            {
+                "layer": "file",
+                "op": "open",
+                "issue_ns": 1,
+                "complete_ns": 2,
+                "bytes": 0,
+                "queue_depth": 0,
+                "pid": 9,
+            }
+        ],
+    )
     row = tr.scan_trace(trace_dir).collect().row(0, named=True)
     assert row["tid"] == 9 and row["comm"] == "?" and row["error"] == 0 and row["flags"] == 0
     assert row["bytes_requested"] == 0 and row["file"] is None and row["offset"] is None
@@ -106,8 +137,9 @@ def test_writer_fills_optional_columns_and_rejects_bad_rows(trace_dir: Path) -> 
     with pytest.raises(TraceError, match="not a block op"):
         tr.write_trace(trace_dir / "y", [{**block(0, 1, qd=1), "op": "open"}])
     with pytest.raises(TraceError, match="queue_depth missing"):
-        tr.write_trace(trace_dir / "z", [{k: v for k, v in block(0, 1, qd=1).items()
-                                          if k != "queue_depth"}])
+        tr.write_trace(
+            trace_dir / "z", [{k: v for k, v in block(0, 1, qd=1).items() if k != "queue_depth"}]
+        )
     # a failed write leaves nothing behind, not even a .partial
     assert not list((trace_dir / "z").glob("*"))
 
@@ -129,10 +161,16 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
         "notparquet": (lambda p: p.write_text("hello"), "not a readable Parquet file"),
         "version": (lambda p: _write_table(p, good, "2"), "unknown trainio.schema_version '2'"),
         "noversion": (lambda p: _write_table(p, good, None), "not a trainio trace"),
-        "missing": (lambda p: _write_table(p, good.drop_columns(["queue_depth"])),
-                    "missing column\\(s\\) queue_depth"),
-        "wrongtype": (lambda p: _write_table(p, good.set_column(
-            2, "issue_ns", good["issue_ns"].cast(pa.float64()))), "issue_ns has type double"),
+        "missing": (
+            lambda p: _write_table(p, good.drop_columns(["queue_depth"])),
+            "missing column\\(s\\) queue_depth",
+        ),
+        "wrongtype": (
+            lambda p: _write_table(
+                p, good.set_column(2, "issue_ns", good["issue_ns"].cast(pa.float64()))
+            ),
+            "issue_ns has type double",
+        ),
         "empty": (lambda p: _write_table(p, good.slice(0, 0)), "empty trace"),
     }
     for name, (make, message) in cases.items():

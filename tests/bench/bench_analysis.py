@@ -70,27 +70,29 @@ def chunks(events: int, seed: int = 7) -> Iterator[pa.Table]:
         offset = rng.integers(0, 1 << 28, n).astype(np.int64) * 4096
         zeros8 = np.zeros(n, np.int8)
         pid = np.full(n, 4242, np.uint32)
-        yield pa.table({
-            "layer": _dict(["block"], zeros8),
-            "op": _dict(["read"], zeros8),
-            "issue_ns": issue,
-            "complete_ns": complete,
-            "insert_ns": pa.nulls(n, pa.int64()),
-            "dev": _dict(["259:0"], zeros8),
-            "offset": offset,
-            "bytes": sizes,
-            "bytes_requested": sizes,
-            "queue_depth": qd,
-            "pid": pid,
-            "tid": pid,
-            "comm": pa.DictionaryArray.from_arrays(
-                pa.array(np.zeros(n, np.int32)), pa.array(["pt_data_worker"])
-            ),
-            "fd": pa.nulls(n, pa.int32()),
-            "file": pa.nulls(n, pa.string()),
-            "error": np.zeros(n, np.int32),
-            "flags": np.zeros(n, np.uint32),
-        })
+        yield pa.table(
+            {
+                "layer": _dict(["block"], zeros8),
+                "op": _dict(["read"], zeros8),
+                "issue_ns": issue,
+                "complete_ns": complete,
+                "insert_ns": pa.nulls(n, pa.int64()),
+                "dev": _dict(["259:0"], zeros8),
+                "offset": offset,
+                "bytes": sizes,
+                "bytes_requested": sizes,
+                "queue_depth": qd,
+                "pid": pid,
+                "tid": pid,
+                "comm": pa.DictionaryArray.from_arrays(
+                    pa.array(np.zeros(n, np.int32)), pa.array(["pt_data_worker"])
+                ),
+                "fd": pa.nulls(n, pa.int32()),
+                "file": pa.nulls(n, pa.string()),
+                "error": np.zeros(n, np.int32),
+                "flags": np.zeros(n, np.uint32),
+            }
+        )
         made += n
 
 
@@ -101,8 +103,13 @@ def build_trace(path: Path, events: int) -> float:
         return 0.0
     shutil.rmtree(path, ignore_errors=True)
     start = time.perf_counter()
-    write_trace(path, chunks(events), {"devices": [{"dev": "259:0", "name": "nvme0n1"}]},
-                rows_per_segment=8 << 20, row_group_rows=1 << 20)
+    write_trace(
+        path,
+        chunks(events),
+        {"devices": [{"dev": "259:0", "name": "nvme0n1"}]},
+        rows_per_segment=8 << 20,
+        row_group_rows=1 << 20,
+    )
     stamp.write_text(want)
     return time.perf_counter() - start
 
@@ -131,17 +138,31 @@ def main() -> int:
     rate = result["events"] / wall
     rows = [
         ("events", f"{result['events']:,}"),
-        ("trace on disk", f"{size / 2**30:.2f} GiB in {len(list(args.trace.glob('seg-*.parquet')))} segments"),
+        (
+            "trace on disk",
+            f"{size / 2**30:.2f} GiB in {len(list(args.trace.glob('seg-*.parquet')))} segments",
+        ),
         ("trace build (s)", f"{build_s:.1f}" if build_s else "cached"),
         ("analyze wall (s)", f"{wall:.2f}"),
-        ("analyze CPU (s)", f"{cpu:.2f}  ({cpu / result['events'] * 1e9:.0f} ns/event; "
-                            f"{result['events'] / cpu / 1e6:.1f} M events per CPU-second)"),
-        ("load average before", f"{load_before:.2f} on {os.cpu_count()} cores "
-                                "(other work competes for the cores)"),
-        ("events/s", f"{rate / 1e6:.1f} M  (target >= {TARGET_EVENTS_S / 1e6:.0f} M: "
-                     f"{'PASS' if rate >= TARGET_EVENTS_S else 'FAIL'})"),
-        ("peak RSS", f"{rss / 2**20:.0f} MiB  (target < {TARGET_RSS >> 20} MiB: "
-                     f"{'PASS' if rss < TARGET_RSS else 'FAIL'})"),
+        (
+            "analyze CPU (s)",
+            f"{cpu:.2f}  ({cpu / result['events'] * 1e9:.0f} ns/event; "
+            f"{result['events'] / cpu / 1e6:.1f} M events per CPU-second)",
+        ),
+        (
+            "load average before",
+            f"{load_before:.2f} on {os.cpu_count()} cores (other work competes for the cores)",
+        ),
+        (
+            "events/s",
+            f"{rate / 1e6:.1f} M  (target >= {TARGET_EVENTS_S / 1e6:.0f} M: "
+            f"{'PASS' if rate >= TARGET_EVENTS_S else 'FAIL'})",
+        ),
+        (
+            "peak RSS",
+            f"{rss / 2**20:.0f} MiB  (target < {TARGET_RSS >> 20} MiB: "
+            f"{'PASS' if rss < TARGET_RSS else 'FAIL'})",
+        ),
         ("qd_mean_time (aqu-sz)", f"{result['qd_mean_time']:.2f}"),
         ("QD agreement W1", f"{result['qd_issue_agreement']['w1']:.4f}"),
         ("throughput mean MiB/s", f"{result['throughput_mib_s']['mean']:.1f}"),
