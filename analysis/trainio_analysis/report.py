@@ -275,6 +275,7 @@ def write_report(
     for t in traces:
         name = _label(t, traces)
         r = analyze(t, layer=layer, **opts)
+        layer = layer or r["selection"]["layer"]  # the same layer for every trace
         results.append((name, r))
         if r["selection"]["layer"] == "file":
             files.append((name, r))

@@ -6,11 +6,23 @@ import math
 from typing import Any
 
 
-def _hist_line(hist: dict[str, float], limit: int = 8) -> str:
+def _hist_line(hist: dict[str, float], limit: int = 6) -> str:
+    """Quantiles of an integer histogram, then its most frequent values."""
     if not hist:
         return "-"
-    top = sorted(hist.items(), key=lambda kv: -kv[1])[:limit]
-    return "  ".join(f"{k}:{v * 100:.1f}%" for k, v in sorted(top, key=lambda kv: int(kv[0])))
+    items = sorted((int(k), v) for k, v in hist.items())
+    total = sum(v for _, v in items) or 1.0
+    marks = []
+    for q in (0.5, 0.9, 0.99):
+        acc = 0.0
+        for k, v in items:
+            acc += v / total
+            if acc >= q - 1e-12:
+                marks.append(f"p{round(q * 100)} {k}")
+                break
+    top = sorted(items, key=lambda kv: -kv[1])[:limit]
+    common = "  ".join(f"{k}:{v * 100:.1f}%" for k, v in sorted(top))
+    return f"{', '.join(marks)}, max {items[-1][0]} | {common}"
 
 
 def _size(n: float) -> str:

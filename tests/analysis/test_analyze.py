@@ -188,7 +188,7 @@ def test_cli_human_summary(trace_dir: Path) -> None:
     write_trace(trace_dir, [block(0, 20, qd=1), block(10, 30, qd=2)])
     res = run_cli("analyze", str(trace_dir))
     assert res.returncode == 0, res.stderr
-    assert "QD per-issue (kernel)    1:50.0%  2:50.0%" in res.stdout
+    assert "QD per-issue (kernel)    p50 1, p90 2, p99 2, max 2 | 1:50.0%  2:50.0%" in res.stdout
     assert "aqu-sz) 1.33" in res.stdout
 
 
