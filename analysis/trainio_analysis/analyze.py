@@ -162,13 +162,14 @@ class _Analyzer:
         units = []
         for seg in self.segments:
             for i in range(len(seg.row_groups)):
+                if seg.row_groups[i] == 0:
+                    continue
                 lo = tr.row_group_min(seg, i, "issue_ns")
                 hi = tr.row_group_max(seg, i, "complete_ns")
                 if lo is None or hi is None:
                     t = tr.read_row_group(seg, i, ["issue_ns", "complete_ns"])
                     lo, hi = int(_np(t["issue_ns"]).min()), int(_np(t["complete_ns"]).max())
                 units.append((seg, i, lo, hi))
-        units = [u for u in units if u[0].row_groups[u[1]] > 0]
         self.units = units
         mins = [u[2] for u in units]
         suffix = [0] * len(units)
