@@ -89,6 +89,10 @@ pub struct RunArgs {
     /// when other processes load the host's CPUs.
     #[arg(long)]
     pub realtime: bool,
+    /// Trace mode: idle gaps at least this long separate read bursts (steps), as in
+    /// `trainio analyze`.
+    #[arg(long, value_name = "MS", default_value_t = 10.0)]
+    pub burst_gap_ms: f64,
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,

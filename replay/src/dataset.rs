@@ -108,15 +108,16 @@ impl Layout {
         (0..per_gpu).map(|k| (k * gpus + gpu) as usize).collect()
     }
 
-    /// Checks that every file the replay will read exists with its planned size.
-    pub fn verify(&self, upto: usize) -> Result<()> {
+    /// Checks that the files `which` exist with their planned sizes.
+    pub fn verify_files(&self, which: &[usize]) -> Result<()> {
         if !self.root.join(MARKER).exists() {
             bail!(
-                "{}: no trainio dataset here: run 'trainio datagen' with the same workload and --gpus, or pass --generate",
+                "{}: no trainio dataset here: run 'trainio datagen' with the same workload (or trace) and --gpus, or pass --generate",
                 self.root.display()
             );
         }
-        for (i, f) in self.files.iter().take(upto).enumerate() {
+        for &i in which {
+            let f = &self.files[i];
             let p = self.root.join(&f.rel);
             match std::fs::metadata(&p) {
                 Ok(m) if m.len() == f.size => {}
@@ -127,9 +128,8 @@ impl Layout {
                     f.size
                 ),
                 Err(_) => bail!(
-                    "{}: missing (the dataset has fewer files than {} GPUs need): run 'trainio datagen' with --gpus, or pass --generate",
-                    p.display(),
-                    self.files.len()
+                    "{}: missing: run 'trainio datagen' with the same workload (or trace) and --gpus, or pass --generate",
+                    p.display()
                 ),
             }
         }

@@ -54,6 +54,13 @@ pub trait Program {
     fn prefetch_size(&self, gpu: usize) -> usize;
     /// Largest single read request, bytes.
     fn max_request(&self) -> u64;
+    /// Replaying recorded syscalls: a batch's reads are spread over all the GPU's workers
+    /// (the recorded process's read concurrency) and files stay open, as they did in the
+    /// recording. Otherwise (workload mode) a worker reads a whole batch and opens and
+    /// closes each sample, as a DataLoader worker does.
+    fn recorded(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -156,6 +163,9 @@ struct Slot {
     step: u64,
     batch: Batch,
     done: bool,
+    /// Recorded mode: next read not yet given to a worker, and reads in flight.
+    next_item: usize,
+    outstanding: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -202,6 +212,9 @@ pub struct Engine<'a, P: Program> {
     t0: Instant,
     /// Largest read request (program.max_request(), which may scan the layout: asked once).
     max_request: u64,
+    recorded: bool,
+    /// Recorded mode: open file descriptors by file index, closed at the end.
+    open_files: std::collections::HashMap<u32, i32>,
     overshoot: BTreeMap<u64, u64>,
     bar: ProgressBar,
 }
@@ -220,7 +233,9 @@ impl<'a, P: Program> Engine<'a, P> {
                 workers.push(Worker { gpu: local, step: None, item: 0, pos: 0, fd: -1, buf: std::ptr::null_mut(), buf_len: buf_size, path: PathBuf::new() });
             }
             let prefetch = program.prefetch_size(local).max(1);
-            let window = (threads * prefetch.div_ceil(threads)) as u64;
+            // Recorded mode: a batch is already spread over the workers, so the window is
+            // simply prefetch_size batches.
+            let window = if program.recorded() { prefetch as u64 } else { (threads * prefetch.div_ceil(threads)) as u64 };
             sims.push(Gpu {
                 workers: ids,
                 window,
@@ -267,6 +282,8 @@ impl<'a, P: Program> Engine<'a, P> {
             pending_barrier: None,
             t0: Instant::now(),
             max_request: program.max_request().max(1),
+            recorded: program.recorded(),
+            open_files: std::collections::HashMap::new(),
             overshoot: BTreeMap::new(),
             bar,
         })
@@ -343,6 +360,9 @@ impl<'a, P: Program> Engine<'a, P> {
             }
         }
         self.bar.finish_and_clear();
+        for (_, fd) in self.open_files.drain() {
+            unsafe { libc::close(fd) };
+        }
         let wall_s = self.now() as f64 / 1e9;
         Ok(RankRun {
             gpus: self.gpus.into_iter().map(|g| g.stats).collect(),
@@ -366,6 +386,9 @@ impl<'a, P: Program> Engine<'a, P> {
 
     /// Starts batches on idle workers of GPU `g` while the prefetch window allows.
     fn fill(&mut self, g: usize) -> Result<()> {
+        if self.recorded {
+            return self.fill_recorded(g);
+        }
         let spe = self.program.steps_per_epoch();
         for k in 0..self.gpus[g].workers.len() {
             let w = self.gpus[g].workers[k];
@@ -380,12 +403,53 @@ impl<'a, P: Program> Engine<'a, P> {
             let batch = self.program.batch(g, gpu.epoch, step);
             let gpu = &mut self.gpus[g];
             gpu.next_to_start += 1;
-            gpu.slots.push_back(Slot { step, batch, done: false });
+            gpu.slots.push_back(Slot { step, batch, done: false, next_item: 0, outstanding: 0 });
             let worker = &mut self.workers[w];
             worker.step = Some(step);
             worker.item = 0;
             worker.pos = 0;
             self.start_item(w)?;
+        }
+        Ok(())
+    }
+
+    /// Recorded mode: every idle worker takes the next unassigned read of the oldest batch
+    /// in the window, starting new batches while the window allows.
+    fn fill_recorded(&mut self, g: usize) -> Result<()> {
+        let spe = self.program.steps_per_epoch();
+        let mut finished_empty = false;
+        for k in 0..self.gpus[g].workers.len() {
+            let w = self.gpus[g].workers[k];
+            if self.workers[w].step.is_some() || self.gpus[g].state == State::Done {
+                continue;
+            }
+            let assigned = loop {
+                let gpu = &mut self.gpus[g];
+                if let Some(slot) = gpu.slots.iter_mut().find(|s| s.next_item < s.batch.reads.len()) {
+                    slot.next_item += 1;
+                    slot.outstanding += 1;
+                    break Some((slot.step, slot.next_item - 1));
+                }
+                if gpu.next_to_start >= spe || gpu.next_to_start >= gpu.consumed + gpu.window {
+                    break None;
+                }
+                let step = gpu.next_to_start;
+                let batch = self.program.batch(g, gpu.epoch, step);
+                let gpu = &mut self.gpus[g];
+                gpu.next_to_start += 1;
+                let empty = batch.reads.is_empty();
+                finished_empty |= empty;
+                gpu.slots.push_back(Slot { step, batch, done: empty, next_item: 0, outstanding: 0 });
+            };
+            let Some((step, item)) = assigned else { break };
+            let worker = &mut self.workers[w];
+            worker.step = Some(step);
+            worker.item = item;
+            worker.pos = 0;
+            self.start_item(w)?;
+        }
+        if finished_empty {
+            self.try_consume(g)?;
         }
         Ok(())
     }
@@ -409,13 +473,22 @@ impl<'a, P: Program> Engine<'a, P> {
             return self.fill(g);
         };
         let path = self.program.path(read.file);
-        let c = CString::new(path.as_os_str().as_bytes()).context("file name with a NUL byte")?;
-        let flags = libc::O_RDONLY | libc::O_CLOEXEC | if self.options.odirect { libc::O_DIRECT } else { 0 };
-        let fd = unsafe { libc::open(c.as_ptr(), flags) };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            bail!("opening {}: {e}", path.display());
-        }
+        let fd = match self.open_files.get(&read.file) {
+            Some(&fd) => fd,
+            None => {
+                let c = CString::new(path.as_os_str().as_bytes()).context("file name with a NUL byte")?;
+                let flags = libc::O_RDONLY | libc::O_CLOEXEC | if self.options.odirect { libc::O_DIRECT } else { 0 };
+                let fd = unsafe { libc::open(c.as_ptr(), flags) };
+                if fd < 0 {
+                    let e = std::io::Error::last_os_error();
+                    bail!("opening {}: {e}", path.display());
+                }
+                if self.recorded {
+                    self.open_files.insert(read.file, fd);
+                }
+                fd
+            }
+        };
         let worker = &mut self.workers[w];
         worker.fd = fd;
         worker.pos = 0;
@@ -474,6 +547,17 @@ impl<'a, P: Program> Engine<'a, P> {
             return self.submit_read(w, read);
         }
         // Sample finished (or the file ended early: a short file is read as it is).
+        if self.recorded {
+            worker.fd = -1;
+            worker.step = None;
+            let slot = self.slot_of(g, step);
+            slot.outstanding -= 1;
+            if slot.next_item == slot.batch.reads.len() && slot.outstanding == 0 {
+                slot.done = true;
+                self.try_consume(g)?;
+            }
+            return self.fill(g);
+        }
         unsafe { libc::close(worker.fd) };
         worker.fd = -1;
         worker.item += 1;

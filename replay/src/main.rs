@@ -10,6 +10,7 @@ mod record;
 mod replay;
 mod results;
 mod sweep;
+mod trace_input;
 mod workload;
 
 use anyhow::{Context, Result};
@@ -54,6 +55,7 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                 drop_caches: false,
                 threshold: None,
                 realtime: false,
+                burst_gap_ms: 10.0,
                 quiet: false,
             };
             let job = Job::prepare(&args)?;

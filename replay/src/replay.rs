@@ -4,7 +4,9 @@ use crate::cli::RunArgs;
 use crate::cluster::Cluster;
 use crate::dataset::{self, Layout};
 use crate::engine::{Engine, EngineOptions};
+use crate::engine::Program;
 use crate::program::WorkloadProgram;
+use crate::trace_input::{self, Template, TraceProgram};
 use crate::results::{self, RankReport, Settings};
 use crate::workload::{ComputeTime, Workload};
 use anyhow::{bail, Context, Result};
@@ -24,7 +26,11 @@ pub const DEFAULT_TRANSFER: u64 = 1 << 20;
 
 #[derive(Debug, Clone)]
 pub struct Job {
+    /// Workload mode: the workload; trace mode: a stand-in carrying the shared settings.
     pub workload: Workload,
+    /// Trace mode: the recorded processes.
+    pub templates: Option<Vec<Template>>,
+    pub compute_override: Option<f64>,
     pub source: String,
     pub data_dir: PathBuf,
     pub transfer_size: u64,
@@ -74,13 +80,26 @@ fn cpu_seconds() -> f64 {
 impl Job {
     pub fn prepare(args: &RunArgs) -> Result<Job> {
         let src = &args.source;
-        let Some(path) = &src.workload else {
-            bail!(InputError(format!(
-                "{}: replay from a trace is not available in this build yet (use --workload)",
-                src.trace.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
-            )));
+        let (mut w, templates, path) = match (&src.workload, &src.trace) {
+            (Some(path), _) => {
+                let w = Workload::from_file(path).map_err(|e| InputError(format!("{e:#}").replace('\n', " ")))?;
+                (w, None, path.clone())
+            }
+            (None, Some(trace)) => {
+                let gap = args.burst_gap_ms;
+                if !(gap > 0.0) {
+                    bail!(InputError(format!("--burst-gap-ms must be positive, got {gap}")));
+                }
+                let templates = trace_input::load_templates(trace, gap).map_err(InputError)?;
+                let name = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let w = Workload::from_yaml(
+                    &format!("model: {{name: \"trace {name}\"}}\ndataset: {{record_length_bytes: 1}}\nreader: {{}}\ntrain: {{}}\n"),
+                    "trace",
+                )?;
+                (w, Some(templates), trace.clone())
+            }
+            (None, None) => bail!(InputError("give --workload FILE.yaml or --trace TRACE".into())),
         };
-        let mut w = Workload::from_file(path).map_err(|e| InputError(format!("{e:#}").replace('\n', " ")))?;
         if let Some(ct) = src.computation_time {
             if !(ct >= 0.0 && ct.is_finite()) {
                 bail!(InputError(format!("--computation-time must be ≥ 0 seconds, got {ct}")));
@@ -107,6 +126,8 @@ impl Job {
             bail!(InputError(format!("--threshold must be between 0 and 100 percent, got {threshold}")));
         }
         Ok(Job {
+            templates,
+            compute_override: src.computation_time,
             transfer_size: src.transfer_size.or(w.transfer_size).unwrap_or(DEFAULT_TRANSFER),
             odirect: args.odirect || w.odirect,
             workload: w,
@@ -124,7 +145,22 @@ impl Job {
     }
 
     pub fn layout(&self, gpus: u64) -> Layout {
-        Layout::from_workload(&self.workload, gpus, self.max_steps, &self.data_dir)
+        match &self.templates {
+            Some(t) => trace_input::layout(t, gpus, &self.data_dir),
+            None => Layout::from_workload(&self.workload, gpus, self.max_steps, &self.data_dir),
+        }
+    }
+
+    /// The files simulated GPU `g` of `gpus` reads.
+    fn files_of(&self, layout: &Layout, g: u64, gpus: u64) -> Vec<usize> {
+        match &self.templates {
+            Some(t) => {
+                let count = |h: u64| t[(h % t.len() as u64) as usize].files.len();
+                let first: usize = (0..g).map(count).sum();
+                (first..first + count(g)).collect()
+            }
+            None => layout.shard(g, gpus),
+        }
     }
 
     /// Generates the dataset for `gpus`, every rank writing its share of the files.
@@ -158,23 +194,111 @@ impl Job {
         }
         let layout = self.layout(gpus);
         let local = split(gpus, cluster.size, cluster.rank);
-        let files_per_gpu = layout.files.len() as u64 / gpus;
-        let used_files = (files_per_gpu * gpus) as usize;
         // Each rank checks the files its own GPUs read.
-        let mine: Vec<usize> = local.iter().flat_map(|&g| layout.shard(g, gpus)).collect();
-        let max_mine = mine.iter().copied().max().map(|m| m + 1).unwrap_or(0);
-        layout.verify(max_mine.min(used_files))?;
-        let used_bytes: u64 = layout.files[..used_files].iter().map(|f| f.size).sum();
-        let program = WorkloadProgram::new(&self.workload, layout.clone(), gpus, &local, self.transfer_size, self.max_steps);
-        if program.steps_per_epoch == 0 {
-            bail!(InputError(format!(
-                "each GPU's shard holds fewer samples than one batch ({} files of {} samples for {} GPUs, batch {})",
-                layout.files.len(),
-                layout.samples_per_file,
-                gpus,
-                self.workload.batch_size
-            )));
+        let mine: Vec<usize> = local.iter().flat_map(|&g| self.files_of(&layout, g, gpus)).collect();
+        layout.verify_files(&mine)?;
+        let used: Vec<usize> = (0..gpus).flat_map(|g| self.files_of(&layout, g, gpus)).collect();
+        let used_bytes: u64 = used.iter().map(|&i| layout.files[i].size).sum();
+        let w = &self.workload;
+        match &self.templates {
+            None => {
+                let program = WorkloadProgram::new(w, layout.clone(), gpus, &local, self.transfer_size, self.max_steps);
+                if program.steps_per_epoch == 0 {
+                    bail!(InputError(format!(
+                        "each GPU's shard holds fewer samples than one batch ({} files of {} samples for {} GPUs, batch {})",
+                        layout.files.len(),
+                        layout.samples_per_file,
+                        gpus,
+                        w.batch_size
+                    )));
+                }
+                let settings = Settings {
+                    mode: "workload".into(),
+                    source: self.source.clone(),
+                    name: w.name.clone(),
+                    data_dir: self.data_dir.display().to_string(),
+                    batch_size: w.batch_size,
+                    read_threads: w.read_threads,
+                    prefetch_size: w.prefetch_size,
+                    transfer_size: self.transfer_size,
+                    computation_time: w.computation_time.describe(),
+                    computation_time_mean_s: w.computation_time.mean(),
+                    steps_per_epoch: program.steps_per_epoch,
+                    epochs: w.epochs,
+                    barrier: self.barrier,
+                    odirect: self.odirect,
+                    drop_caches: self.drop_caches,
+                    realtime: self.realtime,
+                    nominal_sample_bytes: w.record_length,
+                    dataset_files: used.len() as u64,
+                    dataset_bytes: used_bytes,
+                    templates: None,
+                };
+                self.execute(cluster, &program, &local, used_bytes, settings)
+            }
+            Some(templates) => {
+                let program = TraceProgram::new(
+                    templates.clone(),
+                    layout.clone(),
+                    gpus,
+                    &local,
+                    w.epochs,
+                    self.max_steps,
+                    self.compute_override,
+                    w.prefetch_size as usize,
+                );
+                let used_t = &templates[..templates.len().min(gpus as usize)];
+                let reads: u64 = used_t.iter().flat_map(|t| &t.steps).map(|s| s.reads.len() as u64).sum();
+                let bytes: u64 = used_t.iter().map(|t| t.bytes).sum();
+                let steps: u64 = used_t.iter().map(|t| t.steps.len() as u64).sum();
+                let compute: f64 = used_t.iter().flat_map(|t| &t.steps).map(|s| s.compute_s).sum();
+                let settings = Settings {
+                    mode: "trace".into(),
+                    source: self.source.clone(),
+                    name: w.name.clone(),
+                    data_dir: self.data_dir.display().to_string(),
+                    batch_size: if steps > 0 { reads / steps } else { 0 },
+                    read_threads: used_t.iter().map(|t| t.concurrency as u64).max().unwrap_or(1),
+                    prefetch_size: w.prefetch_size,
+                    transfer_size: program.max_request(),
+                    computation_time: match self.compute_override {
+                        Some(c) => format!("{c} s (--computation-time)"),
+                        None => "the recorded gaps between read bursts".into(),
+                    },
+                    computation_time_mean_s: self.compute_override.unwrap_or(if steps > 0 { compute / steps as f64 } else { 0.0 }),
+                    steps_per_epoch: program.steps_per_epoch,
+                    epochs: w.epochs,
+                    barrier: self.barrier,
+                    odirect: self.odirect,
+                    drop_caches: self.drop_caches,
+                    realtime: self.realtime,
+                    nominal_sample_bytes: if reads > 0 { bytes as f64 / reads as f64 } else { 0.0 },
+                    dataset_files: used.len() as u64,
+                    dataset_bytes: used_bytes,
+                    templates: Some(
+                        program
+                            .templates()
+                            .iter()
+                            .map(|t| serde_json::json!({
+                                "pid": t.pid, "comm": t.comm, "files": t.files.len(), "steps": t.steps.len(),
+                                "read_concurrency": t.concurrency, "bytes": t.bytes,
+                            }))
+                            .collect(),
+                    ),
+                };
+                self.execute(cluster, &program, &local, used_bytes, settings)
+            }
         }
+    }
+
+    fn execute<P: Program>(
+        &self,
+        cluster: &Cluster,
+        program: &P,
+        local: &[u64],
+        used_bytes: u64,
+        settings: Settings,
+    ) -> Result<Option<serde_json::Value>> {
         let ram = mem_total_bytes();
         if cluster.is_root() && !self.odirect && !self.drop_caches && used_bytes < 5 * ram {
             eprintln!(
@@ -189,7 +313,7 @@ impl Job {
                 .context("--drop-caches: writing /proc/sys/vm/drop_caches (needs root)")?;
         }
         let options = EngineOptions { odirect: self.odirect, barrier: self.barrier, progress: self.progress, realtime: self.realtime };
-        let engine = Engine::new(&program, &local, cluster.rank, cluster, options, self.workload.seed)?;
+        let engine = Engine::new(program, local, cluster.rank, cluster, options, self.workload.seed)?;
         cluster.barrier();
         let cpu0 = cpu_seconds();
         let run = engine.run()?;
@@ -204,28 +328,6 @@ impl Job {
         let Some(all) = gathered else { return Ok(None) };
         let reports: Vec<RankReport> =
             all.iter().map(|b| serde_json::from_slice(b)).collect::<Result<_, _>>().context("decoding rank results")?;
-        let w = &self.workload;
-        let settings = Settings {
-            mode: "workload".into(),
-            source: self.source.clone(),
-            name: w.name.clone(),
-            data_dir: self.data_dir.display().to_string(),
-            batch_size: w.batch_size,
-            read_threads: w.read_threads,
-            prefetch_size: w.prefetch_size,
-            transfer_size: self.transfer_size,
-            computation_time: w.computation_time.describe(),
-            computation_time_mean_s: w.computation_time.mean(),
-            steps_per_epoch: program.steps_per_epoch,
-            epochs: w.epochs,
-            barrier: self.barrier,
-            odirect: self.odirect,
-            drop_caches: self.drop_caches,
-            realtime: self.realtime,
-            nominal_sample_bytes: w.record_length,
-            dataset_files: used_files as u64,
-            dataset_bytes: used_bytes,
-        };
         Ok(Some(results::summarize(&reports, &settings, self.threshold_percent)))
     }
 }

@@ -40,6 +40,9 @@ pub struct Settings {
     pub nominal_sample_bytes: f64,
     pub dataset_files: u64,
     pub dataset_bytes: u64,
+    /// Trace mode: the recorded processes used as templates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub templates: Option<Vec<serde_json::Value>>,
 }
 
 pub fn percentile(hist: &BTreeMap<u64, u64>, q: f64) -> u64 {

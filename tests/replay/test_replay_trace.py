@@ -1,0 +1,145 @@
+"""Trace mode: recorded processes become templates for simulated GPUs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from replay_helpers import ROOT, TRAINIO, load_json, run_trainio
+
+sys.path.insert(0, str(ROOT / "analysis"))
+from trainio_analysis.trace import write_trace  # noqa: E402
+
+KIB = 1 << 10
+MS = 1_000_000
+
+
+def file_read(pid, path, offset, size, issue_ms, dur_ms, qd, fd=5):
+    return {
+        "layer": "file", "op": "read", "issue_ns": int(issue_ms * MS), "complete_ns": int((issue_ms + dur_ms) * MS),
+        "insert_ns": None, "dev": "0:27", "offset": offset, "bytes": size, "bytes_requested": size,
+        "queue_depth": qd, "pid": pid, "tid": pid, "comm": f"loader{pid}", "fd": fd, "file": path, "error": 0,
+        "flags": 0,
+    }
+
+
+def synthetic_rows():
+    """pid 100: 3 bursts of 4 concurrent 256 KiB reads over 2 files, 50 ms apart;
+    pid 200: 3 bursts of 2 sequential 128 KiB reads of one file, 30 ms apart;
+    pid 300: one 100-byte read (below 1 % of the largest reader: left out)."""
+    rows = []
+    t = 1000.0
+    for step in range(3):
+        for k in range(4):
+            f = f"/data/a{k % 2}.npz"
+            rows.append(file_read(100, f, (step * 2 + k // 2) * 256 * KIB, 256 * KIB, t + 0.1 * k, 2.0, k + 1))
+        t += 2.5 + 50.0
+    t = 1000.0
+    for step in range(3):
+        for k in range(2):
+            rows.append(file_read(200, "/data/b.tfrecord", (step * 2 + k) * 128 * KIB, 128 * KIB, t + k, 0.9, 1))
+        t += 2.0 + 30.0
+    rows.append(file_read(300, "/usr/lib/python3/x.py", 0, 100, 1000.0, 0.01, 1))
+    # Rows of other layers and ops must be ignored.
+    rows.append({**file_read(100, "/data/a0.npz", None, 0, 999.0, 0.01, 0), "op": "open", "offset": None})
+    rows.append({**file_read(100, None, 0, 4096, 1001.0, 0.2, 1), "layer": "block", "file": None, "fd": None})
+    return rows
+
+
+def test_trace_replay_remaps_files_and_keeps_structure(tmpfs_dir):
+    trace = tmpfs_dir / "trace"
+    write_trace(trace, synthetic_rows())
+    out = tmpfs_dir / "r.json"
+    data = tmpfs_dir / "data"
+    run_trainio("replay", "--trace", trace, "--data-dir", data, "--generate", "--gpus", 3, "--json", out)
+    r = load_json(out)
+    s = r["settings"]
+    assert s["mode"] == "trace" and r["gpus"] == 3
+    assert [t["pid"] for t in s["templates"]] == [100, 200]
+    assert [t["read_concurrency"] for t in s["templates"]] == [4, 1]
+    assert r["steps"] == 3
+    # Round-robin: GPUs 0 and 2 replay pid 100 (3 MiB), GPU 1 pid 200 (768 KiB).
+    per_gpu = {g["gpu"]: g for g in r["per_gpu"]}
+    assert per_gpu[0]["bytes_read"] == per_gpu[2]["bytes_read"] == 3 * 4 * 256 * KIB
+    assert per_gpu[1]["bytes_read"] == 3 * 2 * 128 * KIB
+    assert r["bytes_read"] == 2 * 3 * 4 * 256 * KIB + 3 * 2 * 128 * KIB
+    # Each GPU has its own copies: 2 + 1 + 2 files, sized to the largest byte read.
+    gpu_dirs = sorted(p.name for p in (data / "trace").iterdir())
+    assert gpu_dirs == ["gpu00000", "gpu00001", "gpu00002"]
+    assert len(list((data / "trace" / "gpu00000").iterdir())) == 2
+    assert (data / "trace" / "gpu00001" / "f00000.dat").stat().st_size == 6 * 128 * KIB
+    # The recorded gaps become compute: 50 ms for pid 100, 30 ms for pid 200 (the last
+    # burst takes the median).
+    assert per_gpu[0]["compute_s"] == pytest.approx(3 * 0.050, rel=0.1)
+    assert per_gpu[1]["compute_s"] == pytest.approx(3 * 0.030, rel=0.15)
+
+
+def test_trace_computation_time_override(tmpfs_dir):
+    trace = tmpfs_dir / "trace"
+    write_trace(trace, synthetic_rows())
+    out = tmpfs_dir / "r.json"
+    run_trainio("replay", "--trace", trace, "--data-dir", tmpfs_dir / "d", "--generate", "--gpus", 2,
+                "--computation-time", 0.01, "--json", out)
+    r = load_json(out)
+    assert all(g["compute_s"] == pytest.approx(0.03, rel=0.2) for g in r["per_gpu"])
+
+
+def test_trace_without_file_layer_is_one_line_exit_2(tmpfs_dir):
+    trace = tmpfs_dir / "blockonly"
+    rows = [r for r in synthetic_rows() if r["layer"] == "block"]
+    write_trace(trace, rows)
+    p = run_trainio("replay", "--trace", trace, "--data-dir", tmpfs_dir / "d", check=False)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(trace) in lines[0] and "file-layer" in lines[0], p.stderr
+
+
+LOADER = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    d = sys.argv[1]
+    paths = [os.path.join(d, f"s{i}.bin") for i in range(16)]
+    for p in paths:
+        with open(p, "wb") as f:
+            f.write(os.urandom(256 * 1024))
+    def read(p):
+        fd = os.open(p, os.O_RDONLY)
+        os.pread(fd, 256 * 1024, 0)
+        os.close(fd)
+    for step in range(4):
+        ts = [threading.Thread(target=read, args=(p,)) for p in paths[step * 4:(step + 1) * 4]]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        time.sleep(0.05)
+    """
+)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_recorded_trace_replays_end_to_end(tmpfs_dir):
+    if os.geteuid() != 0 or not (ROOT / "target" / "release" / "trainio-record").exists():
+        pytest.skip("needs root and the recorder (make)")
+    script = tmpfs_dir / "loader.py"
+    script.write_text(LOADER)
+    src = tmpfs_dir / "src"
+    src.mkdir()
+    trace = tmpfs_dir / "trace"
+    subprocess.run([str(TRAINIO), "record", "--output", str(trace), "--layers", "file", "--",
+                    sys.executable, str(script), str(src)], check=True, capture_output=True, timeout=120)
+    out = tmpfs_dir / "r.json"
+    run_trainio("replay", "--trace", trace, "--data-dir", tmpfs_dir / "data", "--generate", "--gpus", 2,
+                "--json", out)
+    r = load_json(out)
+    t = r["settings"]["templates"][0]
+    assert t["comm"].startswith("python")
+    # 4 loader bursts, plus one when the interpreter's own start-up reads form a burst.
+    assert t["steps"] in (4, 5) and t["bytes"] >= 16 * 256 * 1024
+    assert t["read_concurrency"] >= 2  # four threads read at once
+    assert r["gpus"] == 2 and r["steps"] == t["steps"]
+    assert min(g["bytes_read"] for g in r["per_gpu"]) >= 16 * 256 * 1024
+    shutil.rmtree(trace, ignore_errors=True)
