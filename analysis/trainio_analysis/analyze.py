@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -82,6 +83,17 @@ class _Chunk:
     issue: np.ndarray | None = None
     complete: np.ndarray | None = None
     summaries: list[dict[int, Any]] = field(default_factory=list)
+    processes: _ProcessChunk | None = None
+
+
+@dataclass
+class _ProcessChunk:
+    """File layer, one row group: per process (group id) counters."""
+
+    reads: np.ndarray | None = None
+    bytes: np.ndarray | None = None
+    qd: np.ndarray | None = None  # [group, queue depth] counts at reads
+    file_pairs: list[np.ndarray] = field(default_factory=list)  # (group << 32) | file id
 
 
 def _codes(column: pa.ChunkedArray, lookup: dict[str, int], default: int = -1) -> np.ndarray:
@@ -129,6 +141,9 @@ class _Analyzer:
         self.group_col = "pid" if self.layer == "file" else "dev"
         self._plan()
         self._find_groups()
+        self._lock = threading.Lock()
+        self._file_ids: dict[str, int] = {}
+        self._comms: dict[int, str] = {}
 
     # ------------------------------------------------------------------ planning
 
@@ -294,6 +309,8 @@ class _Analyzer:
             cols.append("dev")
         if self.group_col == "pid" or self.sel.pid is not None:
             cols.append("pid")
+        if self.layer == "file":
+            cols.append("file")
         t = tr.read_row_group(seg, index, cols)
         n = t.num_rows
         ops = tr.OPS[self.layer]
@@ -391,7 +408,79 @@ class _Analyzer:
                 grid = flat.reshape(-1, width)
                 c.kernel_qd = {int(k): grid[k] for k in np.flatnonzero(grid.sum(axis=1))}
             c.gid, c.issue, c.complete = g, pick(issue, counted), pick(complete, counted)
+        if self.layer == "file":
+            c.processes = self._process_stats(seg, index, t, mask, gid, is_read, nbytes, kqd_all)
         return c
+
+    def _process_stats(
+        self,
+        seg: tr.Segment,
+        index: int,
+        t: pa.Table,
+        mask: np.ndarray | None,
+        gid: np.ndarray,
+        is_read: np.ndarray | None,
+        nbytes: np.ndarray,
+        kqd: np.ndarray,
+    ) -> _ProcessChunk:
+        """File layer: per process reads, bytes, distinct files, QD at reads, names."""
+        n_groups = len(self.group_names)
+        g = gid if is_read is None else gid[is_read]
+        p = _ProcessChunk()
+        p.reads = np.bincount(g, minlength=n_groups)
+        b = nbytes if is_read is None else nbytes[is_read]
+        p.bytes = np.rint(np.bincount(g, weights=b, minlength=n_groups)).astype(np.int64)
+        q = (kqd if is_read is None else kqd[is_read]).astype(np.int64)
+        if q.size:
+            width = int(q.max()) + 1
+            p.qd = np.bincount(g * width + q, minlength=n_groups * width).reshape(-1, width)
+        # distinct (process, file) pairs, files numbered globally by path
+        for chunk_codes, names in self._file_codes(t["file"], mask, is_read):
+            lut = self._global_file_ids(names)
+            ok = chunk_codes >= 0
+            gg, local = (g, chunk_codes) if ok.all() else (g[ok], chunk_codes[ok])
+            width = max(len(names), 1)
+            if n_groups * width <= 4 * max(gg.size, 1 << 16):
+                seen = np.flatnonzero(np.bincount(gg * width + local, minlength=n_groups * width))
+                pairs = (seen // width << 32) | lut[seen % width]
+            else:
+                pairs = np.unique((gg.astype(np.int64) << 32) | lut[local])
+            p.file_pairs.append(pairs)
+        # names: the comm of the first row of each process not named yet
+        present = np.flatnonzero(np.bincount(gid, minlength=n_groups))
+        with self._lock:
+            unnamed = [int(k) for k in present if int(k) not in self._comms]
+        if unnamed:
+            cols = tr.read_row_group(seg, index, ["comm"])["comm"]
+            comms = cols if mask is None else cols.filter(pa.array(mask))
+            first = np.full(n_groups, -1, np.int64)
+            first[gid[::-1]] = np.arange(gid.size - 1, -1, -1)  # the last write wins
+            with self._lock:
+                for k in unnamed:
+                    if first[k] >= 0:
+                        self._comms.setdefault(k, comms[int(first[k])].as_py())
+        return p
+
+    def _file_codes(
+        self, column: pa.ChunkedArray, mask: np.ndarray | None, is_read: np.ndarray | None
+    ) -> list[tuple[np.ndarray, list[str]]]:
+        """Dictionary codes of the selected read rows (-1 for null) and the dictionary."""
+        if column.num_chunks == 0:
+            return []
+        array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        if not pa.types.is_dictionary(array.type):
+            array = array.dictionary_encode()
+        codes = array.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        if mask is not None:
+            codes = codes[mask]
+        if is_read is not None:
+            codes = codes[is_read]
+        return [(codes, array.dictionary.to_pylist())]
+
+    def _global_file_ids(self, names: list[str]) -> np.ndarray:
+        with self._lock:
+            ids = self._file_ids
+            return np.array([ids.setdefault(name, len(ids)) for name in names], np.int64)
 
     # ------------------------------------------------------------------ main loop
 
@@ -427,6 +516,7 @@ class _Analyzer:
         tl_read = np.zeros(self.nbins, np.float64)
         tl_write = np.zeros(self.nbins, np.float64)
         kernel_qd: dict[int, np.ndarray] = {}
+        procs = _ProcessTotals(len(self.group_names))
         pool = ThreadPoolExecutor(max_workers=self.workers)
         inflight: deque[Future[_Chunk]] = deque()
         todo = iter(range(len(self.units)))
@@ -459,6 +549,8 @@ class _Analyzer:
                             prev = np.concatenate((prev, np.zeros(h.size - prev.size, np.int64)))
                         prev[: h.size] += h
                         kernel_qd[g] = prev
+                if c.processes is not None:
+                    procs.add(c.processes)
                 for (ch_sweep, exchange, _), summaries in zip(channels, c.summaries, strict=True):
                     for g, summary in summaries.items():
                         ch_sweep.apply(g, summary)
@@ -473,6 +565,7 @@ class _Analyzer:
             union_state = groups[0]
         else:  # selected rows, none of them counted in a queue (e.g. only open/close)
             union_state = GroupState(hist_time=np.array([float(self.window)]))
+        self._procs = procs
         return self._result(
             acc, latency, size_counts, tl_read, tl_write, kernel_qd, groups, union_state
         )
@@ -595,44 +688,62 @@ class _Analyzer:
         return out
 
     def _processes(self, groups: dict[int, GroupState]) -> list[dict[str, Any]]:
-        lf = tr.scan_trace(self.path).filter(pl.col("layer") == "file")
-        lf = self._filter_lazy(lf)
-        reads = pl.col("op") == "read"
-        table = (
-            lf.group_by("pid")
-            .agg(
-                pl.col("comm").filter(reads).first().alias("comm"),
-                reads.sum().alias("reads"),
-                pl.col("bytes").filter(reads).sum().alias("bytes"),
-                pl.col("file").filter(reads).drop_nulls().n_unique().alias("files"),
-                pl.col("queue_depth").filter(reads).mean().alias("qd_mean_issue"),
-                pl.col("queue_depth").filter(reads).max().alias("qd_max"),
-            )
-            .sort("pid")
-            .collect(engine="streaming")
-        )
+        procs = self._procs
+        files = procs.files_per_group()
         out = []
-        for row in table.iter_rows(named=True):
-            gid = int(np.searchsorted(self.pid_lookup, row["pid"]))
+        for gid, name in enumerate(self.group_names):
+            reads = int(procs.reads[gid])
+            nbytes = int(procs.bytes[gid])
+            qd = procs.qd[gid] if gid < procs.qd.shape[0] else np.zeros(0, np.int64)
+            levels = np.flatnonzero(qd)
             state = groups.get(gid)
             entry = {
-                "pid": row["pid"],
-                "comm": row["comm"],
-                "reads": int(row["reads"]),
-                "bytes": int(row["bytes"] or 0),
-                "files": int(row["files"]),
-                "mean_read_size": (row["bytes"] or 0) / row["reads"] if row["reads"] else 0.0,
+                "pid": int(name),
+                "comm": self._comms.get(gid),
+                "reads": reads,
+                "bytes": nbytes,
+                "files": int(files[gid]) if gid < files.size else 0,
+                "mean_read_size": nbytes / reads if reads else 0.0,
                 "concurrency": {
-                    "mean_issue": float(row["qd_mean_issue"] or 0.0),
-                    "max": int(row["qd_max"] or 0),
+                    "mean_issue": float((levels * qd[levels]).sum() / qd.sum())
+                    if qd.sum()
+                    else 0.0,
+                    "max": int(levels[-1]) if levels.size else 0,
                     "mean_time": (
                         _weighted_mean(state.hist_time) / max(self.window, 1) if state else 0.0
                     ),
                 },
             }
-            entry.update(_steps(state, entry["bytes"]))
+            entry.update(_steps(state, nbytes))
             out.append(entry)
         return out
+
+
+class _ProcessTotals:
+    """File layer: per-process counters summed over row groups (main thread)."""
+
+    def __init__(self, n_groups: int) -> None:
+        self.reads = np.zeros(n_groups, np.int64)
+        self.bytes = np.zeros(n_groups, np.int64)
+        self.qd = np.zeros((n_groups, 0), np.int64)
+        self.file_pairs = np.zeros(0, np.int64)
+
+    def add(self, p: _ProcessChunk) -> None:
+        if p.reads is not None:
+            self.reads += p.reads
+            self.bytes += p.bytes
+        if p.qd is not None:
+            width = max(self.qd.shape[1], p.qd.shape[1])
+            grown = np.zeros((self.qd.shape[0], width), np.int64)
+            grown[:, : self.qd.shape[1]] += self.qd
+            grown[: p.qd.shape[0], : p.qd.shape[1]] += p.qd
+            self.qd = grown
+        if p.file_pairs:
+            # distinct pairs so far: memory grows with files x processes, not with rows
+            self.file_pairs = np.union1d(self.file_pairs, np.concatenate(p.file_pairs))
+
+    def files_per_group(self) -> np.ndarray:
+        return np.bincount(self.file_pairs >> 32, minlength=self.reads.size)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -117,13 +117,19 @@ def test_compute_time_inferred_from_gaps_between_read_bursts(trace_dir: Path) ->
 def test_per_process_table_for_several_readers(trace_dir: Path) -> None:
     rows = _dlio_like(steps=3, pid=1) + _dlio_like(steps=3, reads_per_step=2, pid=2)
     rows.append(fread(0, 5, pid=2, nbytes=10, file="/data/img_0_0.npz"))
-    write_trace(trace_dir, rows)
+    rows = [{**r, "comm": "trainer"} if r["pid"] == 2 else r for r in rows]
+    # a process that only writes (a checkpoint), to a file whose path is unknown
+    rows.append({**fread(10, 20, pid=3, nbytes=4096, comm="ckpt"), "op": "write", "file": None})
+    write_trace(trace_dir, rows, row_group_rows=7)
     r = analyze(trace_dir, layer="file")
     procs = {p["pid"]: p for p in r["processes"]}
     assert procs[1]["reads"] == 12 and procs[2]["reads"] == 7
     assert procs[2]["files"] == 6  # img_0_0 read twice
     assert procs[2]["bytes"] == 6 * MIB + 10
     assert procs[2]["concurrency"]["max"] == 1
+    assert procs[1]["comm"] == "loader" and procs[2]["comm"] == "trainer"
+    assert procs[3]["reads"] == 0 and procs[3]["files"] == 0 and procs[3]["bytes"] == 0
+    assert procs[3]["comm"] == "ckpt" and procs[3]["compute_time_s"] is None
     only = analyze(trace_dir, pid=2)
     assert only["events"] == 7 and [p["pid"] for p in only["processes"]] == [2]
 
