@@ -402,7 +402,7 @@ class TailExchange:
         self._tails: dict[int, dict[int, np.ndarray]] = {}
         self._published = [threading.Event() for _ in watermarks]
         self._lock = threading.Lock()
-        self._failed = False
+        self._failed: set[int] = set()
 
     def bound(self, k: int) -> int | None:
         """Keys below this are chunk k's to sweep (None: all)."""
@@ -429,7 +429,7 @@ class TailExchange:
 
     def fail(self, k: int) -> None:
         """Chunk k's worker failed: release whoever waits for it."""
-        self._failed = True
+        self._failed.add(k)
         self._published[k].set()
 
     def take(self, k: int) -> dict[int, list[np.ndarray]]:
@@ -439,8 +439,8 @@ class TailExchange:
         out: dict[int, list[np.ndarray]] = {}
         for j in range(k):
             self._published[j].wait()
-            if self._failed:
-                msg = "an earlier chunk failed"
+            if j in self._failed:  # its own error reaches the caller first, in order
+                msg = f"chunk {j} failed"
                 raise RuntimeError(msg)
             with self._lock:
                 tail = self._tails.get(j)

@@ -280,7 +280,7 @@ def read_row_group(segment: Segment, index: int, columns: Sequence[str]) -> pa.T
             else _open_segment(segment.path)
         )
         return pf.read_row_group(index, columns=list(columns), use_threads=False)
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError) as exc:
         msg = f"{segment.path}: row group {index} unreadable ({str(exc).splitlines()[0]})"
         raise TraceError(msg) from None
 

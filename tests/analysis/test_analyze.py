@@ -227,3 +227,21 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
     assert len(lines) == 1, res.stderr
     assert str(d) in lines[0]
     assert "Traceback" not in res.stderr
+
+
+def test_cli_corrupt_row_group_is_one_line_exit_2(trace_dir: Path) -> None:
+    import pyarrow.parquet as pq
+
+    rows = [block(i * 10, i * 10 + 25, qd=1, nbytes=4096 + i) for i in range(400)]
+    write_trace(trace_dir, rows, row_group_rows=50)
+    seg = trace_dir / "seg-000000.parquet"
+    meta = pq.ParquetFile(seg).metadata
+    col = meta.row_group(3).column(meta.schema.names.index("complete_ns"))
+    data = bytearray(seg.read_bytes())
+    start = col.data_page_offset
+    data[start : start + col.total_compressed_size] = b"\x17" * col.total_compressed_size
+    seg.write_bytes(bytes(data))
+    res = run_cli("analyze", str(trace_dir), "--json")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{seg}: row group 3 unreadable" in lines[0], res.stderr

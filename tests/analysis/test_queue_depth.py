@@ -210,3 +210,15 @@ def test_analyze_histograms_equal_naive_reference(tmp_path_factory, reqs, group_
     )
     if t1 > t0:
         assert r["idle_fraction"] == pytest.approx(union_time.get(0, 0) / (t1 - t0))
+
+
+def test_tail_exchange_reports_only_failures_a_chunk_depends_on() -> None:
+    from trainio_analysis.sweep import TailExchange
+
+    ex = TailExchange([10, 20, 30, None])
+    ex.publish(0, {0: np.array([4 * 12, 4 * 25], np.int64)})
+    ex.fail(2)  # a later chunk failed: chunk 1 does not depend on it
+    assert {g: [a.tolist() for a in v] for g, v in ex.take(1).items()} == {0: [[48]]}
+    ex.publish(1, {})
+    with pytest.raises(RuntimeError, match="chunk 2 failed"):
+        ex.take(3)
