@@ -15,6 +15,13 @@ enum trainio_kind {
 	TRAINIO_KIND_BLOCK = 1, /* struct block_event */
 	TRAINIO_KIND_FILE = 2,  /* struct file_event */
 	TRAINIO_KIND_OPEN = 3,  /* struct open_event */
+	TRAINIO_KIND_NFS = 4,   /* struct nfs_event */
+};
+
+enum trainio_nfs_op {
+	TRAINIO_NFS_READ = 1,
+	TRAINIO_NFS_WRITE = 2,
+	TRAINIO_NFS_COMMIT = 3,
 };
 
 /* Which syscall a file_event came from. */
@@ -37,7 +44,9 @@ enum trainio_lost {
 	TRAINIO_LOST_FILE_MAP = 3,      /* sys_enter_*: in-flight syscall map full */
 	TRAINIO_LOST_OPEN_RINGBUF = 4,  /* sys_exit_openat: ring buffer full */
 	TRAINIO_LOST_PROC_MAP = 5,      /* sched_process_fork: traced-process map full */
-	TRAINIO_LOST_MAX = 6,
+	TRAINIO_LOST_NFS_RINGBUF = 6,   /* nfs_*_done: ring buffer full */
+	TRAINIO_LOST_NFS_MAP = 7,       /* nfs_initiate_*: in-flight map or slots full */
+	TRAINIO_LOST_MAX = 8,
 };
 
 struct block_event {
@@ -84,6 +93,24 @@ struct open_event {
 	__s32 dirfd;
 	char comm[TRAINIO_COMM_LEN];
 	char path[TRAINIO_PATH_LEN];
+};
+
+struct nfs_event {
+	__u32 kind; /* TRAINIO_KIND_NFS */
+	__u32 op;   /* enum trainio_nfs_op */
+	__u64 issue_ns;
+	__u64 complete_ns;
+	__s64 offset;
+	__u64 fileid;      /* the file's inode number on the server */
+	__u32 dev;         /* the mount's s_dev */
+	__u32 requested;   /* bytes the request asked for */
+	__u32 returned;    /* bytes the server returned or accepted */
+	__u32 queue_depth; /* READ/WRITE/COMMIT requests outstanding on dev, including this */
+	__u32 pid;         /* task that initiated the request */
+	__u32 tid;
+	__s32 error;       /* 0 or -errno */
+	__u32 pad;
+	char comm[TRAINIO_COMM_LEN];
 };
 
 #endif /* TRAINIO_H */

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use libbpf_cargo::SkeletonBuilder;
 
-const PROBES: &[&str] = &["block", "file"];
+const PROBES: &[&str] = &["block", "file", "nfs"];
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));

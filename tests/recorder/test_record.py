@@ -79,6 +79,7 @@ def test_exit_code_of_the_command_is_propagated(tmp_path: Path) -> None:
     assert list((tmp_path / "t").glob("seg-*.parquet")), "a trace is written even without I/O"
 
 
+@pytest.mark.slow
 def test_fio_iodepth_1_is_queue_depth_1(tmp_path: Path, loop_dev: str) -> None:
     out = tmp_path / "qd1"
     res = trainio("record", "-o", out, "--dev", loop_dev, "--",
@@ -90,6 +91,7 @@ def test_fio_iodepth_1_is_queue_depth_1(tmp_path: Path, loop_dev: str) -> None:
     assert (block["queue_depth"] == 1).all()
 
 
+@pytest.mark.slow
 def test_fio_iodepth_16_stays_within_16_and_mostly_above_1(tmp_path: Path, loop_dev: str) -> None:
     out = tmp_path / "qd16"
     res = trainio("record", "-o", out, "--dev", majmin(loop_dev), "--",
@@ -132,6 +134,7 @@ os.close(fd)
     assert opens["fd"][0] == reads["fd"][0] == closes["fd"][0]
 
 
+@pytest.mark.slow
 def test_pid_mode_follows_children_forked_after_attach(tmp_path: Path) -> None:
     victim = tmp_path / "v.bin"
     victim.write_bytes(b"x" * 8192)
@@ -148,6 +151,7 @@ def test_pid_mode_follows_children_forked_after_attach(tmp_path: Path) -> None:
     assert reads["pid"][0] != proc.pid, "cat is a child forked after the recorder attached"
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_readable_segments_and_no_programs(tmp_path: Path, loop_dev: str) -> None:
     out = tmp_path / "killed"
     tracer = subprocess.Popen(
@@ -173,6 +177,7 @@ def test_sigkill_leaves_readable_segments_and_no_programs(tmp_path: Path, loop_d
     assert scan_trace(out).select(pl.len()).collect().item() == total, "readers skip the .partial"
 
 
+@pytest.mark.slow
 def test_tiny_ring_buffer_reports_lost_events(tmp_path: Path, loop_dev: str) -> None:
     out = tmp_path / "lossy"
     res = trainio("record", "-o", out, "--ringbuf-mb", "0.004", "--dev", loop_dev, "--",

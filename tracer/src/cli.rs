@@ -17,8 +17,9 @@ pub struct Args {
     #[arg(short, long)]
     pub output: PathBuf,
 
-    /// Layers to record, comma-separated: block, file
-    #[arg(long, value_delimiter = ',', default_value = "block,file")]
+    /// Layers to record, comma-separated: block, file, nfs (a layer the kernel lacks is
+    /// skipped with a note)
+    #[arg(long, value_delimiter = ',', default_value = "block,file,nfs")]
     pub layers: Vec<String>,
 
     /// Block device to record (name like loop0, /dev/nvme0n1, or MAJ:MIN); repeatable.

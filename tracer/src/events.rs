@@ -6,11 +6,13 @@ use std::sync::Arc;
 
 use trainio_schema::{dev_string, BatchBuilder, Layer, Row};
 
-use crate::bpf::{block_event, file_event, open_event, trainio_file_op as fop, trainio_kind as kind};
+use crate::bpf::{block_event, file_event, nfs_event, open_event};
+use crate::bpf::{trainio_file_op as fop, trainio_kind as kind, trainio_nfs_op as nfsop};
 
 const KIND_BLOCK: u32 = kind::TRAINIO_KIND_BLOCK.0;
 const KIND_FILE: u32 = kind::TRAINIO_KIND_FILE.0;
 const KIND_OPEN: u32 = kind::TRAINIO_KIND_OPEN.0;
+const KIND_NFS: u32 = kind::TRAINIO_KIND_NFS.0;
 const FOP_CLOSE: u32 = fop::TRAINIO_FOP_CLOSE.0;
 const FOP_WRITE: u32 = fop::TRAINIO_FOP_WRITE.0;
 const FOP_PWRITE64: u32 = fop::TRAINIO_FOP_PWRITE64.0;
@@ -31,6 +33,8 @@ pub struct Collector {
     devs: HashMap<u32, Arc<str>>,
     /// (tgid, fd) → path, from openat, or from /proc when the fd predates the recording.
     fds: HashMap<(u32, i32), Option<Arc<str>>>,
+    /// (st_dev, inode) → path of files opened while tracing: names NFS rows (fileid).
+    inodes: HashMap<(u64, u64), Arc<str>>,
     cwds: HashMap<u32, PathBuf>,
     pub tally: BTreeMap<(Layer, Option<Arc<str>>), Tally>,
     pub undecodable: u64,
@@ -89,6 +93,7 @@ impl Collector {
             batch: BatchBuilder::new(),
             devs: HashMap::new(),
             fds: HashMap::new(),
+            inodes: HashMap::new(),
             cwds: HashMap::new(),
             tally: BTreeMap::new(),
             undecodable: 0,
@@ -118,6 +123,7 @@ impl Collector {
             Some(KIND_BLOCK) => plain::from_bytes::<block_event>(data).map(|e| self.block(e)).is_ok(),
             Some(KIND_FILE) => plain::from_bytes::<file_event>(data).map(|e| self.file(e)).is_ok(),
             Some(KIND_OPEN) => plain::from_bytes::<open_event>(data).map(|e| self.open(e)).is_ok(),
+            Some(KIND_NFS) => plain::from_bytes::<nfs_event>(data).map(|e| self.nfs(e)).is_ok(),
             _ => false,
         };
         if !decoded {
@@ -240,6 +246,10 @@ impl Collector {
         let fd = (e.ret >= 0).then_some(e.ret);
         if let Some(fd) = fd {
             self.fds.insert((e.pid, fd), path.clone());
+            if let Some(meta) = path.as_deref().and_then(|p| std::fs::metadata(p).ok()) {
+                use std::os::unix::fs::MetadataExt;
+                self.inodes.insert((meta.dev(), meta.ino()), path.clone().unwrap());
+            }
         }
         self.batch.push(&Row {
             layer: Layer::File,
@@ -261,5 +271,42 @@ impl Collector {
             flags: e.flags,
         });
         self.count(Layer::File, &None, 0, 0);
+    }
+
+    fn nfs(&mut self, e: &nfs_event) {
+        let op = match e.op {
+            x if x == nfsop::TRAINIO_NFS_READ.0 => "read",
+            x if x == nfsop::TRAINIO_NFS_WRITE.0 => "write",
+            _ => "commit",
+        };
+        let dev = self.dev(e.dev);
+        // st_dev as user space sees it: the new encoding of major 0, minor N is N.
+        let user_dev = libc::makedev(e.dev >> 20, e.dev & 0xfffff);
+        let file = self.inodes.get(&(user_dev, e.fileid)).cloned();
+        self.batch.push(&Row {
+            layer: Layer::Nfs,
+            op,
+            issue_ns: e.issue_ns as i64,
+            complete_ns: e.complete_ns as i64,
+            insert_ns: None,
+            dev: dev.as_deref(),
+            offset: Some(e.offset),
+            bytes: e.returned as i64,
+            bytes_requested: e.requested as i64,
+            queue_depth: e.queue_depth,
+            pid: e.pid,
+            tid: e.tid,
+            comm: comm_str(&e.comm),
+            fd: None,
+            file: file.as_deref(),
+            error: e.error,
+            flags: 0,
+        });
+        let (r, w) = match op {
+            "read" => (e.returned as u64, 0),
+            "write" => (0, e.returned as u64),
+            _ => (0, 0),
+        };
+        self.count(Layer::Nfs, &dev, r, w);
     }
 }

@@ -156,11 +156,6 @@ pub fn tracefs() -> Result<PathBuf> {
     Ok(PathBuf::from("/sys/kernel/tracing"))
 }
 
-/// True when the kernel has this tracepoint (`group/name`).
-pub fn has_tracepoint(tracefs: &Path, group_name: &str) -> bool {
-    tracefs.join("events").join(group_name).is_dir()
-}
-
 /// The cgroup-v2 id (the directory's inode number) that bpf_get_current_cgroup_id() returns.
 pub fn cgroup_id(path: &Path) -> Result<u64> {
     use std::os::unix::fs::MetadataExt;

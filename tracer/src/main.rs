@@ -13,16 +13,23 @@ mod file_skel {
     #![allow(unused_imports)]
     include!(concat!(env!("OUT_DIR"), "/file.skel.rs"));
 }
+mod nfs_skel {
+    #![allow(unused_imports)]
+    include!(concat!(env!("OUT_DIR"), "/nfs.skel.rs"));
+}
 
 /// The skeletons and the event types of bpf/trainio.h, generated at build time.
 mod bpf {
     pub use crate::block_skel::{types::block_event, BlockSkel, BlockSkelBuilder};
     pub use crate::file_skel::types::{file_event, open_event, trainio_file_op, trainio_kind};
     pub use crate::file_skel::{FileSkel, FileSkelBuilder};
+    pub use crate::nfs_skel::types::{nfs_event, trainio_nfs_op};
+    pub use crate::nfs_skel::{NfsSkel, NfsSkelBuilder};
     // SAFETY: plain-old-data structs generated from bpf/trainio.h.
     unsafe impl plain::Plain for block_event {}
     unsafe impl plain::Plain for file_event {}
     unsafe impl plain::Plain for open_event {}
+    unsafe impl plain::Plain for nfs_event {}
 }
 
 use clap::Parser;

@@ -12,7 +12,7 @@ use libbpf_rs::libbpf_sys;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
 use serde::Serialize;
 
-use crate::bpf::{BlockSkel, BlockSkelBuilder, FileSkel, FileSkelBuilder};
+use crate::bpf::{BlockSkel, BlockSkelBuilder, FileSkel, FileSkelBuilder, NfsSkel, NfsSkelBuilder};
 use crate::host;
 
 /// Which processes the file layer follows (must match TARGET_* in file.bpf.c).
@@ -27,6 +27,7 @@ pub enum Target {
 pub struct Settings {
     pub block: bool,
     pub file: bool,
+    pub nfs: bool,
     pub devs: Vec<u32>,
     pub ringbuf_bytes: u32,
     pub target: Target,
@@ -34,13 +35,15 @@ pub struct Settings {
 }
 
 /// Names of the lost-event counters, by index (enum trainio_lost in bpf/trainio.h).
-const LOST_NAMES: [&str; 6] = [
+const LOST_NAMES: [&str; 8] = [
     "block_rq_complete:ringbuf_full",
     "block_rq_issue:map_full",
     "file_syscall_exit:ringbuf_full",
     "file_syscall_enter:map_full",
     "openat_exit:ringbuf_full",
     "sched_process_fork:map_full",
+    "nfs_done:ringbuf_full",
+    "nfs_initiate:map_full",
 ];
 
 #[derive(Serialize, Clone, Debug)]
@@ -53,13 +56,13 @@ pub struct ProgStats {
 pub struct Probes<'o> {
     block: Option<BlockSkel<'o>>,
     file: Option<FileSkel<'o>>,
+    nfs: Option<NfsSkel<'o>>,
     links: std::cell::RefCell<Vec<Link>>,
     stats_fd: Option<OwnedFd>,
     pub skipped: BTreeMap<String, String>,
-    pub attached: Vec<String>,
 }
 
-/// All tracepoint names under tracefs, as `group/name`, and name → group.
+/// All tracepoint names under tracefs, as `group/name`.
 fn tracepoints(tracefs: &Path) -> HashSet<String> {
     let mut all = HashSet::new();
     if let Ok(groups) = std::fs::read_dir(tracefs.join("events")) {
@@ -86,25 +89,19 @@ fn attach_point_exists(section: &str, tps: &HashSet<String>) -> bool {
     }
 }
 
-/// Switches off the programs whose attach point is missing; returns (skipped, kept).
+/// Switches off the programs whose attach point is missing, noting them as skipped.
 fn autoload_available<'a>(
     progs: impl Iterator<Item = libbpf_rs::OpenProgramMut<'a>>,
     tps: &HashSet<String>,
     skipped: &mut BTreeMap<String, String>,
-) -> Vec<String> {
-    let mut kept = Vec::new();
+) {
     for mut p in progs {
         let section = p.section().to_string_lossy().into_owned();
-        let name = p.name().to_string_lossy().into_owned();
-        if attach_point_exists(&section, tps) {
-            kept.push(section);
-        } else {
+        if !attach_point_exists(&section, tps) {
             p.set_autoload(false);
             skipped.insert(section, "tracepoint not present in this kernel".into());
-            let _ = name;
         }
     }
-    kept
 }
 
 impl<'o> Probes<'o> {
@@ -112,11 +109,11 @@ impl<'o> Probes<'o> {
         s: &Settings,
         block_obj: &'o mut MaybeUninit<OpenObject>,
         file_obj: &'o mut MaybeUninit<OpenObject>,
+        nfs_obj: &'o mut MaybeUninit<OpenObject>,
     ) -> Result<Probes<'o>> {
         let tracefs = host::tracefs()?;
         let tps = tracepoints(&tracefs);
         let mut skipped = BTreeMap::new();
-        let mut attached = Vec::new();
         let wakeup = (s.ringbuf_bytes as u64 / 4).min(1 << 20);
 
         let block = if s.block {
@@ -130,7 +127,7 @@ impl<'o> Probes<'o> {
                 ro.wakeup_bytes = wakeup;
                 ro.filter_devs = !s.devs.is_empty();
                 open.maps.block_events.set_max_entries(s.ringbuf_bytes).context("sizing the block ring buffer")?;
-                attached.extend(autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped));
+                autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped);
                 let skel = open.load().context("loading the block probes into the kernel")?;
                 for d in &s.devs {
                     skel.maps.allowed_devs.update(&d.to_ne_bytes(), &[1], MapFlags::ANY).context("filling the device filter")?;
@@ -155,8 +152,27 @@ impl<'o> Probes<'o> {
                 }
             }
             open.maps.file_events.set_max_entries(s.ringbuf_bytes).context("sizing the file ring buffer")?;
-            attached.extend(autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped));
+            autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped);
             Some(open.load().context("loading the file probes into the kernel")?)
+        } else {
+            None
+        };
+
+        let nfs = if s.nfs {
+            if !attach_point_exists("tracepoint/nfs/nfs_initiate_read", &tps) {
+                skipped.insert(
+                    "nfs".into(),
+                    "this kernel has no nfs tracepoints (no NFS client loaded): nfs layer not recorded".into(),
+                );
+                None
+            } else {
+                let mut open = NfsSkelBuilder::default().open(nfs_obj).context("opening the nfs probes")?;
+                let ro = open.maps.rodata_data.as_deref_mut().context("nfs probes: no rodata")?;
+                ro.wakeup_bytes = wakeup;
+                open.maps.nfs_events.set_max_entries(s.ringbuf_bytes).context("sizing the nfs ring buffer")?;
+                autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped);
+                Some(open.load().context("loading the nfs probes into the kernel")?)
+            }
         } else {
             None
         };
@@ -171,7 +187,7 @@ impl<'o> Probes<'o> {
             None
         };
 
-        let mut probes = Probes { block, file, links: Default::default(), stats_fd, skipped, attached };
+        let mut probes = Probes { block, file, nfs, links: Default::default(), stats_fd, skipped };
         probes.attach()?;
         Ok(probes)
     }
@@ -183,6 +199,9 @@ impl<'o> Probes<'o> {
         }
         if let Some(f) = &self.file {
             progs.extend(f.object().progs_mut());
+        }
+        if let Some(n) = &self.nfs {
+            progs.extend(n.object().progs_mut());
         }
         for p in progs.into_iter().filter(|p| p.autoload()) {
             let link = p
@@ -223,6 +242,10 @@ impl<'o> Probes<'o> {
             let cb = cb.clone();
             builder.add(&f.maps.file_events, move |d| (cb.borrow_mut())(d))?;
         }
+        if let Some(n) = &self.nfs {
+            let cb = cb.clone();
+            builder.add(&n.maps.nfs_events, move |d| (cb.borrow_mut())(d))?;
+        }
         builder.build().context("setting up the ring buffer reader")
     }
 
@@ -246,6 +269,9 @@ impl<'o> Probes<'o> {
         if let Some(f) = &self.file {
             add(&f.maps.lost, 2..6);
         }
+        if let Some(n) = &self.nfs {
+            add(&n.maps.lost, 6..8);
+        }
         out
     }
 
@@ -261,6 +287,9 @@ impl<'o> Probes<'o> {
         }
         if let Some(f) = &self.file {
             progs.extend(f.object().progs());
+        }
+        if let Some(n) = &self.nfs {
+            progs.extend(n.object().progs());
         }
         for p in progs.into_iter().filter(|p| p.autoload()) {
             let mut info: libbpf_sys::bpf_prog_info = unsafe { std::mem::zeroed() };

@@ -64,6 +64,7 @@ fn find_program(name: &OsString) -> Option<PathBuf> {
 struct Checked {
     block: bool,
     file: bool,
+    nfs: bool,
     devs: Vec<(u32, String)>,
     subject: Subject,
     target: Target,
@@ -79,13 +80,13 @@ fn preflight(args: &Args) -> Result<Checked> {
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
         usage!("this kernel has no BTF (/sys/kernel/btf/vmlinux missing): CONFIG_DEBUG_INFO_BTF=y is needed");
     }
-    let (mut block, mut file) = (false, false);
+    let (mut block, mut file, mut nfs) = (false, false, false);
     for l in &args.layers {
         match Layer::parse(l.trim()) {
             Some(Layer::Block) => block = true,
             Some(Layer::File) => file = true,
-            Some(Layer::Nfs) => usage!("--layers: the nfs layer is not available in this build yet"),
-            None => usage!("--layers: unknown layer `{l}` (known: block, file)"),
+            Some(Layer::Nfs) => nfs = true,
+            None => usage!("--layers: unknown layer `{l}` (known: block, file, nfs)"),
         }
     }
     let mut devs = Vec::new();
@@ -122,7 +123,7 @@ fn preflight(args: &Args) -> Result<Checked> {
         usage!("--ringbuf-mb {}: at most 2048", args.ringbuf_mb);
     }
     let ringbuf_bytes = (bytes as u32).next_power_of_two();
-    Ok(Checked { block, file, devs, subject, target, ringbuf_bytes })
+    Ok(Checked { block, file, nfs, devs, subject, target, ringbuf_bytes })
 }
 
 /// Starts the command held just before exec until its pid is in the traced map, so the
@@ -222,6 +223,7 @@ pub fn run(args: Args) -> Result<i32> {
     let settings = Settings {
         block: checked.block,
         file: checked.file,
+        nfs: checked.nfs,
         devs: checked.devs.iter().map(|(d, _)| *d).collect(),
         ringbuf_bytes: checked.ringbuf_bytes,
         target: checked.target.clone(),
@@ -229,7 +231,8 @@ pub fn run(args: Args) -> Result<i32> {
     };
     let mut block_obj = MaybeUninit::uninit();
     let mut file_obj = MaybeUninit::uninit();
-    let mut probes = Probes::load(&settings, &mut block_obj, &mut file_obj)?;
+    let mut nfs_obj = MaybeUninit::uninit();
+    let probes = Probes::load(&settings, &mut block_obj, &mut file_obj, &mut nfs_obj)?;
     for (probe, why) in &probes.skipped {
         note(&format!("note: skipping {probe}: {why}"));
     }
@@ -240,6 +243,9 @@ pub fn run(args: Args) -> Result<i32> {
     }
     if checked.file {
         layers.push("file");
+    }
+    if checked.nfs && !probes.skipped.contains_key("nfs") {
+        layers.push("nfs");
     }
     let st = Static {
         start_ns: host::monotonic_ns(),
