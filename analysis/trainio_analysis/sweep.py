@@ -18,8 +18,10 @@ Streaming. The trace is fed one row group at a time, rows not sorted. With each 
 the caller passes a *watermark* W: a lower bound of every ``issue_ns`` still to come
 (the suffix minimum of the Parquet row-group statistics). Events before W can no longer
 be preceded by anything, so they are swept and dropped; later ones wait in a small
-sorted buffer. Memory is bounded by the trace's disorder, not its length: a trace in
-near-completion order (as the tracer writes) keeps a buffer of a few thousand events.
+sorted buffer (:meth:`QueueDepthSweep.feed`, sequential) or are handed to the row group
+that owns them (:class:`TailExchange`, the analyzer's worker threads). Memory is bounded
+by the trace's disorder, not its length: a trace in near-completion order (as the tracer
+writes) carries a few thousand events from one row group to the next.
 
 Parallel. The expensive part of a slice (sort, cumulative sum, histograms) does not
 need to know how many requests were in flight when the slice starts: :func:`summarize`
