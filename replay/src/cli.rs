@@ -4,6 +4,13 @@
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoEngine {
+    #[value(name = "io_uring")]
+    IoUring,
+    Psync,
+}
+
 #[derive(Parser, Debug)]
 #[command(name = "trainio", bin_name = "trainio", version, about = "Replay AI-training storage I/O with emulated accelerators")]
 pub struct Cli {
@@ -89,6 +96,10 @@ pub struct RunArgs {
     /// when other processes load the host's CPUs.
     #[arg(long)]
     pub realtime: bool,
+    /// How reads are issued: io_uring (one event loop, no thread per read), or psync
+    /// (a thread per reader slot doing pread, visible to the file-layer recorder).
+    #[arg(long, value_enum, default_value = "io_uring")]
+    pub io_engine: IoEngine,
     /// Trace mode: idle gaps at least this long separate read bursts (steps), as in
     /// `trainio analyze`.
     #[arg(long, value_name = "MS", default_value_t = 10.0)]

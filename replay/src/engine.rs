@@ -70,6 +70,8 @@ pub struct EngineOptions {
     pub progress: bool,
     /// Run the event loop SCHED_FIFO so other processes' load cannot delay a GPU's wake-up.
     pub realtime: bool,
+    /// Issue reads as blocking pread syscalls from a thread per reader slot.
+    pub psync: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -109,6 +111,8 @@ pub struct RankRun {
 }
 
 const ALIGN: u64 = 4096;
+/// user_data of the psync engine's eventfd read.
+const EVENTFD_TAG: u64 = u64::MAX;
 
 /// All read buffers of a rank in one anonymous mapping, 2 MiB-aligned and advised for
 /// transparent huge pages, and registered with io_uring when the kernel allows it: an
@@ -213,6 +217,9 @@ pub struct Engine<'a, P: Program> {
     /// Largest read request (program.max_request(), which may scan the layout: asked once).
     max_request: u64,
     recorded: bool,
+    /// psync engine: the reader threads, and the buffer the eventfd is read into.
+    pool: Option<crate::pool::ReadPool>,
+    eventfd_buf: Box<u64>,
     /// Recorded mode: open file descriptors by file index, closed at the end.
     open_files: std::collections::HashMap<u32, i32>,
     overshoot: BTreeMap<u64, u64>,
@@ -253,7 +260,7 @@ impl<'a, P: Program> Engine<'a, P> {
                 stats: GpuStats { gpu: global, rank, ..Default::default() },
             });
         }
-        let entries = (workers.len().max(8) as u32).next_power_of_two().min(32768);
+        let entries = ((workers.len() + 1).max(8) as u32).next_power_of_two().min(32768);
         let ring = IoUring::new(entries).context("setting up io_uring (is it disabled by kernel.io_uring_disabled?)")?;
         let arena = BufferArena::new(buf_size * workers.len().max(1))?;
         for (i, w) in workers.iter_mut().enumerate() {
@@ -283,6 +290,8 @@ impl<'a, P: Program> Engine<'a, P> {
             t0: Instant::now(),
             max_request: program.max_request().max(1),
             recorded: program.recorded(),
+            pool: None,
+            eventfd_buf: Box::new(0),
             open_files: std::collections::HashMap::new(),
             overshoot: BTreeMap::new(),
             bar,
@@ -309,6 +318,11 @@ impl<'a, P: Program> Engine<'a, P> {
         if self.program.steps_per_epoch() == 0 || self.program.epochs() == 0 {
             bail!("nothing to replay: 0 steps per epoch");
         }
+        if self.options.psync {
+            self.pool = Some(crate::pool::ReadPool::new(self.workers.len())?);
+            self.arm_eventfd()?;
+        }
+        let mut pool_done: Vec<(u64, i32)> = Vec::new();
         for g in 0..self.gpus.len() {
             self.fill(g)?;
         }
@@ -350,6 +364,14 @@ impl<'a, P: Program> Engine<'a, P> {
             }
             completions.clear();
             completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            if let Some(k) = completions.iter().position(|&(w, _)| w == EVENTFD_TAG) {
+                // psync: the eventfd fired; the finished reads wait in the pool's list.
+                completions.swap_remove(k);
+                pool_done.clear();
+                self.pool.as_ref().unwrap().drain(&mut pool_done);
+                completions.extend_from_slice(&pool_done);
+                self.arm_eventfd()?;
+            }
             for (k, &(w, res)) in completions.iter().enumerate() {
                 self.in_flight -= 1;
                 self.read_done(w as usize, res)?;
@@ -508,6 +530,11 @@ impl<'a, P: Program> Engine<'a, P> {
             offset = start;
         }
         let len = len.min(worker.buf_len as u64) as u32;
+        if let Some(pool) = &self.pool {
+            pool.submit(w, worker.fd, worker.buf, len as usize, offset);
+            self.in_flight += 1;
+            return Ok(());
+        }
         let sqe = if self.fixed_buffers {
             opcode::ReadFixed::new(types::Fd(worker.fd), worker.buf, len, w as u16).offset(offset).build()
         } else {
@@ -522,6 +549,20 @@ impl<'a, P: Program> Engine<'a, P> {
             }
         }
         self.in_flight += 1;
+        Ok(())
+    }
+
+    /// psync: one read of the eventfd in flight at all times (not counted in in_flight).
+    fn arm_eventfd(&mut self) -> Result<()> {
+        let fd = self.pool.as_ref().unwrap().eventfd;
+        let sqe = opcode::Read::new(types::Fd(fd), &mut *self.eventfd_buf as *mut u64 as *mut u8, 8).build().user_data(EVENTFD_TAG);
+        // SAFETY: eventfd_buf lives as long as the engine.
+        unsafe {
+            if self.ring.submission().push(&sqe).is_err() {
+                self.ring.submit().context("io_uring_enter")?;
+                self.ring.submission().push(&sqe).map_err(|_| anyhow::anyhow!("io_uring submission queue full"))?;
+            }
+        }
         Ok(())
     }
 

@@ -5,6 +5,7 @@ mod cli;
 mod cluster;
 mod dataset;
 mod engine;
+mod pool;
 mod program;
 mod record;
 mod replay;
@@ -56,6 +57,7 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                 threshold: None,
                 realtime: false,
                 burst_gap_ms: 10.0,
+                io_engine: cli::IoEngine::IoUring,
                 quiet: false,
             };
             let job = Job::prepare(&args)?;

@@ -43,6 +43,7 @@ pub struct Job {
     pub force: bool,
     pub progress: bool,
     pub realtime: bool,
+    pub psync: bool,
 }
 
 /// GPUs of rank `rank` when `gpus` are spread over `ranks`: contiguous, the first
@@ -141,6 +142,7 @@ impl Job {
             force: src.force,
             progress: !args.quiet,
             realtime: args.realtime,
+            psync: args.io_engine == crate::cli::IoEngine::Psync,
         })
     }
 
@@ -229,6 +231,7 @@ impl Job {
                     odirect: self.odirect,
                     drop_caches: self.drop_caches,
                     realtime: self.realtime,
+                    io_engine: if self.psync { "psync" } else { "io_uring" }.into(),
                     nominal_sample_bytes: w.record_length,
                     dataset_files: used.len() as u64,
                     dataset_bytes: used_bytes,
@@ -272,6 +275,7 @@ impl Job {
                     odirect: self.odirect,
                     drop_caches: self.drop_caches,
                     realtime: self.realtime,
+                    io_engine: if self.psync { "psync" } else { "io_uring" }.into(),
                     nominal_sample_bytes: if reads > 0 { bytes as f64 / reads as f64 } else { 0.0 },
                     dataset_files: used.len() as u64,
                     dataset_bytes: used_bytes,
@@ -312,7 +316,7 @@ impl Job {
             std::fs::write("/proc/sys/vm/drop_caches", b"3")
                 .context("--drop-caches: writing /proc/sys/vm/drop_caches (needs root)")?;
         }
-        let options = EngineOptions { odirect: self.odirect, barrier: self.barrier, progress: self.progress, realtime: self.realtime };
+        let options = EngineOptions { odirect: self.odirect, barrier: self.barrier, progress: self.progress, realtime: self.realtime, psync: self.psync };
         let engine = Engine::new(program, local, cluster.rank, cluster, options, self.workload.seed)?;
         cluster.barrier();
         let cpu0 = cpu_seconds();

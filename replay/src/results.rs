@@ -37,6 +37,7 @@ pub struct Settings {
     pub odirect: bool,
     pub drop_caches: bool,
     pub realtime: bool,
+    pub io_engine: String,
     pub nominal_sample_bytes: f64,
     pub dataset_files: u64,
     pub dataset_bytes: u64,

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from replay_helpers import ROOT, TRAINIO, load_json, run_trainio
+from replay_helpers import ROOT, TRAINIO, load_json, run_trainio, write_workload
 
 sys.path.insert(0, str(ROOT / "analysis"))
 from trainio_analysis.trace import write_trace  # noqa: E402
@@ -143,3 +143,25 @@ def test_recorded_trace_replays_end_to_end(tmpfs_dir):
     assert r["gpus"] == 2 and r["steps"] == t["steps"]
     assert min(g["bytes_read"] for g in r["per_gpu"]) >= 16 * 256 * 1024
     shutil.rmtree(trace, ignore_errors=True)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_record_traces_the_replay_and_the_trace_replays(tmpfs_dir):
+    """--record with the psync engine: the replay's own reads land in the file layer of
+    a trace, which replays in turn with the same bytes."""
+    if os.geteuid() != 0 or not (ROOT / "target" / "release" / "trainio-record").exists():
+        pytest.skip("needs root and the recorder (make)")
+    wl = write_workload(tmpfs_dir / "wl.yaml", files=8, record=256 * KIB, batch=2, threads=2, compute=0.03)
+    trace = tmpfs_dir / "trace"
+    out1 = tmpfs_dir / "r1.json"
+    run_trainio("replay", "--workload", wl, "--data-dir", tmpfs_dir / "d1", "--generate", "--io-engine", "psync",
+                "--record", trace, "--json", out1, timeout=120)
+    assert list(trace.glob("seg-*.parquet"))
+    out2 = tmpfs_dir / "r2.json"
+    run_trainio("replay", "--trace", trace, "--data-dir", tmpfs_dir / "d2", "--generate", "--json", out2)
+    r1, r2 = load_json(out1), load_json(out2)
+    t = r2["settings"]["templates"][0]
+    assert t["comm"] == "trainio-replay"
+    assert t["bytes"] >= r1["bytes_read"]  # every byte the first replay read was recorded
+    assert r2["bytes_read"] == t["bytes"]
