@@ -33,6 +33,11 @@ bench-analysis: all
 bench-replay: all
 	$(PY) tests/bench/bench_replay.py
 
+# README command one: a loop device, a recorded emulated training, analysis, report,
+# replay at 16 GPUs, fidelity and a sweep. Needs root.
+demo: all
+	scripts/demo.sh
+
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV)
