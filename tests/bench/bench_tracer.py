@@ -1,0 +1,143 @@
+"""make bench-tracer: what tracing costs a storage workload, and what it writes.
+
+fio on a loop device over /dev/shm (the fastest device this machine has, so the probes'
+cost shows most), untraced and traced alternately, three pairs per pattern:
+  - 4 KiB random O_DIRECT reads, io_uring, iodepth 32 (target: traced >= 85% of untraced)
+  - 1 MiB sequential O_DIRECT reads, io_uring, iodepth 4 (target: >= 98%)
+Then the same 4 KiB pattern under an equivalent per-request bpftrace program.
+Prints a table; exits 0 even when a target is missed (the numbers are the result).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest import TRAINIO, loop_device, majmin  # noqa: E402
+from trainio_analysis.trace import read_metadata, scan_trace  # noqa: E402
+
+import polars as pl  # noqa: E402
+
+RUNTIME = float(os.environ.get("BENCH_RUNTIME", "8"))
+PAIRS = int(os.environ.get("BENCH_PAIRS", "3"))
+
+BPFTRACE = r"""
+tracepoint:block:block_rq_issue /args->dev == $1/ { @start[args->sector] = nsecs; }
+tracepoint:block:block_rq_complete /@start[args->sector]/ {
+  printf("%llu %u %llu\n", args->sector, args->nr_sector, nsecs - @start[args->sector]);
+  delete(@start[args->sector]);
+}
+"""
+
+
+def fio_cmd(dev: str, pattern: str) -> list[str]:
+    common = ["fio", "--name=bench", f"--filename={dev}", "--direct=1", "--ioengine=io_uring",
+              "--time_based", f"--runtime={RUNTIME}", "--output-format=json", "--group_reporting"]
+    if pattern == "4k":
+        return [*common, "--rw=randread", "--bs=4k", "--iodepth=32", "--norandommap", "--randrepeat=0"]
+    return [*common, "--rw=read", "--bs=1M", "--iodepth=4"]
+
+
+def fio_result(stdout: str) -> tuple[float, float]:
+    text = stdout[stdout.index("{"):]
+    job = json.loads(text)["jobs"][0]["read"]
+    return job["iops"], job["bw_bytes"] / (1 << 20)
+
+
+def untraced(dev: str, pattern: str) -> tuple[float, float]:
+    out = subprocess.run(fio_cmd(dev, pattern), capture_output=True, text=True, check=True)
+    return fio_result(out.stdout)
+
+
+def traced(dev: str, pattern: str, work: Path) -> dict:
+    trace = work / f"trace-{pattern}-{time.monotonic_ns()}"
+    out = subprocess.run([str(TRAINIO), "record", "-q", "-o", str(trace), "--dev", dev, "--",
+                          *fio_cmd(dev, pattern)], capture_output=True, text=True, check=True)
+    iops, mib = fio_result(out.stdout)
+    meta = read_metadata(trace)
+    block = scan_trace(trace).filter(pl.col("layer") == "block").select(pl.len()).collect().item()
+    size = sum(p.stat().st_size for p in trace.glob("seg-*.parquet"))
+    stats = meta["bpf_stats"]
+    block_ns = sum(v["run_time_ns"] for k, v in stats.items() if k.startswith("tio_rq_"))
+    shutil.rmtree(trace)
+    return {"iops": iops, "mib_s": mib, "events": block, "lost": sum(meta["lost_events"].values()),
+            "bytes_per_event": size / max(block, 1), "bpf_ns_per_event": block_ns / max(block, 1)}
+
+
+def bpftraced(dev: str) -> tuple[float, int]:
+    st = os.stat(dev)
+    kdev = (os.major(st.st_rdev) << 20) | os.minor(st.st_rdev)
+    with tempfile.NamedTemporaryFile("w", suffix=".bt") as script, open(os.devnull, "w") as sink:
+        script.write(BPFTRACE)
+        script.flush()
+        bt = subprocess.Popen(["bpftrace", script.name, str(kdev)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+        assert bt.stdout is not None
+        bt.stdout.readline()  # "Attaching N probes..."
+        lines = 0
+        fio = subprocess.Popen(fio_cmd(dev, "4k"), stdout=subprocess.PIPE, text=True)
+        import threading
+
+        def drain() -> None:
+            nonlocal lines
+            for _ in bt.stdout:  # type: ignore[union-attr]
+                lines += 1
+
+        t = threading.Thread(target=drain, daemon=True)
+        t.start()
+        fio_out, _ = fio.communicate()
+        bt.terminate()
+        bt.wait()
+        t.join(timeout=10)
+        del sink
+    return fio_result(fio_out)[0], lines
+
+
+def main() -> int:
+    if os.geteuid() != 0:
+        print("bench-tracer needs root (loop device, BPF)", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="trainio-bench-") as tmp, loop_device(1024, fill=True) as dev:
+        work = Path(tmp)
+        print(f"device {dev} ({majmin(dev)}) over /dev/shm, fio runtime {RUNTIME:.0f} s, {PAIRS} pairs", flush=True)
+        for pattern, target in (("4k", 0.85), ("1m", 0.98)):
+            base, with_trace = [], []
+            for i in range(PAIRS):
+                base.append(untraced(dev, pattern))
+                with_trace.append(traced(dev, pattern, work))
+                print(f"  {pattern} pair {i + 1}: untraced {base[-1][0]:,.0f} IOPS, traced "
+                      f"{with_trace[-1]['iops']:,.0f} IOPS", flush=True)
+            b = statistics.mean(x[0] for x in base)
+            t = statistics.mean(x["iops"] for x in with_trace)
+            rows.append((pattern, b, t, t / b, target, with_trace))
+        bt_iops, bt_lines = bpftraced(dev)
+        b4k = rows[0][1]
+        print(f"  bpftrace: {bt_iops:,.0f} IOPS, {bt_lines:,} lines", flush=True)
+
+    print()
+    print(f"{'workload':<34} {'untraced IOPS':>14} {'traced IOPS':>12} {'ratio':>7} {'target':>7} "
+          f"{'lost':>6} {'B/event':>8} {'BPF ns/event':>13}")
+    for pattern, b, t, ratio, target, runs in rows:
+        name = "4 KiB randread io_uring QD32" if pattern == "4k" else "1 MiB seqread io_uring QD4"
+        lost = sum(r["lost"] for r in runs)
+        bpe = statistics.mean(r["bytes_per_event"] for r in runs)
+        ns = statistics.mean(r["bpf_ns_per_event"] for r in runs)
+        ok = "ok" if ratio >= target else "MISSED"
+        print(f"{name:<34} {b:>14,.0f} {t:>12,.0f} {ratio:>6.1%} {target:>6.0%} {lost:>6} {bpe:>8.2f} "
+              f"{ns:>13.0f}  {ok}")
+    print(f"{'4 KiB randread under bpftrace':<34} {b4k:>14,.0f} {bt_iops:>12,.0f} {bt_iops / b4k:>6.1%}"
+          f"        (per-request printf program, {bt_lines:,} events printed)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
