@@ -42,6 +42,7 @@ META_PREFIX = "trainio."
 SEGMENT_GLOB = "seg-*.parquet"
 
 DICT8 = pa.dictionary(pa.int8(), pa.string())
+DICT16 = pa.dictionary(pa.int16(), pa.string())
 DICT32 = pa.dictionary(pa.int32(), pa.string())
 
 #: (column, Arrow type, nullable) in the order SCHEMA.md lists them.
@@ -51,7 +52,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool], ...] = (
     ("issue_ns", pa.int64(), False),
     ("complete_ns", pa.int64(), False),
     ("insert_ns", pa.int64(), True),
-    ("dev", DICT8, True),
+    ("dev", DICT16, True),
     ("offset", pa.int64(), True),
     ("bytes", pa.int64(), False),
     ("bytes_requested", pa.int64(), False),

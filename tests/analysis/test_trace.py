@@ -20,7 +20,7 @@ SCHEMA_MD_TYPES = {
     "issue_ns": "int64",
     "complete_ns": "int64",
     "insert_ns": "int64",
-    "dev": "dictionary<values=string, indices=int8, ordered=0>",
+    "dev": "dictionary<values=string, indices=int16, ordered=0>",
     "offset": "int64",
     "bytes": "int64",
     "bytes_requested": "int64",
