@@ -214,6 +214,12 @@ impl Job {
                         w.batch_size
                     )));
                 }
+                if cluster.is_root() && program.steps_per_epoch < 500 && self.max_steps == 0 {
+                    eprintln!(
+                        "trainio replay: note: {} steps per epoch; MLPerf Storage wants at least 500 (raise dataset.num_files_train or pass --steps)",
+                        program.steps_per_epoch
+                    );
+                }
                 let settings = Settings {
                     mode: "workload".into(),
                     source: self.source.clone(),

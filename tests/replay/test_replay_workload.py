@@ -157,3 +157,16 @@ def test_a_failing_rank_ends_the_job_naming_it(tmpfs_dir):
                     timeout=60)
     assert p.returncode != 0
     assert "rank 1" in p.stderr and victim.name in p.stderr, p.stderr
+
+
+def test_sweep_doubles_to_max_gpus_on_fast_storage(tmpfs_dir):
+    wl = write_workload(tmpfs_dir / "wl.yaml", files=4, record=64 << 10, batch=2, compute=0.01)
+    curve = tmpfs_dir / "curve.json"
+    p = run_trainio("sweep", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--generate", "--steps", 5,
+                    "--max-gpus", 4, "--json", curve)
+    s = load_json(curve)
+    assert [pt["gpus"] for pt in s["curve"]] == [1, 2, 4]
+    assert s["supported_gpus"] == 4 and s["limited_by_max_gpus"] is True
+    assert all(pt["pass"] and pt["au_percent"] >= 90 for pt in s["curve"])
+    assert len(s["runs"]) == 3 and s["runs"][2]["gpus"] == 4
+    assert "at least 4" in p.stdout
