@@ -38,7 +38,13 @@ from trainio_analysis.sketch import (
     pow2_bucket,
     pow2_label,
 )
-from trainio_analysis.sweep import GroupState, QueueDepthSweep, TailExchange, sweep_slices
+from trainio_analysis.sweep import (
+    CODE_ISSUE,
+    GroupState,
+    QueueDepthSweep,
+    TailExchange,
+    sweep_slices,
+)
 
 MIB = float(1 << 20)
 LAYER_PREFERENCE = ("block", "nfs", "file")  # lowest layer first: what the storage sees
@@ -294,7 +300,14 @@ class _Analyzer:
                 out[col] = value
         return out
 
-    def _prepare(self, unit: tuple[tr.Segment, int, int, int]) -> _Chunk:
+    def _prepare(
+        self, unit: tuple[tr.Segment, int, int, int], *, merge_partials: bool = False
+    ) -> _Chunk:
+        """Read one row group and count what does not need order; keep what the sweep needs.
+
+        ``merge_partials``: fold the rows of a block request that completed in parts (same
+        device, ``issue_ns`` and ``queue_depth``) into one request (see :func:`_merge_partials`).
+        """
         seg, index, _, _ = unit
         const = self._constants(seg, index)
         dev = self._dev_filter_value()
@@ -354,11 +367,17 @@ class _Analyzer:
                 gid = pick(_codes(t["dev"], self.dev_lookup, self.null_group), mask)
         else:
             gid = np.searchsorted(self.pid_lookup, pick(_np(t["pid"]), mask).astype(np.int64))
+        if merge_partials:
+            merged = _merge_partials(issue, complete, nbytes, kqd_all, op_code, gid)
+            if merged is not None:
+                issue, complete, nbytes, kqd_all, op_code, gid = merged
+                mask = None  # the arrays are the selected requests already
+        n_requests = issue.size
 
         # data transfers: throughput, sizes, latency (None: every row, empty: no row)
         def op_mask(op: str) -> np.ndarray | None:
             if op_code is None:
-                return None if only_op == op else np.zeros(c.events, bool)
+                return None if only_op == op else np.zeros(n_requests, bool)
             return op_code == op_lookup[op]
 
         is_read, is_write = op_mask("read"), op_mask("write")
@@ -368,8 +387,8 @@ class _Analyzer:
             data = is_read | is_write
             if data.all():
                 data = None
-        c.reads = c.events if is_read is None else int(is_read.sum())
-        c.writes = c.events if is_write is None else int(is_write.sum())
+        c.reads = n_requests if is_read is None else int(is_read.sum())
+        c.writes = n_requests if is_write is None else int(is_write.sum())
         tbin = complete - self.t0
         tbin //= self.bin_ns
         c.bytes_read = c.bytes_written = 0
@@ -393,7 +412,7 @@ class _Analyzer:
             if len(qd_ops) < len(ops):
                 counted = np.isin(op_code, qd_ops)
         elif only_op not in tr.QD_OPS[self.layer]:
-            counted = np.zeros(c.events, bool)
+            counted = np.zeros(n_requests, bool)
         kqd = pick(kqd_all, counted)
         g = pick(gid, counted)
         if g.size:
@@ -492,12 +511,18 @@ class _Analyzer:
             for _, exchange, _ in channels:
                 exchange.fail(k)
             raise
-        for sweep, exchange, union in channels:
+        split: list[dict[int, np.ndarray]] = []
+        for sweep, _, union in channels:
             if c.gid is None or c.gid.size == 0:
-                per_group: dict[int, np.ndarray] = {}
-            else:
-                gid = np.zeros(c.gid.size, np.int64) if union else c.gid
-                per_group = sweep.split(gid, c.issue, c.complete, self.t0)
+                split.append({})
+                continue
+            gid = np.zeros(c.gid.size, np.int64) if union else c.gid
+            split.append(sweep.split(gid, c.issue, c.complete, self.t0))
+            if self.layer == "block" and not union and _equal_neighbours(split[0]):
+                # rare: a request that completed in parts, or two events in the same ns
+                c = self._prepare(self.units[k], merge_partials=True)
+                split[0] = sweep.split(c.gid, c.issue, c.complete, self.t0)
+        for (_, exchange, _), per_group in zip(channels, split, strict=True):
             c.summaries.append(sweep_slices(exchange, k, per_group))
         c.gid = c.issue = c.complete = None  # swept: free them before the main thread runs
         return c
@@ -747,6 +772,47 @@ class _ProcessTotals:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _equal_neighbours(per_group: dict[int, np.ndarray]) -> bool:
+    """Whether two issues of one group share a nanosecond (sorted keys repeat)."""
+    for keys in per_group.values():
+        same = np.flatnonzero(keys[1:] == keys[:-1])  # usually empty or a few completions
+        if same.size and np.any((keys[same] & 3) == CODE_ISSUE):
+            return True
+    return False
+
+
+def _merge_partials(
+    issue: np.ndarray,
+    complete: np.ndarray,
+    nbytes: np.ndarray,
+    kqd: np.ndarray,
+    op_code: np.ndarray | None,
+    gid: np.ndarray,
+) -> tuple[np.ndarray, ...] | None:
+    """Fold the rows of block requests that completed in parts into one request each.
+
+    SCHEMA.md: such a request yields one row per partial completion, all with the
+    request's ``issue_ns`` and ``queue_depth``; two different requests on one device
+    never share both (the kernel counter moved between their issues). The request is in
+    flight until its last part completes and moved the parts' bytes. None: no such rows.
+    """
+    order = np.lexsort((kqd, issue, gid))
+    i, g, q = issue[order], np.asarray(gid)[order], kqd[order]
+    new = np.ones(i.size, bool)
+    new[1:] = (i[1:] != i[:-1]) | (g[1:] != g[:-1]) | (q[1:] != q[:-1])
+    if new.all():
+        return None
+    starts = np.flatnonzero(new)
+    return (
+        i[starts],
+        np.maximum.reduceat(complete[order], starts),
+        np.add.reduceat(nbytes[order], starts),
+        q[starts],
+        None if op_code is None else op_code[order][starts],
+        g[starts],
+    )
 
 
 def _sum_hists(hists: Any, dtype: Any = np.int64) -> np.ndarray:

@@ -179,7 +179,9 @@ def test_analyze_histograms_equal_naive_reference(tmp_path_factory, reqs, group_
     """End to end through the writer, Parquet row groups and statistics, per device."""
     reqs = list(reqs)
     rnd.shuffle(reqs)
-    rows = [block(i, i + lat, qd=1, dev=dev) for i, lat, dev in reqs]
+    # distinct kernel depths: rows sharing issue_ns and queue_depth would be one request
+    # completed in parts (SCHEMA.md), which these independent requests are not
+    rows = [block(i, i + lat, qd=n + 1, dev=dev) for n, (i, lat, dev) in enumerate(reqs)]
     d = tmp_path_factory.mktemp("prop") / "t"
     write_trace(d, rows, row_group_rows=group_rows, rows_per_segment=2 * group_rows + 1)
     r = analyze(d)
@@ -222,3 +224,22 @@ def test_tail_exchange_reports_only_failures_a_chunk_depends_on() -> None:
     ex.publish(1, {})
     with pytest.raises(RuntimeError, match="chunk 2 failed"):
         ex.take(3)
+
+
+def test_request_completed_in_parts_counts_once(trace_dir: Path) -> None:
+    # SCHEMA.md: one row per partial completion, all with the request's issue_ns and
+    # queue_depth. A [0, 40) completes 4 KiB at 20 and 4 KiB at 40; B [10, 30) overlaps it.
+    rows = [block(0, 20, qd=1), block(10, 30, qd=2), block(0, 40, qd=1)]
+    write_trace(trace_dir, rows)
+    r = analyze(trace_dir)
+    assert r["events"] == 3 and r["reads"] == 2
+    assert r["qd_hist_issue"] == {"1": 0.5, "2": 0.5}
+    assert r["qd_hist_issue_computed"] == {"1": 0.5, "2": 0.5}
+    # [0,10) 1, [10,30) 2, [30,40) 1
+    assert r["qd_hist_time"] == pytest.approx({"1": 0.5, "2": 0.5})
+    assert r["size_counts"] == {"4096": 1, "8192": 1}
+    assert r["latency_us"]["max"] == pytest.approx(40.0)
+    # two different requests issued in the same nanosecond are not merged
+    write_trace(trace_dir.parent / "same-ns", [block(0, 20, qd=1), block(0, 30, qd=2)])
+    same = analyze(trace_dir.parent / "same-ns")
+    assert same["reads"] == 2 and same["qd_hist_issue_computed"] == {"1": 0.5, "2": 0.5}
