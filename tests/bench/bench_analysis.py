@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "analysis"))
 
 from trainio_analysis.trace import write_trace  # noqa: E402
 
-GENERATOR_VERSION = "2"  # bump when the generator or the writer's encodings change
+GENERATOR_VERSION = "3"  # bump when the generator or the writer's encodings change
 CHUNK = 2_000_000
 TARGET_EVENTS_S = 20e6
 TARGET_RSS = 2 << 30
