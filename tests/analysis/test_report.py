@@ -115,3 +115,13 @@ def test_every_plot_renders_with_data_in_headless_chromium(tmp_path: Path) -> No
     keep = Path(__file__).resolve().parents[2] / "results" / "test-report.png"
     keep.parent.mkdir(exist_ok=True)
     shutil.copy(shot, keep)  # for a person to look at
+
+
+def test_block_only_traces_get_per_device_streams(tmp_path: Path) -> None:
+    t = tmp_path / "blk"
+    write_trace(t, [block(0, 20, qd=1, dev="8:0"), block(5, 30, qd=1, dev="8:16")])
+    out = tmp_path / "r.html"
+    assert run_cli("report", str(t), "-o", str(out)).returncode == 0
+    text = out.read_text()
+    assert "Per-dev streams: utilization (no file layer recorded)" in text
+    assert '"x":["8:0","8:16"]' in text.replace(" ", "")
