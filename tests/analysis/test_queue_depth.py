@@ -243,3 +243,20 @@ def test_request_completed_in_parts_counts_once(trace_dir: Path) -> None:
     write_trace(trace_dir.parent / "same-ns", [block(0, 20, qd=1), block(0, 30, qd=2)])
     same = analyze(trace_dir.parent / "same-ns")
     assert same["reads"] == 2 and same["qd_hist_issue_computed"] == {"1": 0.5, "2": 0.5}
+
+
+def test_row_groups_of_another_layer_pass_carried_requests_on(trace_dir: Path) -> None:
+    # block requests overlap across row groups that hold only file rows
+    blocks = [block(i * 10, i * 10 + 35, qd=i + 1) for i in range(6)]
+    files = [fread(i * 10 + 3, i * 10 + 4, pid=9) for i in range(6)]
+    rows = [r for pair in zip(blocks, files, strict=True) for r in pair]
+    write_trace(trace_dir, rows, row_group_rows=1, rows_per_segment=4)
+    r = analyze(trace_dir, layer="block")
+    t0, t1 = 0, 85 * US
+    want_issue, want_time = naive_qd(
+        [b["issue_ns"] for b in blocks], [b["complete_ns"] for b in blocks], (t0, t1)
+    )
+    assert r["qd_hist_issue_computed"] == pytest.approx(
+        {str(k): v / 6 for k, v in want_issue.items()}
+    )
+    assert r["qd_hist_time"] == pytest.approx({str(k): v / (t1 - t0) for k, v in want_time.items()})
