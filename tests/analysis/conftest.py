@@ -1,82 +1,16 @@
-"""Helpers for the analyzer tests: hand-built traces written through the project's writer."""
+"""Fixtures of the analyzer tests; helpers are in analysis_helpers.py (importable by name,
+unlike a conftest, which every suite has)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "analysis"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-US = 1_000  # ns per microsecond: hand-built traces are written in microseconds
-
-
-def block(
-    issue_us: float,
-    complete_us: float,
-    *,
-    qd: int,
-    dev: str = "7:0",
-    nbytes: int = 4096,
-    op: str = "read",
-    pid: int = 1,
-) -> dict:
-    return {
-        "layer": "block",
-        "op": op,
-        "issue_ns": int(issue_us * US),
-        "complete_ns": int(complete_us * US),
-        "dev": dev,
-        "bytes": nbytes,
-        "queue_depth": qd,
-        "pid": pid,
-        "offset": 0,
-    }
-
-
-def fread(
-    issue_us: float,
-    complete_us: float,
-    *,
-    pid: int,
-    qd: int = 1,
-    nbytes: int = 1 << 20,
-    file: str = "/data/f0",
-    comm: str = "loader",
-) -> dict:
-    return {
-        "layer": "file",
-        "op": "read",
-        "issue_ns": int(issue_us * US),
-        "complete_ns": int(complete_us * US),
-        "bytes": nbytes,
-        "queue_depth": qd,
-        "pid": pid,
-        "tid": pid,
-        "comm": comm,
-        "file": file,
-        "fd": 3,
-        "offset": 0,
-    }
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run the real entry point, bin/trainio."""
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    return subprocess.run(
-        [str(ROOT / "bin/trainio"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=300,
-    )
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "analysis"))
+sys.path.insert(0, str(HERE))
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import block, fread, run_cli
+from analysis_helpers import block, fread, run_cli
 
 from trainio_analysis.analyze import analyze, w1_distance
 from trainio_analysis.trace import write_trace

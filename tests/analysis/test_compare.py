@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import block, run_cli
+from analysis_helpers import block, run_cli
 
 from trainio_analysis.compare import compare
 from trainio_analysis.trace import write_trace

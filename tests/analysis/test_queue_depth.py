@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import US, block, fread
+from analysis_helpers import US, block, fread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from qd_reference import naive_qd

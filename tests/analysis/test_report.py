@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import block, fread, run_cli
+from analysis_helpers import block, fread, run_cli
 
 from trainio_analysis.report import PLOT_IDS
 from trainio_analysis.trace import write_trace

@@ -9,7 +9,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import block, fread
+from analysis_helpers import block, fread
 
 from trainio_analysis import trace as tr
 from trainio_analysis.errors import TraceError, TrainioError
