@@ -56,6 +56,7 @@ struct pending_io {
 	__s64 offset;
 	__u64 requested;
 	__u64 user_ptr; /* openat: the path, read again at exit */
+	__u64 ino;
 	__u32 op;
 	__s32 fd;
 	__u32 queue_depth;
@@ -108,13 +109,21 @@ static __always_inline bool storage_file(struct file *f)
 	return fmt == S_IFREG || fmt == S_IFBLK;
 }
 
-static __always_inline __u32 file_dev(struct file *f)
+/*
+ * The file's identity, which user space matches with the paths it saw opened (an fd may
+ * have been dup'ed or inherited): (s_dev, inode) for a file, the device for a block node.
+ */
+static __always_inline void file_identity(struct file *f, struct pending_io *p)
 {
 	struct inode *inode = BPF_CORE_READ(f, f_inode);
 
-	if ((BPF_CORE_READ(inode, i_mode) & S_IFMT) == S_IFBLK)
-		return BPF_CORE_READ(inode, i_rdev);
-	return BPF_CORE_READ(inode, i_sb, s_dev);
+	if ((BPF_CORE_READ(inode, i_mode) & S_IFMT) == S_IFBLK) {
+		p->dev = BPF_CORE_READ(inode, i_rdev);
+		p->ino = 0;
+	} else {
+		p->dev = BPF_CORE_READ(inode, i_sb, s_dev);
+		p->ino = BPF_CORE_READ(inode, i_ino);
+	}
 }
 
 static __always_inline __u64 iovec_bytes(const struct iovec *iov, __u64 count)
@@ -152,7 +161,7 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 	if (!f || !storage_file(f))
 		return 0; /* pipes, sockets, ttys: not storage */
 	p.flags = BPF_CORE_READ(f, f_flags);
-	p.dev = file_dev(f);
+	file_identity(f, &p);
 	if (offset < 0 && op != TRAINIO_FOP_CLOSE)
 		p.offset = BPF_CORE_READ(f, f_pos);
 	if (op != TRAINIO_FOP_CLOSE) {
@@ -196,6 +205,7 @@ static __always_inline int exit_io(long ret)
 	e->offset = p->offset;
 	e->requested = p->requested;
 	e->ret = ret;
+	e->ino = p->ino;
 	e->pid = tgid;
 	e->tid = tid;
 	e->fd = p->fd;
@@ -276,6 +286,90 @@ EXIT_PROG(tio_write_exit, write)
 EXIT_PROG(tio_pwrite_exit, pwrite64)
 EXIT_PROG(tio_close_exit, close)
 
+/*
+ * Absolute path of an open file, walking its dentries up to the root and crossing mounts
+ * (what d_path does; bpf_d_path is not available to tracepoints). Used for relative
+ * opens, so the path does not depend on the process still being alive to ask its cwd.
+ * Components are written backwards from the end of a per-CPU scratch buffer.
+ */
+#define PATH_DEPTH 64
+#define SCRATCH_HALF 512
+#define SCRATCH_MASK (SCRATCH_HALF - 1)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, char[SCRATCH_HALF + 256]);
+} path_scratch SEC(".maps");
+
+struct path_walk {
+	struct dentry *d;
+	struct mount *m;
+	char *buf;
+	__u32 pos;
+	bool overflow;
+};
+
+/* One bpf_loop() step: prepend d's name, or cross to the parent mount. 1 stops the loop. */
+static long path_step(__u64 index, void *data)
+{
+	struct path_walk *w = data;
+	/* Locals: inside BPF_CORE_READ every member access is relocated, ours included. */
+	struct dentry *d = w->d;
+	struct mount *m = w->m;
+	char *buf = w->buf;
+	struct dentry *parent = BPF_CORE_READ(d, d_parent);
+	struct dentry *mnt_root = BPF_CORE_READ(m, mnt.mnt_root);
+	__u32 len, pos = w->pos;
+
+	if (d == mnt_root || d == parent) {
+		struct mount *up = BPF_CORE_READ(m, mnt_parent);
+
+		if (up == m || !up)
+			return 1; /* the root of the namespace */
+		w->d = BPF_CORE_READ(m, mnt_mountpoint);
+		w->m = up;
+		return 0;
+	}
+	len = BPF_CORE_READ(d, d_name.len) & 255;
+	if (len + 1 >= pos || pos > SCRATCH_HALF) {
+		w->overflow = true;
+		return 1;
+	}
+	pos -= len;
+	bpf_probe_read_kernel(buf + (pos & SCRATCH_MASK), len, BPF_CORE_READ(d, d_name.name));
+	pos -= 1;
+	buf[pos & SCRATCH_MASK] = '/';
+	w->pos = pos;
+	w->d = parent;
+	return 0;
+}
+
+static __always_inline bool file_path(struct file *f, char *out)
+{
+	__u32 zero = 0;
+	struct vfsmount *vfs = BPF_CORE_READ(f, f_path.mnt);
+	char *buf = bpf_map_lookup_elem(&path_scratch, &zero);
+	struct path_walk w = {};
+
+	if (!buf)
+		return false;
+	w.d = BPF_CORE_READ(f, f_path.dentry);
+	w.m = container_of(vfs, struct mount, mnt);
+	w.buf = buf;
+	w.pos = SCRATCH_HALF - 1;
+	buf[SCRATCH_HALF - 1] = 0;
+	bpf_loop(PATH_DEPTH, path_step, &w, 0);
+	if (w.overflow)
+		return false;
+	if (w.pos == SCRATCH_HALF - 1)
+		buf[--w.pos & SCRATCH_MASK] = '/';
+	bpf_probe_read_kernel(out, TRAINIO_PATH_LEN, buf + (w.pos & SCRATCH_MASK));
+	out[TRAINIO_PATH_LEN - 1] = 0;
+	return true;
+}
+
 /* openat/openat2: the path is read at exit, from the caller's buffer the kernel just used. */
 static __always_inline int enter_open(int dirfd, __u64 path_ptr, __u32 flags)
 {
@@ -335,6 +429,12 @@ static __always_inline int exit_open(long ret)
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 	if (bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)p->user_ptr) < 0)
 		e->path[0] = 0;
+	if (e->path[0] != '/' && ret >= 0) {
+		struct file *f = fd_to_file(ret);
+
+		if (f)
+			file_path(f, e->path);
+	}
 	bpf_map_delete_elem(&pending, &tid);
 	submit_batched(file_events, e);
 	return 0;

@@ -73,6 +73,7 @@ struct file_event {
 	__s64 offset;    /* -1: no offset (close) */
 	__u64 requested; /* count asked for (iovec lengths summed) */
 	__s64 ret;       /* the syscall's return value */
+	__u64 ino;       /* the file's inode number; 0 for a block device (dev names it) */
 	__u32 pid;
 	__u32 tid;
 	__s32 fd;

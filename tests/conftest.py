@@ -1,43 +1,15 @@
-"""Fixtures shared by every suite: the entry point, loop devices, and the check that no
-trainio BPF program outlives a test."""
+"""Fixtures shared by every suite: loop devices, and the check that no trainio BPF program
+outlives a root test. Helpers live in trainio_testlib.py."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
-import subprocess
-import sys
-import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-TRAINIO = ROOT / "bin" / "trainio"
-sys.path.insert(0, str(ROOT / "analysis"))
-
-# Every BPF program of ours is named tio_* (bpf/*.bpf.c).
-BPF_PREFIX = "tio_"
-
-
-def trainio_programs() -> list[str]:
-    """Names of loaded BPF programs that belong to trainio."""
-    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True)
-    return [p.get("name", "") for p in json.loads(out.stdout or "[]") if p.get("name", "").startswith(BPF_PREFIX)]
-
-
-def wait_no_trainio_programs(timeout: float = 5.0) -> list[str]:
-    """Programs are freed after their last fd closes (RCU-deferred): wait a little."""
-    deadline = time.monotonic() + timeout
-    left = trainio_programs()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = trainio_programs()
-    return left
+from trainio_testlib import loop_device, wait_no_trainio_programs
 
 
 @pytest.fixture(autouse=True)
@@ -49,39 +21,6 @@ def _no_bpf_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
         assert not left, f"trainio BPF programs still loaded after the test: {left}"
 
 
-def run(cmd: list[str], *, timeout: float = 300, check: bool = False, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=check, **kw)
-
-
-def trainio(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess[str]:
-    """Runs the real entry point, bin/trainio."""
-    return run([str(TRAINIO), *map(str, args)], timeout=timeout, **kw)
-
-
-@contextlib.contextmanager
-def loop_device(size_mb: int = 256, *, direct_io: bool = True, fill: bool = False) -> Iterator[str]:
-    """A loop device over a file in /dev/shm; detached and removed even on failure."""
-    backing = Path("/dev/shm") / f"trainio-test-{uuid.uuid4().hex[:8]}.img"
-    dev = None
-    try:
-        with open(backing, "wb") as f:
-            if fill:
-                chunk = os.urandom(1 << 20)
-                for _ in range(size_mb):
-                    f.write(chunk)
-            else:
-                f.truncate(size_mb << 20)
-        cmd = ["losetup", "--find", "--show"]
-        if direct_io:
-            cmd.append("--direct-io=on")
-        dev = run([*cmd, str(backing)], check=True).stdout.strip()
-        yield dev
-    finally:
-        if dev:
-            run(["losetup", "-d", dev])
-        backing.unlink(missing_ok=True)
-
-
 @pytest.fixture
 def loop_dev() -> Iterator[str]:
     """A 256 MiB loop device (direct I/O to its backing file in /dev/shm)."""
@@ -91,7 +30,3 @@ def loop_dev() -> Iterator[str]:
         yield dev
 
 
-def majmin(dev: str) -> str:
-    """`MAJ:MIN` of a block device node, as traces spell `dev`."""
-    st = os.stat(dev)
-    return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"

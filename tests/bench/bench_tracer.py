@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import TRAINIO, loop_device, majmin  # noqa: E402
+from trainio_testlib import TRAINIO, loop_device, majmin  # noqa: E402
 from trainio_analysis.trace import read_metadata, scan_trace  # noqa: E402
 
 import polars as pl  # noqa: E402

@@ -14,7 +14,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import TRAINIO, majmin, run, trainio
+from trainio_testlib import TRAINIO, majmin, run, trainio
 from trainio_analysis.trace import read_metadata, scan_trace
 
 MiB = 1 << 20
@@ -211,3 +211,51 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     nobody = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(TRAINIO),
                   "record", "-o", str(tmp_path / "n"), "--", "true"])
     _one_line_exit_2(nobody, "root")
+
+
+@pytest.mark.slow
+def test_cgroup_mode_traces_only_the_cgroup_and_stops_at_duration(tmp_path: Path) -> None:
+    unified = Path("/sys/fs/cgroup/unified")
+    base = unified if (unified / "cgroup.procs").exists() else Path("/sys/fs/cgroup")
+    cg = base / f"trainio-test-{os.getpid()}"
+    inside, outside = tmp_path / "in.bin", tmp_path / "out.bin"
+    inside.write_bytes(b"i" * 4096)
+    outside.write_bytes(b"o" * 4096)
+    cg.mkdir()
+    proc = None
+    try:
+        proc = subprocess.Popen(["sh", "-c", f"echo $$ > {cg}/cgroup.procs; sleep 1.5; cat {inside} > /dev/null"])
+        other = subprocess.Popen(["sh", "-c", f"sleep 1.5; cat {outside} > /dev/null"])
+        t0 = time.monotonic()
+        res = trainio("record", "--layers", "file", "-o", tmp_path / "t", "--cgroup", cg, "--duration", "3")
+        elapsed = time.monotonic() - t0
+        other.wait()
+        assert res.returncode == 0, res.stderr
+        assert 3 <= elapsed < 15
+        files = set(rows(tmp_path / "t", layer="file", op="read")["file"].to_list())
+        assert str(inside) in files and str(outside) not in files
+        assert read_metadata(tmp_path / "t")["target"] == {"cgroup": str(cg)}
+    finally:
+        if proc:
+            proc.kill()
+            proc.wait()
+        cg.rmdir()
+
+
+@pytest.mark.slow
+def test_sigterm_is_forwarded_and_the_trace_is_closed(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    tracer = subprocess.Popen([str(TRAINIO), "record", "-o", str(out), "--", "sleep", "30"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not list(out.glob("*.partial")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        tracer.send_signal(signal.SIGTERM)
+        _, err = tracer.communicate(timeout=30)
+    finally:
+        tracer.kill()
+    assert tracer.returncode == 128 + signal.SIGTERM, err
+    assert not list(out.glob("*.partial")) and list(out.glob("seg-*.parquet"))
+    assert "lost events: 0" in err

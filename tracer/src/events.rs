@@ -33,8 +33,9 @@ pub struct Collector {
     devs: HashMap<u32, Arc<str>>,
     /// (tgid, fd) → path, from openat, or from /proc when the fd predates the recording.
     fds: HashMap<(u32, i32), Option<Arc<str>>>,
-    /// (st_dev, inode) → path of files opened while tracing: names NFS rows (fileid).
-    inodes: HashMap<(u64, u64), Arc<str>>,
+    /// (kernel dev, inode) → path of files opened while tracing (inode 0: a block device
+    /// node, named by its device). Names reads on dup'ed or inherited fds, and NFS rows.
+    inodes: HashMap<(u32, u64), Arc<str>>,
     cwds: HashMap<u32, PathBuf>,
     pub tally: BTreeMap<(Layer, Option<Arc<str>>), Tally>,
     pub undecodable: u64,
@@ -185,13 +186,29 @@ impl Collector {
             .clone()
     }
 
+    /// Remembers which (device, inode) a path names, as the BPF side reports files.
+    fn learn_identity(&mut self, path: &Arc<str>) {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let Ok(meta) = std::fs::metadata(&**path) else { return };
+        let user_to_kernel = |d: u64| ((libc::major(d) as u32) << 20) | libc::minor(d) as u32;
+        let key = if meta.file_type().is_block_device() {
+            (user_to_kernel(meta.rdev()), 0)
+        } else {
+            (user_to_kernel(meta.dev()), meta.ino())
+        };
+        self.inodes.insert(key, path.clone());
+    }
+
     fn file(&mut self, e: &file_event) {
         let (op, read) = match e.op {
             FOP_CLOSE => ("close", false),
             FOP_WRITE | FOP_PWRITE64 => ("write", false),
             _ => ("read", true),
         };
-        let file = self.fd_path(e.pid, e.fd);
+        let file = match self.inodes.get(&(e.dev, e.ino)) {
+            Some(p) => Some(p.clone()),
+            None => self.fd_path(e.pid, e.fd),
+        };
         let dev = self.dev(e.dev);
         let done = e.ret.max(0);
         self.batch.push(&Row {
@@ -246,9 +263,8 @@ impl Collector {
         let fd = (e.ret >= 0).then_some(e.ret);
         if let Some(fd) = fd {
             self.fds.insert((e.pid, fd), path.clone());
-            if let Some(meta) = path.as_deref().and_then(|p| std::fs::metadata(p).ok()) {
-                use std::os::unix::fs::MetadataExt;
-                self.inodes.insert((meta.dev(), meta.ino()), path.clone().unwrap());
+            if let Some(p) = &path {
+                self.learn_identity(p);
             }
         }
         self.batch.push(&Row {
@@ -280,9 +296,7 @@ impl Collector {
             _ => "commit",
         };
         let dev = self.dev(e.dev);
-        // st_dev as user space sees it: the new encoding of major 0, minor N is N.
-        let user_dev = libc::makedev(e.dev >> 20, e.dev & 0xfffff);
-        let file = self.inodes.get(&(user_dev, e.fileid)).cloned();
+        let file = self.inodes.get(&(e.dev, e.fileid)).cloned();
         self.batch.push(&Row {
             layer: Layer::Nfs,
             op,
