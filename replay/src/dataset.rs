@@ -195,7 +195,7 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
             .unwrap(),
     );
     let mut block = vec![0u8; 1 << 20];
-    rand::rngs::StdRng::seed_from_u64(0x7472_6169_6e69_6f).fill(&mut block[..]);
+    rand::rngs::StdRng::seed_from_u64(0x0074_7261_696e_696f).fill(&mut block[..]);
     for &i in &todo {
         let path = layout.path(i);
         if let Some(dir) = path.parent() {

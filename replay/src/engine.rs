@@ -99,6 +99,8 @@ pub struct GpuStats {
     pub barrier_wait_s: f64,
     /// DLIO's AU as a fraction: first step of each epoch excluded.
     pub au: f64,
+    /// Most reads of this GPU in flight at once: the queue depth it put on storage.
+    pub max_outstanding_reads: u64,
     pub epochs: Vec<EpochStats>,
 }
 
@@ -191,6 +193,8 @@ struct Gpu {
     slots: VecDeque<Slot>,
     state: State,
     carry_ns: u64,
+    /// Reads of this GPU in flight now.
+    outstanding: u64,
     rng: StdRng,
     epoch_start: u64,
     first_step_end: Option<u64>,
@@ -253,6 +257,7 @@ impl<'a, P: Program> Engine<'a, P> {
                 slots: VecDeque::new(),
                 state: State::WaitBatch { since: 0 },
                 carry_ns: 0,
+                outstanding: 0,
                 rng: StdRng::seed_from_u64(seed ^ global.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                 epoch_start: 0,
                 first_step_end: None,
@@ -533,6 +538,7 @@ impl<'a, P: Program> Engine<'a, P> {
         if let Some(pool) = &self.pool {
             pool.submit(w, worker.fd, worker.buf, len as usize, offset);
             self.in_flight += 1;
+            self.count_issue(w);
             return Ok(());
         }
         let sqe = if self.fixed_buffers {
@@ -549,7 +555,14 @@ impl<'a, P: Program> Engine<'a, P> {
             }
         }
         self.in_flight += 1;
+        self.count_issue(w);
         Ok(())
+    }
+
+    fn count_issue(&mut self, w: usize) {
+        let gpu = &mut self.gpus[self.workers[w].gpu];
+        gpu.outstanding += 1;
+        gpu.stats.max_outstanding_reads = gpu.stats.max_outstanding_reads.max(gpu.outstanding);
     }
 
     /// psync: one read of the eventfd in flight at all times (not counted in in_flight).
@@ -577,6 +590,7 @@ impl<'a, P: Program> Engine<'a, P> {
         }
         let got = res as u64;
         let gpu = &mut self.gpus[g];
+        gpu.outstanding -= 1;
         gpu.stats.bytes += got;
         gpu.cur.bytes += got;
         let worker = &mut self.workers[w];

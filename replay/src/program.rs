@@ -11,6 +11,9 @@ use rand::SeedableRng;
 use std::cell::RefCell;
 use std::path::PathBuf;
 
+/// (epoch, sample order of that epoch).
+type EpochOrder = (u64, Vec<u32>);
+
 pub struct WorkloadProgram {
     pub layout: Layout,
     pub batch_size: u64,
@@ -26,7 +29,7 @@ pub struct WorkloadProgram {
     /// Per local GPU: its global index and the files of its shard.
     shards: Vec<(u64, Vec<usize>)>,
     /// Per local GPU: (epoch, sample order) so a shuffled order is computed once per epoch.
-    orders: RefCell<Vec<Option<(u64, Vec<u32>)>>>,
+    orders: RefCell<Vec<Option<EpochOrder>>>,
 }
 
 impl WorkloadProgram {

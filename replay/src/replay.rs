@@ -6,7 +6,7 @@ use crate::dataset::{self, Layout};
 use crate::engine::{Engine, EngineOptions};
 use crate::engine::Program;
 use crate::program::WorkloadProgram;
-use crate::trace_input::{self, Template, TraceProgram};
+use crate::trace_input::{self, Template, TraceOptions, TraceProgram};
 use crate::results::{self, RankReport, Settings};
 use crate::workload::{ComputeTime, Workload};
 use anyhow::{bail, Context, Result};
@@ -88,7 +88,7 @@ impl Job {
             }
             (None, Some(trace)) => {
                 let gap = args.burst_gap_ms;
-                if !(gap > 0.0) {
+                if gap.is_nan() || gap <= 0.0 {
                     bail!(InputError(format!("--burst-gap-ms must be positive, got {gap}")));
                 }
                 let templates = trace_input::load_templates(trace, gap).map_err(InputError)?;
@@ -251,10 +251,12 @@ impl Job {
                     layout.clone(),
                     gpus,
                     &local,
-                    w.epochs,
-                    self.max_steps,
-                    self.compute_override,
-                    w.prefetch_size as usize,
+                    TraceOptions {
+                        epochs: w.epochs,
+                        max_steps: self.max_steps,
+                        compute_override: self.compute_override,
+                        prefetch_size: w.prefetch_size as usize,
+                    },
                 );
                 let used_t = &templates[..templates.len().min(gpus as usize)];
                 let reads: u64 = used_t.iter().flat_map(|t| &t.steps).map(|s| s.reads.len() as u64).sum();
@@ -266,7 +268,7 @@ impl Job {
                     source: self.source.clone(),
                     name: w.name.clone(),
                     data_dir: self.data_dir.display().to_string(),
-                    batch_size: if steps > 0 { reads / steps } else { 0 },
+                    batch_size: reads.checked_div(steps).unwrap_or(0),
                     read_threads: used_t.iter().map(|t| t.concurrency as u64).max().unwrap_or(1),
                     prefetch_size: w.prefetch_size,
                     transfer_size: program.max_request(),

@@ -141,6 +141,7 @@ pub fn summarize(reports: &[RankReport], settings: &Settings, threshold_percent:
         "sleep_overshoot_us_p50": percentile(&hist, 0.50),
         "sleep_overshoot_us_p99": percentile(&hist, 0.99),
         "sleep_overshoot_us_max": hist.keys().last().copied().unwrap_or(0),
+        "max_outstanding_reads_per_gpu": gpus.iter().map(|g| g.max_outstanding_reads).max().unwrap_or(0),
         "cpu_s": cpu_s,
         "cpu_us_per_gpu_step": if gpu_steps > 0 { cpu_s * 1e6 / gpu_steps as f64 } else { 0.0 },
         "client_ram_bytes": ram_bytes,
@@ -149,6 +150,7 @@ pub fn summarize(reports: &[RankReport], settings: &Settings, threshold_percent:
             "gpu": g.gpu, "rank": g.rank, "au_percent": g.au * 100.0, "steps": g.steps,
             "samples": g.samples, "bytes_read": g.bytes, "compute_s": g.compute_s,
             "io_wait_s": g.io_wait_s, "barrier_wait_s": g.barrier_wait_s,
+            "max_outstanding_reads": g.max_outstanding_reads,
         })).collect::<Vec<_>>(),
     })
 }

@@ -126,6 +126,15 @@ pub fn layout(templates: &[Template], gpus: u64, root: &Path) -> Layout {
     Layout { root: root.to_path_buf(), files, samples_per_file: 1, description: "trace replay".into() }
 }
 
+/// Settings of a trace replay that do not come from the trace.
+pub struct TraceOptions {
+    pub epochs: u64,
+    /// Cap on steps per epoch (0 = none).
+    pub max_steps: u64,
+    pub compute_override: Option<f64>,
+    pub prefetch_size: usize,
+}
+
 pub struct TraceProgram {
     templates: Vec<Template>,
     layout: Layout,
@@ -139,16 +148,8 @@ pub struct TraceProgram {
 }
 
 impl TraceProgram {
-    pub fn new(
-        templates: Vec<Template>,
-        layout: Layout,
-        gpus: u64,
-        local_gpus: &[u64],
-        epochs: u64,
-        max_steps: u64,
-        compute_override: Option<f64>,
-        prefetch_size: usize,
-    ) -> TraceProgram {
+    pub fn new(templates: Vec<Template>, layout: Layout, gpus: u64, local_gpus: &[u64], opts: TraceOptions) -> TraceProgram {
+        let TraceOptions { epochs, max_steps, compute_override, prefetch_size } = opts;
         let t_of = |g: u64| (g % templates.len() as u64) as usize;
         let mut first_file = Vec::with_capacity(gpus as usize);
         let mut next = 0usize;

@@ -28,6 +28,7 @@ def test_throttled_device_au_and_throughput_match_the_bandwidth(tmp_path, loop_f
     assert abs(r["au_percent"] - predicted_au) <= 5.0, (r["au_percent"], predicted_au)
     assert r["throughput_mib_s"] == pytest.approx(50.0, rel=0.10)
     assert r["pass"] is False  # 62.5 % < 90 %
+    assert r["max_outstanding_reads_per_gpu"] == 4  # read_threads, the queue depth a job makes
 
 
 def test_sweep_finds_what_the_bandwidth_supports(tmp_path, loop_fs, blkio_cgroup):

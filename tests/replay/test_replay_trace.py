@@ -66,6 +66,8 @@ def test_trace_replay_remaps_files_and_keeps_structure(tmpfs_dir):
     per_gpu = {g["gpu"]: g for g in r["per_gpu"]}
     assert per_gpu[0]["bytes_read"] == per_gpu[2]["bytes_read"] == 3 * 4 * 256 * KIB
     assert per_gpu[1]["bytes_read"] == 3 * 2 * 128 * KIB
+    # The recorded concurrency is replayed: pid 100 had 4 reads in flight, pid 200 one.
+    assert [per_gpu[g]["max_outstanding_reads"] for g in range(3)] == [4, 1, 4]
     assert r["bytes_read"] == 2 * 3 * 4 * 256 * KIB + 3 * 2 * 128 * KIB
     # Each GPU has its own copies: 2 + 1 + 2 files, sized to the largest byte read.
     gpu_dirs = sorted(p.name for p in (data / "trace").iterdir())

@@ -30,6 +30,8 @@ def test_tmpfs_small_workload_keeps_au_above_95(tmpfs_dir):
     assert r["samples_per_s"] == pytest.approx(r["samples"] / r["wall_s"], rel=1e-6)
     # Compute alone is 6 steps × 0.05 s per epoch: the run cannot be faster.
     assert r["wall_s"] >= 12 * 0.05
+    # Each GPU's DataLoader had exactly read_threads (4) reads in flight at its peak.
+    assert [g["max_outstanding_reads"] for g in r["per_gpu"]] == [4, 4]
     assert 0 <= r["sleep_overshoot_us_p50"] <= r["sleep_overshoot_us_p99"]
     for key in ("sleep_overshoot_us_p99", "threshold_percent", "pass", "per_epoch", "cpu_us_per_gpu_step"):
         assert key in r
