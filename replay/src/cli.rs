@@ -12,7 +12,12 @@ pub enum IoEngine {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "trainio", bin_name = "trainio", version, about = "Replay AI-training storage I/O with emulated accelerators")]
+#[command(
+    name = "trainio",
+    bin_name = "trainio",
+    version,
+    about = "Replay AI-training storage I/O with emulated accelerators"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -32,7 +37,12 @@ pub enum Command {
 #[derive(Args, Debug, Clone)]
 pub struct SourceArgs {
     /// DLIO / MLPerf Storage workload YAML (v1.0 or v2.0 key names).
-    #[arg(long, value_name = "FILE.yaml", required_unless_present = "trace", conflicts_with = "trace")]
+    #[arg(
+        long,
+        value_name = "FILE.yaml",
+        required_unless_present = "trace",
+        conflicts_with = "trace"
+    )]
     pub workload: Option<PathBuf>,
     /// Recorded trace (directory of Parquet segments, or one .parquet file): its file-layer reads.
     #[arg(long, value_name = "TRACE")]

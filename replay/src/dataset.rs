@@ -70,7 +70,9 @@ impl Layout {
             .map(|i| {
                 let record = match &normal {
                     Some(d) => {
-                        let mut rng = rand::rngs::StdRng::seed_from_u64(workload.seed ^ (i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+                        let mut rng = rand::rngs::StdRng::seed_from_u64(
+                            workload.seed ^ (i.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                        );
                         d.sample(&mut rng).max(1.0)
                     }
                     None => workload.record_length,
@@ -78,11 +80,16 @@ impl Layout {
                 let sample = round_up((record.ceil() as u64).max(1), ALIGN);
                 let name = format!("file_{i:0digits$}.dat");
                 let rel = if workload.num_subfolders_train > 0 {
-                    PathBuf::from("train").join(format!("{:04}", i % workload.num_subfolders_train)).join(name)
+                    PathBuf::from("train")
+                        .join(format!("{:04}", i % workload.num_subfolders_train))
+                        .join(name)
                 } else {
                     PathBuf::from("train").join(name)
                 };
-                DataFile { rel, size: sample * spf }
+                DataFile {
+                    rel,
+                    size: sample * spf,
+                }
             })
             .collect();
         Layout {
@@ -163,7 +170,9 @@ pub fn claim_directory(root: &Path, force: bool) -> Result<()> {
                 );
             }
         }
-        Err(_) => std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?,
+        Err(_) => {
+            std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?
+        }
     }
     Ok(())
 }
@@ -178,7 +187,8 @@ pub fn write_marker(layout: &Layout) -> Result<()> {
         bytes: layout.total_bytes(),
     };
     let p = layout.root.join(MARKER);
-    std::fs::write(&p, serde_json::to_vec_pretty(&marker)?).with_context(|| format!("writing {}", p.display()))
+    std::fs::write(&p, serde_json::to_vec_pretty(&marker)?)
+        .with_context(|| format!("writing {}", p.display()))
 }
 
 /// Materializes the files of `layout` whose index ≡ `part` (mod `parts`), skipping files
@@ -186,13 +196,23 @@ pub fn write_marker(layout: &Layout) -> Result<()> {
 pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool) -> Result<u64> {
     let todo: Vec<usize> = (0..layout.files.len())
         .filter(|i| i % parts == part)
-        .filter(|&i| std::fs::metadata(layout.path(i)).map(|m| m.len() != layout.files[i].size).unwrap_or(true))
+        .filter(|&i| {
+            std::fs::metadata(layout.path(i))
+                .map(|m| m.len() != layout.files[i].size)
+                .unwrap_or(true)
+        })
         .collect();
     let bytes: u64 = todo.iter().map(|&i| layout.files[i].size).sum();
-    let bar = if show_progress { ProgressBar::new(bytes) } else { ProgressBar::hidden() };
+    let bar = if show_progress {
+        ProgressBar::new(bytes)
+    } else {
+        ProgressBar::hidden()
+    };
     bar.set_style(
-        ProgressStyle::with_template("datagen {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}")
-            .unwrap(),
+        ProgressStyle::with_template(
+            "datagen {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .unwrap(),
     );
     let mut block = vec![0u8; 1 << 20];
     rand::rngs::StdRng::seed_from_u64(0x0074_7261_696e_696f).fill(&mut block[..]);
@@ -201,7 +221,8 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
-        let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let file =
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
         let mut left = layout.files[i].size;
         let mut chunk_no = 0u64;
@@ -210,12 +231,14 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
             block[..8].copy_from_slice(&(i as u64).to_le_bytes());
             block[8..16].copy_from_slice(&chunk_no.to_le_bytes());
             let n = left.min(block.len() as u64) as usize;
-            out.write_all(&block[..n]).with_context(|| format!("writing {}", path.display()))?;
+            out.write_all(&block[..n])
+                .with_context(|| format!("writing {}", path.display()))?;
             left -= n as u64;
             chunk_no += 1;
             bar.inc(n as u64);
         }
-        out.flush().with_context(|| format!("writing {}", path.display()))?;
+        out.flush()
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     // One syncfs instead of an fsync per file: O_DIRECT readers must find the data on disk.
     if let Ok(dir) = std::fs::File::open(&layout.root) {
@@ -246,7 +269,10 @@ mod tests {
             assert_eq!(x.size, y.size);
             assert_eq!(x.size % ALIGN, 0);
         }
-        assert!(a.files.iter().any(|f| f.size != a.files[0].size), "stdev must vary sizes");
+        assert!(
+            a.files.iter().any(|f| f.size != a.files[0].size),
+            "stdev must vary sizes"
+        );
     }
 
     #[test]

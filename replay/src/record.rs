@@ -14,7 +14,10 @@ pub struct Recorder {
 /// bin/trainio of the checkout this binary was built in (target/release/../../bin/trainio),
 /// else `trainio` on PATH.
 fn trainio_entry() -> PathBuf {
-    if let Some(root) = std::env::current_exe().ok().and_then(|e| e.ancestors().nth(3).map(Path::to_path_buf)) {
+    if let Some(root) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.ancestors().nth(3).map(Path::to_path_buf))
+    {
         let entry = root.join("bin/trainio");
         if entry.exists() {
             return entry;
@@ -34,7 +37,10 @@ impl Recorder {
             .arg(std::process::id().to_string())
             .spawn()
             .with_context(|| format!("--record: starting {} record", entry.display()))?;
-        let mut r = Recorder { child, output: output.to_path_buf() };
+        let mut r = Recorder {
+            child,
+            output: output.to_path_buf(),
+        };
         // The recorder attaches its probes before it creates the output directory; give it
         // up to 10 s, and fail if it exits instead.
         let started = Instant::now();
@@ -54,11 +60,20 @@ impl Recorder {
     /// Stops the recorder with SIGINT (it closes its last segment) and waits for it.
     pub fn stop(mut self) -> Result<()> {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let status = self.child.wait().context("--record: waiting for the recorder")?;
+        let status = self
+            .child
+            .wait()
+            .context("--record: waiting for the recorder")?;
         if !status.success() {
-            bail!("--record: the recorder failed ({status}); its output is in {}", self.output.display());
+            bail!(
+                "--record: the recorder failed ({status}); its output is in {}",
+                self.output.display()
+            );
         }
-        eprintln!("trainio replay: recorded the replay's I/O into {}", self.output.display());
+        eprintln!(
+            "trainio replay: recorded the replay's I/O into {}",
+            self.output.display()
+        );
         Ok(())
     }
 }

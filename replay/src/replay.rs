@@ -3,11 +3,11 @@
 use crate::cli::RunArgs;
 use crate::cluster::Cluster;
 use crate::dataset::{self, Layout};
-use crate::engine::{Engine, EngineOptions};
 use crate::engine::Program;
+use crate::engine::{Engine, EngineOptions};
 use crate::program::WorkloadProgram;
-use crate::trace_input::{self, Template, TraceOptions, TraceProgram};
 use crate::results::{self, RankReport, Settings};
+use crate::trace_input::{self, Template, TraceOptions, TraceProgram};
 use crate::workload::{ComputeTime, Workload};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
@@ -83,27 +83,37 @@ impl Job {
         let src = &args.source;
         let (mut w, templates, path) = match (&src.workload, &src.trace) {
             (Some(path), _) => {
-                let w = Workload::from_file(path).map_err(|e| InputError(format!("{e:#}").replace('\n', " ")))?;
+                let w = Workload::from_file(path)
+                    .map_err(|e| InputError(format!("{e:#}").replace('\n', " ")))?;
                 (w, None, path.clone())
             }
             (None, Some(trace)) => {
                 let gap = args.burst_gap_ms;
                 if gap.is_nan() || gap <= 0.0 {
-                    bail!(InputError(format!("--burst-gap-ms must be positive, got {gap}")));
+                    bail!(InputError(format!(
+                        "--burst-gap-ms must be positive, got {gap}"
+                    )));
                 }
                 let templates = trace_input::load_templates(trace, gap).map_err(InputError)?;
-                let name = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let name = trace
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
                 let w = Workload::from_yaml(
                     &format!("model: {{name: \"trace {name}\"}}\ndataset: {{record_length_bytes: 1}}\nreader: {{}}\ntrain: {{}}\n"),
                     "trace",
                 )?;
                 (w, Some(templates), trace.clone())
             }
-            (None, None) => bail!(InputError("give --workload FILE.yaml or --trace TRACE".into())),
+            (None, None) => bail!(InputError(
+                "give --workload FILE.yaml or --trace TRACE".into()
+            )),
         };
         if let Some(ct) = src.computation_time {
             if !(ct >= 0.0 && ct.is_finite()) {
-                bail!(InputError(format!("--computation-time must be ≥ 0 seconds, got {ct}")));
+                bail!(InputError(format!(
+                    "--computation-time must be ≥ 0 seconds, got {ct}"
+                )));
             }
             w.computation_time = ComputeTime::Fixed(ct);
         }
@@ -124,12 +134,17 @@ impl Job {
         }
         let threshold = args.threshold.unwrap_or(w.au_threshold_percent);
         if !(0.0..=100.0).contains(&threshold) {
-            bail!(InputError(format!("--threshold must be between 0 and 100 percent, got {threshold}")));
+            bail!(InputError(format!(
+                "--threshold must be between 0 and 100 percent, got {threshold}"
+            )));
         }
         Ok(Job {
             templates,
             compute_override: src.computation_time,
-            transfer_size: src.transfer_size.or(w.transfer_size).unwrap_or(DEFAULT_TRANSFER),
+            transfer_size: src
+                .transfer_size
+                .or(w.transfer_size)
+                .unwrap_or(DEFAULT_TRANSFER),
             odirect: args.odirect || w.odirect,
             workload: w,
             source: path.display().to_string(),
@@ -174,7 +189,12 @@ impl Job {
         }
         cluster.barrier();
         let started = std::time::Instant::now();
-        let bytes = dataset::generate(&layout, cluster.rank, cluster.size, self.progress && cluster.is_root())?;
+        let bytes = dataset::generate(
+            &layout,
+            cluster.rank,
+            cluster.size,
+            self.progress && cluster.is_root(),
+        )?;
         cluster.barrier();
         if cluster.is_root() {
             eprintln!(
@@ -197,14 +217,26 @@ impl Job {
         let layout = self.layout(gpus);
         let local = split(gpus, cluster.size, cluster.rank);
         // Each rank checks the files its own GPUs read.
-        let mine: Vec<usize> = local.iter().flat_map(|&g| self.files_of(&layout, g, gpus)).collect();
+        let mine: Vec<usize> = local
+            .iter()
+            .flat_map(|&g| self.files_of(&layout, g, gpus))
+            .collect();
         layout.verify_files(&mine)?;
-        let used: Vec<usize> = (0..gpus).flat_map(|g| self.files_of(&layout, g, gpus)).collect();
+        let used: Vec<usize> = (0..gpus)
+            .flat_map(|g| self.files_of(&layout, g, gpus))
+            .collect();
         let used_bytes: u64 = used.iter().map(|&i| layout.files[i].size).sum();
         let w = &self.workload;
         match &self.templates {
             None => {
-                let program = WorkloadProgram::new(w, layout.clone(), gpus, &local, self.transfer_size, self.max_steps);
+                let program = WorkloadProgram::new(
+                    w,
+                    layout.clone(),
+                    gpus,
+                    &local,
+                    self.transfer_size,
+                    self.max_steps,
+                );
                 if program.steps_per_epoch == 0 {
                     bail!(InputError(format!(
                         "each GPU's shard holds fewer samples than one batch ({} files of {} samples for {} GPUs, batch {})",
@@ -259,10 +291,18 @@ impl Job {
                     },
                 );
                 let used_t = &templates[..templates.len().min(gpus as usize)];
-                let reads: u64 = used_t.iter().flat_map(|t| &t.steps).map(|s| s.reads.len() as u64).sum();
+                let reads: u64 = used_t
+                    .iter()
+                    .flat_map(|t| &t.steps)
+                    .map(|s| s.reads.len() as u64)
+                    .sum();
                 let bytes: u64 = used_t.iter().map(|t| t.bytes).sum();
                 let steps: u64 = used_t.iter().map(|t| t.steps.len() as u64).sum();
-                let compute: f64 = used_t.iter().flat_map(|t| &t.steps).map(|s| s.compute_s).sum();
+                let compute: f64 = used_t
+                    .iter()
+                    .flat_map(|t| &t.steps)
+                    .map(|s| s.compute_s)
+                    .sum();
                 let settings = Settings {
                     mode: "trace".into(),
                     source: self.source.clone(),
@@ -324,8 +364,21 @@ impl Job {
             std::fs::write("/proc/sys/vm/drop_caches", b"3")
                 .context("--drop-caches: writing /proc/sys/vm/drop_caches (needs root)")?;
         }
-        let options = EngineOptions { odirect: self.odirect, barrier: self.barrier, progress: self.progress, realtime: self.realtime, psync: self.psync };
-        let engine = Engine::new(program, local, cluster.rank, cluster, options, self.workload.seed)?;
+        let options = EngineOptions {
+            odirect: self.odirect,
+            barrier: self.barrier,
+            progress: self.progress,
+            realtime: self.realtime,
+            psync: self.psync,
+        };
+        let engine = Engine::new(
+            program,
+            local,
+            cluster.rank,
+            cluster,
+            options,
+            self.workload.seed,
+        )?;
         cluster.barrier();
         let cpu0 = cpu_seconds();
         let run = engine.run()?;
@@ -338,9 +391,16 @@ impl Job {
         };
         let gathered = cluster.gather(serde_json::to_vec(&report)?);
         let Some(all) = gathered else { return Ok(None) };
-        let reports: Vec<RankReport> =
-            all.iter().map(|b| serde_json::from_slice(b)).collect::<Result<_, _>>().context("decoding rank results")?;
-        Ok(Some(results::summarize(&reports, &settings, self.threshold_percent)))
+        let reports: Vec<RankReport> = all
+            .iter()
+            .map(|b| serde_json::from_slice(b))
+            .collect::<Result<_, _>>()
+            .context("decoding rank results")?;
+        Ok(Some(results::summarize(
+            &reports,
+            &settings,
+            self.threshold_percent,
+        )))
     }
 }
 

@@ -19,7 +19,10 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
     let job = Job::prepare(&args.run)?;
     let start = args.run.source.gpus.max(cluster.size as u64);
     if start > args.max_gpus {
-        bail!(crate::replay::InputError(format!("--gpus {start} is above --max-gpus {}", args.max_gpus)));
+        bail!(crate::replay::InputError(format!(
+            "--gpus {start} is above --max-gpus {}",
+            args.max_gpus
+        )));
     }
     let mut curve: Vec<Point> = Vec::new();
     let mut trial = |n: u64| -> Result<bool> {
@@ -28,7 +31,8 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
             Some(s) => serde_json::to_vec(s)?,
             None => Vec::new(),
         });
-        let s: serde_json::Value = serde_json::from_slice(&verdict).context("decoding rank 0's results")?;
+        let s: serde_json::Value =
+            serde_json::from_slice(&verdict).context("decoding rank 0's results")?;
         let pass = s["pass"].as_bool().unwrap_or(false);
         if cluster.is_root() {
             eprintln!(
@@ -38,7 +42,11 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
                 if pass { "pass" } else { "FAIL" }
             );
         }
-        curve.push(Point { gpus: n, pass, summary: s });
+        curve.push(Point {
+            gpus: n,
+            pass,
+            summary: s,
+        });
         Ok(pass)
     };
     // Doubling.
@@ -76,9 +84,18 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
         return Ok(());
     }
     curve.sort_by_key(|p| p.gpus);
-    let threshold = curve.first().and_then(|p| p.summary["threshold_percent"].as_f64()).unwrap_or(0.0);
-    println!("trainio sweep: {} (threshold {threshold:.0}% AU)", job.workload.name);
-    println!("{:>8} {:>9} {:>9} {:>12} {:>12}  verdict", "GPUs", "AU %", "min AU %", "MiB/s", "samples/s");
+    let threshold = curve
+        .first()
+        .and_then(|p| p.summary["threshold_percent"].as_f64())
+        .unwrap_or(0.0);
+    println!(
+        "trainio sweep: {} (threshold {threshold:.0}% AU)",
+        job.workload.name
+    );
+    println!(
+        "{:>8} {:>9} {:>9} {:>12} {:>12}  verdict",
+        "GPUs", "AU %", "min AU %", "MiB/s", "samples/s"
+    );
     for p in &curve {
         let f = |k: &str| p.summary[k].as_f64().unwrap_or(0.0);
         println!(
@@ -114,7 +131,8 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
         })).collect::<Vec<_>>(),
         "runs": curve.iter().map(|p| &p.summary).collect::<Vec<_>>(),
     });
-    std::fs::write(&args.json, serde_json::to_vec_pretty(&out)?).with_context(|| format!("writing {}", args.json.display()))?;
+    std::fs::write(&args.json, serde_json::to_vec_pretty(&out)?)
+        .with_context(|| format!("writing {}", args.json.display()))?;
     println!("curve saved to {}", args.json.display());
     Ok(())
 }

@@ -44,9 +44,13 @@ pub struct Template {
 /// less than 1 % of the largest one's bytes (an interpreter loading its modules, a
 /// shell) are left out.
 pub fn load_templates(trace: &Path, burst_gap_ms: f64) -> Result<Vec<Template>, String> {
-    let rows = read_rows(trace, Some(Layer::File)).map_err(|e| format!("{}: {e}", trace.display()))?;
+    let rows =
+        read_rows(trace, Some(Layer::File)).map_err(|e| format!("{}: {e}", trace.display()))?;
     let mut by_pid: HashMap<u32, Vec<_>> = HashMap::new();
-    for r in rows.into_iter().filter(|r| &*r.op == "read" && r.error == 0 && r.bytes > 0 && r.offset.is_some()) {
+    for r in rows
+        .into_iter()
+        .filter(|r| &*r.op == "read" && r.error == 0 && r.bytes > 0 && r.offset.is_some())
+    {
         by_pid.entry(r.pid).or_default().push(r);
     }
     if by_pid.is_empty() {
@@ -81,14 +85,23 @@ pub fn load_templates(trace: &Path, burst_gap_ms: f64) -> Result<Vec<Template>, 
                 let offset = r.offset.unwrap().max(0) as u64;
                 let len = r.bytes as u64;
                 files[fi].1 = files[fi].1.max(offset + len);
-                if steps.is_empty() || (busy_until != i64::MIN && r.issue_ns - busy_until >= gap_ns) {
+                if steps.is_empty() || (busy_until != i64::MIN && r.issue_ns - busy_until >= gap_ns)
+                {
                     if !steps.is_empty() {
                         gaps.push((r.issue_ns - busy_until) as f64 / 1e9);
                     }
-                    steps.push(TemplateStep { reads: Vec::new(), samples: 0, compute_s: 0.0 });
+                    steps.push(TemplateStep {
+                        reads: Vec::new(),
+                        samples: 0,
+                        compute_s: 0.0,
+                    });
                 }
                 let step = steps.last_mut().unwrap();
-                step.reads.push(SampleRead { file: fi as u32, offset, len });
+                step.reads.push(SampleRead {
+                    file: fi as u32,
+                    offset,
+                    len,
+                });
                 step.samples += 1;
                 busy_until = busy_until.max(r.complete_ns);
                 concurrency = concurrency.max(r.queue_depth as usize);
@@ -105,7 +118,14 @@ pub fn load_templates(trace: &Path, burst_gap_ms: f64) -> Result<Vec<Template>, 
             for f in &mut files {
                 f.1 = round_up(f.1.max(1), ALIGN);
             }
-            Template { pid, comm, files, steps, concurrency: concurrency.min(4096), bytes }
+            Template {
+                pid,
+                comm,
+                files,
+                steps,
+                concurrency: concurrency.min(4096),
+                bytes,
+            }
         })
         .collect();
     templates.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
@@ -120,10 +140,18 @@ pub fn layout(templates: &[Template], gpus: u64, root: &Path) -> Layout {
     for g in 0..gpus {
         let t = &templates[(g % templates.len() as u64) as usize];
         for (j, (_, size)) in t.files.iter().enumerate() {
-            files.push(DataFile { rel: PathBuf::from(format!("trace/gpu{g:05}/f{j:05}.dat")), size: *size });
+            files.push(DataFile {
+                rel: PathBuf::from(format!("trace/gpu{g:05}/f{j:05}.dat")),
+                size: *size,
+            });
         }
     }
-    Layout { root: root.to_path_buf(), files, samples_per_file: 1, description: "trace replay".into() }
+    Layout {
+        root: root.to_path_buf(),
+        files,
+        samples_per_file: 1,
+        description: "trace replay".into(),
+    }
 }
 
 /// Settings of a trace replay that do not come from the trace.
@@ -148,8 +176,19 @@ pub struct TraceProgram {
 }
 
 impl TraceProgram {
-    pub fn new(templates: Vec<Template>, layout: Layout, gpus: u64, local_gpus: &[u64], opts: TraceOptions) -> TraceProgram {
-        let TraceOptions { epochs, max_steps, compute_override, prefetch_size } = opts;
+    pub fn new(
+        templates: Vec<Template>,
+        layout: Layout,
+        gpus: u64,
+        local_gpus: &[u64],
+        opts: TraceOptions,
+    ) -> TraceProgram {
+        let TraceOptions {
+            epochs,
+            max_steps,
+            compute_override,
+            prefetch_size,
+        } = opts;
         let t_of = |g: u64| (g % templates.len() as u64) as usize;
         let mut first_file = Vec::with_capacity(gpus as usize);
         let mut next = 0usize;
@@ -157,17 +196,36 @@ impl TraceProgram {
             first_file.push(next);
             next += templates[t_of(g)].files.len();
         }
-        let local: Vec<(usize, usize)> = local_gpus.iter().map(|&g| (t_of(g), first_file[g as usize])).collect();
+        let local: Vec<(usize, usize)> = local_gpus
+            .iter()
+            .map(|&g| (t_of(g), first_file[g as usize]))
+            .collect();
         // Every GPU runs the same number of steps (the barrier needs it): the longest
         // template's; shorter templates end with empty steps.
         let used = (gpus as usize).min(templates.len());
-        let mut steps = templates[..used].iter().map(|t| t.steps.len() as u64).max().unwrap_or(0);
+        let mut steps = templates[..used]
+            .iter()
+            .map(|t| t.steps.len() as u64)
+            .max()
+            .unwrap_or(0);
         if max_steps > 0 {
             steps = steps.min(max_steps);
         }
-        let max_request =
-            templates.iter().flat_map(|t| t.steps.iter().flat_map(|s| s.reads.iter().map(|r| r.len))).max().unwrap_or(1);
-        TraceProgram { templates, layout, local, steps_per_epoch: steps, epochs, compute_override, prefetch_size, max_request }
+        let max_request = templates
+            .iter()
+            .flat_map(|t| t.steps.iter().flat_map(|s| s.reads.iter().map(|r| r.len)))
+            .max()
+            .unwrap_or(1);
+        TraceProgram {
+            templates,
+            layout,
+            local,
+            steps_per_epoch: steps,
+            epochs,
+            compute_override,
+            prefetch_size,
+            max_request,
+        }
     }
 
     pub fn templates(&self) -> &[Template] {
@@ -189,7 +247,14 @@ impl Program for TraceProgram {
         match self.templates[t].steps.get(step as usize) {
             Some(s) => Batch {
                 samples: s.samples,
-                reads: s.reads.iter().map(|r| SampleRead { file: (base + r.file as usize) as u32, ..*r }).collect(),
+                reads: s
+                    .reads
+                    .iter()
+                    .map(|r| SampleRead {
+                        file: (base + r.file as usize) as u32,
+                        ..*r
+                    })
+                    .collect(),
             },
             None => Batch::default(),
         }
@@ -200,7 +265,11 @@ impl Program for TraceProgram {
             return c;
         }
         let (t, _) = self.local[gpu];
-        self.templates[t].steps.get(step as usize).map(|s| s.compute_s).unwrap_or(0.0)
+        self.templates[t]
+            .steps
+            .get(step as usize)
+            .map(|s| s.compute_s)
+            .unwrap_or(0.0)
     }
 
     fn path(&self, file: u32) -> PathBuf {

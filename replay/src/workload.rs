@@ -28,18 +28,18 @@ impl ComputeTime {
     pub fn sample<R: Rng>(&self, rng: &mut R) -> f64 {
         let seconds = match *self {
             ComputeTime::Fixed(s) => s,
-            ComputeTime::Normal { mean, stdev } if stdev > 0.0 => {
-                Normal::new(mean, stdev).map(|d| d.sample(rng)).unwrap_or(mean)
-            }
+            ComputeTime::Normal { mean, stdev } if stdev > 0.0 => Normal::new(mean, stdev)
+                .map(|d| d.sample(rng))
+                .unwrap_or(mean),
             ComputeTime::Normal { mean, .. } => mean,
             ComputeTime::Uniform { min, max } if max > min => rng.gen_range(min..max),
             ComputeTime::Uniform { min, .. } => min,
-            ComputeTime::Gamma { shape, scale } => {
-                Gamma::new(shape, scale).map(|d| d.sample(rng)).unwrap_or(shape * scale)
-            }
-            ComputeTime::Exponential { scale } if scale > 0.0 => {
-                Exp::new(1.0 / scale).map(|d| d.sample(rng)).unwrap_or(scale)
-            }
+            ComputeTime::Gamma { shape, scale } => Gamma::new(shape, scale)
+                .map(|d| d.sample(rng))
+                .unwrap_or(shape * scale),
+            ComputeTime::Exponential { scale } if scale > 0.0 => Exp::new(1.0 / scale)
+                .map(|d| d.sample(rng))
+                .unwrap_or(scale),
             ComputeTime::Exponential { scale } => scale,
             ComputeTime::Poisson { lam } if lam > 0.0 => {
                 Poisson::new(lam).map(|d| d.sample(rng)).unwrap_or(lam)
@@ -63,7 +63,9 @@ impl ComputeTime {
     pub fn describe(&self) -> String {
         match *self {
             ComputeTime::Fixed(s) => format!("{s} s"),
-            ComputeTime::Normal { mean, stdev } => format!("normal(mean {mean} s, stdev {stdev} s)"),
+            ComputeTime::Normal { mean, stdev } => {
+                format!("normal(mean {mean} s, stdev {stdev} s)")
+            }
             ComputeTime::Uniform { min, max } => format!("uniform({min} s, {max} s)"),
             ComputeTime::Gamma { shape, scale } => format!("gamma(shape {shape}, scale {scale} s)"),
             ComputeTime::Exponential { scale } => format!("exponential(scale {scale} s)"),
@@ -111,8 +113,12 @@ impl Workload {
     pub fn from_file(path: &Path) -> Result<Workload> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read the workload file", path.display()))?;
-        let fallback = path.file_stem().and_then(|s| s.to_str()).unwrap_or("workload");
-        Workload::from_yaml(&text, fallback).with_context(|| format!("{}: bad workload", path.display()))
+        let fallback = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("workload");
+        Workload::from_yaml(&text, fallback)
+            .with_context(|| format!("{}: bad workload", path.display()))
     }
 
     pub fn from_yaml(text: &str, fallback_name: &str) -> Result<Workload> {
@@ -127,16 +133,28 @@ impl Workload {
 
         let name = match root.get("model") {
             Some(Value::String(s)) => s.clone(),
-            Some(m @ Value::Mapping(_)) => m.get("name").and_then(Value::as_str).unwrap_or(fallback_name).to_string(),
+            Some(m @ Value::Mapping(_)) => m
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or(fallback_name)
+                .to_string(),
             _ => fallback_name.to_string(),
         };
-        let record_length = first_number(dataset, "dataset", &["record_length_bytes", "record_length"])?
-            .context("dataset.record_length_bytes (or v1.0's record_length) is required")?;
+        let record_length = first_number(
+            dataset,
+            "dataset",
+            &["record_length_bytes", "record_length"],
+        )?
+        .context("dataset.record_length_bytes (or v1.0's record_length) is required")?;
         if record_length <= 0.0 {
             bail!("dataset.record_length_bytes must be positive, got {record_length}");
         }
-        let record_length_stdev =
-            first_number(dataset, "dataset", &["record_length_bytes_stdev", "record_length_stdev"])?.unwrap_or(0.0);
+        let record_length_stdev = first_number(
+            dataset,
+            "dataset",
+            &["record_length_bytes_stdev", "record_length_stdev"],
+        )?
+        .unwrap_or(0.0);
         let batch_size = uint(reader, "reader", "batch_size")?.unwrap_or(1);
         let read_threads = uint(reader, "reader", "read_threads")?.unwrap_or(1);
         let prefetch_size = uint(reader, "reader", "prefetch_size")?.unwrap_or(2);
@@ -149,7 +167,11 @@ impl Workload {
             name,
             format: string(dataset, "format").unwrap_or_else(|| "npz".into()),
             data_loader: string(reader, "data_loader")
-                .or_else(|| root.get("framework").and_then(Value::as_str).map(str::to_string))
+                .or_else(|| {
+                    root.get("framework")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                })
                 .unwrap_or_else(|| "pytorch".into()),
             num_files_train: uint(dataset, "dataset", "num_files_train")?.unwrap_or(1),
             num_samples_per_file: uint(dataset, "dataset", "num_samples_per_file")?.unwrap_or(1),
@@ -166,7 +188,9 @@ impl Workload {
             epochs: uint(train, "train", "epochs")?.unwrap_or(1),
             computation_time,
             seed: uint(train, "train", "seed")?.unwrap_or(123),
-            au_threshold_percent: au.map(|a| if a <= 1.0 { a * 100.0 } else { a }).unwrap_or(90.0),
+            au_threshold_percent: au
+                .map(|a| if a <= 1.0 { a * 100.0 } else { a })
+                .unwrap_or(90.0),
         };
         workload.validate()?;
         Ok(workload)
@@ -277,16 +301,28 @@ fn compute_time(train: &Value) -> Result<ComputeTime> {
         Some(v) => v,
     };
     if let Some(s) = to_f64(spec) {
-        return Ok(if stdev > 0.0 { ComputeTime::Normal { mean: s, stdev } } else { ComputeTime::Fixed(s) });
+        return Ok(if stdev > 0.0 {
+            ComputeTime::Normal { mean: s, stdev }
+        } else {
+            ComputeTime::Fixed(s)
+        });
     }
     if !spec.is_mapping() {
-        bail!("train.computation_time must be a number or a distribution mapping, got {}", short(spec));
+        bail!(
+            "train.computation_time must be a number or a distribution mapping, got {}",
+            short(spec)
+        );
     }
     let field = |k: &str| number(spec, "train.computation_time", k);
     let need = |k: &str| -> Result<f64> {
-        field(k)?.with_context(|| format!("train.computation_time needs '{k}' for this distribution"))
+        field(k)?
+            .with_context(|| format!("train.computation_time needs '{k}' for this distribution"))
     };
-    let kind = spec.get("type").and_then(Value::as_str).unwrap_or("normal").to_ascii_lowercase();
+    let kind = spec
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("normal")
+        .to_ascii_lowercase();
     let ct = match kind.as_str() {
         "normal" | "gaussian" => {
             ComputeTime::Normal { mean: need("mean")?, stdev: field("stdev")?.unwrap_or(stdev) }
@@ -331,7 +367,9 @@ mod tests {
 
     #[test]
     fn v1_keys_and_string_model() {
-        let y = V2.replace("record_length_bytes", "record_length").replace("model:\n  name: unet3d", "model: unet3d");
+        let y = V2
+            .replace("record_length_bytes", "record_length")
+            .replace("model:\n  name: unet3d", "model: unet3d");
         let w = Workload::from_yaml(&y, "x").unwrap();
         assert_eq!(w.name, "unet3d");
         assert_eq!(w.record_length, 146600628.0);
@@ -340,9 +378,21 @@ mod tests {
 
     #[test]
     fn distributions() {
-        let y = V2.replace("computation_time: 0.636", "computation_time:\n    mean: 0.5\n    stdev: 0.1");
-        assert_eq!(Workload::from_yaml(&y, "x").unwrap().computation_time, ComputeTime::Normal { mean: 0.5, stdev: 0.1 });
-        let y = V2.replace("computation_time: 0.636", "computation_time:\n    type: uniform\n    min: 0.1\n    max: 0.3");
+        let y = V2.replace(
+            "computation_time: 0.636",
+            "computation_time:\n    mean: 0.5\n    stdev: 0.1",
+        );
+        assert_eq!(
+            Workload::from_yaml(&y, "x").unwrap().computation_time,
+            ComputeTime::Normal {
+                mean: 0.5,
+                stdev: 0.1
+            }
+        );
+        let y = V2.replace(
+            "computation_time: 0.636",
+            "computation_time:\n    type: uniform\n    min: 0.1\n    max: 0.3",
+        );
         let ct = Workload::from_yaml(&y, "x").unwrap().computation_time;
         assert_eq!(ct, ComputeTime::Uniform { min: 0.1, max: 0.3 });
         let mut rng = rand::thread_rng();
@@ -350,8 +400,17 @@ mod tests {
             let s = ct.sample(&mut rng);
             assert!((0.1..0.3).contains(&s));
         }
-        let y = V2.replace("computation_time: 0.636", "computation_time: 0.2\n  computation_time_stdev: 0.01");
-        assert_eq!(Workload::from_yaml(&y, "x").unwrap().computation_time, ComputeTime::Normal { mean: 0.2, stdev: 0.01 });
+        let y = V2.replace(
+            "computation_time: 0.636",
+            "computation_time: 0.2\n  computation_time_stdev: 0.01",
+        );
+        assert_eq!(
+            Workload::from_yaml(&y, "x").unwrap().computation_time,
+            ComputeTime::Normal {
+                mean: 0.2,
+                stdev: 0.01
+            }
+        );
     }
 
     /// configs/ must carry MLPerf Storage's published numbers (REFERENCE.md §2).
@@ -361,24 +420,64 @@ mod tests {
         let load = |n: &str| Workload::from_file(&dir.join(n)).unwrap();
         for (gpu, ct) in [("a100", 0.636), ("h100", 0.323)] {
             let w = load(&format!("unet3d_{gpu}.yaml"));
-            assert_eq!((w.record_length, w.record_length_stdev), (146_600_628.0, 68_341_808.0));
-            assert_eq!((w.num_files_train, w.num_samples_per_file, w.batch_size, w.read_threads), (168, 1, 7, 4));
-            assert_eq!((w.computation_time.clone(), w.epochs, w.au_threshold_percent), (ComputeTime::Fixed(ct), 5, 90.0));
+            assert_eq!(
+                (w.record_length, w.record_length_stdev),
+                (146_600_628.0, 68_341_808.0)
+            );
+            assert_eq!(
+                (
+                    w.num_files_train,
+                    w.num_samples_per_file,
+                    w.batch_size,
+                    w.read_threads
+                ),
+                (168, 1, 7, 4)
+            );
+            assert_eq!(
+                (w.computation_time.clone(), w.epochs, w.au_threshold_percent),
+                (ComputeTime::Fixed(ct), 5, 90.0)
+            );
         }
         for (gpu, ct) in [("a100", 0.435), ("h100", 0.224)] {
             let w = load(&format!("resnet50_{gpu}.yaml"));
             assert_eq!(w.record_length, 114_660.07);
-            assert_eq!((w.num_files_train, w.num_samples_per_file, w.batch_size, w.read_threads), (1024, 1251, 400, 8));
-            assert_eq!((w.computation_time.clone(), w.au_threshold_percent), (ComputeTime::Fixed(ct), 90.0));
+            assert_eq!(
+                (
+                    w.num_files_train,
+                    w.num_samples_per_file,
+                    w.batch_size,
+                    w.read_threads
+                ),
+                (1024, 1251, 400, 8)
+            );
+            assert_eq!(
+                (w.computation_time.clone(), w.au_threshold_percent),
+                (ComputeTime::Fixed(ct), 90.0)
+            );
         }
         for (gpu, ct) in [("a100", 0.00551), ("h100", 0.00350)] {
             let w = load(&format!("cosmoflow_{gpu}.yaml"));
-            assert_eq!((w.record_length, w.record_length_stdev), (2_828_486.0, 71_311.0));
-            assert_eq!((w.num_files_train, w.num_samples_per_file, w.batch_size, w.read_threads), (524_288, 1, 1, 4));
+            assert_eq!(
+                (w.record_length, w.record_length_stdev),
+                (2_828_486.0, 71_311.0)
+            );
+            assert_eq!(
+                (
+                    w.num_files_train,
+                    w.num_samples_per_file,
+                    w.batch_size,
+                    w.read_threads
+                ),
+                (524_288, 1, 1, 4)
+            );
             assert_eq!(w.computation_time, ComputeTime::Fixed(ct));
             assert!((w.au_threshold_percent - 70.0).abs() < 1e-9);
         }
-        for demo in ["demo-unet3d.yaml", "demo-resnet50.yaml", "demo-cosmoflow.yaml"] {
+        for demo in [
+            "demo-unet3d.yaml",
+            "demo-resnet50.yaml",
+            "demo-cosmoflow.yaml",
+        ] {
             load(demo);
         }
     }
@@ -388,7 +487,10 @@ mod tests {
         let y = V2.replace("batch_size: 7", "batch_size: seven");
         let e = format!("{:#}", Workload::from_yaml(&y, "x").unwrap_err());
         assert!(e.contains("reader.batch_size"), "{e}");
-        let e = format!("{:#}", Workload::from_yaml("dataset: {}\n", "x").unwrap_err());
+        let e = format!(
+            "{:#}",
+            Workload::from_yaml("dataset: {}\n", "x").unwrap_err()
+        );
         assert!(e.contains("reader"), "{e}");
         assert!(Workload::from_yaml("a: [", "x").is_err());
     }
