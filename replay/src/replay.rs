@@ -352,12 +352,26 @@ impl Job {
         settings: Settings,
     ) -> Result<Option<serde_json::Value>> {
         let ram = mem_total_bytes();
-        if cluster.is_root() && !self.odirect && !self.drop_caches && used_bytes < 5 * ram {
-            eprintln!(
-                "trainio replay: warning: the dataset ({:.1} GiB) is smaller than 5× this host's RAM ({:.1} GiB): reads may come from the page cache and AU would say nothing about storage; pass --odirect or --drop-caches, or generate more data (MLPerf's rule)",
-                used_bytes as f64 / (1u64 << 30) as f64,
-                5.0 * ram as f64 / (1u64 << 30) as f64
-            );
+        // MLPerf's rule counts the RAM of every client host once.
+        let hosts = cluster.gather(format!("{}\t{ram}", cluster.hostname).into_bytes());
+        if let Some(hosts) = hosts {
+            let by_host: std::collections::BTreeMap<String, u64> = hosts
+                .iter()
+                .filter_map(|b| {
+                    let line = String::from_utf8_lossy(b).into_owned();
+                    let (h, r) = line.split_once('\t')?;
+                    Some((h.to_string(), r.parse().ok()?))
+                })
+                .collect();
+            let client_ram: u64 = by_host.values().sum();
+            if !self.odirect && !self.drop_caches && used_bytes < 5 * client_ram {
+                eprintln!(
+                    "trainio replay: warning: the dataset ({:.1} GiB) is smaller than 5× the RAM of the {} client host(s) ({:.1} GiB): reads may come from the page cache and AU would say nothing about storage; pass --odirect or --drop-caches, or generate more data (MLPerf's rule)",
+                    used_bytes as f64 / (1u64 << 30) as f64,
+                    by_host.len(),
+                    5.0 * client_ram as f64 / (1u64 << 30) as f64
+                );
+            }
         }
         if self.drop_caches {
             unsafe { libc::sync() };
