@@ -172,3 +172,16 @@ def test_sweep_doubles_to_max_gpus_on_fast_storage(tmpfs_dir):
     assert all(pt["pass"] and pt["au_percent"] >= 90 for pt in s["curve"])
     assert len(s["runs"]) == 3 and s["runs"][2]["gpus"] == 4
     assert "at least 4" in p.stdout
+
+
+def test_without_mpirun_one_rank_with_or_without_mpi_init(tmpfs_dir):
+    """Started by hand the binary is one rank; TRAINIO_MPI=1 makes it go through OpenMPI's
+    singleton start instead, with the same result."""
+    wl = write_workload(tmpfs_dir / "wl.yaml", files=4, record=64 << 10, batch=2, compute=0.01)
+    run_trainio("datagen", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--gpus", 2)
+    for env in ({}, {"TRAINIO_MPI": "1"}):
+        out = tmpfs_dir / "r.json"
+        run_trainio("replay", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--gpus", 2, "--json", out, env=env,
+                    timeout=60)
+        r = load_json(out)
+        assert r["gpus"] == 2 and r["ranks"] == 1 and r["steps"] == 1
