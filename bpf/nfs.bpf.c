@@ -8,7 +8,9 @@
  * docs/nfs-guest.md), because the build machine's vmlinux.h may have no NFS types.
  * Completions run in rpciod workers, so requests are paired by (dev, fileid, offset, op),
  * never by pid. The same range can be in flight twice (concurrent O_DIRECT readers):
- * each key holds NFS_SLOTS starts and a completion takes the oldest.
+ * each key holds NFS_SLOTS starts, claimed and released by compare-and-swap on issue_ns,
+ * and a completion takes the oldest. Keys are never deleted (a completion could delete
+ * an element another CPU is filling); the LRU map ages out the ones no longer used.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -88,8 +90,8 @@ struct nfs_start {
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
 	__type(key, struct nfs_key);
 	__type(value, struct nfs_start);
 } nfs_started SEC(".maps");
@@ -126,9 +128,10 @@ static __always_inline int initiate(__u32 op, struct nfs_initiate_ctx *ctx)
 	}
 	for (int i = 0; i < NFS_SLOTS; i++) {
 		struct nfs_slot *s = &st->slot[i];
+		__u64 now = bpf_ktime_get_ns();
 
-		if (s->issue_ns)
-			continue;
+		if (__sync_val_compare_and_swap(&s->issue_ns, 0, now) != 0)
+			continue; /* taken */
 		n = bpf_map_lookup_elem(&nfs_inflight, &dev);
 		if (n) {
 			qd = __sync_fetch_and_add(n, 1) + 1;
@@ -141,11 +144,26 @@ static __always_inline int initiate(__u32 op, struct nfs_initiate_ctx *ctx)
 		s->pid = id >> 32;
 		s->tid = (__u32)id;
 		bpf_get_current_comm(s->comm, sizeof(s->comm));
-		s->issue_ns = bpf_ktime_get_ns();
 		return 0;
 	}
 	count_lost(TRAINIO_LOST_NFS_MAP);
 	return 0;
+}
+
+/*
+ * Frees a slot taken at issue_ns and leaves the mount's flight. False when another
+ * completion took the slot first: this completion is then not counted twice.
+ */
+static __always_inline bool release_slot(struct nfs_slot *s, __u64 issue_ns, __u32 dev)
+{
+	__u32 *n;
+
+	if (__sync_val_compare_and_swap(&s->issue_ns, issue_ns, 0) != issue_ns)
+		return false;
+	n = bpf_map_lookup_elem(&nfs_inflight, &dev);
+	if (n)
+		__sync_fetch_and_add(n, -1);
+	return true;
 }
 
 static __always_inline int done(__u32 op, __u32 dev, __u64 fileid, __s64 offset, __u32 returned,
@@ -155,47 +173,43 @@ static __always_inline int done(__u32 op, __u32 dev, __u64 fileid, __s64 offset,
 	struct nfs_start *st = bpf_map_lookup_elem(&nfs_started, &key);
 	struct nfs_slot *oldest = NULL;
 	struct nfs_event *e;
-	__u32 *n, busy = 0;
+	__u64 issue_ns;
 
 	if (!st)
 		return 0; /* initiated before we attached */
 	for (int i = 0; i < NFS_SLOTS; i++) {
 		struct nfs_slot *s = &st->slot[i];
 
-		if (!s->issue_ns)
-			continue;
-		busy++;
-		if (!oldest || s->issue_ns < oldest->issue_ns)
+		if (s->issue_ns && (!oldest || s->issue_ns < oldest->issue_ns))
 			oldest = s;
 	}
 	if (!oldest)
 		return 0;
-	n = bpf_map_lookup_elem(&nfs_inflight, &dev);
-	if (n)
-		__sync_fetch_and_add(n, -1);
+	issue_ns = oldest->issue_ns;
 	e = bpf_ringbuf_reserve(&nfs_events, sizeof(*e), 0);
-	if (e) {
-		e->kind = TRAINIO_KIND_NFS;
-		e->op = op;
-		e->issue_ns = oldest->issue_ns;
-		e->complete_ns = bpf_ktime_get_ns();
-		e->offset = offset;
-		e->fileid = fileid;
-		e->dev = dev;
-		e->requested = oldest->requested;
-		e->returned = returned;
-		e->queue_depth = oldest->queue_depth;
-		e->pid = oldest->pid;
-		e->tid = oldest->tid;
-		e->error = error < 0 ? error : 0;
-		__builtin_memcpy(e->comm, oldest->comm, sizeof(e->comm));
-		submit_batched(nfs_events, e);
-	} else {
-		count_lost(TRAINIO_LOST_NFS_RINGBUF);
+	if (!e) {
+		if (release_slot(oldest, issue_ns, dev))
+			count_lost(TRAINIO_LOST_NFS_RINGBUF);
+		return 0;
 	}
-	oldest->issue_ns = 0;
-	if (busy == 1)
-		bpf_map_delete_elem(&nfs_started, &key);
+	e->kind = TRAINIO_KIND_NFS;
+	e->op = op;
+	e->issue_ns = issue_ns;
+	e->complete_ns = bpf_ktime_get_ns();
+	e->offset = offset;
+	e->fileid = fileid;
+	e->dev = dev;
+	e->requested = oldest->requested;
+	e->returned = returned;
+	e->queue_depth = oldest->queue_depth;
+	e->pid = oldest->pid;
+	e->tid = oldest->tid;
+	e->error = error < 0 ? error : 0;
+	__builtin_memcpy(e->comm, oldest->comm, sizeof(e->comm));
+	if (release_slot(oldest, issue_ns, dev))
+		submit_batched(nfs_events, e);
+	else
+		bpf_ringbuf_discard(e, 0);
 	return 0;
 }
 

@@ -38,9 +38,11 @@ L=$(losetup --find --show --direct-io=on $EXPORT/loop.img)
 echo "$L" > $OUT/loopdev
 stat -c '%t:%T' "$L" > $OUT/loopdev.majmin
 rec loop -- dd if=$L of=/dev/null bs=1M count=64 iflag=direct
+# Submit and reap whole batches: under TCG fio alone cannot keep 16 in flight.
 for qd in 1 16; do
   rec loop-qd$qd --layers block --dev "$L" -- fio --name=q --filename=$L --direct=1 --rw=randread \
-      --bs=4k --size=64M --io_size=8M --ioengine=libaio --iodepth=$qd --norandommap --output=/dev/null
+      --bs=4k --size=64M --io_size=8M --ioengine=libaio --iodepth=$qd --iodepth_batch_submit=$qd \
+      --iodepth_batch_complete_min=$qd --norandommap --output=/dev/null
 done
 losetup -d "$L"
 # How many NFS requests per second the layer records here without loss (TCG-bound).
