@@ -63,13 +63,14 @@ struct {
 	__uint(max_entries, 16 << 20); /* resized by user space (--ringbuf-mb) */
 } block_events SEC(".maps");
 
+/* tp_btf arguments are trusted BTF pointers: direct loads, no probe-read helper calls. */
 static __always_inline __u32 request_dev(struct request *rq)
 {
 	struct gendisk *disk = request_disk(rq);
 
 	if (!disk)
 		return 0;
-	return MKDEV(BPF_CORE_READ(disk, major), BPF_CORE_READ(disk, first_minor));
+	return MKDEV(disk->major, disk->first_minor);
 }
 
 static __always_inline bool dev_wanted(__u32 dev)
@@ -102,47 +103,54 @@ int BPF_PROG(tio_rq_insert, struct request *rq)
 	return 0;
 }
 
-SEC("tp_btf/block_rq_issue")
-int BPF_PROG(tio_rq_issue, struct request *rq)
-{
-	struct request_start *s, fresh = {};
-	__u32 dev = request_dev(rq), zero = 0, *n;
-
-	if (!dev_wanted(dev))
-		return 0;
-	s = bpf_map_lookup_elem(&started, &rq);
-	if (!s) {
-		/* Dispatched without passing the scheduler: the issuer is the submitter. */
-		fresh.dev = dev;
-		note_task(&fresh);
-		if (bpf_map_update_elem(&started, &rq, &fresh, BPF_ANY)) {
-			count_lost(TRAINIO_LOST_BLOCK_MAP);
-			return 0;
-		}
-		s = bpf_map_lookup_elem(&started, &rq);
-		if (!s)
-			return 0;
-	}
-	if (s->issue_ns)
-		return 0; /* issued twice without a requeue: keep the first */
-	n = bpf_map_lookup_elem(&inflight, &dev);
-	if (!n) {
-		bpf_map_update_elem(&inflight, &dev, &zero, BPF_NOEXIST);
-		n = bpf_map_lookup_elem(&inflight, &dev);
-		if (!n)
-			return 0;
-	}
-	s->queue_depth = __sync_fetch_and_add(n, 1) + 1;
-	s->issue_ns = bpf_ktime_get_ns();
-	return 0;
-}
-
 static __always_inline void leave_flight(__u32 dev)
 {
 	__u32 *n = bpf_map_lookup_elem(&inflight, &dev);
 
 	if (n)
 		__sync_fetch_and_add(n, -1);
+}
+
+static __always_inline __u32 enter_flight(__u32 dev)
+{
+	__u32 zero = 0, *n = bpf_map_lookup_elem(&inflight, &dev);
+
+	if (!n) {
+		bpf_map_update_elem(&inflight, &dev, &zero, BPF_NOEXIST);
+		n = bpf_map_lookup_elem(&inflight, &dev);
+		if (!n)
+			return 0;
+	}
+	return __sync_fetch_and_add(n, 1) + 1;
+}
+
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(tio_rq_issue, struct request *rq)
+{
+	struct request_start *s, fresh = {};
+	__u32 dev = request_dev(rq);
+
+	if (!dev_wanted(dev))
+		return 0;
+	s = bpf_map_lookup_elem(&started, &rq);
+	if (s) {
+		/* Inserted earlier (or requeued): the map entry is updated in place. */
+		if (s->issue_ns)
+			return 0; /* issued twice without a requeue: keep the first */
+		s->queue_depth = enter_flight(dev);
+		s->issue_ns = bpf_ktime_get_ns();
+		return 0;
+	}
+	/* Dispatched without passing the scheduler: the issuer is the submitter. */
+	fresh.dev = dev;
+	note_task(&fresh);
+	fresh.queue_depth = enter_flight(dev);
+	fresh.issue_ns = bpf_ktime_get_ns();
+	if (bpf_map_update_elem(&started, &rq, &fresh, BPF_ANY)) {
+		count_lost(TRAINIO_LOST_BLOCK_MAP);
+		leave_flight(dev);
+	}
+	return 0;
 }
 
 SEC("tp_btf/block_rq_requeue")
@@ -163,7 +171,7 @@ int BPF_PROG(tio_rq_complete, struct request *rq, blk_status_t error, unsigned i
 	struct request_start *s = bpf_map_lookup_elem(&started, &rq);
 	struct block_event *e;
 	/* Before the completion is accounted, __data_len is what was still outstanding. */
-	bool final = nr_bytes >= BPF_CORE_READ(rq, __data_len);
+	bool final = nr_bytes >= rq->__data_len;
 
 	if (!s || !s->issue_ns)
 		return 0; /* issued before we attached, or on a device we do not trace */
@@ -175,9 +183,9 @@ int BPF_PROG(tio_rq_complete, struct request *rq, blk_status_t error, unsigned i
 		e->insert_ns = s->insert_ns;
 		e->issue_ns = s->issue_ns;
 		e->complete_ns = bpf_ktime_get_ns();
-		e->sector = BPF_CORE_READ(rq, __sector);
+		e->sector = rq->__sector;
 		e->bytes = nr_bytes;
-		e->cmd_flags = BPF_CORE_READ(rq, cmd_flags);
+		e->cmd_flags = rq->cmd_flags;
 		e->queue_depth = s->queue_depth;
 		e->pid = s->pid;
 		e->tid = s->tid;

@@ -17,7 +17,7 @@ static __always_inline struct gendisk *request_disk(struct request *rq)
 {
 	if (bpf_core_field_exists(((struct request___with_rq_disk *)0)->rq_disk))
 		return BPF_CORE_READ((struct request___with_rq_disk *)rq, rq_disk);
-	return BPF_CORE_READ(rq, q, disk);
+	return rq->q->disk; /* a trusted tp_btf pointer: direct loads */
 }
 
 #endif

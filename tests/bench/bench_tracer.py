@@ -66,10 +66,12 @@ def traced(dev: str, pattern: str, work: Path) -> dict:
     block = scan_trace(trace).filter(pl.col("layer") == "block").select(pl.len()).collect().item()
     size = sum(p.stat().st_size for p in trace.glob("seg-*.parquet"))
     stats = meta["bpf_stats"]
-    block_ns = sum(v["run_time_ns"] for k, v in stats.items() if k.startswith("tio_rq_"))
+    # Sampled statistics: a request costs one run of each block program that ran for it.
+    block_ns = sum(v["ns_per_run"] * v["run_cnt"] for k, v in stats.items() if k.startswith("tio_rq_"))
+    sampled = max((v["run_cnt"] for k, v in stats.items() if k == "tio_rq_complete"), default=0)
     shutil.rmtree(trace)
     return {"iops": iops, "mib_s": mib, "events": block, "lost": sum(meta["lost_events"].values()),
-            "bytes_per_event": size / max(block, 1), "bpf_ns_per_event": block_ns / max(block, 1)}
+            "bytes_per_event": size / max(block, 1), "bpf_ns_per_event": block_ns / max(sampled, 1)}
 
 
 def bpftraced(dev: str) -> tuple[float, int]:

@@ -24,6 +24,9 @@ use crate::probes::{Probes, Settings, Target};
 const POLL: Duration = Duration::from_millis(10);
 const FLUSH_ROWS: usize = 64 * 1024;
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// Kernel BPF statistics are sampled: on for STATS_ON out of every STATS_PERIOD.
+const STATS_ON: Duration = Duration::from_secs(1);
+const STATS_PERIOD: Duration = Duration::from_secs(20);
 
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
 
@@ -290,6 +293,7 @@ pub fn run(args: Args) -> Result<i32> {
         // Poll errors are EINTR from our own signal handlers; the loop checks them below.
         let _ = ring.poll(POLL);
         let _ = ring.consume();
+        probes.set_stats(started.elapsed().as_nanos() % STATS_PERIOD.as_nanos() < STATS_ON.as_nanos());
         if collector.borrow().batch.len() >= FLUSH_ROWS || last_flush.elapsed() >= FLUSH_EVERY {
             let batch = collector.borrow_mut().batch.finish();
             writer.write(&batch)?;
