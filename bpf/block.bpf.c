@@ -171,7 +171,11 @@ int BPF_PROG(tio_rq_complete, struct request *rq, blk_status_t error, unsigned i
 	struct request_start *s = bpf_map_lookup_elem(&started, &rq);
 	struct block_event *e;
 	/* Before the completion is accounted, __data_len is what was still outstanding. */
-	bool final = nr_bytes >= rq->__data_len;
+	/*
+	 * Probe reads here: Linux 6.1's verifier does not treat this tracepoint's argument as
+	 * a trusted pointer ("invalid mem access 'scalar'"), 6.18's does.
+	 */
+	bool final = nr_bytes >= BPF_CORE_READ(rq, __data_len);
 
 	if (!s || !s->issue_ns)
 		return 0; /* issued before we attached, or on a device we do not trace */
@@ -183,9 +187,9 @@ int BPF_PROG(tio_rq_complete, struct request *rq, blk_status_t error, unsigned i
 		e->insert_ns = s->insert_ns;
 		e->issue_ns = s->issue_ns;
 		e->complete_ns = bpf_ktime_get_ns();
-		e->sector = rq->__sector;
+		e->sector = BPF_CORE_READ(rq, __sector);
 		e->bytes = nr_bytes;
-		e->cmd_flags = rq->cmd_flags;
+		e->cmd_flags = BPF_CORE_READ(rq, cmd_flags);
 		e->queue_depth = s->queue_depth;
 		e->pid = s->pid;
 		e->tid = s->tid;
