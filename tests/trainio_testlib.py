@@ -7,8 +7,10 @@ import contextlib
 import json
 import os
 import shutil
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -70,6 +72,23 @@ def loop_device(size_mb: int = 256, *, direct_io: bool = True, fill: bool = Fals
         if dev:
             run(["losetup", "-d", dev])
         backing.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def mounted_loop_fs(size_mb: int) -> Iterator[tuple[str, str, Path]]:
+    """ext4 on a loop_device() mounted under a temp dir. Yields (device, "MAJ:MIN", mount
+    point); unmounted, detached and removed even on failure."""
+    mnt = Path(tempfile.mkdtemp(prefix="trainio-mnt-"))
+    try:
+        with loop_device(size_mb) as dev:
+            run(["mkfs.ext4", "-q", "-F", dev], check=True)
+            run(["mount", dev, str(mnt)], check=True)
+            try:
+                yield dev, majmin(dev), mnt
+            finally:
+                run(["umount", str(mnt)])
+    finally:
+        shutil.rmtree(mnt, ignore_errors=True)
 
 
 def majmin(dev: str) -> str:

@@ -30,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINIO = ROOT / "bin" / "trainio"
+sys.path.insert(0, str(ROOT / "tests"))
+from trainio_testlib import mounted_loop_fs  # noqa: E402
 MIB = 1 << 20
 TARGET_OVERSHOOT_P99_US = 1000
 TARGET_FIO_RATIO = 0.95
@@ -109,19 +111,9 @@ def bench_fio(rounds: int) -> bool:
     if not shutil.which("fio"):
         print("vs fio: skipped (fio is not installed: scripts/install-deps.sh)")
         return True
-    work = Path(tempfile.mkdtemp(prefix="trainio-bench-loop-", dir="/dev/shm"))
-    mnt = Path(tempfile.mkdtemp(prefix="trainio-bench-mnt-"))
-    dev = None
-    mounted = False
     files = 768
-    try:
-        backing = work / "disk.img"
-        with open(backing, "wb") as f:
-            f.truncate(2 << 30)
-        dev = sh("losetup", "--find", "--show", "--direct-io=on", backing)
-        sh("mkfs.ext4", "-q", "-F", dev)
-        sh("mount", dev, mnt)
-        mounted = True
+    with tempfile.TemporaryDirectory(prefix="trainio-bench-") as tmp, mounted_loop_fs(2048) as (dev, _, mnt):
+        work = Path(tmp)
         wl = workload(work / "bench16.yaml", files=files, record=MIB, batch=1, threads=16, compute=0)
         trainio("datagen", "--workload", wl, "--data-dir", mnt / "data")
         fio_file = mnt / "fio.dat"
@@ -146,13 +138,6 @@ def bench_fio(rounds: int) -> bool:
         print(f"  fio --fixedbufs   {statistics.median(fio_fixed):8.1f} MiB/s (runs {runs(fio_fixed)})")
         print(f"  ratio             {100 * ratio:6.1f}% of the faster fio ({verdict}, target >= 95%)")
         return ratio >= TARGET_FIO_RATIO
-    finally:
-        if mounted:
-            subprocess.run(["umount", str(mnt)], check=False)
-        if dev:
-            subprocess.run(["losetup", "-d", dev], check=False)
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(mnt, ignore_errors=True)
 
 
 def main() -> int:

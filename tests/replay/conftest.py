@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from replay_helpers import sh
+from trainio_testlib import mounted_loop_fs
 
 
 @pytest.fixture
@@ -31,27 +30,8 @@ def loop_fs():
     dir. Yields (device, "MAJ:MIN", mount point). Everything is undone even on failure."""
     if os.geteuid() != 0:
         pytest.skip("needs root")
-    work = Path(tempfile.mkdtemp(prefix="trainio-loop-", dir="/dev/shm"))
-    backing = work / "disk.img"
-    mnt = Path(tempfile.mkdtemp(prefix="trainio-mnt-"))
-    dev = None
-    mounted = False
-    try:
-        with open(backing, "wb") as f:
-            f.truncate(768 << 20)
-        dev = sh("losetup", "--find", "--show", "--direct-io=on", backing)
-        sh("mkfs.ext4", "-q", "-F", dev)
-        sh("mount", dev, mnt)
-        mounted = True
-        majmin = sh("lsblk", "-dno", "MAJ:MIN", dev).replace(" ", "")
-        yield dev, majmin, mnt
-    finally:
-        if mounted:
-            subprocess.run(["umount", str(mnt)], check=False)
-        if dev:
-            subprocess.run(["losetup", "-d", dev], check=False)
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(mnt, ignore_errors=True)
+    with mounted_loop_fs(768) as fs:
+        yield fs
 
 
 @pytest.fixture
