@@ -429,11 +429,20 @@ static __always_inline int exit_open(long ret)
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 	if (bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)p->user_ptr) < 0)
 		e->path[0] = 0;
-	if (e->path[0] != '/' && ret >= 0) {
+	e->ino = 0;
+	e->dev = 0;
+	if (ret >= 0) {
 		struct file *f = fd_to_file(ret);
 
-		if (f)
-			file_path(f, e->path);
+		if (f) {
+			struct pending_io id = {};
+
+			file_identity(f, &id);
+			e->ino = id.ino;
+			e->dev = id.dev;
+			if (e->path[0] != '/')
+				file_path(f, e->path);
+		}
 	}
 	bpf_map_delete_elem(&pending, &tid);
 	submit_batched(file_events, e);

@@ -88,6 +88,8 @@ struct open_event {
 	__u32 pid;
 	__u64 enter_ns;
 	__u64 exit_ns;
+	__u64 ino;  /* the opened file's identity, as in file_event (0: block device) */
+	__u32 dev;
 	__u32 tid;
 	__s32 ret; /* new fd, or -errno */
 	__u32 flags;

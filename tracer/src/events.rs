@@ -186,19 +186,6 @@ impl Collector {
             .clone()
     }
 
-    /// Remembers which (device, inode) a path names, as the BPF side reports files.
-    fn learn_identity(&mut self, path: &Arc<str>) {
-        use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        let Ok(meta) = std::fs::metadata(&**path) else { return };
-        let user_to_kernel = |d: u64| ((libc::major(d) as u32) << 20) | libc::minor(d) as u32;
-        let key = if meta.file_type().is_block_device() {
-            (user_to_kernel(meta.rdev()), 0)
-        } else {
-            (user_to_kernel(meta.dev()), meta.ino())
-        };
-        self.inodes.insert(key, path.clone());
-    }
-
     fn file(&mut self, e: &file_event) {
         let (op, read) = match e.op {
             FOP_CLOSE => ("close", false),
@@ -263,8 +250,8 @@ impl Collector {
         let fd = (e.ret >= 0).then_some(e.ret);
         if let Some(fd) = fd {
             self.fds.insert((e.pid, fd), path.clone());
-            if let Some(p) = &path {
-                self.learn_identity(p);
+            if let (Some(p), true) = (&path, e.dev != 0) {
+                self.inodes.insert((e.dev, e.ino), p.clone());
             }
         }
         self.batch.push(&Row {
