@@ -1,5 +1,7 @@
 # trainio: `make` builds everything into ./bin/trainio; `make test` runs every test.
 SHELL := /bin/bash
+# rustup's cargo, even when no login profile put it on PATH (CI runs without one).
+export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 VENV := .venv
 PY := $(VENV)/bin/python

@@ -14,6 +14,8 @@ packages=(
   openmpi-bin libopenmpi-dev libclang-dev
   # report test: headless Chromium renders the HTML report
   chromium
+  # the venv, if python3 is Debian's own
+  python3-venv
   # NFS tests: a QEMU guest running Debian's cloud kernel (scripts/nfs-guest; mke2fs -d builds
   # its disk images)
   qemu-system-x86 debootstrap cpio busybox-static e2fsprogs
@@ -29,6 +31,8 @@ if ((${#missing[@]})); then
   apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
+# rustup's cargo, even when the shell profile that puts it on PATH was not read (CI).
+[ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
 command -v cargo >/dev/null || { echo "install-deps: cargo not found (rustup is expected on this machine kind)" >&2; exit 2; }
 
 # Python venv for analysis/ and tests/.
