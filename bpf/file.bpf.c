@@ -113,16 +113,16 @@ static __always_inline bool storage_file(struct file *f)
  * The file's identity, which user space matches with the paths it saw opened (an fd may
  * have been dup'ed or inherited): (s_dev, inode) for a file, the device for a block node.
  */
-static __always_inline void file_identity(struct file *f, struct pending_io *p)
+static __always_inline void file_identity(struct file *f, __u32 *dev, __u64 *ino)
 {
 	struct inode *inode = BPF_CORE_READ(f, f_inode);
 
 	if ((BPF_CORE_READ(inode, i_mode) & S_IFMT) == S_IFBLK) {
-		p->dev = BPF_CORE_READ(inode, i_rdev);
-		p->ino = 0;
+		*dev = BPF_CORE_READ(inode, i_rdev);
+		*ino = 0;
 	} else {
-		p->dev = BPF_CORE_READ(inode, i_sb, s_dev);
-		p->ino = BPF_CORE_READ(inode, i_ino);
+		*dev = BPF_CORE_READ(inode, i_sb, s_dev);
+		*ino = BPF_CORE_READ(inode, i_ino);
 	}
 }
 
@@ -161,7 +161,7 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 	if (!f || !storage_file(f))
 		return 0; /* pipes, sockets, ttys: not storage */
 	p.flags = BPF_CORE_READ(f, f_flags);
-	file_identity(f, &p);
+	file_identity(f, &p.dev, &p.ino);
 	if (offset < 0 && op != TRAINIO_FOP_CLOSE)
 		p.offset = BPF_CORE_READ(f, f_pos);
 	if (op != TRAINIO_FOP_CLOSE) {
@@ -435,11 +435,7 @@ static __always_inline int exit_open(long ret)
 		struct file *f = fd_to_file(ret);
 
 		if (f) {
-			struct pending_io id = {};
-
-			file_identity(f, &id);
-			e->ino = id.ino;
-			e->dev = id.dev;
+			file_identity(f, &e->dev, &e->ino);
 			if (e->path[0] != '/')
 				file_path(f, e->path);
 		}

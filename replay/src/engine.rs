@@ -639,17 +639,24 @@ impl<'a, P: Program> Engine<'a, P> {
         }
         .user_data(w as u64);
         // SAFETY: the buffer belongs to the worker, which has no other read in flight.
-        unsafe {
-            if self.ring.submission().push(&sqe).is_err() {
-                self.ring.submit().context("io_uring_enter")?;
-                self.ring
-                    .submission()
-                    .push(&sqe)
-                    .map_err(|_| anyhow::anyhow!("io_uring submission queue full"))?;
-            }
-        }
+        unsafe { self.push_sqe(&sqe)? };
         self.in_flight += 1;
         self.count_issue(w);
+        Ok(())
+    }
+
+    /// Queues one SQE, submitting first if the submission queue is full.
+    ///
+    /// # Safety
+    /// The buffers the SQE points to must stay valid until its completion is reaped.
+    unsafe fn push_sqe(&mut self, sqe: &io_uring::squeue::Entry) -> Result<()> {
+        if self.ring.submission().push(sqe).is_err() {
+            self.ring.submit().context("io_uring_enter")?;
+            self.ring
+                .submission()
+                .push(sqe)
+                .map_err(|_| anyhow::anyhow!("io_uring submission queue full"))?;
+        }
         Ok(())
     }
 
@@ -670,15 +677,7 @@ impl<'a, P: Program> Engine<'a, P> {
         .build()
         .user_data(EVENTFD_TAG);
         // SAFETY: eventfd_buf lives as long as the engine.
-        unsafe {
-            if self.ring.submission().push(&sqe).is_err() {
-                self.ring.submit().context("io_uring_enter")?;
-                self.ring
-                    .submission()
-                    .push(&sqe)
-                    .map_err(|_| anyhow::anyhow!("io_uring submission queue full"))?;
-            }
-        }
+        unsafe { self.push_sqe(&sqe)? };
         Ok(())
     }
 

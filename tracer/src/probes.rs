@@ -193,7 +193,8 @@ impl<'o> Probes<'o> {
         Ok(probes)
     }
 
-    fn attach(&mut self) -> Result<()> {
+    /// The loaded programs of every object (those switched off before load excluded).
+    fn programs(&self) -> Vec<libbpf_rs::ProgramMut<'_>> {
         let mut progs = Vec::new();
         if let Some(b) = &self.block {
             progs.extend(b.object().progs_mut());
@@ -204,12 +205,19 @@ impl<'o> Probes<'o> {
         if let Some(n) = &self.nfs {
             progs.extend(n.object().progs_mut());
         }
-        for p in progs.into_iter().filter(|p| p.autoload()) {
+        progs.retain(|p| p.autoload());
+        progs
+    }
+
+    fn attach(&mut self) -> Result<()> {
+        let mut links = Vec::new();
+        for p in self.programs() {
             let link = p
                 .attach()
                 .with_context(|| format!("attaching {} ({})", p.name().to_string_lossy(), p.section().to_string_lossy()))?;
-            self.links.get_mut().push(link);
+            links.push(link);
         }
+        *self.links.get_mut() = links;
         if self.links.get_mut().is_empty() {
             bail!("no probe could be attached: {:?}", self.skipped);
         }
@@ -297,17 +305,7 @@ impl<'o> Probes<'o> {
         if !self.stats_wanted {
             return out;
         }
-        let mut progs = Vec::new();
-        if let Some(b) = &self.block {
-            progs.extend(b.object().progs());
-        }
-        if let Some(f) = &self.file {
-            progs.extend(f.object().progs());
-        }
-        if let Some(n) = &self.nfs {
-            progs.extend(n.object().progs());
-        }
-        for p in progs.into_iter().filter(|p| p.autoload()) {
+        for p in self.programs() {
             let mut info: libbpf_sys::bpf_prog_info = unsafe { std::mem::zeroed() };
             let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
             // SAFETY: info is a zeroed bpf_prog_info of the size we pass.

@@ -74,6 +74,11 @@ struct Checked {
     ringbuf_bytes: u32,
 }
 
+/// A failed lookup of something the user named is bad input (exit 2).
+fn as_usage(e: anyhow::Error) -> anyhow::Error {
+    anyhow::Error::new(crate::cli::Usage(format!("{e:#}")))
+}
+
 /// Every check that can fail on bad input, before anything is loaded or written.
 fn preflight(args: &Args) -> Result<Checked> {
     // SAFETY: geteuid has no preconditions.
@@ -94,7 +99,7 @@ fn preflight(args: &Args) -> Result<Checked> {
     }
     let mut devs = Vec::new();
     for d in &args.devs {
-        devs.push(host::resolve_block_device(d).map_err(|e| anyhow::Error::new(crate::cli::Usage(e.to_string())))?);
+        devs.push(host::resolve_block_device(d).map_err(as_usage)?);
     }
     let out = &args.output;
     if out.exists() {
@@ -116,7 +121,7 @@ fn preflight(args: &Args) -> Result<Checked> {
         }
         (Subject::Pid(pid), Target::Tgids)
     } else if let Some(cg) = &args.cgroup {
-        let id = host::cgroup_id(cg).map_err(|e| anyhow::Error::new(crate::cli::Usage(e.to_string())))?;
+        let id = host::cgroup_id(cg).map_err(as_usage)?;
         (Subject::Cgroup(cg.clone()), Target::Cgroup(id))
     } else {
         (Subject::All, Target::All)
