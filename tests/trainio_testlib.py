@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
+import re
 import shutil
 import subprocess
 import sys
@@ -25,10 +25,45 @@ sys.path.insert(0, str(ROOT / "analysis"))
 BPF_PREFIX = "tio_"
 
 
-def trainio_programs() -> list[str]:
-    """Names of loaded BPF programs that belong to trainio."""
+# Every process a test session starts inherits this marker, so the leftover check can tell
+# our programs from those of another trainio run on the same machine.
+SESSION_MARK = "TRAINIO_TEST_SESSION"
+os.environ.setdefault(SESSION_MARK, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _prog_owners() -> dict[int, set[int]]:
+    """prog_id -> pids holding an fd on it (a program fd, or a link fd naming the program)."""
+    owners: dict[int, set[int]] = {}
+    for fdinfo in Path("/proc").glob("[0-9]*/fdinfo/*"):
+        try:
+            text = fdinfo.read_text()
+        except OSError:
+            continue
+        m = re.search(r"^prog_id:\s*(\d+)", text, re.M)
+        if m:
+            owners.setdefault(int(m.group(1)), set()).add(int(fdinfo.parts[2]))
+    return owners
+
+
+def _ours(pid: int) -> bool:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"{SESSION_MARK}={os.environ[SESSION_MARK]}".encode() in env
+
+
+def trainio_programs(*, all_sessions: bool = False) -> list[str]:
+    """Names of loaded BPF programs that belong to trainio and to this test session: held by
+    a process of this session, or by nobody (a pinned or leaked attachment). Programs held
+    by another session's processes are left out unless all_sessions."""
     out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True)
-    return [p.get("name", "") for p in json.loads(out.stdout or "[]") if p.get("name", "").startswith(BPF_PREFIX)]
+    progs = [p for p in json.loads(out.stdout or "[]") if p.get("name", "").startswith(BPF_PREFIX)]
+    if all_sessions or not progs:
+        return [p["name"] for p in progs]
+    owners = _prog_owners()
+    return [p["name"] for p in progs
+            if not owners.get(p["id"]) or any(_ours(pid) for pid in owners[p["id"]])]
 
 
 def wait_no_trainio_programs(timeout: float = 5.0) -> list[str]:
