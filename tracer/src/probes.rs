@@ -132,7 +132,7 @@ impl<'o> Probes<'o> {
                 autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped);
                 let skel = open.load().context("loading the block probes into the kernel")?;
                 for d in &s.devs {
-                    skel.maps.allowed_devs.update(&d.to_ne_bytes(), &[1], MapFlags::ANY).context("filling the device filter")?;
+                    skel.maps.devs.update(&d.to_ne_bytes(), &[0u8; 8], MapFlags::ANY).context("filling the device filter")?;
                 }
                 Some(skel)
             }
