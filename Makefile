@@ -19,6 +19,7 @@ build: deps
 venv: deps
 
 test: all
+	$(CARGO) test --release --locked --workspace
 	$(PY) -m pytest tests
 
 # Tests that need neither root nor a device.

@@ -4,6 +4,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
+
 use trainio_schema::{dev_string, BatchBuilder, Layer, Row};
 
 use crate::bpf::{block_event, file_event, nfs_event, open_event};
@@ -30,14 +32,15 @@ pub struct Tally {
 
 pub struct Collector {
     pub batch: BatchBuilder,
-    devs: HashMap<u32, Arc<str>>,
+    devs: FxHashMap<u32, Box<str>>,
     /// (tgid, fd) → path, from openat, or from /proc when the fd predates the recording.
     fds: HashMap<(u32, i32), Option<Arc<str>>>,
     /// (kernel dev, inode) → path of files opened while tracing (inode 0: a block device
     /// node, named by its device). Names reads on dup'ed or inherited fds, and NFS rows.
     inodes: HashMap<(u32, u64), Arc<str>>,
     cwds: HashMap<u32, PathBuf>,
-    pub tally: BTreeMap<(Layer, Option<Arc<str>>), Tally>,
+    /// Per (layer, kernel dev; 0 = none): counted per event, so keyed by integers.
+    tallies: FxHashMap<(Layer, u32), Tally>,
     pub undecodable: u64,
 }
 
@@ -84,6 +87,11 @@ fn blk_status_errno(status: i32) -> i32 {
     }
 }
 
+/// MAJ:MIN of a kernel dev_t (0: none), formatted once per device.
+fn dev_name(devs: &mut FxHashMap<u32, Box<str>>, kernel_dev: u32) -> Option<&str> {
+    (kernel_dev != 0).then(|| &**devs.entry(kernel_dev).or_insert_with(|| dev_string(kernel_dev).into()))
+}
+
 fn nonzero(ns: u64) -> Option<i64> {
     (ns != 0).then_some(ns as i64)
 }
@@ -92,17 +100,17 @@ impl Collector {
     pub fn new() -> Self {
         Collector {
             batch: BatchBuilder::new(),
-            devs: HashMap::new(),
+            devs: FxHashMap::default(),
             fds: HashMap::new(),
             inodes: HashMap::new(),
             cwds: HashMap::new(),
-            tally: BTreeMap::new(),
+            tallies: FxHashMap::default(),
             undecodable: 0,
         }
     }
 
     fn dev(&mut self, kernel_dev: u32) -> Option<Arc<str>> {
-        (kernel_dev != 0).then(|| self.devs.entry(kernel_dev).or_insert_with(|| dev_string(kernel_dev).into()).clone())
+        dev_name(&mut self.devs, kernel_dev).map(Arc::from)
     }
 
     /// Devices seen so far, as MAJ:MIN.
@@ -110,11 +118,19 @@ impl Collector {
         self.devs.values().map(|d| &**d)
     }
 
-    fn count(&mut self, layer: Layer, dev: &Option<Arc<str>>, read: u64, written: u64) {
-        let t = self.tally.entry((layer, dev.clone())).or_default();
+    fn count(&mut self, layer: Layer, kernel_dev: u32, read: u64, written: u64) {
+        let t = self.tallies.entry((layer, kernel_dev)).or_default();
         t.events += 1;
         t.bytes_read += read;
         t.bytes_written += written;
+    }
+
+    /// What was recorded per layer and device (MAJ:MIN), in a stable order.
+    pub fn tally(&self) -> BTreeMap<(Layer, Option<String>), Tally> {
+        self.tallies
+            .iter()
+            .map(|(&(layer, d), t)| ((layer, (d != 0).then(|| dev_string(d))), *t))
+            .collect()
     }
 
     /// Decodes one ring-buffer record. Returns 0 as libbpf's callback contract wants.
@@ -135,7 +151,7 @@ impl Collector {
 
     fn block(&mut self, e: &block_event) {
         let op = block_op(e.cmd_flags);
-        let dev = self.dev(e.dev);
+        let dev = dev_name(&mut self.devs, e.dev);
         let offset = (op != "flush" && e.sector != u64::MAX).then(|| (e.sector * 512) as i64);
         let bytes = e.bytes as i64;
         self.batch.push(&Row {
@@ -144,7 +160,7 @@ impl Collector {
             issue_ns: e.issue_ns as i64,
             complete_ns: e.complete_ns as i64,
             insert_ns: nonzero(e.insert_ns),
-            dev: dev.as_deref(),
+            dev,
             offset,
             bytes,
             bytes_requested: bytes,
@@ -162,7 +178,7 @@ impl Collector {
             "write" => (0, e.bytes as u64),
             _ => (0, 0),
         };
-        self.count(Layer::Block, &dev, r, w);
+        self.count(Layer::Block, e.dev, r, w);
     }
 
     fn cwd(&mut self, pid: u32) -> Option<PathBuf> {
@@ -219,11 +235,11 @@ impl Collector {
         });
         if op == "close" {
             self.fds.remove(&(e.pid, e.fd));
-            self.count(Layer::File, &dev, 0, 0);
+            self.count(Layer::File, e.dev, 0, 0);
         } else if read {
-            self.count(Layer::File, &dev, done as u64, 0);
+            self.count(Layer::File, e.dev, done as u64, 0);
         } else {
-            self.count(Layer::File, &dev, 0, done as u64);
+            self.count(Layer::File, e.dev, 0, done as u64);
         }
     }
 
@@ -273,7 +289,7 @@ impl Collector {
             error: e.ret.min(0),
             flags: e.flags,
         });
-        self.count(Layer::File, &None, 0, 0);
+        self.count(Layer::File, 0, 0, 0);
     }
 
     fn nfs(&mut self, e: &nfs_event) {
@@ -308,6 +324,6 @@ impl Collector {
             "write" => (0, e.returned as u64),
             _ => (0, 0),
         };
-        self.count(Layer::Nfs, &dev, r, w);
+        self.count(Layer::Nfs, e.dev, r, w);
     }
 }

@@ -193,7 +193,7 @@ fn segment_metadata(
     devs.sort();
     devs.dedup();
     let mut events: BTreeMap<&str, u64> = BTreeMap::new();
-    for ((layer, _), t) in &coll.tally {
+    for ((layer, _), t) in &coll.tally() {
         *events.entry(layer.as_str()).or_default() += t.events;
     }
     let mut lost = probes.lost();
@@ -374,7 +374,7 @@ fn print_summary(dir: &Path, writer: &TraceWriter, coll: &Collector, probes: &Pr
         elapsed.as_secs_f64()
     );
     eprintln!("  {:<6} {:<9} {:>10} {:>11} {:>11}", "layer", "dev", "events", "read MiB", "write MiB");
-    for ((layer, dev), t) in &coll.tally {
+    for ((layer, dev), t) in &coll.tally() {
         eprintln!(
             "  {:<6} {:<9} {:>10} {:>11.2} {:>11.2}",
             layer.as_str(),
