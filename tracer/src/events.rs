@@ -21,6 +21,9 @@ const FOP_PWRITE64: u32 = fop::TRAINIO_FOP_PWRITE64.0;
 
 const AT_FDCWD: i32 = -100;
 const REQ_OP_MASK: u32 = 0xff;
+const REQ_OP_READ: u32 = 0;
+const REQ_OP_WRITE: u32 = 1;
+const REQ_OP_FLUSH: u32 = 2;
 
 /// Per layer and device: what the summary prints and the metadata counts.
 #[derive(Default, Clone, Copy, Debug)]
@@ -54,9 +57,9 @@ fn comm_str(comm: &[i8; 16]) -> &str {
 /// Request op as REQ_OP_* (include/linux/blk_types.h) names it.
 fn block_op(cmd_flags: u32) -> &'static str {
     match cmd_flags & REQ_OP_MASK {
-        0 => "read",
-        1 => "write",
-        2 => "flush",
+        REQ_OP_READ => "read",
+        REQ_OP_WRITE => "write",
+        REQ_OP_FLUSH => "flush",
         3 | 5 => "discard", // DISCARD, SECURE_ERASE
         9 => "write_zeroes",
         _ => "other",
@@ -152,7 +155,8 @@ impl Collector {
     fn block(&mut self, e: &block_event) {
         let op = block_op(e.cmd_flags);
         let dev = dev_name(&mut self.devs, e.dev);
-        let offset = (op != "flush" && e.sector != u64::MAX).then(|| (e.sector * 512) as i64);
+        let opc = e.cmd_flags & REQ_OP_MASK;
+        let offset = (opc != REQ_OP_FLUSH && e.sector != u64::MAX).then(|| (e.sector * 512) as i64);
         let bytes = e.bytes as i64;
         self.batch.push(&Row {
             layer: Layer::Block,
@@ -173,9 +177,9 @@ impl Collector {
             error: blk_status_errno(e.error),
             flags: e.cmd_flags & !REQ_OP_MASK,
         });
-        let (r, w) = match op {
-            "read" => (e.bytes as u64, 0),
-            "write" => (0, e.bytes as u64),
+        let (r, w) = match opc {
+            REQ_OP_READ => (e.bytes as u64, 0),
+            REQ_OP_WRITE => (0, e.bytes as u64),
             _ => (0, 0),
         };
         self.count(Layer::Block, e.dev, r, w);
