@@ -2,7 +2,7 @@
 /*
  * Block layer: one record per request completion, with the queue depth the request met.
  *
- * The in-flight count per device lives in the kernel (inflight map) and is updated at
+ * The in-flight count per device lives in the kernel (devtab) and is updated at
  * issue and at completion, so the queue depth is exact for every request issued after
  * the probes were attached, whatever the ring buffer does. Requests are keyed by their
  * `struct request *`, which is how insert, issue, requeue and complete find each other;
@@ -25,17 +25,32 @@ struct block_event _block_event_type = {};
 #define MKDEV(ma, mi) (((ma) << MINORBITS) | (mi))
 
 /*
- * Per-device state, one hash lookup per probe: the in-flight count, and (when
- * filter_devs is set) membership in the device filter. With filter_devs, user space
- * inserts the selected devices and a miss means "not traced"; without it, entries are
- * created on first sight.
+ * Per-device state: the in-flight count, and (with filter_devs) membership in the device
+ * filter. A device lives in the slot of devtab its number hashes to (an inlined array
+ * lookup), or in the devs hash map when that slot belongs to another device. With
+ * filter_devs, user space places the selected devices and a miss means "not traced";
+ * without it, entries are claimed on first sight.
  */
 const volatile bool filter_devs = false;
 
 struct dev_state {
+	__u32 dev;      /* 0: free */
 	__u32 inflight; /* requests issued and not yet completed */
-	__u32 pad;
 };
+
+/*
+ * log2 of the sizes of devtab and slots; user space sizes the maps to match (tests set
+ * both to 0, one slot each, to drive every other device and request to the hash maps).
+ */
+const volatile __u32 dev_bits = 10;
+const volatile __u32 slot_bits = 15;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << 10); /* 1 << dev_bits, set by user space */
+	__type(key, __u32);
+	__type(value, struct dev_state);
+} devtab SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -69,10 +84,9 @@ struct req_state {
  * map update/delete per request, which was ~40% of the probes' time). A request whose
  * slot is taken by another live request goes to the hash map instead.
  */
-#define SLOT_BITS 15
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1 << SLOT_BITS);
+	__uint(max_entries, 1 << 15); /* 1 << slot_bits, set by user space */
 	__type(key, __u32);
 	__type(value, struct req_state);
 } slots SEC(".maps");
@@ -114,7 +128,9 @@ static __always_inline __u64 rq_key(struct request *rq)
 static __always_inline __u32 slot_of(__u64 rq)
 {
 	/* Requests sit in arrays with cache-line aligned strides: hash the line number. */
-	return ((rq >> 6) * 0x9E3779B97F4A7C15ULL) >> (64 - SLOT_BITS);
+	__u64 h = (rq >> 6) * 0x9E3779B97F4A7C15ULL;
+
+	return slot_bits ? h >> (64 - slot_bits) : 0;
 }
 
 /* The state of a request we are tracking, or NULL. */
@@ -169,13 +185,33 @@ static __always_inline __u32 request_dev(struct request *rq)
 	return MKDEV(disk->major, disk->first_minor);
 }
 
+/* Same function in user space (probes.rs), which places the filtered devices. */
+static __always_inline __u32 dev_slot(__u32 dev)
+{
+	__u32 h = dev * 0x9E3779B1U;
+
+	return dev_bits ? h >> (32 - dev_bits) : 0;
+}
+
 static __always_inline struct dev_state *dev_state(__u32 dev)
 {
-	struct dev_state *d = bpf_map_lookup_elem(&devs, &dev), zero = {};
+	__u32 i = dev_slot(dev);
+	struct dev_state *d = bpf_map_lookup_elem(&devtab, &i), fresh = {.dev = dev};
 
+	if (!d || !dev)
+		return NULL;
+	if (d->dev == dev)
+		return d;
+	if (!filter_devs && !d->dev) {
+		__u32 owner = __sync_val_compare_and_swap(&d->dev, 0, dev);
+
+		if (owner == 0 || owner == dev)
+			return d;
+	}
+	d = bpf_map_lookup_elem(&devs, &dev);
 	if (d || filter_devs)
 		return d;
-	bpf_map_update_elem(&devs, &dev, &zero, BPF_NOEXIST);
+	bpf_map_update_elem(&devs, &dev, &fresh, BPF_NOEXIST);
 	return bpf_map_lookup_elem(&devs, &dev);
 }
 
@@ -246,7 +282,7 @@ int BPF_PROG(tio_rq_issue, struct request *rq)
 
 static __always_inline void leave_flight(__u32 dev)
 {
-	struct dev_state *d = bpf_map_lookup_elem(&devs, &dev);
+	struct dev_state *d = dev_state(dev);
 
 	if (d)
 		__sync_fetch_and_add(&d->inflight, -1);

@@ -128,11 +128,32 @@ impl<'o> Probes<'o> {
                 let ro = open.maps.rodata_data.as_deref_mut().context("block probes: no rodata")?;
                 ro.wakeup_bytes = wakeup;
                 ro.filter_devs = !s.devs.is_empty();
+                // Tests shrink the request and device tables to one slot each, so that the
+                // hash-map fallbacks behind them are exercised (tests/recorder).
+                if std::env::var_os("TRAINIO_TEST_ONE_SLOT_TABLES").is_some() {
+                    ro.dev_bits = 0;
+                    ro.slot_bits = 0;
+                }
+                let (dev_bits, slot_bits) = (ro.dev_bits, ro.slot_bits);
+                open.maps.devtab.set_max_entries(1 << dev_bits).context("sizing the device table")?;
+                open.maps.slots.set_max_entries(1 << slot_bits).context("sizing the request table")?;
                 open.maps.block_events.set_max_entries(s.ringbuf_bytes).context("sizing the block ring buffer")?;
                 autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped);
                 let skel = open.load().context("loading the block probes into the kernel")?;
-                for d in &s.devs {
-                    skel.maps.devs.update(&d.to_ne_bytes(), &[0u8; 8], MapFlags::ANY).context("filling the device filter")?;
+                // The device filter: each device in its devtab slot, or in the devs map when
+                // another selected device has that slot (block.bpf.c, dev_state()).
+                let mut taken = HashSet::new();
+                for &d in &s.devs {
+                    let mut state = [0u8; 8];
+                    state[..4].copy_from_slice(&d.to_ne_bytes());
+                    let h = d.wrapping_mul(0x9E37_79B1);
+                    let slot = if dev_bits == 0 { 0 } else { h >> (32 - dev_bits) };
+                    if taken.insert(slot) {
+                        skel.maps.devtab.update(&slot.to_ne_bytes(), &state, MapFlags::ANY)
+                    } else {
+                        skel.maps.devs.update(&d.to_ne_bytes(), &state, MapFlags::ANY)
+                    }
+                    .context("filling the device filter")?;
                 }
                 Some(skel)
             }
