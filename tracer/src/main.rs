@@ -1,5 +1,6 @@
 //! `trainio record`: eBPF block-layer and file-level tracing into a Parquet trace.
 mod cli;
+mod encoder;
 mod events;
 mod host;
 mod probes;

@@ -17,6 +17,7 @@ use serde_json::json;
 use trainio_schema::{keys, Layer, SegmentLimits, TraceWriter, SCHEMA_VERSION};
 
 use crate::cli::{usage, Args};
+use crate::encoder::{Encoder, Metadata};
 use crate::events::Collector;
 use crate::host;
 use crate::probes::{Probes, Settings, Target};
@@ -24,6 +25,7 @@ use crate::probes::{Probes, Settings, Target};
 const POLL: Duration = Duration::from_millis(10);
 const FLUSH_ROWS: usize = 64 * 1024;
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
+const META_EVERY: Duration = Duration::from_millis(250);
 /// Kernel BPF statistics are sampled: on for STATS_ON out of every STATS_PERIOD.
 const STATS_ON: Duration = Duration::from_secs(1);
 const STATS_PERIOD: Duration = Duration::from_secs(20);
@@ -273,10 +275,11 @@ pub fn run(args: Args) -> Result<i32> {
         let c = collector.clone();
         probes.ring_buffer(move |data| c.borrow_mut().on_record(data))?
     };
-    let mut writer = TraceWriter::new(
+    let mut encoder = Encoder::start(TraceWriter::new(
         &args.output,
         SegmentLimits { max_bytes: args.segment_mb << 20, max_age: Duration::from_secs_f64(args.segment_s) },
-    );
+    ))?;
+    let mut meta_cache: Option<(Instant, Metadata)> = None;
 
     install_signal_handlers();
     let mut child = match &checked.subject {
@@ -301,13 +304,20 @@ pub fn run(args: Args) -> Result<i32> {
         probes.set_stats(started.elapsed().as_nanos() % STATS_PERIOD.as_nanos() < STATS_ON.as_nanos());
         if collector.borrow().batch.len() >= FLUSH_ROWS || last_flush.elapsed() >= FLUSH_EVERY {
             let batch = collector.borrow_mut().batch.finish();
-            writer.write(&batch)?;
+            // Metadata for the segment this batch may close; refreshed at most 4 times a
+            // second (it reads every program's statistics and sysfs).
+            let meta = match &meta_cache {
+                Some((at, m)) if at.elapsed() < META_EVERY => m.clone(),
+                _ => {
+                    let m = segment_metadata(&st, &collector.borrow(), &probes, 0);
+                    meta_cache = Some((Instant::now(), m.clone()));
+                    m
+                }
+            };
+            encoder.send(batch, meta)?;
             last_flush = Instant::now();
-            if writer.segment_full() {
-                let meta = segment_metadata(&st, &collector.borrow(), &probes, writer.segment_index());
-                writer.close_segment(&meta)?;
-            }
         }
+        encoder.regulate();
         if let Some(c) = child.as_mut() {
             if let Some(status) = c.try_wait()? {
                 exit_status = Some(status);
@@ -344,7 +354,8 @@ pub fn run(args: Args) -> Result<i32> {
     probes.detach();
     let _ = ring.consume();
     let batch = collector.borrow_mut().batch.finish();
-    writer.write(&batch)?;
+    encoder.send(batch, Vec::new())?;
+    let mut writer = encoder.finish()?;
     writer.open()?;
     let meta = segment_metadata(&st, &collector.borrow(), &probes, writer.segment_index());
     writer.close_segment(&meta)?;

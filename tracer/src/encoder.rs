@@ -1,0 +1,177 @@
+//! Parquet encoding off the drain path. The drain thread decodes ring-buffer records into
+//! Arrow batches (that has to happen promptly: fd and path lookups need the processes
+//! alive) and hands each batch here. This thread encodes and writes segments at
+//! SCHED_IDLE, so on a busy machine the encoding takes only CPU time nobody else wants;
+//! the traced workload pays for the decode alone (about a third of the drain's cost).
+//!
+//! The backlog is bounded in rows and in age: past either bound the drain thread puts
+//! this thread back to normal priority until it has caught up, so memory stays bounded
+//! and a SIGKILL loses at most MAX_LAG of events more than before.
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Result};
+use arrow_array::RecordBatch;
+use trainio_schema::{keys, TraceWriter};
+
+/// Unwritten rows past which the encoder runs at normal priority (~80 bytes each in
+/// Arrow: ~320 MiB).
+const MAX_BACKLOG_ROWS: u64 = 4 << 20;
+/// Age of the oldest unwritten batch past which the encoder runs at normal priority.
+const MAX_LAG: Duration = Duration::from_secs(3);
+
+/// Metadata of the segment a batch belongs to, as of that batch (the segment index is
+/// filled in by the encoder, which decides where segments end).
+pub type Metadata = Vec<(String, String)>;
+
+struct Shared {
+    /// Thread id of the encoder (for sched_setscheduler from the drain thread).
+    tid: AtomicI32,
+    /// Sequence number of the last batch sent, and of the last one written.
+    sent: AtomicU64,
+    written: AtomicU64,
+    /// 1 while the encoder runs at normal priority until caught up; 2 until the end.
+    boosted: AtomicI32,
+}
+
+pub struct Encoder {
+    tx: Option<SyncSender<(u64, RecordBatch, Metadata)>>,
+    thread: Option<JoinHandle<Result<TraceWriter>>>,
+    shared: Arc<Shared>,
+    /// (sequence, rows, when sent) of batches not yet written.
+    pending: VecDeque<(u64, u64, Instant)>,
+    pending_rows: u64,
+    next_seq: u64,
+    /// Largest backlog seen, in rows (reported in the metadata).
+    pub peak_backlog_rows: u64,
+    pub boosts: u64,
+}
+
+fn set_policy(tid: i32, idle: bool) {
+    let param = libc::sched_param { sched_priority: 0 };
+    let policy = if idle { libc::SCHED_IDLE } else { libc::SCHED_OTHER };
+    // SAFETY: plain syscall on one of our own threads; failure only costs speed.
+    unsafe { libc::sched_setscheduler(tid, policy, &param) };
+}
+
+fn with_segment(meta: &Metadata, segment: u32) -> Metadata {
+    let mut m = meta.clone();
+    match m.iter_mut().find(|(k, _)| k == keys::SEGMENT) {
+        Some(kv) => kv.1 = segment.to_string(),
+        None => m.push((keys::SEGMENT.into(), segment.to_string())),
+    }
+    m
+}
+
+fn run(mut writer: TraceWriter, rx: Receiver<(u64, RecordBatch, Metadata)>, shared: Arc<Shared>) -> Result<TraceWriter> {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    shared.tid.store(tid, Ordering::SeqCst);
+    if shared.boosted.load(Ordering::SeqCst) == 0 {
+        set_policy(0, true);
+    }
+    for (seq, batch, meta) in rx {
+        writer.write(&batch)?;
+        if writer.segment_full() {
+            writer.close_segment(&with_segment(&meta, writer.segment_index()))?;
+        }
+        shared.written.store(seq, Ordering::SeqCst);
+        // Caught up: give the CPU back to the workload.
+        if seq >= shared.sent.load(Ordering::SeqCst)
+            && shared.boosted.compare_exchange(1, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+        {
+            set_policy(0, true);
+        }
+    }
+    Ok(writer)
+}
+
+impl Encoder {
+    pub fn start(writer: TraceWriter) -> Result<Self> {
+        // Enough queued batches for MAX_BACKLOG_ROWS at the drain's batch size and more:
+        // the row and age bounds act first; a full queue blocks the drain (the kernel
+        // ring buffer then absorbs, and counts what it cannot).
+        let (tx, rx) = sync_channel(1024);
+        let shared = Arc::new(Shared {
+            tid: AtomicI32::new(0),
+            sent: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            boosted: AtomicI32::new(0),
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("trainio-encode".into())
+            .spawn(move || run(writer, rx, s))
+            .map_err(|e| anyhow!("starting the encoder thread: {e}"))?;
+        Ok(Encoder {
+            tx: Some(tx),
+            thread: Some(thread),
+            shared,
+            pending: VecDeque::new(),
+            pending_rows: 0,
+            next_seq: 1,
+            peak_backlog_rows: 0,
+            boosts: 0,
+        })
+    }
+
+    /// Queues a batch; returns an error only if the encoder failed (its error).
+    pub fn send(&mut self, batch: RecordBatch, meta: Metadata) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let rows = batch.num_rows() as u64;
+        self.shared.sent.store(seq, Ordering::SeqCst);
+        let sent = self.tx.as_ref().expect("encoder running").send((seq, batch, meta));
+        if sent.is_err() {
+            return Err(self.join().err().unwrap_or_else(|| anyhow!("the encoder thread stopped")));
+        }
+        self.pending.push_back((seq, rows, Instant::now()));
+        self.pending_rows += rows;
+        self.peak_backlog_rows = self.peak_backlog_rows.max(self.pending_rows);
+        self.regulate();
+        Ok(())
+    }
+
+    /// Forgets written batches, and boosts the encoder when the backlog is too large or
+    /// too old. Called after every send and on every drain-loop turn.
+    pub fn regulate(&mut self) {
+        let written = self.shared.written.load(Ordering::SeqCst);
+        while self.pending.front().is_some_and(|&(seq, _, _)| seq <= written) {
+            let (_, rows, _) = self.pending.pop_front().expect("front exists");
+            self.pending_rows -= rows;
+        }
+        let behind = self.pending_rows > MAX_BACKLOG_ROWS
+            || self.pending.front().is_some_and(|&(_, _, t)| t.elapsed() > MAX_LAG);
+        let tid = self.shared.tid.load(Ordering::SeqCst);
+        if behind && tid != 0 && self.shared.boosted.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            set_policy(tid, false);
+            self.boosts += 1;
+        }
+    }
+
+    /// Waits until everything sent is written (at normal priority), and returns the
+    /// writer so that the caller can close the last segment.
+    pub fn finish(mut self) -> Result<TraceWriter> {
+        self.shared.boosted.store(2, Ordering::SeqCst);
+        let tid = self.shared.tid.load(Ordering::SeqCst);
+        if tid != 0 {
+            set_policy(tid, false);
+        }
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<TraceWriter> {
+        drop(self.tx.take());
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| anyhow!("the encoder thread panicked"))?,
+            None => Err(anyhow!("the encoder thread already stopped")),
+        }
+    }
+}
