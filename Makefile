@@ -13,8 +13,13 @@ all: build venv
 deps:
 	@scripts/install-deps.sh
 
+# The analyzer's native kernels (analysis/native) are a Python extension built for the
+# venv's interpreter and installed next to the package as trainio_analysis/_native.so.
+NATIVE_SO := analysis/trainio_analysis/_native.so
+
 build: deps
-	$(CARGO) build --release --locked
+	PYO3_PYTHON=$(CURDIR)/$(PY) $(CARGO) build --release --locked
+	install -m 0755 target/release/libtrainio_analysis_native.so $(NATIVE_SO)
 
 venv: deps
 
@@ -43,4 +48,5 @@ demo: all
 
 clean:
 	$(CARGO) clean
+	rm -f $(NATIVE_SO)
 	rm -rf $(VENV)
