@@ -63,15 +63,20 @@ fn event_keys_sorted<'py>(
     same_len(iss.len(), com.len(), "complete")?;
     let out = py.detach(|| {
         let base = 4 * offset;
+        let complete_key = |k: usize| {
+            let (i, c) = (iss[k], com[k]);
+            4 * c - base + if c == i { CODE_COMPLETE_ZERO } else { 0 }
+        };
         let mut a: Vec<i64> = iss.iter().map(|&t| 4 * t + CODE_ISSUE - base).collect();
-        let mut b: Vec<i64> = iss
-            .iter()
-            .zip(com)
-            .map(|(&i, &c)| 4 * c - base + if c == i { CODE_COMPLETE_ZERO } else { 0 })
-            .collect();
         sort_nearly_sorted(&mut a);
-        sort_nearly_sorted(&mut b);
-        merge(&a, &b)
+        if (1..com.len()).all(|k| complete_key(k - 1) <= complete_key(k)) {
+            // rows in completion order: the completion keys are a sorted run already
+            merge_with(&a, com.len(), complete_key)
+        } else {
+            let mut b: Vec<i64> = (0..com.len()).map(complete_key).collect();
+            sort_nearly_sorted(&mut b);
+            merge(&a, &b)
+        }
     });
     Ok(PyArray1::from_vec(py, out))
 }
@@ -104,17 +109,23 @@ fn sort_nearly_sorted(v: &mut [i64]) {
 /// Merges two sorted runs; branch-free in the loop (which run a key comes from is a
 /// coin toss for interleaved issues and completions).
 fn merge(a: &[i64], b: &[i64]) -> Vec<i64> {
-    let mut out = Vec::with_capacity(a.len() + b.len());
+    merge_with(a, b.len(), |j| b[j])
+}
+
+/// [`merge`] with the second run given as `b(0) <= b(1) <= ... <= b(nb - 1)`.
+#[inline(always)]
+fn merge_with(a: &[i64], nb: usize, b: impl Fn(usize) -> i64) -> Vec<i64> {
+    let mut out = Vec::with_capacity(a.len() + nb);
     let (mut i, mut j) = (0usize, 0usize);
-    while i < a.len() && j < b.len() {
-        let (x, y) = (a[i], b[j]);
+    while i < a.len() && j < nb {
+        let (x, y) = (a[i], b(j));
         let take_a = x <= y;
         out.push(if take_a { x } else { y });
         i += take_a as usize;
         j += (!take_a) as usize;
     }
     out.extend_from_slice(&a[i..]);
-    out.extend_from_slice(&b[j..]);
+    out.extend((j..nb).map(b));
     out
 }
 
@@ -177,43 +188,80 @@ fn summarize<'py>(
 
 #[allow(clippy::type_complexity)]
 fn sweep(k: &[i64]) -> (i64, i64, i64, i64, Vec<i64>, Vec<f64>, Vec<i64>, Vec<i64>) {
-    {
-        // pass 1: the running count's range
-        let (mut q, mut lo, mut hi, mut hi_but_last) = (0i64, i64::MAX, i64::MIN, i64::MIN);
-        for (idx, &key) in k.iter().enumerate() {
-            q += if key & 3 == CODE_ISSUE { 1 } else { -1 };
-            lo = lo.min(q);
-            hi = hi.max(q);
-            if idx + 1 < k.len() {
-                hi_but_last = hi_but_last.max(q);
-            }
-        }
-        let q_last = q;
-        let mut levels = vec![0i64; (hi - lo + 1) as usize];
-        // np.bincount(q[:-1], weights=dt): as long as the highest level before the last event
-        let time_len = if k.len() > 1 { (hi_but_last - lo + 1) as usize } else { 0 };
-        let mut time = vec![0i64; time_len];
-        let (mut ends, mut starts) = (Vec::new(), Vec::new());
-        // pass 2: levels relative to the minimum
-        let mut q = -lo;
-        for (idx, &key) in k.iter().enumerate() {
-            let issue = key & 3 == CODE_ISSUE;
-            q += if issue { 1 } else { -1 };
-            let t = key >> 2;
-            levels[q as usize] += 1;
-            if let Some(next) = k.get(idx + 1) {
-                time[q as usize] += (next >> 2) - t;
-            }
-            if q == 0 {
-                ends.push(t);
-            } else if q == 1 && issue {
-                starts.push(t);
-            }
-        }
-        // integer sums: the float64 bincount gives the same while below 2^53 ns per level
-        let time: Vec<f64> = time.into_iter().map(|v| v as f64).collect();
-        (k[0] >> 2, k[k.len() - 1] >> 2, lo, q_last, levels, time, ends, starts)
+    // One pass. Levels are relative to the slice's start (0) until its minimum is known:
+    // counts of levels >= 0 in `up[q]`, of levels < 0 in `down[-q - 1]`.
+    // Ends (the count at its minimum) and starts (issues raising it to one above) are
+    // collected relative to m = min(0, counts so far): an issue can raise the count to
+    // m + 1 only from m, so a new minimum drops all earlier candidates. When no event
+    // reaches 0 the minimum is 1 (the first event is an issue): `ends1`/`starts1`.
+    struct Levels {
+        up: Vec<i64>,
+        down: Vec<i64>,
     }
+    impl Levels {
+        #[inline(always)]
+        fn slot(&mut self, q: i64) -> &mut i64 {
+            let (v, i) = if q >= 0 { (&mut self.up, q as usize) } else { (&mut self.down, (-q - 1) as usize) };
+            if i >= v.len() {
+                v.resize(i + 1, 0);
+            }
+            &mut v[i]
+        }
+        /// Values of levels lo..lo + len, in order.
+        fn take(mut self, lo: i64, len: usize) -> Vec<i64> {
+            (0..len as i64).map(|d| *self.slot(lo + d)).collect()
+        }
+    }
+    let mut levels = Levels { up: Vec::new(), down: Vec::new() };
+    let mut time = Levels { up: Vec::new(), down: Vec::new() };
+    let (mut ends, mut starts) = (Vec::new(), Vec::new());
+    let (mut ends1, mut starts1) = (Vec::new(), Vec::new());
+    let (mut q, mut lo, mut hi, mut hi_but_last) = (0i64, i64::MAX, i64::MIN, i64::MIN);
+    let (mut m, mut above) = (0i64, true);
+    let mut prev_t = k[0] >> 2;
+    for (idx, &key) in k.iter().enumerate() {
+        let t = key >> 2;
+        if idx > 0 {
+            // np.bincount(q[:-1], weights=dt): the previous level held until this event
+            *time.slot(q) += t - prev_t;
+            hi_but_last = hi_but_last.max(q);
+        }
+        let issue = key & 3 == CODE_ISSUE;
+        q += if issue { 1 } else { -1 };
+        *levels.slot(q) += 1;
+        lo = lo.min(q);
+        hi = hi.max(q);
+        if q < m {
+            m = q;
+            ends.clear();
+            starts.clear();
+        }
+        if q == m {
+            ends.push(t);
+        } else if q == m + 1 && issue {
+            starts.push(t);
+        }
+        if above {
+            if q <= 0 {
+                above = false;
+                ends1 = Vec::new();
+                starts1 = Vec::new();
+            } else if q == 1 {
+                ends1.push(t);
+            } else if q == 2 && issue {
+                starts1.push(t);
+            }
+        }
+        prev_t = t;
+    }
+    if above {
+        (ends, starts) = (ends1, starts1);
+    }
+    let levels = levels.take(lo, (hi - lo + 1) as usize);
+    let time_len = if k.len() > 1 { (hi_but_last - lo + 1) as usize } else { 0 };
+    // integer sums: the float64 bincount gives the same while below 2^53 ns per level
+    let time: Vec<f64> = time.take(lo, time_len).into_iter().map(|v| v as f64).collect();
+    (k[0] >> 2, prev_t, lo, q, levels, time, ends, starts)
 }
 
 /// The counting half of `analyze._Analyzer._prepare` in one pass over a row group.
@@ -277,16 +325,57 @@ fn count_rows<'py>(
     }
     let r = py.detach(|| {
         let mut c = Counts::new(nbins, want_latency);
-        for i in 0..n {
-            if mask.is_some_and(|m| !m[i]) {
-                continue;
+        // one loop per shape of the input, so the per-row choices compile away
+        let cols = Cols { iss, com, nb, t0, bin_ns };
+        let only = only_op as usize;
+        match (mask, op, kqd) {
+            (None, None, Some(q)) => cols.run(&mut c, |_| true, |_| only, &kind, &counted, |i| Some(q[i])),
+            (None, None, None) => cols.run(&mut c, |_| true, |_| only, &kind, &counted, |_| None),
+            (None, Some(o), Some(q)) => {
+                cols.run(&mut c, |_| true, |i| o[i] as usize, &kind, &counted, |i| Some(q[i]))
             }
-            let o = op.map_or(only_op, |o| o[i]) as usize;
-            c.row(kind[o], counted[o], iss[i], com[i], nb[i], kqd.map(|q| q[i]), t0, bin_ns);
+            (None, Some(o), None) => cols.run(&mut c, |_| true, |i| o[i] as usize, &kind, &counted, |_| None),
+            (m, o, q) => cols.run(
+                &mut c,
+                |i| m.is_none_or(|m| m[i]),
+                |i| o.map_or(only, |o| o[i] as usize),
+                &kind,
+                &counted,
+                |i| q.map(|q| q[i]),
+            ),
         }
         c
     });
     r.into_dict(py)
+}
+
+struct Cols<'a> {
+    iss: &'a [i64],
+    com: &'a [i64],
+    nb: &'a [i64],
+    t0: i64,
+    bin_ns: i64,
+}
+
+impl Cols<'_> {
+    #[inline(always)]
+    fn run(
+        &self,
+        c: &mut Counts,
+        keep: impl Fn(usize) -> bool,
+        op: impl Fn(usize) -> usize,
+        kind: &[u8],
+        counted: &[bool],
+        kqd: impl Fn(usize) -> Option<u32>,
+    ) {
+        for i in 0..self.iss.len() {
+            if !keep(i) {
+                continue;
+            }
+            let o = op(i);
+            c.row(kind[o], counted[o], self.iss[i], self.com[i], self.nb[i], kqd(i), self.t0, self.bin_ns);
+        }
+    }
 }
 
 struct Counts {
