@@ -5,6 +5,8 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 VENV := .venv
 PY := $(VENV)/bin/python
+# the interpreter pyo3 builds the analyzer's extension for (analysis/native)
+export PYO3_PYTHON := $(CURDIR)/$(VENV)/bin/python
 
 .PHONY: all deps build venv test test-fast bench-tracer bench-analysis bench-replay bench-fidelity demo clean
 
@@ -18,7 +20,7 @@ deps:
 NATIVE_SO := analysis/trainio_analysis/_native.so
 
 build: deps
-	PYO3_PYTHON=$(CURDIR)/$(PY) $(CARGO) build --release --locked
+	$(CARGO) build --release --locked
 	install -m 0755 target/release/libtrainio_analysis_native.so $(NATIVE_SO)
 
 venv: deps
