@@ -309,7 +309,10 @@ class QueueDepthSweep:
         """Sorted event keys of each group in the chunk (times minus ``offset``)."""
         if gid.size == 0:
             return {}
-        lo, hi = int(gid.min()), int(gid.max())
+        if gid.strides == (0,):  # a broadcast: one group, no need to scan it
+            lo = hi = int(gid[0])
+        else:
+            lo, hi = int(gid.min()), int(gid.max())
         if lo == hi:
             return {lo: sorted_event_keys(issue, complete, offset)}
         present = np.flatnonzero(np.bincount(gid)) if lo >= 0 else np.unique(gid)
