@@ -5,6 +5,8 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 VENV := .venv
 PY := $(VENV)/bin/python
+# the interpreter pyo3 builds the analyzer's extension for (analysis/native)
+export PYO3_PYTHON := $(CURDIR)/$(VENV)/bin/python
 
 .PHONY: all deps build venv test test-fast bench-tracer bench-analysis bench-replay bench-fidelity demo clean
 
@@ -13,8 +15,13 @@ all: build venv
 deps:
 	@scripts/install-deps.sh
 
+# The analyzer's native kernels (analysis/native) are a Python extension built for the
+# venv's interpreter and installed next to the package as trainio_analysis/_native.so.
+NATIVE_SO := analysis/trainio_analysis/_native.so
+
 build: deps
 	$(CARGO) build --release --locked
+	install -m 0755 target/release/libtrainio_analysis_native.so $(NATIVE_SO)
 
 venv: deps
 
@@ -43,4 +50,5 @@ demo: all
 
 clean:
 	$(CARGO) clean
+	rm -f $(NATIVE_SO)
 	rm -rf $(VENV)

@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from trainio_analysis import kernels
 from trainio_analysis import trace as tr
 from trainio_analysis.errors import SelectionError, TraceError
 from trainio_analysis.sketch import (
@@ -81,6 +82,7 @@ class _Chunk:
     bytes_written: int = 0
     latency: np.ndarray | None = None
     latency_buckets: np.ndarray | None = None
+    latency_stats: tuple[int, int, int, int] | None = None  # count, min, max, sum (native)
     size_counts: np.ndarray | None = None
     tl_read: np.ndarray | None = None
     tl_write: np.ndarray | None = None
@@ -150,6 +152,9 @@ class _Analyzer:
         self._lock = threading.Lock()
         self._file_ids: dict[str, int] = {}
         self._comms: dict[int, str] = {}
+        # whether the latency sketch still keeps raw values (native path: only then does
+        # a chunk return its latencies); it only ever turns False
+        self._latency_raw = True
 
     # ------------------------------------------------------------------ planning
 
@@ -355,7 +360,7 @@ class _Analyzer:
             op_code = None
             only_op = const["op"]
         else:
-            op_code = pick(_codes(t["op"], op_lookup), mask)
+            op_code = pick(_codes(t["op"], op_lookup, len(ops)), mask)
             only_op = None
         if self.group_col == "dev":
             if "dev" in const:
@@ -374,37 +379,50 @@ class _Analyzer:
                 mask = None  # the arrays are the selected requests already
         n_requests = issue.size
 
+
         # data transfers: throughput, sizes, latency (None: every row, empty: no row)
         def op_mask(op: str) -> np.ndarray | None:
             if op_code is None:
                 return None if only_op == op else np.zeros(n_requests, bool)
             return op_code == op_lookup[op]
 
-        is_read, is_write = op_mask("read"), op_mask("write")
-        if is_read is None or is_write is None:
-            data = None
+        nat = kernels.native()
+        # one device in the whole row group (a zero-stride gid): the native pass also
+        # counts the kernel's queue depths
+        native_qd = nat is not None and gid.strides == (0,)
+        if nat is not None:
+            qd_counts = self._count_native(
+                nat, c, issue, complete, nbytes, kqd_all if native_qd else None, op_code, only_op, ops
+            )
+            if qd_counts is not None:
+                c.kernel_qd = {int(gid[0]): qd_counts}
+            is_read = op_mask("read") if self.layer == "file" else None
         else:
-            data = is_read | is_write
-            if data.all():
+            is_read, is_write = op_mask("read"), op_mask("write")
+            if is_read is None or is_write is None:
                 data = None
-        c.reads = n_requests if is_read is None else int(is_read.sum())
-        c.writes = n_requests if is_write is None else int(is_write.sum())
-        tbin = complete - self.t0
-        tbin //= self.bin_ns
-        c.bytes_read = c.bytes_written = 0
-        c.tl_read = c.tl_write = None
-        for kind, m in (("read", is_read), ("write", is_write)):
-            if m is not None and not m.any():
-                continue
-            b = pick(nbytes, m)
-            tl = np.bincount(pick(tbin, m), weights=b, minlength=self.nbins)
-            if kind == "read":
-                c.bytes_read, c.tl_read = int(b.sum()), tl
             else:
-                c.bytes_written, c.tl_write = int(b.sum()), tl
-        c.latency = pick(complete, data) - pick(issue, data)
-        c.latency_buckets = np.bincount(log_bucket(c.latency), minlength=N_BUCKETS)
-        c.size_counts = np.bincount(pow2_bucket(pick(nbytes, data)), minlength=65)
+                data = is_read | is_write
+                if data.all():
+                    data = None
+            c.reads = n_requests if is_read is None else int(is_read.sum())
+            c.writes = n_requests if is_write is None else int(is_write.sum())
+            tbin = complete - self.t0
+            tbin //= self.bin_ns
+            c.bytes_read = c.bytes_written = 0
+            c.tl_read = c.tl_write = None
+            for kind, m in (("read", is_read), ("write", is_write)):
+                if m is not None and not m.any():
+                    continue
+                b = pick(nbytes, m)
+                tl = np.bincount(pick(tbin, m), weights=b, minlength=self.nbins)
+                if kind == "read":
+                    c.bytes_read, c.tl_read = int(b.sum()), tl
+                else:
+                    c.bytes_written, c.tl_write = int(b.sum()), tl
+            c.latency = pick(complete, data) - pick(issue, data)
+            c.latency_buckets = np.bincount(log_bucket(c.latency), minlength=N_BUCKETS)
+            c.size_counts = np.bincount(pow2_bucket(pick(nbytes, data)), minlength=65)
         # queue depth: rows the layer's counter counts
         counted: np.ndarray | None = None
         if op_code is not None:
@@ -416,8 +434,10 @@ class _Analyzer:
         kqd = pick(kqd_all, counted)
         g = pick(gid, counted)
         if g.size:
-            single = int(g.min()) == int(g.max())
-            if single:
+            single = native_qd or int(g.min()) == int(g.max())
+            if native_qd:
+                pass  # counted by the native pass
+            elif single:
                 c.kernel_qd = {int(g[0]): np.bincount(kqd)}
             else:
                 width = int(kqd.max()) + 1
@@ -430,6 +450,50 @@ class _Analyzer:
         if self.layer == "file":
             c.processes = self._process_stats(seg, index, t, mask, gid, is_read, nbytes, kqd_all)
         return c
+
+    def _count_native(
+        self,
+        nat: Any,
+        c: _Chunk,
+        issue: np.ndarray,
+        complete: np.ndarray,
+        nbytes: np.ndarray,
+        kqd: np.ndarray | None,
+        op_code: np.ndarray | None,
+        only_op: str | None,
+        ops: tuple[str, ...],
+    ) -> np.ndarray | None:
+        """The counting above in one compiled pass (kernels.py); ``kqd`` given: also the
+        kernel queue-depth histogram of the (single) group."""
+        names = (*ops, None)  # op code len(ops): not one of the layer's ops
+        kind = [0 if op == "read" else 1 if op == "write" else 2 for op in names]
+        counted = [op in tr.QD_OPS[self.layer] for op in names]
+        only = names.index(only_op) if only_op in ops else len(ops)
+        r = nat.count_rows(
+            np.ascontiguousarray(issue, np.int64),
+            np.ascontiguousarray(complete, np.int64),
+            np.ascontiguousarray(nbytes, np.int64),
+            None,
+            None if op_code is None else np.ascontiguousarray(op_code, np.int64),
+            only,
+            kind,
+            counted,
+            None if kqd is None else np.ascontiguousarray(kqd, np.uint32),
+            self.t0,
+            self.bin_ns,
+            self.nbins,
+            self._latency_raw,
+        )
+        c.reads, c.writes = r["reads"], r["writes"]
+        c.bytes_read, c.bytes_written = r["bytes_read"], r["bytes_written"]
+        c.tl_read, c.tl_write = r["tl_read"], r["tl_write"]
+        c.latency = r["latency"]
+        c.latency_buckets = r["latency_buckets"]
+        c.latency_stats = (
+            r["latency_count"], r["latency_min"], r["latency_max"], r["latency_sum"]
+        )
+        c.size_counts = r["size_counts"]
+        return r["kernel_qd"]
 
     def _process_stats(
         self,
@@ -562,7 +626,11 @@ class _Analyzer:
                     acc.writes += c.writes
                     acc.bytes_read += c.bytes_read
                     acc.bytes_written += c.bytes_written
-                    latency.add(c.latency, buckets=c.latency_buckets)
+                    if c.latency_stats is not None:
+                        latency.add_counted(*c.latency_stats, c.latency_buckets, c.latency)
+                        self._latency_raw = latency.exact
+                    else:
+                        latency.add(c.latency, buckets=c.latency_buckets)
                     size_counts += c.size_counts
                     if c.tl_read is not None:
                         tl_read += c.tl_read
@@ -584,11 +652,12 @@ class _Analyzer:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         groups = sweep.finish()
+        union_state: GroupState | None = None
         if union is not None:
-            union_state = union.finish()[0]
+            union_state = union.finish().get(0)
         elif groups:
             union_state = groups[0]
-        else:  # selected rows, none of them counted in a queue (e.g. only open/close)
+        if union_state is None:  # selected rows, none counted in a queue (only open/close)
             union_state = GroupState(hist_time=np.array([float(self.window)]))
         self._procs = procs
         return self._result(
@@ -776,6 +845,9 @@ class _ProcessTotals:
 
 def _equal_neighbours(per_group: dict[int, np.ndarray]) -> bool:
     """Whether two issues of one group share a nanosecond (sorted keys repeat)."""
+    nat = kernels.native()
+    if nat is not None:
+        return any(nat.equal_issue_neighbours(np.ascontiguousarray(k)) for k in per_group.values())
     for keys in per_group.values():
         same = np.flatnonzero(keys[1:] == keys[:-1])  # usually empty or a few completions
         if same.size and np.any((keys[same] & 3) == CODE_ISSUE):

@@ -66,13 +66,45 @@ class QuantileSketch:
             return
         values = np.asarray(values, dtype=np.int64)
         lo, hi = int(values.min()), int(values.max())
+        self._add(int(values.size), lo, hi, float(values.sum(dtype=np.float64)), buckets, values)
+
+    def add_counted(
+        self,
+        count: int,
+        lo: int,
+        hi: int,
+        total: int | float,
+        buckets: np.ndarray,
+        values: np.ndarray | None,
+    ) -> None:
+        """Add values already summarized: their count, min, max, sum and log-bucket counts.
+
+        ``values`` (the values themselves) may be None only once :attr:`exact` is False.
+        """
+        if count == 0:
+            return
+        if self._hist is None and values is None:
+            msg = "QuantileSketch.add_counted: an exact sketch needs the values"
+            raise ValueError(msg)
+        self._add(int(count), int(lo), int(hi), float(total), buckets, values)
+
+    def _add(
+        self,
+        count: int,
+        lo: int,
+        hi: int,
+        total: float,
+        buckets: np.ndarray | None,
+        values: np.ndarray | None,
+    ) -> None:
         self.min = lo if self.count == 0 else min(self.min, lo)
         self.max = hi if self.count == 0 else max(self.max, hi)
-        self.count += int(values.size)
-        self.sum += float(values.sum(dtype=np.float64))
+        self.count += count
+        self.sum += total
         if self._hist is None:
-            self._raw.append(values.copy())
-            self._raw_n += values.size
+            assert values is not None
+            self._raw.append(np.array(values, dtype=np.int64))  # a copy: callers reuse theirs
+            self._raw_n += count
             if self._raw_n > self.exact_limit:
                 self._hist = np.zeros(N_BUCKETS, dtype=np.int64)
                 for chunk in self._raw:
@@ -81,6 +113,7 @@ class QuantileSketch:
         elif buckets is not None:
             self._hist += buckets
         else:
+            assert values is not None
             self._fold(values)
 
     def _fold(self, values: np.ndarray) -> None:

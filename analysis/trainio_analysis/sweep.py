@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trainio_analysis import kernels
 from trainio_analysis.sketch import QuantileSketch
 
 CODE_COMPLETE = 0
@@ -69,6 +70,18 @@ def _sort_keys(keys: np.ndarray) -> None:
     """Sort non-negative int64 keys in place: as uint64 (same order), which numpy sorts
     about 1.5x faster here than int64."""
     keys.view(np.uint64).sort()
+
+
+def sorted_event_keys(issue: np.ndarray, complete: np.ndarray, offset: int = 0) -> np.ndarray:
+    """:func:`event_keys` of one group's requests, sorted."""
+    nat = kernels.native()
+    if nat is not None:
+        return nat.event_keys_sorted(
+            np.ascontiguousarray(issue, np.int64), np.ascontiguousarray(complete, np.int64), offset
+        )
+    keys = event_keys(issue, complete, offset)
+    _sort_keys(keys)
+    return keys
 
 
 def merge_sorted(big: np.ndarray, pieces: list[np.ndarray]) -> np.ndarray:
@@ -139,6 +152,9 @@ def summarize(keys: np.ndarray) -> ChunkSummary | None:
     if keys.size == 0:
         return None
     keys = np.ascontiguousarray(keys)
+    nat = kernels.native()
+    if nat is not None:
+        return ChunkSummary(*nat.summarize(keys))
     t = keys >> 2
     # the code is in the lowest byte (little-endian): a strided byte view, no int64 temp
     low = keys.view(np.uint8)[:: keys.itemsize] if _LITTLE else (keys & 3).astype(np.uint8)
@@ -293,11 +309,20 @@ class QueueDepthSweep:
         """Sorted event keys of each group in the chunk (times minus ``offset``)."""
         if gid.size == 0:
             return {}
-        lo, hi = int(gid.min()), int(gid.max())
+        if gid.strides == (0,):  # a broadcast: one group, no need to scan it
+            lo = hi = int(gid[0])
+        else:
+            lo, hi = int(gid.min()), int(gid.max())
         if lo == hi:
-            keys = event_keys(issue, complete, offset)
-            _sort_keys(keys)
-            return {lo: keys}
+            return {lo: sorted_event_keys(issue, complete, offset)}
+        present = np.flatnonzero(np.bincount(gid)) if lo >= 0 else np.unique(gid)
+        if kernels.native() is not None and present.size <= 16:
+            # a few groups: one selection pass each, then the native sort of each
+            out = {}
+            for g in present:
+                sel = gid == g
+                out[int(g)] = sorted_event_keys(issue[sel], complete[sel], offset)
+            return out
         if hi < (1 << self.group_bits):
             g2 = np.concatenate((gid, gid)).astype(np.int64) << self.key_bits
             keys = event_keys(issue, complete, offset) | g2
@@ -310,9 +335,7 @@ class QueueDepthSweep:
         out = {}
         for g in np.unique(gid):
             sel = gid == g
-            keys = event_keys(issue[sel], complete[sel], offset)
-            _sort_keys(keys)
-            out[int(g)] = keys
+            out[int(g)] = sorted_event_keys(issue[sel], complete[sel], offset)
         return out
 
     # ------------------------------------------------------------------ sweeping
@@ -473,7 +496,15 @@ def sweep_slices(
     exchange.publish(k, tail)
     earlier = exchange.take(k)
     out: dict[int, ChunkSummary | None] = {}
+    nat = kernels.native()
     for g in sorted(set(ready) | set(earlier)):
         own = ready.get(g, np.zeros(0, np.int64))
-        out[g] = summarize(merge_sorted(own, earlier.get(g, [])))
+        pieces = earlier.get(g, [])
+        if nat is not None and own.size + sum(p.size for p in pieces):
+            # merged and swept in one native call
+            small = merge_sorted(np.zeros(0, np.int64), pieces)
+            keys, more = np.ascontiguousarray(own), np.ascontiguousarray(small)
+            out[g] = ChunkSummary(*nat.summarize(keys, more))
+        else:
+            out[g] = summarize(merge_sorted(own, pieces))
     return out

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "analysis"))
 
 from trainio_analysis.trace import write_trace  # noqa: E402
+from trainio_analysis import kernels  # noqa: E402
 
 GENERATOR_VERSION = "3"  # bump when the generator or the writer's encodings change
 CHUNK = 2_000_000
@@ -143,6 +144,7 @@ def main() -> int:
             f"{size / 2**30:.2f} GiB in {len(list(args.trace.glob('seg-*.parquet')))} segments",
         ),
         ("trace build (s)", f"{build_s:.1f}" if build_s else "cached"),
+        ("kernels", kernels.path() + ("" if kernels.available() else " (native not built: make)")),
         ("analyze wall (s)", f"{wall:.2f}"),
         (
             "analyze CPU (s)",
