@@ -202,7 +202,7 @@ pub struct SegmentLimits {
 /// row: every integer column is delta-encoded without a dictionary (a dictionary costs a
 /// hash per value per row; constant or slowly varying columns delta-pack to a few bits),
 /// strings are dictionary-encoded, pages are zstd level 1, statistics are per column
-/// chunk (row group) rather than per page, and only for the numeric columns.
+/// chunk (row group) rather than per page, and not for `comm` and `file`.
 fn writer_properties() -> WriterProperties {
     let mut props = WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_2_0)
@@ -215,9 +215,10 @@ fn writer_properties() -> WriterProperties {
             props = props
                 .set_column_dictionary_enabled(path.clone(), false)
                 .set_column_encoding(path, Encoding::DELTA_BINARY_PACKED);
-        } else {
-            // String min/max is a comparison per row (a memcmp call each): a fifth of the
-            // drain's CPU, for statistics no reader of a trace needs.
+        } else if matches!(field.name().as_str(), "comm" | "file") {
+            // String min/max is a comparison per row (a memcmp call each); readers use it
+            // for layer, op and dev (a row group with one value skips decoding them), not
+            // for these.
             props = props.set_column_statistics_enabled(ColumnPath::from(field.name().as_str()), EnabledStatistics::None);
         }
     }

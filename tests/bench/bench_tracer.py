@@ -1,7 +1,7 @@
 """make bench-tracer: what tracing costs a storage workload, and what it writes.
 
 fio on a loop device over /dev/shm (the fastest device this machine has, so the probes'
-cost shows most), untraced and traced alternately, three pairs per pattern:
+cost shows most), untraced and traced alternately (ABBA order), four pairs per pattern:
   - 4 KiB random O_DIRECT reads, io_uring, iodepth 32 (target: traced >= 85% of untraced)
   - 1 MiB sequential O_DIRECT reads, io_uring, iodepth 4 (target: >= 98%)
 Then the same 4 KiB pattern under an equivalent per-request bpftrace program.
@@ -27,7 +27,7 @@ from trainio_analysis.trace import read_metadata, scan_trace  # noqa: E402
 import polars as pl  # noqa: E402
 
 RUNTIME = float(os.environ.get("BENCH_RUNTIME", "8"))
-PAIRS = int(os.environ.get("BENCH_PAIRS", "3"))
+PAIRS = int(os.environ.get("BENCH_PAIRS", "4"))
 
 BPFTRACE = r"""
 tracepoint:block:block_rq_issue /args->dev == $1/ { @start[args->sector] = nsecs; }
@@ -114,8 +114,14 @@ def main() -> int:
         for pattern, target in (("4k", 0.85), ("1m", 0.98)):
             base, with_trace = [], []
             for i in range(PAIRS):
-                base.append(untraced(dev, pattern))
-                with_trace.append(traced(dev, pattern, work))
+                # Alternate which run of a pair goes first (ABBA), so that drift of the
+                # host over the bench does not favour either side.
+                if i % 2 == 0:
+                    base.append(untraced(dev, pattern))
+                    with_trace.append(traced(dev, pattern, work))
+                else:
+                    with_trace.append(traced(dev, pattern, work))
+                    base.append(untraced(dev, pattern))
                 print(f"  {pattern} pair {i + 1}: untraced {base[-1][0]:,.0f} IOPS, traced "
                       f"{with_trace[-1]['iops']:,.0f} IOPS", flush=True)
             b = statistics.mean(x[0] for x in base)

@@ -291,3 +291,12 @@ def test_device_filter_and_request_tables(tmp_path: Path, one_slot: bool) -> Non
     assert dd_rows["queue_depth"].max() <= 2  # one 1 MiB read in flight, split in two requests
     assert (fio_rows["complete_ns"] > fio_rows["issue_ns"]).all()
     assert sum(read_metadata(out)["lost_events"].values()) == 0
+    # The analyzer skips decoding layer/op/dev in a row group whose statistics show one
+    # value: the tracer must keep those statistics.
+    for seg in out.glob("seg-*.parquet"):
+        md = pq.ParquetFile(seg).metadata
+        for rg in range(md.num_row_groups):
+            names = [md.schema.column(i).name for i in range(md.num_columns)]
+            for col in ("layer", "op", "dev"):
+                st = md.row_group(rg).column(names.index(col)).statistics
+                assert st is not None and st.has_min_max, (seg, rg, col)
