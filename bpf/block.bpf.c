@@ -144,20 +144,29 @@ static __always_inline struct req_state *find_req(__u64 rq)
 	return bpf_map_lookup_elem(&overflow, &rq);
 }
 
-/* A state for a request we start tracking (its own slot, or an overflow entry). */
-static __always_inline struct req_state *claim_req(__u64 rq)
+/*
+ * The state of a request that is being inserted or issued: its slot when free (claimed
+ * with one compare-and-swap, the common case, *fresh set) or already its own (*fresh
+ * clear), else an overflow entry, existing or new.
+ */
+static __always_inline struct req_state *claim_req(__u64 rq, bool *fresh)
 {
 	__u32 i = slot_of(rq);
-	struct req_state *s = bpf_map_lookup_elem(&slots, &i), fresh = {};
+	struct req_state *s = bpf_map_lookup_elem(&slots, &i), new = {};
 	__u64 owner;
 
 	if (s) {
 		owner = __sync_val_compare_and_swap(&s->rq, 0, rq);
+		*fresh = owner == 0;
 		if (owner == 0 || owner == rq)
 			return s;
 	}
-	fresh.rq = rq;
-	if (bpf_map_update_elem(&overflow, &rq, &fresh, BPF_ANY)) {
+	s = bpf_map_lookup_elem(&overflow, &rq);
+	*fresh = !s;
+	if (s)
+		return s;
+	new.rq = rq;
+	if (bpf_map_update_elem(&overflow, &rq, &new, BPF_ANY)) {
 		count_lost(TRAINIO_LOST_BLOCK_MAP);
 		return NULL;
 	}
@@ -221,7 +230,7 @@ static __always_inline void note_task(struct req_state *s)
 
 	s->pid = id >> 32;
 	s->tid = (__u32)id;
-	bpf_get_current_comm(s->comm, sizeof(s->comm));
+	current_comm(s->comm);
 }
 
 SEC("tp_btf/block_rq_insert")
@@ -229,10 +238,11 @@ int BPF_PROG(tio_rq_insert, struct request *rq)
 {
 	__u32 dev = request_dev(rq);
 	struct req_state *s;
+	bool fresh;
 
 	if (!dev_state(dev))
 		return 0;
-	s = claim_req(rq_key(rq));
+	s = claim_req(rq_key(rq), &fresh);
 	if (!s)
 		return 0;
 	s->insert_ns = bpf_ktime_get_ns();
@@ -248,26 +258,26 @@ int BPF_PROG(tio_rq_issue, struct request *rq)
 	__u32 dev = request_dev(rq);
 	struct dev_state *d = dev_state(dev);
 	struct req_state *s;
-	__u64 key;
+	bool fresh;
 
 	if (!d)
 		return 0;
-	key = rq_key(rq);
-	s = find_req(key);
-	if (s && s->issue_ns)
-		return 0; /* issued twice without a requeue: keep the first */
-	/*
-	 * An entry left by an earlier life of this request (inserted, then merged away and
-	 * freed without completing) predates the request's allocation: start afresh.
-	 */
-	if (s && s->insert_ns && s->insert_ns < rq->start_time_ns)
-		s->insert_ns = 0;
-	if (!s || !s->insert_ns) {
+	/* Claim first: most requests are issued without an insert, into a free slot. */
+	s = claim_req(rq_key(rq), &fresh);
+	if (!s)
+		return 0;
+	if (!fresh) {
+		if (s->issue_ns)
+			return 0; /* issued twice without a requeue: keep the first */
+		/*
+		 * Not inserted (a requeue of a directly issued request), or an entry left by an
+		 * earlier life of this request (inserted, then merged away and freed without
+		 * completing), which predates the request's allocation: start afresh.
+		 */
+		fresh = !s->insert_ns || s->insert_ns < rq->start_time_ns;
+	}
+	if (fresh) {
 		/* Dispatched without passing the scheduler: the issuer is the submitter. */
-		if (!s)
-			s = claim_req(key);
-		if (!s)
-			return 0;
 		s->insert_ns = 0;
 		s->dev = dev;
 		note_task(s);

@@ -212,7 +212,7 @@ static __always_inline int exit_io(long ret)
 	e->queue_depth = p->queue_depth;
 	e->dev = p->dev;
 	e->flags = p->flags;
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	current_comm(e->comm);
 	bpf_map_delete_elem(&pending, &tid);
 	submit_batched(file_events, e);
 	return 0;
@@ -426,7 +426,7 @@ static __always_inline int exit_open(long ret)
 	e->ret = ret;
 	e->flags = p->flags;
 	e->dirfd = p->fd;
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	current_comm(e->comm);
 	if (bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)p->user_ptr) < 0)
 		e->path[0] = 0;
 	e->ino = 0;

@@ -143,7 +143,7 @@ static __always_inline int initiate(__u32 op, struct nfs_initiate_ctx *ctx)
 		s->queue_depth = qd;
 		s->pid = id >> 32;
 		s->tid = (__u32)id;
-		bpf_get_current_comm(s->comm, sizeof(s->comm));
+		current_comm(s->comm);
 		return 0;
 	}
 	count_lost(TRAINIO_LOST_NFS_MAP);
