@@ -65,6 +65,11 @@ impl<K: ArrowDictionaryKeyType> DictColumn<K> {
         self.keys.append_null();
     }
 
+    /// Sizes the (empty) column for `rows` rows.
+    fn reserve(&mut self, rows: usize) {
+        self.keys = PrimitiveBuilder::with_capacity(rows);
+    }
+
     /// The column so far; starts empty again (each batch carries its own dictionary).
     fn finish(&mut self) -> DictionaryArray<K> {
         let keys = self.keys.finish();
@@ -96,6 +101,8 @@ pub struct BatchBuilder {
     error: Int32Builder,
     flags: UInt32Builder,
     len: usize,
+    /// Rows each column is sized for after every finish (0: grow as needed).
+    capacity: usize,
 }
 
 impl Default for BatchBuilder {
@@ -126,7 +133,38 @@ impl BatchBuilder {
             error: Int32Builder::new(),
             flags: UInt32Builder::new(),
             len: 0,
+            capacity: 0,
         }
+    }
+
+    /// A builder whose columns hold `rows` rows without reallocating, again after every
+    /// [`finish`](Self::finish) (the tracer's drain path: no copying as columns grow).
+    pub fn with_capacity(rows: usize) -> Self {
+        let mut b = Self::new();
+        b.capacity = rows;
+        b.reserve(rows);
+        b
+    }
+
+    /// Sizes every (empty) column for `rows` rows.
+    fn reserve(&mut self, rows: usize) {
+        self.layer.reserve(rows);
+        self.op.reserve(rows);
+        self.dev.reserve(rows);
+        self.comm.reserve(rows);
+        self.file.reserve(rows);
+        self.issue_ns = Int64Builder::with_capacity(rows);
+        self.complete_ns = Int64Builder::with_capacity(rows);
+        self.insert_ns = Int64Builder::with_capacity(rows);
+        self.offset = Int64Builder::with_capacity(rows);
+        self.bytes = Int64Builder::with_capacity(rows);
+        self.bytes_requested = Int64Builder::with_capacity(rows);
+        self.queue_depth = UInt32Builder::with_capacity(rows);
+        self.pid = UInt32Builder::with_capacity(rows);
+        self.tid = UInt32Builder::with_capacity(rows);
+        self.fd = Int32Builder::with_capacity(rows);
+        self.error = Int32Builder::with_capacity(rows);
+        self.flags = UInt32Builder::with_capacity(rows);
     }
 
     pub fn len(&self) -> usize {
@@ -187,6 +225,9 @@ impl BatchBuilder {
             Arc::new(self.flags.finish()),
         ];
         self.len = 0;
+        if self.capacity > 0 {
+            self.reserve(self.capacity);
+        }
         RecordBatch::try_new(self.schema.clone(), columns).expect("batch matches schema")
     }
 }

@@ -44,6 +44,9 @@ pub struct Collector {
     cwds: HashMap<u32, PathBuf>,
     /// Per (layer, kernel dev; 0 = none): counted per event, so keyed by integers.
     tallies: FxHashMap<(Layer, u32), Tally>,
+    /// The tally counted last (rows come in runs of one layer and device), kept out of
+    /// `tallies` while it is the current one.
+    last_tally: Option<((Layer, u32), Tally)>,
     pub undecodable: u64,
 }
 
@@ -102,12 +105,13 @@ fn nonzero(ns: u64) -> Option<i64> {
 impl Collector {
     pub fn new() -> Self {
         Collector {
-            batch: BatchBuilder::new(),
+            batch: BatchBuilder::with_capacity(crate::record::FLUSH_ROWS + 1024),
             devs: FxHashMap::default(),
             fds: HashMap::new(),
             inodes: HashMap::new(),
             cwds: HashMap::new(),
             tallies: FxHashMap::default(),
+            last_tally: None,
             undecodable: 0,
         }
     }
@@ -122,7 +126,16 @@ impl Collector {
     }
 
     fn count(&mut self, layer: Layer, kernel_dev: u32, read: u64, written: u64) {
-        let t = self.tallies.entry((layer, kernel_dev)).or_default();
+        let t = match &mut self.last_tally {
+            Some((k, t)) if *k == (layer, kernel_dev) => t,
+            last => {
+                if let Some((k, t)) = last.take() {
+                    self.tallies.insert(k, t);
+                }
+                let t = self.tallies.remove(&(layer, kernel_dev)).unwrap_or_default();
+                &mut last.insert(((layer, kernel_dev), t)).1
+            }
+        };
         t.events += 1;
         t.bytes_read += read;
         t.bytes_written += written;
@@ -132,6 +145,7 @@ impl Collector {
     pub fn tally(&self) -> BTreeMap<(Layer, Option<String>), Tally> {
         self.tallies
             .iter()
+            .chain(self.last_tally.iter().map(|(k, t)| (k, t)))
             .map(|(&(layer, d), t)| ((layer, (d != 0).then(|| dev_string(d))), *t))
             .collect()
     }

@@ -23,7 +23,7 @@ use crate::host;
 use crate::probes::{Probes, Settings, Target};
 
 const POLL: Duration = Duration::from_millis(10);
-const FLUSH_ROWS: usize = 64 * 1024;
+pub const FLUSH_ROWS: usize = 64 * 1024;
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 const META_EVERY: Duration = Duration::from_millis(250);
 /// Kernel BPF statistics are sampled: on for STATS_ON out of every STATS_PERIOD.
