@@ -90,6 +90,9 @@ class _Chunk:
     complete: np.ndarray | None = None
     summaries: list[dict[int, Any]] = field(default_factory=list)
     processes: _ProcessChunk | None = None
+    # first issue and last completion of the data transfers (None: none in the chunk)
+    data_first_ns: int | None = None
+    data_last_ns: int | None = None
 
 
 @dataclass
@@ -403,6 +406,9 @@ class _Analyzer:
             else:
                 c.bytes_written, c.tl_write = int(b.sum()), tl
         c.latency = pick(complete, data) - pick(issue, data)
+        if c.latency.size:
+            c.data_first_ns = int(pick(issue, data).min())
+            c.data_last_ns = int(pick(complete, data).max())
         c.latency_buckets = np.bincount(log_bucket(c.latency), minlength=N_BUCKETS)
         c.size_counts = np.bincount(pow2_bucket(pick(nbytes, data)), minlength=65)
         # queue depth: rows the layer's counter counts
@@ -562,6 +568,9 @@ class _Analyzer:
                     acc.writes += c.writes
                     acc.bytes_read += c.bytes_read
                     acc.bytes_written += c.bytes_written
+                    if c.data_first_ns is not None:
+                        acc.data_first_ns = min(c.data_first_ns, acc.data_first_ns or c.data_first_ns)
+                        acc.data_last_ns = max(c.data_last_ns or 0, acc.data_last_ns or 0)
                     latency.add(c.latency, buckets=c.latency_buckets)
                     size_counts += c.size_counts
                     if c.tl_read is not None:
@@ -619,6 +628,11 @@ class _Analyzer:
         hist_c = _fractions(total_issue)
         data_bytes = acc.bytes_read + acc.bytes_written
         timeline_total = (tl_read + tl_write) / MIB / self.bin_s
+        active_s = (
+            (acc.data_last_ns - acc.data_first_ns) / 1e9
+            if acc.data_first_ns is not None and acc.data_last_ns is not None
+            else 0.0
+        )
         out: dict[str, Any] = {
             "trace": str(self.path),
             "schema_version": tr.SCHEMA_VERSION,
@@ -650,6 +664,8 @@ class _Analyzer:
                     "write": (tl_write / MIB / self.bin_s).tolist(),
                 },
             },
+            "active_s": active_s,
+            "throughput_active_mib_s": data_bytes / MIB / active_s if active_s > 0 else 0.0,
             "iops": (acc.reads + acc.writes) / duration_s if duration_s > 0 else 0.0,
             "read_iops": acc.reads / duration_s if duration_s > 0 else 0.0,
             "write_iops": acc.writes / duration_s if duration_s > 0 else 0.0,
