@@ -99,10 +99,11 @@ impl Job {
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
-                // Prefetch one burst: the next burst is read while the GPU computes the
-                // current step, as the recorded bursts were one step period apart.
+                // Two bursts may be read ahead of the GPU (PyTorch's default prefetch); the
+                // recorded schedule keeps them from starting early, the window only lets a
+                // replay that fell behind catch up.
                 let w = Workload::from_yaml(
-                    &format!("model: {{name: \"trace {name}\"}}\ndataset: {{record_length_bytes: 1}}\nreader: {{prefetch_size: 1}}\ntrain: {{}}\n"),
+                    &format!("model: {{name: \"trace {name}\"}}\ndataset: {{record_length_bytes: 1}}\nreader: {{prefetch_size: 2}}\ntrain: {{}}\n"),
                     "trace",
                 )?;
                 (w, Some(templates), trace.clone())
