@@ -43,6 +43,11 @@ bench-analysis: all
 bench-replay: all
 	$(PY) tests/bench/bench_replay.py
 
+# Replay fidelity (issue #6): record at 1, 4, 8 GPUs, replay at the same count, print the
+# scores (throughput ratio, AU, queue-depth W1, request sizes). Needs root.
+bench-fidelity: all
+	$(PY) tests/bench/bench_fidelity.py
+
 # README command one: a loop device, a recorded emulated training, analysis, report,
 # replay at 16 GPUs, fidelity and a sweep. Needs root.
 demo: all

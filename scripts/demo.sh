@@ -31,16 +31,19 @@ step() { printf '\n== %s\n' "$*"; }
 step "device: ${size_mb} MiB loop device over /dev/shm, ext4, O_DIRECT reads"
 truncate -s "${size_mb}M" "$backing"
 loop="$(losetup --find --show --direct-io=on "$backing")"
-mkfs.ext4 -q -E nodiscard "$loop"
+# No lazy inode-table init and no atime updates: neither may write while the runs read.
+mkfs.ext4 -q -E nodiscard,lazy_itable_init=0,lazy_journal_init=0 "$loop"
 mkdir -p "$mnt"
-mount "$loop" "$mnt"
+mount -o noatime "$loop" "$mnt"
 echo "$loop mounted on $mnt"
 
 step "datagen: $(basename "$workload") for 16 simulated GPUs"
 "$T" datagen --workload "$workload" --data-dir "$mnt/data" --gpus 16
 
-step "record: emulated training, 4 simulated GPUs, traced with trainio record"
-"$T" record -q -o "$out/original" --dev "$loop" -- \
+step "record: emulated training, 4 simulated GPUs (one process each), traced with trainio record"
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  "$T" record -q -o "$out/original" --dev "$loop" -- \
+  mpirun --oversubscribe --bind-to none -np 4 \
   "$T" replay -q --workload "$workload" --data-dir "$mnt/data" --gpus 4 --odirect \
   --io-engine psync --json "$out/original-replay.json"
 

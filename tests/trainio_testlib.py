@@ -110,14 +110,20 @@ def loop_device(size_mb: int = 256, *, direct_io: bool = True, fill: bool = Fals
 
 
 @contextlib.contextmanager
-def mounted_loop_fs(size_mb: int) -> Iterator[tuple[str, str, Path]]:
+def mounted_loop_fs(size_mb: int, *, quiet: bool = False) -> Iterator[tuple[str, str, Path]]:
     """ext4 on a loop_device() mounted under a temp dir. Yields (device, "MAJ:MIN", mount
-    point); unmounted, detached and removed even on failure."""
+    point); unmounted, detached and removed even on failure. `quiet`: a file system that
+    writes nothing by itself while it is read (inode tables and journal initialized by
+    mkfs rather than by ext4lazyinit later, no atime updates), for measurements that
+    compare block traces."""
     mnt = Path(tempfile.mkdtemp(prefix="trainio-mnt-"))
     try:
         with loop_device(size_mb) as dev:
-            run(["mkfs.ext4", "-q", "-F", dev], check=True)
-            run(["mount", dev, str(mnt)], check=True)
+            mkfs = ["mkfs.ext4", "-q", "-F"]
+            if quiet:
+                mkfs += ["-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0"]
+            run([*mkfs, dev], check=True)
+            run(["mount", *(["-o", "noatime"] if quiet else []), dev, str(mnt)], check=True)
             try:
                 yield dev, majmin(dev), mnt
             finally:
@@ -130,3 +136,76 @@ def majmin(dev: str) -> str:
     """`MAJ:MIN` of a block device node, as traces spell `dev`."""
     st = os.stat(dev)
     return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+
+
+# OpenMPI refuses root without these.
+MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+FIDELITY_WORKLOAD = """model:
+  name: fidelity
+dataset:
+  num_files_train: 1
+  num_samples_per_file: 1
+  record_length_bytes: {record}
+reader:
+  batch_size: {batch}
+  read_threads: {threads}
+  prefetch_size: 2
+train:
+  epochs: 1
+  computation_time: {compute}
+metric:
+  au: 0.9
+"""
+
+
+def fidelity_run(gpus: int, work: Path, *, steps: int = 24, record: int = 1 << 20, batch: int = 4,
+                 threads: int = 4, compute: float = 0.05, realtime: bool = True) -> dict:
+    """Issue #6's experiment. On a quiet ext4 on a loop device over /dev/shm: record an
+    emulated training at `gpus` GPUs (one MPI rank, i.e. one process, per GPU, psync
+    reads, O_DIRECT), replay the recorded trace at the same GPU count on the same device
+    with --record, and score the replay against the original with `trainio compare`
+    (block layer, that device). `work` (created, must not exist) keeps the traces and
+    JSON files. Returns {"original", "replay": replay --json results, "compare": compare
+    --json of the block layer, "compare_file": the file layer (sizes of the syscalls)}.
+
+    `realtime`: both runs with --realtime (SCHED_FIFO event loops and readers), so that
+    other work on the host delays neither the original's nor the replay's wake-ups and
+    the comparison measures the replay, not the host's load at two moments."""
+    work.mkdir(parents=True)
+    wl = work / "workload.yaml"
+    wl.write_text(FIDELITY_WORKLOAD.format(record=record, batch=batch, threads=threads, compute=compute))
+    data_mib = gpus * steps * batch * record >> 20
+    env = {**os.environ, **MPI_ROOT_ENV}
+    rt = ["--realtime"] if realtime else []
+
+    def ok(cmd: list[str], timeout: float = 300) -> str:
+        p = run([str(c) for c in cmd], timeout=timeout, env=env)
+        if p.returncode != 0:
+            raise AssertionError(f"{' '.join(map(str, cmd))} exited {p.returncode}:\n{p.stderr[-3000:]}")
+        return p.stdout
+
+    with mounted_loop_fs(2 * data_mib + 256, quiet=True) as (dev, mm, mnt):
+        ok([TRAINIO, "datagen", "--workload", wl, "--data-dir", mnt / "data", "--gpus", gpus,
+            "--steps", steps])
+        ok([TRAINIO, "record", "-q", "--output", work / "original", "--dev", dev, "--",
+            "mpirun", "--oversubscribe", "--bind-to", "none", "-np", gpus,
+            TRAINIO, "replay", "-q", "--workload", wl, "--data-dir", mnt / "data", "--gpus", gpus,
+            "--steps", steps, "--odirect", "--io-engine", "psync", *rt, "--json", work / "original.json"])
+        # One process replays every GPU: the bursts of all GPUs are paced on one clock, as
+        # the original's ranks read together after each step's barrier.
+        ok([TRAINIO, "replay", "-q", "--trace", work / "original", "--data-dir", mnt / "trace-data",
+            "--generate", "--gpus", gpus, "--odirect", "--io-engine", "psync", *rt,
+            "--json", work / "replay.json", "--record", work / "replay"])
+        out = {
+            "original": json.loads((work / "original.json").read_text()),
+            "replay": json.loads((work / "replay.json").read_text()),
+        }
+        from trainio_analysis.trace import read_metadata
+
+        out["meta"] = {t: {k: read_metadata(work / t).get(k) for k in ("start_ns", "end_ns", "lost_events")}
+                       for t in ("original", "replay")}
+        for key, layer, sel in (("compare", "block", ["--dev", mm]), ("compare_file", "file", ["--dev", mm])):
+            cmd = [TRAINIO, "compare", work / "original", work / "replay", "--layer", layer, *sel, "--json"]
+            out[key] = json.loads(ok(cmd))
+        return out

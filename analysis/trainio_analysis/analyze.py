@@ -92,6 +92,9 @@ class _Chunk:
     complete: np.ndarray | None = None
     summaries: list[dict[int, Any]] = field(default_factory=list)
     processes: _ProcessChunk | None = None
+    # first issue and last completion of the data transfers (None: none in the chunk)
+    data_first_ns: int | None = None
+    data_last_ns: int | None = None
 
 
 @dataclass
@@ -423,6 +426,13 @@ class _Analyzer:
             c.latency = pick(complete, data) - pick(issue, data)
             c.latency_buckets = np.bincount(log_bucket(c.latency), minlength=N_BUCKETS)
             c.size_counts = np.bincount(pow2_bucket(pick(nbytes, data)), minlength=65)
+        # the active span (compare.py): first issue and last completion of a transfer
+        rd, wr = op_mask("read"), op_mask("write")
+        span = None if rd is None or wr is None else rd | wr
+        first = pick(issue, span)
+        if first.size:
+            c.data_first_ns = int(first.min())
+            c.data_last_ns = int(pick(complete, span).max())
         # queue depth: rows the layer's counter counts
         counted: np.ndarray | None = None
         if op_code is not None:
@@ -626,6 +636,9 @@ class _Analyzer:
                     acc.writes += c.writes
                     acc.bytes_read += c.bytes_read
                     acc.bytes_written += c.bytes_written
+                    if c.data_first_ns is not None:
+                        acc.data_first_ns = min(c.data_first_ns, acc.data_first_ns or c.data_first_ns)
+                        acc.data_last_ns = max(c.data_last_ns or 0, acc.data_last_ns or 0)
                     if c.latency_stats is not None:
                         latency.add_counted(*c.latency_stats, c.latency_buckets, c.latency)
                         self._latency_raw = latency.exact
@@ -688,6 +701,11 @@ class _Analyzer:
         hist_c = _fractions(total_issue)
         data_bytes = acc.bytes_read + acc.bytes_written
         timeline_total = (tl_read + tl_write) / MIB / self.bin_s
+        active_s = (
+            (acc.data_last_ns - acc.data_first_ns) / 1e9
+            if acc.data_first_ns is not None and acc.data_last_ns is not None
+            else 0.0
+        )
         out: dict[str, Any] = {
             "trace": str(self.path),
             "schema_version": tr.SCHEMA_VERSION,
@@ -719,6 +737,8 @@ class _Analyzer:
                     "write": (tl_write / MIB / self.bin_s).tolist(),
                 },
             },
+            "active_s": active_s,
+            "throughput_active_mib_s": data_bytes / MIB / active_s if active_s > 0 else 0.0,
             "iops": (acc.reads + acc.writes) / duration_s if duration_s > 0 else 0.0,
             "read_iops": acc.reads / duration_s if duration_s > 0 else 0.0,
             "write_iops": acc.writes / duration_s if duration_s > 0 else 0.0,

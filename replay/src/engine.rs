@@ -40,6 +40,10 @@ pub struct SampleRead {
 pub struct Batch {
     pub samples: u32,
     pub reads: Vec<SampleRead>,
+    /// Recorded mode: per read, the reader (worker of the GPU, modulo its worker count)
+    /// that issues it; a reader issues its reads one at a time, in order. Empty: read i
+    /// goes to reader i mod workers.
+    pub streams: Vec<u32>,
 }
 
 /// What every simulated GPU of this rank does; implemented by the workload and trace modes.
@@ -54,12 +58,18 @@ pub trait Program {
     fn prefetch_size(&self, gpu: usize) -> usize;
     /// Largest single read request, bytes.
     fn max_request(&self) -> u64;
-    /// Replaying recorded syscalls: a batch's reads are spread over all the GPU's workers
-    /// (the recorded process's read concurrency) and files stay open, as they did in the
+    /// Replaying recorded syscalls: a batch's reads go to the workers named by
+    /// `Batch::streams` (the recorded threads) and files stay open, as they did in the
     /// recording. Otherwise (workload mode) a worker reads a whole batch and opens and
     /// closes each sample, as a DataLoader worker does.
     fn recorded(&self) -> bool {
         false
+    }
+    /// Recorded mode: batch `step` is not started before this many ns after the GPU
+    /// entered the epoch (the recorded time of its first read), so a replay on the same
+    /// storage issues its reads when the recording did, without drift. None: no pacing.
+    fn not_before_ns(&self, _gpu: usize, _epoch: u64, _step: u64) -> Option<u64> {
+        None
     }
 }
 
@@ -113,6 +123,11 @@ pub struct RankRun {
 }
 
 const ALIGN: u64 = 4096;
+
+/// The reader of read `i` of a recorded batch (see `Batch::streams`).
+fn stream_of(streams: &[u32], i: usize) -> usize {
+    streams.get(i).map(|&s| s as usize).unwrap_or(i)
+}
 /// user_data of the psync engine's eventfd read.
 const EVENTFD_TAG: u64 = u64::MAX;
 
@@ -180,9 +195,12 @@ struct Slot {
     step: u64,
     batch: Batch,
     done: bool,
-    /// Recorded mode: next read not yet given to a worker, and reads in flight.
-    next_item: usize,
+    /// Recorded mode: reads not yet given to a worker, reads in flight, and per worker of
+    /// the GPU the index from which its next read is searched (a worker takes its reads
+    /// in order, so the search never goes back).
+    unassigned: usize,
     outstanding: usize,
+    cursor: Vec<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -204,6 +222,8 @@ struct Gpu {
     slots: VecDeque<Slot>,
     state: State,
     carry_ns: u64,
+    /// A pace timer of this GPU is in `pace_timers`.
+    pace_pending: bool,
     /// Reads of this GPU in flight now.
     outstanding: u64,
     rng: StdRng,
@@ -225,6 +245,8 @@ pub struct Engine<'a, P: Program> {
     workers: Vec<Worker>,
     gpus: Vec<Gpu>,
     timers: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Recorded mode: (time, GPU) when a paced batch may start.
+    pace_timers: BinaryHeap<Reverse<(u64, usize)>>,
     in_flight: usize,
     at_barrier: usize,
     pending_barrier: Option<PendingBarrier>,
@@ -289,6 +311,7 @@ impl<'a, P: Program> Engine<'a, P> {
                 slots: VecDeque::new(),
                 state: State::WaitBatch { since: 0 },
                 carry_ns: 0,
+                pace_pending: false,
                 outstanding: 0,
                 rng: StdRng::seed_from_u64(seed ^ global.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                 epoch_start: 0,
@@ -343,6 +366,7 @@ impl<'a, P: Program> Engine<'a, P> {
             workers,
             gpus: sims,
             timers: BinaryHeap::new(),
+            pace_timers: BinaryHeap::new(),
             in_flight: 0,
             at_barrier: 0,
             pending_barrier: None,
@@ -404,6 +428,9 @@ impl<'a, P: Program> Engine<'a, P> {
             let mut wait_ns = u64::MAX;
             if let Some(&Reverse((deadline, _))) = self.timers.peek() {
                 wait_ns = deadline.saturating_sub(self.now());
+            }
+            if let Some(&Reverse((at, _))) = self.pace_timers.peek() {
+                wait_ns = wait_ns.min(at.saturating_sub(self.now()));
             }
             if self.pending_barrier.is_some() {
                 wait_ns = wait_ns.min(100_000);
@@ -472,6 +499,14 @@ impl<'a, P: Program> Engine<'a, P> {
             self.timers.pop();
             self.compute_done(g, deadline, now)?;
         }
+        while let Some(&Reverse((at, g))) = self.pace_timers.peek() {
+            if at > now {
+                break;
+            }
+            self.pace_timers.pop();
+            self.gpus[g].pace_pending = false;
+            self.fill(g)?;
+        }
         Ok(())
     }
 
@@ -498,8 +533,9 @@ impl<'a, P: Program> Engine<'a, P> {
                 step,
                 batch,
                 done: false,
-                next_item: 0,
+                unassigned: 0,
                 outstanding: 0,
+                cursor: Vec::new(),
             });
             let worker = &mut self.workers[w];
             worker.step = Some(step);
@@ -510,45 +546,73 @@ impl<'a, P: Program> Engine<'a, P> {
         Ok(())
     }
 
-    /// Recorded mode: every idle worker takes the next unassigned read of the oldest batch
-    /// in the window, starting new batches while the window allows.
+    /// Recorded mode: every idle worker takes its next read (by `Batch::streams`) from the
+    /// oldest batch in the window that has one, starting new batches while the window
+    /// allows.
     fn fill_recorded(&mut self, g: usize) -> Result<()> {
         let spe = self.program.steps_per_epoch();
+        let nw = self.gpus[g].workers.len();
+        let now = self.now();
         let mut finished_empty = false;
-        for k in 0..self.gpus[g].workers.len() {
+        for k in 0..nw {
             let w = self.gpus[g].workers[k];
             if self.workers[w].step.is_some() || self.gpus[g].state == State::Done {
                 continue;
             }
+            let mut si = 0usize;
             let assigned = loop {
                 let gpu = &mut self.gpus[g];
-                if let Some(slot) = gpu
-                    .slots
-                    .iter_mut()
-                    .find(|s| s.next_item < s.batch.reads.len())
-                {
-                    slot.next_item += 1;
-                    slot.outstanding += 1;
-                    break Some((slot.step, slot.next_item - 1));
+                if si < gpu.slots.len() {
+                    let slot = &mut gpu.slots[si];
+                    si += 1;
+                    if slot.unassigned == 0 {
+                        continue;
+                    }
+                    let n = slot.batch.reads.len();
+                    let streams = &slot.batch.streams;
+                    let mut i = slot.cursor[k];
+                    while i < n && stream_of(streams, i) % nw != k {
+                        i += 1;
+                    }
+                    slot.cursor[k] = (i + 1).min(n);
+                    if i < n {
+                        slot.unassigned -= 1;
+                        slot.outstanding += 1;
+                        break Some((slot.step, i));
+                    }
+                    continue;
                 }
                 if gpu.next_to_start >= spe || gpu.next_to_start >= gpu.consumed + gpu.window {
                     break None;
                 }
                 let step = gpu.next_to_start;
+                if let Some(at) = self.program.not_before_ns(g, gpu.epoch, step) {
+                    let at = gpu.epoch_start + at;
+                    if at > now {
+                        if !gpu.pace_pending {
+                            gpu.pace_pending = true;
+                            self.pace_timers.push(Reverse((at, g)));
+                        }
+                        break None;
+                    }
+                }
                 let batch = self.program.batch(g, gpu.epoch, step);
                 let gpu = &mut self.gpus[g];
                 gpu.next_to_start += 1;
-                let empty = batch.reads.is_empty();
-                finished_empty |= empty;
+                let n = batch.reads.len();
+                finished_empty |= n == 0;
                 gpu.slots.push_back(Slot {
                     step,
                     batch,
-                    done: empty,
-                    next_item: 0,
+                    done: n == 0,
+                    unassigned: n,
                     outstanding: 0,
+                    cursor: vec![0; nw],
                 });
             };
-            let Some((step, item)) = assigned else { break };
+            let Some((step, item)) = assigned else {
+                continue;
+            };
             let worker = &mut self.workers[w];
             worker.step = Some(step);
             worker.item = item;
@@ -717,7 +781,7 @@ impl<'a, P: Program> Engine<'a, P> {
             worker.step = None;
             let slot = self.slot_of(g, step);
             slot.outstanding -= 1;
-            if slot.next_item == slot.batch.reads.len() && slot.outstanding == 0 {
+            if slot.unassigned == 0 && slot.outstanding == 0 {
                 slot.done = true;
                 self.try_consume(g)?;
             }

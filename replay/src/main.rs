@@ -74,11 +74,15 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                     args.run.source.gpus, cluster.size
                 )));
             }
+            // Generate first: the recording is of the replay, not of datagen's writes.
+            if job.generate {
+                job.datagen(cluster, args.run.source.gpus)?;
+            }
             let recorder = match &args.record {
                 Some(dir) if cluster.is_root() => Some(record::Recorder::start(dir)?),
                 _ => None,
             };
-            let result = job.run(cluster, args.run.source.gpus);
+            let result = job.run_generated(cluster, args.run.source.gpus);
             if let Some(r) = recorder {
                 r.stop()?;
             }

@@ -132,6 +132,7 @@ impl Program for WorkloadProgram {
         Batch {
             samples: reads.len() as u32,
             reads,
+            streams: Vec::new(),
         }
     }
 

@@ -3,7 +3,9 @@
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub struct Recorder {
@@ -29,32 +31,54 @@ fn trainio_entry() -> PathBuf {
 impl Recorder {
     pub fn start(output: &Path) -> Result<Recorder> {
         let entry = trainio_entry();
-        let child = Command::new(&entry)
+        let mut child = Command::new(&entry)
             .arg("record")
             .arg("--output")
             .arg(output)
             .arg("--pid")
             .arg(std::process::id().to_string())
+            .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("--record: starting {} record", entry.display()))?;
+        // The recorder says "recording LAYERS into DIR" once its probes are attached and
+        // it follows our pid (it creates DIR before loading the probes, which can take
+        // seconds on a busy host: DIR existing is no sign). Its stderr is passed on.
+        let (ready_tx, ready_rx) = mpsc::channel::<()>();
+        let stderr = child.stderr.take().expect("piped stderr");
+        std::thread::spawn(move || {
+            let mut ready = Some(ready_tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                if line.starts_with("trainio record: recording ") {
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(());
+                    }
+                }
+            }
+        });
         let mut r = Recorder {
             child,
             output: output.to_path_buf(),
         };
-        // The recorder attaches its probes before it creates the output directory; give it
-        // up to 10 s, and fail if it exits instead.
         let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(10) {
+        loop {
+            match ready_rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(()) => return Ok(r),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = r.child.wait()?;
+                    bail!("--record: the recorder exited before the replay started ({status})");
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
             if let Some(status) = r.child.try_wait()? {
                 bail!("--record: the recorder exited before the replay started ({status})");
             }
-            if r.output.exists() {
-                std::thread::sleep(Duration::from_millis(200));
-                return Ok(r);
+            if started.elapsed() > Duration::from_secs(120) {
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+                bail!("--record: the recorder did not start recording within 120 s");
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(r)
     }
 
     /// Stops the recorder with SIGINT (it closes its last segment) and waits for it.

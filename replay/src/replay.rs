@@ -99,8 +99,11 @@ impl Job {
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
+                // Two bursts may be read ahead of the GPU (PyTorch's default prefetch); the
+                // recorded schedule keeps them from starting early, the window only lets a
+                // replay that fell behind catch up.
                 let w = Workload::from_yaml(
-                    &format!("model: {{name: \"trace {name}\"}}\ndataset: {{record_length_bytes: 1}}\nreader: {{}}\ntrain: {{}}\n"),
+                    &format!("model: {{name: \"trace {name}\"}}\ndataset: {{record_length_bytes: 1}}\nreader: {{prefetch_size: 2}}\ntrain: {{}}\n"),
                     "trace",
                 )?;
                 (w, Some(templates), trace.clone())
@@ -214,6 +217,12 @@ impl Job {
         if self.generate {
             self.datagen(cluster, gpus)?;
         }
+        self.run_generated(cluster, gpus)
+    }
+
+    /// `run` without generating the dataset first (`--record` generates before it starts
+    /// the recorder, so the recording holds the replay's I/O and not datagen's writes).
+    pub fn run_generated(&self, cluster: &Cluster, gpus: u64) -> Result<Option<serde_json::Value>> {
         let layout = self.layout(gpus);
         let local = split(gpus, cluster.size, cluster.rank);
         // Each rank checks the files its own GPUs read.
@@ -314,7 +323,7 @@ impl Job {
                     transfer_size: program.max_request(),
                     computation_time: match self.compute_override {
                         Some(c) => format!("{c} s (--computation-time)"),
-                        None => "the recorded gaps between read bursts".into(),
+                        None => "the recorded step periods (read burst to read burst)".into(),
                     },
                     computation_time_mean_s: self.compute_override.unwrap_or(if steps > 0 { compute / steps as f64 } else { 0.0 }),
                     steps_per_epoch: program.steps_per_epoch,
@@ -333,7 +342,7 @@ impl Job {
                             .iter()
                             .map(|t| serde_json::json!({
                                 "pid": t.pid, "comm": t.comm, "files": t.files.len(), "steps": t.steps.len(),
-                                "read_concurrency": t.concurrency, "bytes": t.bytes,
+                                "readers": t.concurrency, "bytes": t.bytes, "dev": t.dev,
                             }))
                             .collect(),
                     ),

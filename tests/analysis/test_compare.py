@@ -64,3 +64,17 @@ def test_cli_compare_json_and_text(tmp_path: Path) -> None:
     assert "QD W1 per-issue   0.500" in text.stdout
     bad = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "nope"))
     assert bad.returncode == 2 and str(tmp_path / "nope") in bad.stderr
+
+
+def test_throughput_is_scored_over_the_active_span(tmp_path: Path) -> None:
+    # Same requests (QD 1, 10 x 10 us from t = 2 ms) in both; A's recording window is
+    # exactly the requests, B's started 1 ms before its first request (a process start-up
+    # a replay does not reproduce). The active-span throughput agrees, the window's not.
+    rows = [block(2000 + i * 10, 2000 + (i + 1) * 10, qd=1) for i in range(10)]
+    write_trace(tmp_path / "a", rows, {"start_ns": 2_000_000, "end_ns": 2_100_000})
+    write_trace(tmp_path / "b", rows, {"start_ns": 1_000_000, "end_ns": 2_100_000})
+    r = compare(tmp_path / "a", tmp_path / "b")
+    assert r["throughput_rel_error"] == pytest.approx(0.0, abs=1e-9)
+    assert r["throughput_mib_s"]["a"] == pytest.approx(10 * 4096 / 2**20 / 100e-6)
+    # A's window is 100 us, B's 1.1 ms: 11 times longer for the same bytes.
+    assert r["throughput_window_rel_error"] == pytest.approx(100 / 1100 - 1, rel=1e-6)
