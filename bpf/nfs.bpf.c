@@ -11,6 +11,25 @@
  * each key holds NFS_SLOTS starts, claimed and released by compare-and-swap on issue_ns,
  * and a completion takes the oldest. Keys are never deleted (a completion could delete
  * an element another CPU is filling); the LRU map ages out the ones no longer used.
+ *
+ * RPC fields. The nfs:*_done tracepoints carry no RPC identity, but they fire inside the
+ * RPC task's rpc_exit_task(), on the thread that runs it (an rpciod worker), right after
+ * two sunrpc tracepoints of the same task (net/sunrpc/sched.c, since 5.x):
+ *
+ *   rpc_exit_task(task)
+ *     trace_rpc_task_end(task)            -> forget what this thread held
+ *     rpc_count_iostats(task)
+ *       trace_rpc_stats_latency(task)     -> hold xid, backlog, rtt, execute for this thread
+ *     task->tk_ops->rpc_call_done(task)
+ *       trace_nfs_{readpage,writeback,commit}_done -> take what this thread holds
+ *
+ * All three run synchronously on one thread, so the thread id joins them exactly (this is
+ * not the issuing process's pid: the request is still paired by dev/fileid/offset/op).
+ * A task whose stats were not counted (no request slot) finds nothing, because
+ * rpc_task_end cleared the thread's entry first. Transmissions are counted per
+ * (client_id, xid) from xprt_transmit (status 0 only) and taken at rpc_stats_latency.
+ * The sunrpc fields are read at offsets user space takes from the tracefs format files
+ * at load time, because their layout differs between kernels (6.1 vs 6.8+).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -23,6 +42,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Globals only so that the skeleton exports the event types to Rust. */
 struct nfs_event _nfs_event_type = {};
 enum trainio_nfs_op _nfs_op_type = 0;
+enum trainio_rpc_flags _rpc_flags_type = 0;
 
 #define NFS_SLOTS 4
 
@@ -103,12 +123,66 @@ struct {
 	__type(value, __u32); /* requests outstanding */
 } nfs_inflight SEC(".maps");
 
+/* Offsets of the sunrpc tracepoint fields, from tracefs format files (set at load). */
+const volatile __u32 lat_client_off = 12, lat_xid_off = 16;
+const volatile __u32 lat_backlog_off = 32, lat_rtt_off = 40, lat_execute_off = 48;
+const volatile __u32 lat_time_size = 8; /* sizeof(unsigned long) in the record */
+const volatile __u32 xmit_client_off = 12, xmit_xid_off = 16, xmit_status_off = 24;
+const volatile bool count_xmits = false; /* xprt_transmit attached */
+
+/* What rpc_stats_latency left for the nfs completion that follows on the same thread. */
+struct rpc_held {
+	__u32 xid;
+	__u32 ntrans;
+	__u64 backlog_us;
+	__u64 rtt_us;
+	__u64 execute_us;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32); /* thread id running the RPC task's exit */
+	__type(value, struct rpc_held);
+} rpc_by_thread SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);   /* client_id << 32 | xid */
+	__type(value, __u32); /* successful transmissions */
+} rpc_xmits SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 16 << 20); /* resized by user space (--ringbuf-mb) */
 } nfs_events SEC(".maps");
 
 static const struct nfs_start empty_start = {};
+
+static __always_inline __u32 field_u32(const void *ctx, __u32 off)
+{
+	__u32 v = 0;
+
+	bpf_probe_read_kernel(&v, sizeof(v), ctx + off);
+	return v;
+}
+
+static __always_inline __u64 field_ulong(const void *ctx, __u32 off)
+{
+	__u64 v = 0;
+
+	if (lat_time_size == 8)
+		bpf_probe_read_kernel(&v, 8, ctx + off);
+	else
+		bpf_probe_read_kernel(&v, 4, ctx + off);
+	return v;
+}
+
+static __always_inline __u32 this_thread(void)
+{
+	return (__u32)bpf_get_current_pid_tgid();
+}
 
 static __always_inline int initiate(__u32 op, struct nfs_initiate_ctx *ctx)
 {
@@ -166,6 +240,29 @@ static __always_inline bool release_slot(struct nfs_slot *s, __u64 issue_ns, __u
 	return true;
 }
 
+/* The RPC fields this thread's rpc_stats_latency left for this completion, if any. */
+static __always_inline void take_rpc(struct nfs_event *e)
+{
+	__u32 tid = this_thread();
+	struct rpc_held *h = bpf_map_lookup_elem(&rpc_by_thread, &tid);
+
+	e->rpc = 0;
+	e->rpc_xid = 0;
+	e->rpc_ntrans = 0;
+	e->rpc_backlog_us = 0;
+	e->rpc_rtt_us = 0;
+	e->rpc_execute_us = 0;
+	if (!h)
+		return;
+	e->rpc = TRAINIO_RPC_STATS | (h->ntrans ? TRAINIO_RPC_NTRANS : 0);
+	e->rpc_xid = h->xid;
+	e->rpc_ntrans = h->ntrans;
+	e->rpc_backlog_us = h->backlog_us;
+	e->rpc_rtt_us = h->rtt_us;
+	e->rpc_execute_us = h->execute_us;
+	bpf_map_delete_elem(&rpc_by_thread, &tid);
+}
+
 static __always_inline int done(__u32 op, __u32 dev, __u64 fileid, __s64 offset, __u32 returned,
 				__s32 error)
 {
@@ -206,6 +303,7 @@ static __always_inline int done(__u32 op, __u32 dev, __u64 fileid, __s64 offset,
 	e->tid = oldest->tid;
 	e->error = error < 0 ? error : 0;
 	__builtin_memcpy(e->comm, oldest->comm, sizeof(e->comm));
+	take_rpc(e);
 	if (release_slot(oldest, issue_ns, dev))
 		submit_batched(nfs_events, e);
 	else
@@ -247,4 +345,62 @@ SEC("tracepoint/nfs/nfs_commit_done")
 int tio_nfs_commit_done(struct nfs_commit_done_ctx *ctx)
 {
 	return done(TRAINIO_NFS_COMMIT, ctx->dev, ctx->fileid, ctx->offset, 0, ctx->error);
+}
+
+SEC("tracepoint/sunrpc/rpc_task_end")
+int tio_rpc_task_end(void *ctx)
+{
+	__u32 tid = this_thread();
+
+	bpf_map_delete_elem(&rpc_by_thread, &tid);
+	return 0;
+}
+
+SEC("tracepoint/sunrpc/xprt_transmit")
+int tio_rpc_transmit(void *ctx)
+{
+	__u64 key;
+	__u32 one = 1, *n;
+
+	if ((__s32)field_u32(ctx, xmit_status_off) != 0)
+		return 0; /* not sent */
+	key = (__u64)field_u32(ctx, xmit_client_off) << 32 | field_u32(ctx, xmit_xid_off);
+	n = bpf_map_lookup_elem(&rpc_xmits, &key);
+	if (n) {
+		__sync_fetch_and_add(n, 1);
+		return 0;
+	}
+	if (bpf_map_update_elem(&rpc_xmits, &key, &one, BPF_NOEXIST) == 0)
+		return 0;
+	n = bpf_map_lookup_elem(&rpc_xmits, &key); /* another CPU inserted it first */
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else
+		count_lost(TRAINIO_LOST_RPC_MAP);
+	return 0;
+}
+
+SEC("tracepoint/sunrpc/rpc_stats_latency")
+int tio_rpc_latency(void *ctx)
+{
+	__u32 tid = this_thread();
+	struct rpc_held h = {};
+	__u64 key;
+	__u32 *n;
+
+	h.xid = field_u32(ctx, lat_xid_off);
+	h.backlog_us = field_ulong(ctx, lat_backlog_off);
+	h.rtt_us = field_ulong(ctx, lat_rtt_off);
+	h.execute_us = field_ulong(ctx, lat_execute_off);
+	if (count_xmits) {
+		key = (__u64)field_u32(ctx, lat_client_off) << 32 | h.xid;
+		n = bpf_map_lookup_elem(&rpc_xmits, &key);
+		if (n) {
+			h.ntrans = *n;
+			bpf_map_delete_elem(&rpc_xmits, &key);
+		}
+	}
+	if (bpf_map_update_elem(&rpc_by_thread, &tid, &h, BPF_ANY) != 0)
+		count_lost(TRAINIO_LOST_RPC_MAP);
+	return 0;
 }

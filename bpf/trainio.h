@@ -24,6 +24,12 @@ enum trainio_nfs_op {
 	TRAINIO_NFS_COMMIT = 3,
 };
 
+/* nfs_event.rpc: which RPC fields were joined onto the request. */
+enum trainio_rpc_flags {
+	TRAINIO_RPC_STATS = 1, /* rpc_xid, rpc_*_us from sunrpc:rpc_stats_latency */
+	TRAINIO_RPC_NTRANS = 2, /* rpc_ntrans counted from sunrpc:xprt_transmit */
+};
+
 /* Which syscall a file_event came from. */
 enum trainio_file_op {
 	TRAINIO_FOP_READ = 1,
@@ -46,7 +52,8 @@ enum trainio_lost {
 	TRAINIO_LOST_PROC_MAP = 5,      /* sched_process_fork: traced-process map full */
 	TRAINIO_LOST_NFS_RINGBUF = 6,   /* nfs_*_done: ring buffer full */
 	TRAINIO_LOST_NFS_MAP = 7,       /* nfs_initiate_*: in-flight map or slots full */
-	TRAINIO_LOST_MAX = 8,
+	TRAINIO_LOST_RPC_MAP = 8,       /* xprt_transmit / rpc_stats_latency: RPC map full */
+	TRAINIO_LOST_MAX = 9,
 };
 
 struct block_event {
@@ -112,8 +119,14 @@ struct nfs_event {
 	__u32 pid;         /* task that initiated the request */
 	__u32 tid;
 	__s32 error;       /* 0 or -errno */
-	__u32 pad;
+	__u32 rpc;         /* enum trainio_rpc_flags: which rpc_* fields are valid */
 	char comm[TRAINIO_COMM_LEN];
+	/* The RPC that carried the request (the last one, if the request was restarted). */
+	__u32 rpc_xid;
+	__u32 rpc_ntrans;      /* transmissions of that xid: 1 + retransmits */
+	__u64 rpc_backlog_us;  /* as rpc_stats_latency reports them: microseconds */
+	__u64 rpc_rtt_us;
+	__u64 rpc_execute_us;
 };
 
 #endif /* TRAINIO_H */

@@ -1,4 +1,4 @@
-//! The trainio trace format (traces/SCHEMA.md), version 1: the one Rust module that knows
+//! The trainio trace format (traces/SCHEMA.md), version 1.1: the one Rust module that knows
 //! its columns, types and metadata keys. The tracer writes through [`TraceWriter`]; the
 //! replayer reads through [`read_rows`].
 //!
@@ -18,10 +18,17 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 /// Value of `trainio.schema_version` written by this crate and the versions it reads.
 pub const SCHEMA_VERSION: &str = "1";
+/// Value of `trainio.schema_minor`: additions within version 1 (SCHEMA.md, *Versioning*).
+/// 1: the `rpc_*` columns. A trace without the key is 1.0; readers accept any minor.
+pub const SCHEMA_MINOR: &str = "1";
+
+/// Columns added by minor versions: a reader takes them as null when a trace lacks them.
+pub const OPTIONAL_COLUMNS: [&str; 5] = ["rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans"];
 
 /// Metadata keys (Parquet key-value metadata, UTF-8 values; JSON where SCHEMA.md says).
 pub mod keys {
     pub const SCHEMA_VERSION: &str = "trainio.schema_version";
+    pub const SCHEMA_MINOR: &str = "trainio.schema_minor";
     pub const TRACER_VERSION: &str = "trainio.tracer_version";
     pub const HOSTNAME: &str = "trainio.hostname";
     pub const KERNEL_RELEASE: &str = "trainio.kernel_release";
@@ -36,6 +43,7 @@ pub mod keys {
     pub const LOST_EVENTS: &str = "trainio.lost_events";
     pub const BPF_STATS: &str = "trainio.bpf_stats";
     pub const EVENTS: &str = "trainio.events";
+    pub const NFS_MOUNTS: &str = "trainio.nfs_mounts";
 }
 
 /// The layer a row was recorded at.
@@ -85,6 +93,18 @@ pub struct Row<'a> {
     pub flags: u32,
 }
 
+/// The RPC that carried an NFS request (schema 1.1), as `sunrpc:rpc_stats_latency` and
+/// `xprt_transmit` report it. Times have the kernel's microsecond resolution.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rpc {
+    pub xid: u32,
+    pub backlog_ns: i64,
+    pub rtt_ns: i64,
+    pub execute_ns: i64,
+    /// Transmissions beyond the first; None when they were not counted.
+    pub retrans: Option<u32>,
+}
+
 fn dict(name: &str, key: DataType, nullable: bool) -> Field {
     Field::new(name, DataType::Dictionary(Box::new(key), Box::new(DataType::Utf8)), nullable)
 }
@@ -109,6 +129,11 @@ pub fn arrow_schema() -> SchemaRef {
         dict("file", DataType::Int32, true),
         Field::new("error", DataType::Int32, false),
         Field::new("flags", DataType::UInt32, false),
+        Field::new("rpc_xid", DataType::UInt32, true),
+        Field::new("rpc_backlog_ns", DataType::Int64, true),
+        Field::new("rpc_rtt_ns", DataType::Int64, true),
+        Field::new("rpc_execute_ns", DataType::Int64, true),
+        Field::new("rpc_retrans", DataType::UInt32, true),
     ]))
 }
 

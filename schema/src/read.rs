@@ -11,7 +11,7 @@ use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
-use crate::{keys, Layer, SCHEMA_VERSION};
+use crate::{keys, Layer, Rpc, OPTIONAL_COLUMNS, SCHEMA_VERSION};
 
 /// A trace that cannot be read: the message names the file and what is wrong.
 #[derive(Debug)]
@@ -85,6 +85,9 @@ pub struct OwnedRow {
     pub file: Option<Arc<str>>,
     pub error: i32,
     pub flags: u32,
+    /// The RPC that carried an nfs request (schema 1.1); None for other layers, for rows
+    /// not joined, and for every row of a 1.0 trace.
+    pub rpc: Option<Rpc>,
 }
 
 /// Columns cast to one canonical type whatever the writer used (dictionary or plain
@@ -112,6 +115,14 @@ fn columns(seg: &Path, batch: &RecordBatch) -> Result<Columns, TraceError> {
     let mut ints = HashMap::new();
     for name in INT_COLS {
         let col = cast(&get(name)?, &DataType::Int64).map_err(|e| bad(seg, format!("column `{name}`: {e}")))?;
+        ints.insert(name, col.as_any().downcast_ref::<Int64Array>().expect("int64").clone());
+    }
+    // Added by minor versions: a trace written before them has all-null columns.
+    for name in OPTIONAL_COLUMNS {
+        let col = match batch.column_by_name(name) {
+            Some(c) => cast(c, &DataType::Int64).map_err(|e| bad(seg, format!("column `{name}`: {e}")))?,
+            None => arrow_array::new_null_array(&DataType::Int64, batch.num_rows()),
+        };
         ints.insert(name, col.as_any().downcast_ref::<Int64Array>().expect("int64").clone());
     }
     Ok(Columns { strings, ints })
@@ -166,9 +177,83 @@ pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, Tra
                     file: s("file", i).map(&mut intern),
                     error: n("error", i).unwrap_or(0) as i32,
                     flags: n("flags", i).unwrap_or(0) as u32,
+                    rpc: n("rpc_xid", i).map(|xid| Rpc {
+                        xid: xid as u32,
+                        backlog_ns: n("rpc_backlog_ns", i).unwrap_or(0),
+                        rtt_ns: n("rpc_rtt_ns", i).unwrap_or(0),
+                        execute_ns: n("rpc_execute_ns", i).unwrap_or(0),
+                        retrans: n("rpc_retrans", i).map(|r| r as u32),
+                    }),
                 });
             }
         }
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BatchBuilder, Row, SegmentLimits, TraceWriter, SCHEMA_MINOR};
+    use std::time::Duration;
+
+    fn row(layer: Layer, op: &'static str) -> Row<'static> {
+        Row {
+            layer,
+            op,
+            issue_ns: 10,
+            complete_ns: 20,
+            insert_ns: None,
+            dev: Some("0:30"),
+            offset: Some(0),
+            bytes: 4096,
+            bytes_requested: 4096,
+            queue_depth: 1,
+            pid: 1,
+            tid: 1,
+            comm: "dd",
+            fd: None,
+            file: None,
+            error: 0,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn rpc_fields_round_trip_and_are_null_elsewhere() {
+        let dir = std::env::temp_dir().join(format!("trainio-schema-rt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let rpc = Rpc { xid: 0xdead_beef, backlog_ns: 1000, rtt_ns: 250_000, execute_ns: 300_000, retrans: Some(2) };
+        let mut b = BatchBuilder::new();
+        b.push_rpc(&row(Layer::Nfs, "read"), Some(&rpc));
+        b.push_rpc(&row(Layer::Nfs, "read"), Some(&Rpc { retrans: None, ..rpc }));
+        b.push_rpc(&row(Layer::Nfs, "write"), None);
+        b.push(&row(Layer::Block, "read"));
+        let mut w = TraceWriter::new(&dir, SegmentLimits { max_bytes: 1 << 30, max_age: Duration::from_secs(60) });
+        w.write(&b.finish()).unwrap();
+        let meta = vec![
+            (keys::SCHEMA_VERSION.to_string(), SCHEMA_VERSION.to_string()),
+            (keys::SCHEMA_MINOR.to_string(), SCHEMA_MINOR.to_string()),
+        ];
+        w.close_segment(&meta).unwrap();
+        let rows = read_rows(&dir, None).unwrap();
+        assert_eq!(rows[0].rpc, Some(rpc));
+        assert_eq!(rows[1].rpc.unwrap().retrans, None);
+        assert_eq!(rows[1].rpc.unwrap().rtt_ns, 250_000);
+        assert_eq!((rows[2].rpc, rows[3].rpc), (None, None));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_1_0_trace_without_rpc_columns_reads_with_rpc_none() {
+        let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/unet3d-demo-1gpu");
+        let seg = &segment_paths(&sample).unwrap()[0];
+        let file = File::open(seg).unwrap();
+        let schema = ParquetRecordBatchReaderBuilder::try_new(file).unwrap().schema().clone();
+        assert!(schema.field_with_name("rpc_xid").is_err(), "the sample predates schema 1.1");
+        let rows = read_rows(&sample, None).unwrap();
+        assert!(!rows.is_empty());
+        assert!(rows.iter().all(|r| r.rpc.is_none()));
+    }
 }

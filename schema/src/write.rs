@@ -18,7 +18,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::schema::types::ColumnPath;
 
-use crate::{arrow_schema, Row};
+use crate::{arrow_schema, Row, Rpc};
 
 /// A dictionary-encoded string column. The tracer appends the same few strings (layer,
 /// op, device, command) to every row, so the previous row's value is compared first and
@@ -100,6 +100,11 @@ pub struct BatchBuilder {
     file: DictColumn<Int32Type>,
     error: Int32Builder,
     flags: UInt32Builder,
+    rpc_xid: UInt32Builder,
+    rpc_backlog_ns: Int64Builder,
+    rpc_rtt_ns: Int64Builder,
+    rpc_execute_ns: Int64Builder,
+    rpc_retrans: UInt32Builder,
     len: usize,
     /// Rows each column is sized for after every finish (0: grow as needed).
     capacity: usize,
@@ -132,6 +137,11 @@ impl BatchBuilder {
             file: DictColumn::new(),
             error: Int32Builder::new(),
             flags: UInt32Builder::new(),
+            rpc_xid: UInt32Builder::new(),
+            rpc_backlog_ns: Int64Builder::new(),
+            rpc_rtt_ns: Int64Builder::new(),
+            rpc_execute_ns: Int64Builder::new(),
+            rpc_retrans: UInt32Builder::new(),
             len: 0,
             capacity: 0,
         }
@@ -175,7 +185,13 @@ impl BatchBuilder {
         self.len == 0
     }
 
+    /// A row without RPC fields (every layer but nfs, and nfs rows not joined).
     pub fn push(&mut self, r: &Row) {
+        self.push_rpc(r, None)
+    }
+
+    /// A row with the RPC that carried it (nfs layer).
+    pub fn push_rpc(&mut self, r: &Row, rpc: Option<&Rpc>) {
         // Dictionary keys overflow only past 127 ops/layers or 32767 devices per batch.
         self.layer.append(r.layer.as_str()).expect("layer dictionary");
         self.op.append(r.op).expect("op dictionary");
@@ -200,6 +216,11 @@ impl BatchBuilder {
         }
         self.error.append_value(r.error);
         self.flags.append_value(r.flags);
+        self.rpc_xid.append_option(rpc.map(|p| p.xid));
+        self.rpc_backlog_ns.append_option(rpc.map(|p| p.backlog_ns));
+        self.rpc_rtt_ns.append_option(rpc.map(|p| p.rtt_ns));
+        self.rpc_execute_ns.append_option(rpc.map(|p| p.execute_ns));
+        self.rpc_retrans.append_option(rpc.and_then(|p| p.retrans));
         self.len += 1;
     }
 
@@ -223,6 +244,11 @@ impl BatchBuilder {
             Arc::new(self.file.finish()),
             Arc::new(self.error.finish()),
             Arc::new(self.flags.finish()),
+            Arc::new(self.rpc_xid.finish()),
+            Arc::new(self.rpc_backlog_ns.finish()),
+            Arc::new(self.rpc_rtt_ns.finish()),
+            Arc::new(self.rpc_execute_ns.finish()),
+            Arc::new(self.rpc_retrans.finish()),
         ];
         self.len = 0;
         if self.capacity > 0 {

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use trainio_schema::{dev_string, BatchBuilder, Layer, Row};
+use trainio_schema::{dev_string, BatchBuilder, Layer, Row, Rpc};
 
 use crate::bpf::{block_event, file_event, nfs_event, open_event};
-use crate::bpf::{trainio_file_op as fop, trainio_kind as kind, trainio_nfs_op as nfsop};
+use crate::bpf::{trainio_file_op as fop, trainio_kind as kind, trainio_nfs_op as nfsop, trainio_rpc_flags as rpcf};
 
 const KIND_BLOCK: u32 = kind::TRAINIO_KIND_BLOCK.0;
 const KIND_FILE: u32 = kind::TRAINIO_KIND_FILE.0;
@@ -318,7 +318,14 @@ impl Collector {
         };
         let dev = self.dev(e.dev);
         let file = self.inodes.get(&(e.dev, e.fileid)).cloned();
-        self.batch.push(&Row {
+        let rpc = (e.rpc & rpcf::TRAINIO_RPC_STATS.0 != 0).then(|| Rpc {
+            xid: e.rpc_xid,
+            backlog_ns: (e.rpc_backlog_us as i64).saturating_mul(1000),
+            rtt_ns: (e.rpc_rtt_us as i64).saturating_mul(1000),
+            execute_ns: (e.rpc_execute_us as i64).saturating_mul(1000),
+            retrans: (e.rpc & rpcf::TRAINIO_RPC_NTRANS.0 != 0).then(|| e.rpc_ntrans.saturating_sub(1)),
+        });
+        self.batch.push_rpc(&Row {
             layer: Layer::Nfs,
             op,
             issue_ns: e.issue_ns as i64,
@@ -336,7 +343,7 @@ impl Collector {
             file: file.as_deref(),
             error: e.error,
             flags: 0,
-        });
+        }, rpc.as_ref());
         let (r, w) = match op {
             "read" => (e.returned as u64, 0),
             "write" => (0, e.returned as u64),

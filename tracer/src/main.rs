@@ -24,7 +24,7 @@ mod bpf {
     pub use crate::block_skel::{types::block_event, BlockSkel, BlockSkelBuilder};
     pub use crate::file_skel::types::{file_event, open_event, trainio_file_op, trainio_kind};
     pub use crate::file_skel::{FileSkel, FileSkelBuilder};
-    pub use crate::nfs_skel::types::{nfs_event, trainio_nfs_op};
+    pub use crate::nfs_skel::types::{nfs_event, trainio_nfs_op, trainio_rpc_flags};
     pub use crate::nfs_skel::{NfsSkel, NfsSkelBuilder};
     // SAFETY: plain-old-data structs generated from bpf/trainio.h.
     unsafe impl plain::Plain for block_event {}

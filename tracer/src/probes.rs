@@ -35,7 +35,7 @@ pub struct Settings {
 }
 
 /// Names of the lost-event counters, by index (enum trainio_lost in bpf/trainio.h).
-const LOST_NAMES: [&str; 8] = [
+const LOST_NAMES: [&str; 9] = [
     "block_rq_complete:ringbuf_full",
     "block_rq_issue:map_full",
     "file_syscall_exit:ringbuf_full",
@@ -44,6 +44,7 @@ const LOST_NAMES: [&str; 8] = [
     "sched_process_fork:map_full",
     "nfs_done:ringbuf_full",
     "nfs_initiate:map_full",
+    "rpc_join:map_full",
 ];
 
 #[derive(Serialize, Clone, Debug)]
@@ -89,6 +90,78 @@ fn attach_point_exists(section: &str, tps: &HashSet<String>) -> bool {
     } else {
         true
     }
+}
+
+/// Field name → (offset, size) of a tracepoint's record, from its tracefs `format` file
+/// (`field:TYPE NAME;\toffset:N;\tsize:N;\tsigned:N;`). Empty when the event is absent.
+pub fn tracepoint_fields(tracefs: &Path, group_name: &str) -> BTreeMap<String, (u32, u32)> {
+    let text = std::fs::read_to_string(tracefs.join("events").join(group_name).join("format")).unwrap_or_default();
+    parse_format(&text)
+}
+
+fn parse_format(text: &str) -> BTreeMap<String, (u32, u32)> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.trim().strip_prefix("field:") else { continue };
+        let mut parts = rest.split(';').map(str::trim);
+        let decl = parts.next().unwrap_or("");
+        let (mut off, mut size) = (None, None);
+        for p in parts {
+            if let Some(v) = p.strip_prefix("offset:") {
+                off = v.parse().ok();
+            } else if let Some(v) = p.strip_prefix("size:") {
+                size = v.parse().ok();
+            }
+        }
+        // The name is the declaration's last word, less any array suffix.
+        let name = decl.rsplit(' ').next().unwrap_or("").split('[').next().unwrap_or("");
+        if let (false, Some(o), Some(s)) = (name.is_empty(), off, size) {
+            out.insert(name.to_string(), (o, s));
+        }
+    }
+    out
+}
+
+/// Offsets of the sunrpc fields the nfs probes join onto NFS rows (see nfs.bpf.c).
+#[derive(Debug, PartialEq)]
+struct RpcLayout {
+    lat_client: u32,
+    lat_xid: u32,
+    lat_backlog: u32,
+    lat_rtt: u32,
+    lat_execute: u32,
+    lat_time_size: u32,
+    /// (client_id, xid, status) of xprt_transmit, when it has them.
+    xmit: Option<(u32, u32, u32)>,
+}
+
+/// Reads the layouts of rpc_stats_latency and xprt_transmit; Err says what is missing.
+fn rpc_layout(latency: &BTreeMap<String, (u32, u32)>, transmit: &BTreeMap<String, (u32, u32)>) -> Result<RpcLayout, String> {
+    if latency.is_empty() {
+        return Err("sunrpc:rpc_stats_latency is not in this kernel".into());
+    }
+    let want = |fields: &BTreeMap<String, (u32, u32)>, event: &str, name: &str, sizes: &[u32]| {
+        match fields.get(name) {
+            Some(&(off, size)) if sizes.contains(&size) => Ok((off, size)),
+            Some(&(_, size)) => Err(format!("sunrpc:{event} field {name} has size {size}")),
+            None => Err(format!("sunrpc:{event} has no field {name}")),
+        }
+    };
+    let (lat_client, _) = want(latency, "rpc_stats_latency", "client_id", &[4])?;
+    let (lat_xid, _) = want(latency, "rpc_stats_latency", "xid", &[4])?;
+    let (lat_backlog, lat_time_size) = want(latency, "rpc_stats_latency", "backlog", &[4, 8])?;
+    let (lat_rtt, s2) = want(latency, "rpc_stats_latency", "rtt", &[4, 8])?;
+    let (lat_execute, s3) = want(latency, "rpc_stats_latency", "execute", &[4, 8])?;
+    if s2 != lat_time_size || s3 != lat_time_size {
+        return Err("sunrpc:rpc_stats_latency: backlog, rtt and execute differ in size".into());
+    }
+    let xmit = (|| {
+        let (c, _) = want(transmit, "xprt_transmit", "client_id", &[4]).ok()?;
+        let (x, _) = want(transmit, "xprt_transmit", "xid", &[4]).ok()?;
+        let (s, _) = want(transmit, "xprt_transmit", "status", &[4]).ok()?;
+        Some((c, x, s))
+    })();
+    Ok(RpcLayout { lat_client, lat_xid, lat_backlog, lat_rtt, lat_execute, lat_time_size, xmit })
 }
 
 /// Switches off the programs whose attach point is missing, noting them as skipped.
@@ -192,7 +265,51 @@ impl<'o> Probes<'o> {
                 let mut open = NfsSkelBuilder::default().open(nfs_obj).context("opening the nfs probes")?;
                 let ro = open.maps.rodata_data.as_deref_mut().context("nfs probes: no rodata")?;
                 ro.wakeup_bytes = wakeup;
+                let layout = if attach_point_exists("tracepoint/sunrpc/rpc_task_end", &tps) {
+                    rpc_layout(
+                        &tracepoint_fields(&tracefs, "sunrpc/rpc_stats_latency"),
+                        &tracepoint_fields(&tracefs, "sunrpc/xprt_transmit"),
+                    )
+                } else {
+                    Err("sunrpc:rpc_task_end is not in this kernel".into())
+                };
+                let mut rpc_off: Vec<&str> = Vec::new();
+                match &layout {
+                    Ok(l) => {
+                        ro.lat_client_off = l.lat_client;
+                        ro.lat_xid_off = l.lat_xid;
+                        ro.lat_backlog_off = l.lat_backlog;
+                        ro.lat_rtt_off = l.lat_rtt;
+                        ro.lat_execute_off = l.lat_execute;
+                        ro.lat_time_size = l.lat_time_size;
+                        if let Some((c, x, st)) = l.xmit {
+                            ro.xmit_client_off = c;
+                            ro.xmit_xid_off = x;
+                            ro.xmit_status_off = st;
+                            ro.count_xmits = true;
+                        } else {
+                            rpc_off.push("tracepoint/sunrpc/xprt_transmit");
+                            skipped.insert(
+                                "tracepoint/sunrpc/xprt_transmit".into(),
+                                "no client_id/xid/status fields of 4 bytes: rpc_retrans not recorded".into(),
+                            );
+                        }
+                    }
+                    Err(why) => {
+                        rpc_off.extend([
+                            "tracepoint/sunrpc/rpc_task_end",
+                            "tracepoint/sunrpc/rpc_stats_latency",
+                            "tracepoint/sunrpc/xprt_transmit",
+                        ]);
+                        skipped.insert("nfs_rpc".into(), format!("{why}: rpc_* columns not recorded"));
+                    }
+                }
                 open.maps.nfs_events.set_max_entries(s.ringbuf_bytes).context("sizing the nfs ring buffer")?;
+                for mut p in open.open_object_mut().progs_mut() {
+                    if rpc_off.iter().any(|sec| p.section().to_string_lossy() == *sec) {
+                        p.set_autoload(false);
+                    }
+                }
                 autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped);
                 Some(open.load().context("loading the nfs probes into the kernel")?)
             }
@@ -300,7 +417,7 @@ impl<'o> Probes<'o> {
             add(&f.maps.lost, 2..6);
         }
         if let Some(n) = &self.nfs {
-            add(&n.maps.lost, 6..8);
+            add(&n.maps.lost, 6..9);
         }
         out
     }
@@ -347,5 +464,72 @@ impl<'o> Probes<'o> {
     /// Detaches every program now; maps stay readable until the skeletons are dropped.
     pub fn detach(&self) {
         self.links.borrow_mut().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// sunrpc:rpc_stats_latency as Debian 12's 6.1 kernel has it (docs/nfs-guest.md).
+    const LATENCY_6_1: &str = "name: rpc_stats_latency
+ID: 1471
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:unsigned int task_id;\toffset:8;\tsize:4;\tsigned:0;
+\tfield:unsigned int client_id;\toffset:12;\tsize:4;\tsigned:0;
+\tfield:u32 xid;\toffset:16;\tsize:4;\tsigned:0;
+\tfield:int version;\toffset:20;\tsize:4;\tsigned:1;
+\tfield:__data_loc char[] progname;\toffset:24;\tsize:4;\tsigned:1;
+\tfield:__data_loc char[] procname;\toffset:28;\tsize:4;\tsigned:1;
+\tfield:unsigned long backlog;\toffset:32;\tsize:8;\tsigned:0;
+\tfield:unsigned long rtt;\toffset:40;\tsize:8;\tsigned:0;
+\tfield:unsigned long execute;\toffset:48;\tsize:8;\tsigned:0;
+
+print fmt: \"task:%08x@%08x xid=0x%08x\", REC->task_id, REC->client_id, REC->xid
+";
+
+    const TRANSMIT_6_1: &str = "format:
+\tfield:unsigned int task_id;\toffset:8;\tsize:4;\tsigned:0;
+\tfield:unsigned int client_id;\toffset:12;\tsize:4;\tsigned:0;
+\tfield:u32 xid;\toffset:16;\tsize:4;\tsigned:0;
+\tfield:u32 seqno;\toffset:20;\tsize:4;\tsigned:0;
+\tfield:int status;\toffset:24;\tsize:4;\tsigned:1;
+";
+
+    #[test]
+    fn format_files_give_offsets_and_sizes() {
+        let f = parse_format(LATENCY_6_1);
+        assert_eq!(f["common_pid"], (4, 4));
+        assert_eq!(f["procname"], (28, 4), "__data_loc char[] NAME is named NAME");
+        assert_eq!(f["execute"], (48, 8));
+        let v: BTreeMap<_, _> = parse_format("\tfield:char verifier[8];\toffset:56;\tsize:8;\tsigned:1;");
+        assert_eq!(v["verifier"], (56, 8));
+    }
+
+    #[test]
+    fn rpc_layout_of_6_1_and_of_a_kernel_that_moved_fields() {
+        let l = rpc_layout(&parse_format(LATENCY_6_1), &parse_format(TRANSMIT_6_1)).unwrap();
+        assert_eq!(
+            l,
+            RpcLayout { lat_client: 12, lat_xid: 16, lat_backlog: 32, lat_rtt: 40, lat_execute: 48, lat_time_size: 8, xmit: Some((12, 16, 24)) }
+        );
+        // Newer kernels append xprt_id and may reorder: offsets follow the format file.
+        let moved = LATENCY_6_1.replace("offset:32;", "offset:64;").replace("offset:48;", "offset:72;");
+        let l = rpc_layout(&parse_format(&moved), &BTreeMap::new()).unwrap();
+        assert_eq!((l.lat_backlog, l.lat_execute, l.xmit), (64, 72, None));
+    }
+
+    #[test]
+    fn rpc_layout_says_what_is_missing() {
+        assert!(rpc_layout(&BTreeMap::new(), &BTreeMap::new()).unwrap_err().contains("not in this kernel"));
+        let no_rtt = LATENCY_6_1.replace("long rtt;", "long round_trip;");
+        assert_eq!(rpc_layout(&parse_format(&no_rtt), &BTreeMap::new()).unwrap_err(), "sunrpc:rpc_stats_latency has no field rtt");
+        let small_xid = LATENCY_6_1.replace("xid;\toffset:16;\tsize:4", "xid;\toffset:16;\tsize:2");
+        assert!(rpc_layout(&parse_format(&small_xid), &BTreeMap::new()).unwrap_err().contains("xid has size 2"));
     }
 }
