@@ -1,4 +1,4 @@
-"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1).
+"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.1).
 
 This is the only Python module that knows column names, Arrow types and metadata keys;
 everything else imports the names from here. A trace is a directory of
@@ -37,6 +37,8 @@ import pyarrow.parquet as pq
 from trainio_analysis.errors import TraceError
 
 SCHEMA_VERSION = 1
+#: ``trainio.schema_minor`` written; any minor of a known version is read (absent = 0).
+SCHEMA_MINOR = 1
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
 META_PREFIX = "trainio."
 SEGMENT_GLOB = "seg-*.parquet"
@@ -64,7 +66,16 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool], ...] = (
     ("file", DICT32, True),
     ("error", pa.int32(), False),
     ("flags", pa.uint32(), False),
+    # 1.1: the RPC that carried an nfs request
+    ("rpc_xid", pa.uint32(), True),
+    ("rpc_backlog_ns", pa.int64(), True),
+    ("rpc_rtt_ns", pa.int64(), True),
+    ("rpc_execute_ns", pa.int64(), True),
+    ("rpc_retrans", pa.uint32(), True),
 )
+#: Columns added by minor versions: a trace written before them lacks them, and readers
+#: see them as all-null columns.
+OPTIONAL_COLUMNS = ("rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans")
 SCHEMA = pa.schema([pa.field(n, t, nullable=null) for n, t, null in COLUMNS])
 COLUMN_TYPES = {n: t for n, t, _ in COLUMNS}
 STRING_COLUMNS = frozenset(n for n, t, _ in COLUMNS if pa.types.is_dictionary(t))
@@ -93,11 +104,12 @@ JSON_META_DEFAULTS: dict[str, Any] = {
     "lost_events": {},
     "bpf_stats": {},
     "events": None,  # filled from the rows
+    "nfs_mounts": [],
 }
-INT_META_KEYS = ("clock_offset_ns", "start_ns", "end_ns", "segment", "schema_version")
+INT_META_KEYS = ("clock_offset_ns", "start_ns", "end_ns", "segment", "schema_version", "schema_minor")
 
 # Columns a caller of write_trace may omit, and how they are filled.
-_NULL_DEFAULT = ("insert_ns", "dev", "offset", "fd", "file")
+_NULL_DEFAULT = ("insert_ns", "dev", "offset", "fd", "file", *OPTIONAL_COLUMNS)
 _ZERO_DEFAULT = ("error", "flags")
 
 
@@ -171,11 +183,13 @@ def _check_segment(path: Path, pf: pq.ParquetFile) -> None:
         )
         raise TraceError(msg)
     schema = pf.schema_arrow
-    missing = [n for n, _, _ in COLUMNS if n not in schema.names]
+    missing = [n for n, _, _ in COLUMNS if n not in schema.names and n not in OPTIONAL_COLUMNS]
     if missing:
         msg = f"{path}: missing column(s) {', '.join(missing)}"
         raise TraceError(msg)
     for name, want, _ in COLUMNS:
+        if name not in schema.names:
+            continue
         got = schema.field(name).type
         if name in STRING_COLUMNS:
             ok = got in (pa.string(), pa.large_string()) or (
@@ -255,10 +269,33 @@ def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
     return lf.with_columns(pl.col(sorted(STRING_COLUMNS)).cast(pl.String))
 
 
+def _with_optional_columns(lf: pl.LazyFrame, names: Iterable[str]) -> pl.LazyFrame:
+    """Adds the OPTIONAL_COLUMNS a segment lacks as nulls, in schema order."""
+    absent = [c for c in OPTIONAL_COLUMNS if c not in names]
+    if not absent:
+        return lf
+    lf = lf.with_columns(
+        pl.lit(None, dtype=pl.from_arrow(pa.array([], COLUMN_TYPES[c])).dtype).alias(c)
+        for c in absent
+    )
+    return lf.select([n for n, _, _ in COLUMNS])
+
+
 def scan_segments(segments: Sequence[Segment]) -> pl.LazyFrame:
     """Lazy frame over already validated segments, string columns left categorical
-    (cheaper to filter and group on than strings)."""
-    return pl.scan_parquet([str(s.path) for s in segments])
+    (cheaper to filter and group on than strings). Columns of later minor versions that
+    a segment lacks read as null, so old and new traces look the same."""
+    names = [
+        tuple(s.arrow_schema.names) if s.arrow_schema is not None else tuple(_open_segment(s.path).schema_arrow.names)
+        for s in segments
+    ]
+    if len(set(names)) <= 1:
+        lf = pl.scan_parquet([str(s.path) for s in segments])
+        return _with_optional_columns(lf, names[0] if names else ())
+    return pl.concat(
+        [_with_optional_columns(pl.scan_parquet(str(s.path)), n) for s, n in zip(segments, names, strict=True)],
+        how="vertical",
+    )
 
 
 def iter_row_groups(
@@ -488,6 +525,7 @@ class TraceWriter:
         meta["events"] = dict(sorted(self._events.items()))
         meta.update({k.removeprefix(META_PREFIX): v for k, v in self.user_meta.items()})
         meta["schema_version"] = str(SCHEMA_VERSION)
+        meta["schema_minor"] = str(SCHEMA_MINOR)
         meta["segment"] = str(len(self.paths))
         return _meta_strings(meta)
 

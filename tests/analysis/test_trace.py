@@ -32,8 +32,15 @@ SCHEMA_MD_TYPES = {
     "file": "dictionary<values=string, indices=int32, ordered=0>",
     "error": "int32",
     "flags": "uint32",
+    "rpc_xid": "uint32",
+    "rpc_backlog_ns": "int64",
+    "rpc_rtt_ns": "int64",
+    "rpc_execute_ns": "int64",
+    "rpc_retrans": "uint32",
 }
-NULLABLE = {"insert_ns", "dev", "offset", "fd", "file"}
+RPC_COLUMNS = ["rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans"]
+NULLABLE = {"insert_ns", "dev", "offset", "fd", "file", *RPC_COLUMNS}
+SAMPLES = Path(__file__).resolve().parents[2] / "traces"
 
 
 def _rows() -> list[dict]:
@@ -70,6 +77,7 @@ def test_metadata_keys_values_and_last_segment_wins(trace_dir: Path) -> None:
         if k.startswith(b"trainio.")
     }
     assert first["trainio.schema_version"] == "1"
+    assert first["trainio.schema_minor"] == "1"
     assert first["trainio.segment"] == "0"
     assert json.loads(first["trainio.events"]) == {"block": 2}  # cumulative as of closing
     for key in (
@@ -142,6 +150,58 @@ def test_writer_fills_optional_columns_and_rejects_bad_rows(trace_dir: Path) -> 
         )
     # a failed write leaves nothing behind, not even a .partial
     assert not list((trace_dir / "z").glob("*"))
+
+
+def _nfs_read(xid: int | None) -> dict:
+    row = {"layer": "nfs", "op": "read", "issue_ns": 0, "complete_ns": 900_000, "dev": "0:30",
+           "offset": 0, "bytes": 65536, "queue_depth": 1, "pid": 3}
+    if xid is not None:
+        row |= {"rpc_xid": xid, "rpc_backlog_ns": 1000, "rpc_rtt_ns": 500_000,
+                "rpc_execute_ns": 800_000, "rpc_retrans": 0}
+    return row
+
+
+def test_rpc_columns_round_trip_and_default_to_null(trace_dir: Path) -> None:
+    tr.write_trace(trace_dir, [_nfs_read(0x1234ABCD), _nfs_read(None), block(0, 5, qd=1)])
+    df = tr.scan_trace(trace_dir).collect()
+    assert df["rpc_xid"].to_list() == [0x1234ABCD, None, None]
+    assert df["rpc_rtt_ns"].to_list() == [500_000, None, None]
+    assert df["rpc_retrans"].dtype == pl.UInt32
+
+
+def test_a_1_0_trace_without_rpc_columns_reads_with_them_null(trace_dir: Path) -> None:
+    """1.0 segments (no rpc_* columns, no schema_minor) are read, alone or mixed with 1.1."""
+    old = tr.conform([block(0, 5, qd=1), fread(1, 3, pid=7, file="/d/a")]).drop_columns(RPC_COLUMNS)
+    trace_dir.mkdir()
+    _write_table(trace_dir / "seg-000000.parquet", old)
+    df = tr.scan_trace(trace_dir).collect()
+    assert df.columns == list(SCHEMA_MD_TYPES)
+    assert df.height == 2 and df["rpc_xid"].null_count() == 2
+    assert df.schema["rpc_execute_ns"] == pl.Int64
+    assert "schema_minor" not in tr.read_metadata(trace_dir)
+    # a later 1.1 segment in the same directory
+    tr.write_trace(trace_dir / "new", [_nfs_read(7)])
+    (trace_dir / "new" / "seg-000000.parquet").rename(trace_dir / "seg-000001.parquet")
+    df = tr.scan_trace(trace_dir).collect()
+    assert df["rpc_xid"].to_list() == [None, None, 7]
+    assert tr.read_metadata(trace_dir)["schema_minor"] == 1
+
+
+def test_the_recorded_sample_traces_predate_1_1_and_still_read() -> None:
+    for sample in sorted(SAMPLES.glob("unet3d-demo-*")):
+        seg = tr.list_segments(sample)[0]
+        assert "rpc_xid" not in pq.ParquetFile(seg).schema_arrow.names
+        df = tr.scan_trace(sample).select(RPC_COLUMNS + ["bytes"]).collect()
+        assert df.height > 0 and df["rpc_xid"].null_count() == df.height, sample
+
+
+def test_rpc_column_of_a_wrong_type_is_refused(tmp_path: Path) -> None:
+    good = tr.conform([_nfs_read(1)])
+    bad = good.set_column(good.schema.get_field_index("rpc_rtt_ns"), "rpc_rtt_ns",
+                          good["rpc_rtt_ns"].cast(pa.float64()))
+    _write_table(tmp_path / "seg-000000.parquet", bad)
+    with pytest.raises(TraceError, match="rpc_rtt_ns has type double"):
+        tr.scan_trace(tmp_path)
 
 
 def test_writer_accepts_polars_and_chunk_iterators(trace_dir: Path) -> None:

@@ -171,3 +171,211 @@ pub fn cgroup_id(path: &Path) -> Result<u64> {
     }
     Ok(fs::metadata(path)?.ino())
 }
+
+/// One line of a mount's per-op RPC statistics in /proc/self/mountstats (statvers 1.1:
+/// `OP: ops trans timeouts bytes_sent bytes_recv queue_ms rtt_ms execute_ms errors`; 1.0
+/// has no errors). Times are cumulative milliseconds over all ops.
+#[derive(Serialize, Clone, Debug, Default, PartialEq)]
+pub struct OpStats {
+    pub ops: u64,
+    pub trans: u64,
+    pub timeouts: u64,
+    pub bytes_sent: u64,
+    pub bytes_recv: u64,
+    pub queue_ms: u64,
+    pub rtt_ms: u64,
+    pub execute_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<u64>,
+}
+
+/// One transport (`xprt:` line; several with nconnect), counters named as
+/// net/sunrpc/xprtsock.c prints them for tcp and udp; other transports keep them raw.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct Xprt {
+    pub proto: String,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub counters: BTreeMap<String, u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub raw: Vec<u64>,
+}
+
+/// The counters of an NFS mount at one moment.
+#[derive(Serialize, Clone, Debug, Default, PartialEq)]
+pub struct NfsSnapshot {
+    /// Seconds since the mount was made.
+    pub age_s: u64,
+    /// The `bytes:` line (normalreadbytes … writepages).
+    pub bytes: BTreeMap<String, u64>,
+    pub xprts: Vec<Xprt>,
+    /// Per RPC procedure (`READ`, `WRITE`, `COMMIT`, `GETATTR`, …).
+    pub ops: BTreeMap<String, OpStats>,
+}
+
+/// An NFS mount as /proc/self/mountstats describes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NfsMountStats {
+    pub source: String,
+    pub mount_point: String,
+    pub fstype: String,
+    pub statvers: String,
+    pub opts: String,
+    pub now: NfsSnapshot,
+}
+
+const BYTES_NAMES: [&str; 8] = [
+    "normal_read", "normal_write", "direct_read", "direct_write", "server_read", "server_write", "read_pages", "write_pages",
+];
+const TCP_NAMES: [&str; 13] = [
+    "port", "bind_count", "connect_count", "connect_time", "idle_time", "sends", "recvs", "bad_xids", "req_u",
+    "backlog_u", "max_slots", "sending_u", "pending_u",
+];
+const UDP_NAMES: [&str; 10] =
+    ["port", "bind_count", "sends", "recvs", "bad_xids", "req_u", "backlog_u", "max_slots", "sending_u", "pending_u"];
+
+fn numbers(s: &str) -> Vec<u64> {
+    s.split_whitespace().filter_map(|w| w.parse().ok()).collect()
+}
+
+/// The NFS mounts of a mountstats text (other filesystems print only their `device` line).
+pub fn parse_mountstats(text: &str) -> Vec<NfsMountStats> {
+    let mut out: Vec<NfsMountStats> = Vec::new();
+    let mut in_ops = false;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("device ") {
+            in_ops = false;
+            // device SOURCE mounted on POINT with fstype TYPE [statvers=V]
+            let Some((source, rest)) = rest.split_once(" mounted on ") else { continue };
+            let Some((point, rest)) = rest.rsplit_once(" with fstype ") else { continue };
+            let mut words = rest.split_whitespace();
+            let fstype = words.next().unwrap_or("").to_string();
+            let statvers = words.find_map(|w| w.strip_prefix("statvers=")).unwrap_or("").to_string();
+            if fstype.starts_with("nfs") && !statvers.is_empty() {
+                out.push(NfsMountStats {
+                    source: source.to_string(),
+                    mount_point: point.to_string(),
+                    fstype,
+                    statvers,
+                    opts: String::new(),
+                    now: NfsSnapshot::default(),
+                });
+            }
+            continue;
+        }
+        let Some(m) = out.last_mut() else { continue };
+        let t = line.trim();
+        if t == "per-op statistics" {
+            in_ops = true;
+        } else if let Some(v) = t.strip_prefix("opts:") {
+            m.opts = v.trim().to_string();
+        } else if let Some(v) = t.strip_prefix("age:") {
+            m.now.age_s = v.trim().parse().unwrap_or(0);
+        } else if let Some(v) = t.strip_prefix("bytes:") {
+            m.now.bytes = BYTES_NAMES.iter().map(|n| n.to_string()).zip(numbers(v)).collect();
+        } else if let Some(v) = t.strip_prefix("xprt:") {
+            let mut words = v.split_whitespace();
+            let proto = words.next().unwrap_or("").to_string();
+            let vals: Vec<u64> = words.filter_map(|w| w.parse().ok()).collect();
+            let names: &[&str] = match proto.as_str() {
+                "tcp" => &TCP_NAMES,
+                "udp" => &UDP_NAMES,
+                _ => &[],
+            };
+            let (counters, raw) = if names.is_empty() || vals.len() < names.len() {
+                (BTreeMap::new(), vals)
+            } else {
+                (names.iter().map(|n| n.to_string()).zip(vals).collect(), Vec::new())
+            };
+            m.now.xprts.push(Xprt { proto, counters, raw });
+        } else if in_ops {
+            if let Some((op, v)) = t.split_once(':') {
+                let n = numbers(v);
+                if n.len() >= 8 {
+                    m.now.ops.insert(
+                        op.trim().to_string(),
+                        OpStats {
+                            ops: n[0],
+                            trans: n[1],
+                            timeouts: n[2],
+                            bytes_sent: n[3],
+                            bytes_recv: n[4],
+                            queue_ms: n[5],
+                            rtt_ms: n[6],
+                            execute_ms: n[7],
+                            errors: n.get(8).copied(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The NFS mounts this process sees now.
+pub fn nfs_mountstats() -> Vec<NfsMountStats> {
+    parse_mountstats(&fs::read_to_string("/proc/self/mountstats").unwrap_or_default())
+}
+
+/// `MAJ:MIN` of the mount at `mount_point` in /proc/self/mountinfo (the last one: the
+/// visible one when mounts are stacked).
+pub fn mount_dev(mount_point: &str) -> Option<String> {
+    mounts().into_iter().rev().find(|(_, m)| m.mount_point == mount_point).map(|(d, _)| d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Trimmed from the guest's /proc/self/mountstats (6.1, a vers=4.1 and a vers=3 mount).
+    const MOUNTSTATS: &str = "device rootfs mounted on / with fstype rootfs
+device proc mounted on /proc with fstype proc
+device 127.0.0.1:/export mounted on /mnt/nfs41 with fstype nfs4 statvers=1.1
+\topts:\trw,vers=4.1,rsize=262144,wsize=262144,namlen=255,acregmin=3,acregmax=60,acdirmin=30,acdirmax=60,hard,proto=tcp,nconnect=2,timeo=600,retrans=2,sec=sys,clientaddr=127.0.0.1,local_lock=none
+\tage:\t17
+\tcaps:\tcaps=0x3ffbffff,wtmult=512,dtsize=1048576,bsize=0,namlen=255
+\tsec:\tflavor=1,pseudoflavor=1
+\tevents:\t0 10 0 0 2 4 14 0 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0
+\tbytes:\t0 0 8388608 8388608 8388608 8388608 0 0
+\tRPC iostats version: 1.1  p/v: 100003/4 (nfs)
+\txprt:\ttcp 0 0 1 0 0 75 75 0 75 0 2 0 0
+\txprt:\ttcp 0 0 1 0 0 66 66 0 66 0 2 0 0
+\tper-op statistics
+\t        NULL: 1 1 0 44 24 0 0 0 0
+\t        READ: 129 130 1 26832 8409240 2 310 330 0
+\t       WRITE: 128 128 0 8416256 18432 1 401 410 0
+
+device 127.0.0.1:/export mounted on /mnt/nfs\\0403 with fstype nfs statvers=1.1
+\topts:\trw,vers=3,rsize=262144,wsize=262144,proto=udp
+\tage:\t16
+\tbytes:\t1 2 3 4 5 6 7 8
+\tRPC iostats version: 1.0  p/v: 100003/3 (nfs)
+\txprt:\tudp 0 0 1 1 0 1 0 2 0 0
+\txprt:\trdma 0 0 1 2 3
+\tper-op statistics
+\t        READ: 3 3 0 100 200 1 2 3
+";
+
+    #[test]
+    fn mountstats_nfs_mounts_with_named_counters() {
+        let m = parse_mountstats(MOUNTSTATS);
+        assert_eq!(m.len(), 2, "rootfs and proc are not NFS");
+        let v4 = &m[0];
+        assert_eq!((v4.source.as_str(), v4.mount_point.as_str(), v4.fstype.as_str()), ("127.0.0.1:/export", "/mnt/nfs41", "nfs4"));
+        assert_eq!(v4.statvers, "1.1");
+        assert!(v4.opts.contains("nconnect=2"));
+        assert_eq!(v4.now.age_s, 17);
+        assert_eq!(v4.now.bytes["direct_read"], 8388608);
+        assert_eq!(v4.now.xprts.len(), 2);
+        assert_eq!(v4.now.xprts[1].counters["sends"], 66);
+        assert_eq!(v4.now.xprts[0].counters["pending_u"], 0);
+        let read = &v4.now.ops["READ"];
+        assert_eq!((read.ops, read.trans, read.timeouts, read.bytes_recv, read.rtt_ms, read.execute_ms), (129, 130, 1, 8409240, 310, 330));
+        assert_eq!(read.errors, Some(0));
+        let v3 = &m[1];
+        assert_eq!(v3.mount_point, "/mnt/nfs\\0403", "escaped as in mountinfo, to be joined with it");
+        assert_eq!(v3.now.xprts[0].counters["recvs"], 1);
+        assert_eq!(v3.now.xprts[1].raw, vec![0, 0, 1, 2, 3], "unknown transports keep raw numbers");
+        assert_eq!(v3.now.ops["READ"].errors, None, "statvers 1.0 lines have 8 numbers");
+    }
+}

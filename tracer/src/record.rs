@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
-use trainio_schema::{keys, Layer, SegmentLimits, TraceWriter, SCHEMA_VERSION};
+use trainio_schema::{keys, Layer, SegmentLimits, TraceWriter, SCHEMA_MINOR, SCHEMA_VERSION};
 
 use crate::cli::{usage, Args};
 use crate::encoder::{Encoder, Metadata};
@@ -182,6 +182,40 @@ struct Static {
     target: serde_json::Value,
     skipped: BTreeMap<String, String>,
     selected_devs: Vec<String>,
+    /// NFS mounts' mountstats when the recording started (empty without the nfs layer).
+    nfs_at_start: Option<Vec<host::NfsMountStats>>,
+}
+
+/// `trainio.nfs_mounts`: each NFS mount's identity from mountstats and mountinfo, and
+/// its counters at the start of the recording and now (the segment's close).
+fn nfs_mounts_json(at_start: &[host::NfsMountStats], now: &[host::NfsMountStats]) -> serde_json::Value {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for point in now.iter().chain(at_start).map(|m| m.mount_point.as_str()) {
+        if !seen.insert(point) {
+            continue;
+        }
+        let start = at_start.iter().rev().find(|m| m.mount_point == point);
+        let close = now.iter().rev().find(|m| m.mount_point == point);
+        let m = close.or(start).expect("point came from one of them");
+        let nconnect = m
+            .opts
+            .split(',')
+            .find_map(|o| o.strip_prefix("nconnect=").and_then(|n| n.parse::<u32>().ok()))
+            .unwrap_or(1);
+        out.push(json!({
+            "dev": host::mount_dev(point),
+            "mount_point": point,
+            "source": m.source,
+            "fstype": m.fstype,
+            "statvers": m.statvers,
+            "opts": m.opts,
+            "nconnect": nconnect,
+            "at_start": start.map(|s| &s.now),
+            "at_close": close.map(|s| &s.now),
+        }));
+    }
+    serde_json::Value::Array(out)
 }
 
 fn segment_metadata(
@@ -204,6 +238,7 @@ fn segment_metadata(
     }
     vec![
         (keys::SCHEMA_VERSION.into(), SCHEMA_VERSION.into()),
+        (keys::SCHEMA_MINOR.into(), SCHEMA_MINOR.into()),
         (keys::TRACER_VERSION.into(), env!("CARGO_PKG_VERSION").into()),
         (keys::HOSTNAME.into(), host::hostname()),
         (keys::KERNEL_RELEASE.into(), host::kernel_release()),
@@ -218,6 +253,13 @@ fn segment_metadata(
         (keys::LOST_EVENTS.into(), json!(lost).to_string()),
         (keys::BPF_STATS.into(), json!(probes.bpf_stats()).to_string()),
         (keys::EVENTS.into(), json!(events).to_string()),
+        (
+            keys::NFS_MOUNTS.into(),
+            match &st.nfs_at_start {
+                Some(start) => nfs_mounts_json(start, &host::nfs_mountstats()).to_string(),
+                None => "[]".into(),
+            },
+        ),
     ]
 }
 
@@ -257,6 +299,7 @@ pub fn run(args: Args) -> Result<i32> {
     if checked.nfs && !probes.skipped.contains_key("nfs") {
         layers.push("nfs");
     }
+    let layers_has_nfs = layers.contains(&"nfs");
     let st = Static {
         start_ns: host::monotonic_ns(),
         layers,
@@ -268,6 +311,7 @@ pub fn run(args: Args) -> Result<i32> {
         },
         skipped: probes.skipped.clone(),
         selected_devs: checked.devs.iter().map(|(d, _)| trainio_schema::dev_string(*d)).collect(),
+        nfs_at_start: layers_has_nfs.then(host::nfs_mountstats),
     };
 
     let collector = Rc::new(RefCell::new(Collector::new()));
