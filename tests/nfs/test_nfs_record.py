@@ -17,6 +17,17 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDER = ROOT / "target" / "release" / "trainio-record"
 MiB = 1 << 20
 MOUNTS = {"nfs41": ("/mnt/nfs41", "vers=4.1"), "nfs3": ("/mnt/nfs3", "vers=3")}
+RPC_COLUMNS = ["rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans"]
+#: trace -> (mount point, NFS procedure in mountstats, nfs op in the trace)
+RPC_TRACES = {
+    "nfs41-read": ("/mnt/nfs41", "READ", "read"),
+    "nfs3-read": ("/mnt/nfs3", "READ", "read"),
+    "nfs41-write": ("/mnt/nfs41", "WRITE", "write"),
+    "nfs3-write": ("/mnt/nfs3", "WRITE", "write"),
+    "nfs41-buffered": ("/mnt/nfs41", "READ", "read"),
+    "nc-read": ("/mnt/nc", "READ", "read"),
+    "concurrent": ("/mnt/nfs41", "READ", "read"),
+}
 
 GUEST_SCRIPT = r"""
 set -u
@@ -29,6 +40,9 @@ for m in nfs41 nfs3; do
   sync; echo 3 > /proc/sys/vm/drop_caches
   rec $m-buffered --layers nfs,file -- dd if=$f of=/dev/null bs=1M
 done
+# nconnect=2 needs its own NFS client: vers=4.2 does not share vers=4.1's.
+mkdir -p /mnt/nc && mount -t nfs -o vers=4.2,nconnect=2 127.0.0.1:/export /mnt/nc
+rec nc-read --layers nfs -- dd if=/mnt/nc/data.bin of=/dev/null bs=64k count=64 iflag=direct
 rec concurrent --layers nfs -- fio --name=c --filename=/mnt/nfs41/data.bin --direct=1 \
     --rw=randread --bs=64k --size=8M --numjobs=8 --iodepth=1 --ioengine=psync --io_size=4M \
     --randrepeat=0 --group_reporting --output=/dev/null
@@ -75,6 +89,21 @@ def assert_covers_once(df: pl.DataFrame, size: int) -> None:
     starts, ends = df["offset"].to_list(), (df["offset"] + df["bytes"]).to_list()
     assert starts[0] == 0 and ends[-1] == size
     assert starts[1:] == ends[:-1], "each request starts where the previous ended"
+
+
+def ambiguous(rows: pl.DataFrame) -> pl.Series:
+    """True for rows whose (dev, file, offset, op) overlaps in time with another row's."""
+    out = [False] * rows.height
+    keyed = rows.with_row_index("i")
+    for _, g in keyed.group_by(["dev", "offset", "op", "file"]):
+        g = g.sort("issue_ns")
+        latest_end, latest_i = None, None
+        for i, issue, complete in zip(g["i"], g["issue_ns"], g["complete_ns"]):
+            if latest_end is not None and issue < latest_end:
+                out[i] = out[latest_i] = True
+            if latest_end is None or complete > latest_end:
+                latest_end, latest_i = complete, i
+    return pl.Series(out)
 
 
 def nfs_dev_of(path: Path, mount_point: str) -> tuple[str, str]:
@@ -180,3 +209,81 @@ def test_nfs_request_rate_recorded_without_loss(guest_run) -> None:
     print(f"NFS READs recorded in the guest: {rows.height} in {seconds:.2f} s = {rate:,.0f}/s, 0 lost")
     assert rows.height > 1000
 
+
+
+@pytest.mark.nfs
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RPC_TRACES))
+def test_every_nfs_request_carries_its_rpc(guest_run, name: str) -> None:
+    """rpc_stats_latency joined onto each READ/WRITE/COMMIT row, with values that fit it."""
+    path = trace(guest_run, name)
+    df = scan_trace(path).collect()
+    nfs = df.filter(pl.col("layer") == "nfs")
+    assert nfs.height > 0
+    assert nfs["rpc_xid"].null_count() == 0, "every request was joined to its RPC"
+    for col in RPC_COLUMNS:
+        assert nfs[col].null_count() == 0, col
+        assert df.filter(pl.col("layer") != "nfs")[col].null_count() == df.height - nfs.height, col
+    latency = nfs["complete_ns"] - nfs["issue_ns"]
+    assert (nfs["rpc_rtt_ns"] > 0).all(), "a READ/WRITE/COMMIT round trip takes > 1 us"
+    # backlog (queued before transmit) and rtt are parts of execute, which the nfs
+    # initiate -> done interval encloses (the RPC task starts after nfs_initiate_*).
+    assert (nfs["rpc_rtt_ns"] <= nfs["rpc_execute_ns"]).all()
+    assert (nfs["rpc_backlog_ns"] <= nfs["rpc_execute_ns"]).all()
+    # Only where the pairing is unambiguous: two requests for the same range in flight at
+    # once (concurrent readers) may have their issue times swapped.
+    alone = ~ambiguous(nfs)
+    assert alone.sum() > nfs.height // 2
+    assert (nfs.filter(alone)["rpc_execute_ns"] <= latency.filter(alone)).all()
+    assert (nfs["rpc_retrans"] == 0).all(), "loopback: nothing is retransmitted"
+    for dev, rows in nfs.group_by("dev"):
+        assert rows["rpc_xid"].n_unique() == rows.height, f"{dev}: one RPC per request"
+
+
+def _mount_entry(meta: dict, point: str) -> dict:
+    entries = [m for m in meta["nfs_mounts"] if m["mount_point"] == point]
+    assert len(entries) == 1, meta["nfs_mounts"]
+    return entries[0]
+
+
+@pytest.mark.nfs
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RPC_TRACES))
+def test_mountstats_counters_agree_with_the_joined_rows(guest_run, name: str) -> None:
+    """The kernel's own per-op totals over the recording equal the rows' RPC fields summed:
+    the join took each RPC once, and took the right one."""
+    point, proc, op = RPC_TRACES[name]
+    path = trace(guest_run, name)
+    meta = read_metadata(path)
+    m = _mount_entry(meta, point)
+    rows = nfs_rows(path, op)
+    assert rows["dev"].unique().to_list() == [m["dev"]], "mountstats joined to the mount's dev"
+    assert m["fstype"].startswith("nfs") and m["source"] == "127.0.0.1:/export"
+    start, close = m["at_start"], m["at_close"]
+    assert close["age_s"] >= start["age_s"]
+    before, after = start["ops"].get(proc, {}), close["ops"][proc]
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta["ops"] == rows.height, f"{proc} RPCs during the recording = {op} rows"
+    assert delta["trans"] == (rows["rpc_retrans"] + 1).sum(), "transmissions counted per xid"
+    payload = delta["bytes_recv"] if op == "read" else delta["bytes_sent"]
+    assert payload >= rows["bytes"].sum(), "RPC bytes include the data"
+    # mountstats sums nanoseconds and prints milliseconds; the rows have microseconds.
+    for col, key in (("rpc_rtt_ns", "rtt_ms"), ("rpc_execute_ns", "execute_ms"), ("rpc_backlog_ns", "queue_ms")):
+        tolerance = 1_000_000 + rows.height * 1000
+        assert abs(rows[col].sum() - delta[key] * 1_000_000) <= tolerance, (col, rows[col].sum(), delta[key])
+
+
+@pytest.mark.nfs
+@pytest.mark.slow
+def test_nfs_mounts_metadata_has_options_and_transports(guest_run) -> None:
+    meta = read_metadata(trace(guest_run, "nc-read"))
+    nc = _mount_entry(meta, "/mnt/nc")
+    assert nc["nconnect"] == 2 and "nconnect=2" in nc["opts"] and "vers=4.2" in nc["opts"]
+    assert [x["proto"] for x in nc["at_close"]["xprts"]] == ["tcp", "tcp"]
+    assert sum(x["counters"]["sends"] for x in nc["at_close"]["xprts"]) > 0
+    v3 = _mount_entry(meta, "/mnt/nfs3")
+    assert v3["nconnect"] == 1 and "vers=3" in v3["opts"] and len(v3["at_close"]["xprts"]) == 1
+    assert v3["dev"] == guest_run.mount("/mnt/nfs3")["dev"]
+    assert meta["schema_minor"] == 1
+    # without the nfs layer there is nothing to say about NFS mounts
+    assert read_metadata(trace(guest_run, "loop-qd1"))["nfs_mounts"] == []

@@ -80,6 +80,26 @@ def test_exit_code_of_the_command_is_propagated(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_nfs_layer_is_skipped_where_the_kernel_has_no_nfs_client(tmp_path: Path) -> None:
+    """The default layers include nfs: a kernel without the nfs module records the rest,
+    says why nfs was skipped, and writes schema 1.1 with the rpc_* columns all null."""
+    if Path("/sys/kernel/tracing/events/nfs").exists() or Path("/sys/kernel/debug/tracing/events/nfs").exists():
+        pytest.skip("this kernel has an NFS client: the skip path cannot be shown here")
+    out = tmp_path / "t"
+    res = trainio("record", "-o", out, "--", "dd", "if=/dev/zero", f"of={tmp_path / 'f'}", "bs=64k",
+                  "count=4")
+    assert res.returncode == 0, res.stderr
+    assert "skipping nfs" in res.stderr
+    meta = read_metadata(out)
+    assert "nfs" in meta["skipped_probes"] and "nfs" not in meta["layers"]
+    assert meta["schema_minor"] == 1 and meta["nfs_mounts"] == []
+    df = scan_trace(out).collect()
+    writes = df.filter((pl.col("layer") == "file") & (pl.col("op") == "write"))
+    assert writes["bytes"].sum() == 4 * 65536
+    for col in ("rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans"):
+        assert df[col].null_count() == df.height, col
+
+
 def test_fio_iodepth_1_is_queue_depth_1(tmp_path: Path, loop_dev: str) -> None:
     out = tmp_path / "qd1"
     res = trainio("record", "-o", out, "--dev", loop_dev, "--",
