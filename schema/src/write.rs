@@ -175,6 +175,11 @@ impl BatchBuilder {
         self.fd = Int32Builder::with_capacity(rows);
         self.error = Int32Builder::with_capacity(rows);
         self.flags = UInt32Builder::with_capacity(rows);
+        self.rpc_xid = UInt32Builder::with_capacity(rows);
+        self.rpc_backlog_ns = Int64Builder::with_capacity(rows);
+        self.rpc_rtt_ns = Int64Builder::with_capacity(rows);
+        self.rpc_execute_ns = Int64Builder::with_capacity(rows);
+        self.rpc_retrans = UInt32Builder::with_capacity(rows);
     }
 
     pub fn len(&self) -> usize {
