@@ -46,9 +46,6 @@ pub struct Encoder {
     pending: VecDeque<(u64, u64, Instant)>,
     pending_rows: u64,
     next_seq: u64,
-    /// Largest backlog seen, in rows (reported in the metadata).
-    pub peak_backlog_rows: u64,
-    pub boosts: u64,
 }
 
 fn set_policy(tid: i32, idle: bool) {
@@ -114,8 +111,6 @@ impl Encoder {
             pending: VecDeque::new(),
             pending_rows: 0,
             next_seq: 1,
-            peak_backlog_rows: 0,
-            boosts: 0,
         })
     }
 
@@ -134,7 +129,6 @@ impl Encoder {
         }
         self.pending.push_back((seq, rows, Instant::now()));
         self.pending_rows += rows;
-        self.peak_backlog_rows = self.peak_backlog_rows.max(self.pending_rows);
         self.regulate();
         Ok(())
     }
@@ -152,7 +146,6 @@ impl Encoder {
         let tid = self.shared.tid.load(Ordering::SeqCst);
         if behind && tid != 0 && self.shared.boosted.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
             set_policy(tid, false);
-            self.boosts += 1;
         }
     }
 

@@ -116,10 +116,6 @@ impl Collector {
         }
     }
 
-    fn dev(&mut self, kernel_dev: u32) -> Option<Arc<str>> {
-        dev_name(&mut self.devs, kernel_dev).map(Arc::from)
-    }
-
     /// Devices seen so far, as MAJ:MIN.
     pub fn devices(&self) -> impl Iterator<Item = &str> {
         self.devs.values().map(|d| &**d)
@@ -230,7 +226,7 @@ impl Collector {
             Some(p) => Some(p.clone()),
             None => self.fd_path(e.pid, e.fd),
         };
-        let dev = self.dev(e.dev);
+        let dev = dev_name(&mut self.devs, e.dev);
         let done = e.ret.max(0);
         self.batch.push(&Row {
             layer: Layer::File,
@@ -238,7 +234,7 @@ impl Collector {
             issue_ns: e.enter_ns as i64,
             complete_ns: e.exit_ns as i64,
             insert_ns: None,
-            dev: dev.as_deref(),
+            dev,
             offset: (op != "close" && e.offset >= 0).then_some(e.offset),
             bytes: if op == "close" { 0 } else { done },
             bytes_requested: e.requested as i64,
@@ -316,7 +312,7 @@ impl Collector {
             x if x == nfsop::TRAINIO_NFS_WRITE.0 => "write",
             _ => "commit",
         };
-        let dev = self.dev(e.dev);
+        let dev = dev_name(&mut self.devs, e.dev);
         let file = self.inodes.get(&(e.dev, e.fileid)).cloned();
         let rpc = (e.rpc & rpcf::TRAINIO_RPC_STATS.0 != 0).then(|| Rpc {
             xid: e.rpc_xid,
@@ -331,7 +327,7 @@ impl Collector {
             issue_ns: e.issue_ns as i64,
             complete_ns: e.complete_ns as i64,
             insert_ns: None,
-            dev: dev.as_deref(),
+            dev,
             offset: Some(e.offset),
             bytes: e.returned as i64,
             bytes_requested: e.requested as i64,
