@@ -20,6 +20,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Globals only so that the skeleton exports the event types to Rust. */
 struct block_event _block_event_type = {};
+struct block_batch _block_batch_type = {};
 
 #define MINORBITS 20
 #define MKDEV(ma, mi) (((ma) << MINORBITS) | (mi))
@@ -102,6 +103,39 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 16 << 20); /* resized by user space (--ringbuf-mb) */
 } block_events SEC(".maps");
+
+/*
+ * Completions waiting to be written, per CPU (trainio.h, struct block_batch). A batch is
+ * written when full, when a completion finds its first event older than batch_age_ns,
+ * and by tio_block_flush, which user space runs on every CPU a few times a second (so
+ * that a CPU gone quiet does not hold events back) and once more after detaching.
+ *
+ * `busy` guards the batch against the one way two programs can meet on it: the flush
+ * program (run from user space with preemption off, or in an IPI) and the completion
+ * program (in task, softirq or hardirq context) interrupting each other on one CPU.
+ * Each claims the batch with `busy` before touching it; an interrupting run that finds
+ * it claimed stays off (the completion writes its event alone, the flush waits for its
+ * next turn). A run interrupted before its claim sees the interrupting one finish first,
+ * so a plain flag is enough. Two runs of the completion program never meet: the kernel
+ * does not nest a tracing program in itself on one CPU.
+ */
+const volatile __u64 batch_age_ns = 50 * 1000 * 1000;
+
+struct block_pending {
+	__u32 busy;
+	__u32 pad;
+	__u64 first_ns; /* complete_ns of batch.ev[0] */
+	struct block_batch batch;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct block_pending);
+} pending SEC(".maps");
+
+#define barrier() __asm__ __volatile__("" ::: "memory")
 
 /*
  * The verifier forbids arithmetic on the trusted request pointer. Storing it in a map
@@ -224,13 +258,14 @@ static __always_inline struct dev_state *dev_state(__u32 dev)
 	return bpf_map_lookup_elem(&devs, &dev);
 }
 
+/* The current task, from its task_struct: one helper call rather than three. */
 static __always_inline void note_task(struct req_state *s)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	struct task_struct *task = bpf_get_current_task_btf();
 
-	s->pid = id >> 32;
-	s->tid = (__u32)id;
-	current_comm(s->comm);
+	s->pid = task->tgid;
+	s->tid = task->pid;
+	__builtin_memcpy(s->comm, task->comm, TRAINIO_COMM_LEN);
 }
 
 SEC("tp_btf/block_rq_insert")
@@ -310,6 +345,75 @@ int BPF_PROG(tio_rq_requeue, struct request *rq)
 	return 0;
 }
 
+static __always_inline void fill_event(struct block_event *e, struct req_state *s, __u64 now,
+				       unsigned int nr_bytes, blk_status_t error)
+{
+	e->kind = TRAINIO_KIND_BLOCK;
+	e->dev = s->dev;
+	e->insert_ns = s->insert_ns;
+	e->issue_ns = s->issue_ns;
+	e->complete_ns = now;
+	e->sector = s->offset >> 9;
+	e->bytes = nr_bytes;
+	e->cmd_flags = s->cmd_flags;
+	e->queue_depth = s->queue_depth;
+	e->pid = s->pid;
+	e->tid = s->tid;
+	e->error = error;
+	__builtin_memcpy(e->comm, s->comm, sizeof(e->comm));
+}
+
+/* Writes the batch (the caller holds p->busy) and empties it. */
+static __always_inline void flush_pending(struct block_pending *p)
+{
+	__u32 n = p->batch.count;
+	__u64 len;
+
+	if (n == 0 || n > TRAINIO_BLOCK_BATCH) /* n > BATCH cannot happen: bounds len */
+		return;
+	/*
+	 * The empty asm hides that len's low bits are zero, or the compiler adds the header
+	 * with an OR, whose bounds the verifier widens past the map value.
+	 */
+	len = n * sizeof(struct block_event);
+	__asm__ __volatile__("" : "+r"(len));
+	len += __builtin_offsetof(struct block_batch, ev);
+	p->batch.kind = TRAINIO_KIND_BLOCK_BATCH;
+	if (bpf_ringbuf_output(&block_events, &p->batch, len, wake_flags(&block_events)))
+		count_lost_n(TRAINIO_LOST_BLOCK_RINGBUF, n);
+	p->batch.count = 0;
+}
+
+/* Adds one completion to this CPU's batch, or writes it alone when a flush holds the batch. */
+static __always_inline void emit(struct req_state *s, __u64 now, unsigned int nr_bytes, blk_status_t error)
+{
+	__u32 zero = 0, n;
+	struct block_pending *p = bpf_map_lookup_elem(&pending, &zero);
+	struct block_event *e;
+
+	if (p && !p->busy) {
+		p->busy = 1;
+		barrier();
+		n = p->batch.count & (TRAINIO_BLOCK_BATCH - 1); /* always < BATCH: full ones are flushed */
+		fill_event(&p->batch.ev[n], s, now, nr_bytes, error);
+		if (n == 0)
+			p->first_ns = now;
+		p->batch.count = n + 1;
+		if (n + 1 == TRAINIO_BLOCK_BATCH || now - p->first_ns >= batch_age_ns)
+			flush_pending(p);
+		barrier();
+		p->busy = 0;
+		return;
+	}
+	e = bpf_ringbuf_reserve(&block_events, sizeof(*e), 0);
+	if (!e) {
+		count_lost(TRAINIO_LOST_BLOCK_RINGBUF);
+		return;
+	}
+	fill_event(e, s, now, nr_bytes, error);
+	bpf_ringbuf_submit(e, wake_flags(&block_events));
+}
+
 /*
  * The request is only used as a key here: Linux 6.1's verifier does not treat this
  * tracepoint's argument as a trusted pointer, and everything needed was kept at issue.
@@ -319,37 +423,39 @@ int BPF_PROG(tio_rq_complete, struct request *rq, blk_status_t error, unsigned i
 {
 	__u64 key = rq_key(rq);
 	struct req_state *s = find_req(key);
-	struct block_event *e;
-	bool final;
 
 	if (!s || !s->issue_ns)
 		return 0; /* issued before we attached, or on a device we do not trace */
-	final = nr_bytes >= s->remaining;
-	e = bpf_ringbuf_reserve(&block_events, sizeof(*e), 0);
-	if (e) {
-		e->kind = TRAINIO_KIND_BLOCK;
-		e->dev = s->dev;
-		e->insert_ns = s->insert_ns;
-		e->issue_ns = s->issue_ns;
-		e->complete_ns = bpf_ktime_get_ns();
-		e->sector = s->offset >> 9;
-		e->bytes = nr_bytes;
-		e->cmd_flags = s->cmd_flags;
-		e->queue_depth = s->queue_depth;
-		e->pid = s->pid;
-		e->tid = s->tid;
-		e->error = error;
-		__builtin_memcpy(e->comm, s->comm, sizeof(e->comm));
-		submit_batched(block_events, e);
-	} else {
-		count_lost(TRAINIO_LOST_BLOCK_RINGBUF);
-	}
-	if (final) {
+	emit(s, bpf_ktime_get_ns(), nr_bytes, error);
+	if (nr_bytes >= s->remaining) {
 		leave_flight(s->dev);
 		release_req(s, key);
 	} else {
 		s->offset += nr_bytes;
 		s->remaining -= nr_bytes;
 	}
+	return 0;
+}
+
+/*
+ * Writes this CPU's batch if its first event is batch_age_ns old, or whatever its age
+ * when args[0] is non-zero. Never attached: user space runs it on each CPU
+ * (BPF_PROG_TEST_RUN with BPF_F_TEST_RUN_ON_CPU).
+ */
+SEC("raw_tp")
+int tio_block_flush(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u32 zero = 0;
+	struct block_pending *p = bpf_map_lookup_elem(&pending, &zero);
+
+	if (!p || p->busy || !p->batch.count)
+		return 0;
+	if (!ctx->args[0] && bpf_ktime_get_ns() - p->first_ns < batch_age_ns)
+		return 0;
+	p->busy = 1;
+	barrier();
+	flush_pending(p);
+	barrier();
+	p->busy = 0;
 	return 0;
 }

@@ -18,12 +18,17 @@ struct {
 	__type(value, __u64);
 } lost SEC(".maps");
 
-static __always_inline void count_lost(__u32 which)
+static __always_inline void count_lost_n(__u32 which, __u32 events)
 {
 	__u64 *n = bpf_map_lookup_elem(&lost, &which);
 
 	if (n)
-		*n += 1; /* per-CPU slot: no atomics needed */
+		*n += events; /* per-CPU slot: no atomics needed */
+}
+
+static __always_inline void count_lost(__u32 which)
+{
+	count_lost_n(which, 1);
 }
 
 /*
@@ -38,8 +43,11 @@ static __always_inline void current_comm(char dst[TRAINIO_COMM_LEN])
 	__builtin_memcpy(dst, task->comm, TRAINIO_COMM_LEN);
 }
 
-#define submit_batched(ringbuf, ev)                                                     \
-	bpf_ringbuf_submit(ev, bpf_ringbuf_query(&(ringbuf), BPF_RB_AVAIL_DATA) >=      \
-				       wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP)
+/* Submit flags: wake the reader only once wakeup_bytes are waiting in the ring. */
+#define wake_flags(ringbuf)                                                             \
+	(bpf_ringbuf_query(ringbuf, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP \
+								       : BPF_RB_NO_WAKEUP)
+
+#define submit_batched(ringbuf, ev) bpf_ringbuf_submit(ev, wake_flags(&(ringbuf)))
 
 #endif

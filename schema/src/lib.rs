@@ -10,7 +10,7 @@ mod read;
 mod write;
 
 pub use read::{read_metadata, read_rows, segment_paths, OwnedRow, TraceError};
-pub use write::{BatchBuilder, SegmentLimits, TraceWriter};
+pub use write::{BatchBuilder, RowKeys, SegmentLimits, TraceWriter};
 
 use std::sync::Arc;
 

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use std::sync::Arc;
 
 use arrow_array::builder::{Int32Builder, Int64Builder, PrimitiveBuilder, UInt32Builder};
-use arrow_array::types::{ArrowDictionaryKeyType, Int16Type, Int32Type, Int8Type};
+use arrow_array::types::{ArrowDictionaryKeyType, ArrowPrimitiveType, Int16Type, Int32Type, Int64Type, Int8Type, UInt32Type};
 use arrow_array::{ArrayRef, DictionaryArray, RecordBatch, StringArray};
 use arrow_schema::ArrowError;
 use rustc_hash::FxHashMap;
@@ -29,14 +29,49 @@ struct DictColumn<K: ArrowDictionaryKeyType> {
     values: Vec<Box<str>>,
     index: FxHashMap<Box<str>, usize>,
     last: Option<usize>,
+    /// The caller's key for `last` (append_keyed): a match skips comparing strings.
+    last_key: Option<u128>,
+    /// Nulls not yet appended to `keys` (appended in bulk before the next value).
+    nulls: usize,
 }
 
 impl<K: ArrowDictionaryKeyType> DictColumn<K> {
     fn new() -> Self {
-        DictColumn { keys: PrimitiveBuilder::new(), values: Vec::new(), index: FxHashMap::default(), last: None }
+        DictColumn {
+            keys: PrimitiveBuilder::new(),
+            values: Vec::new(),
+            index: FxHashMap::default(),
+            last: None,
+            last_key: None,
+            nulls: 0,
+        }
+    }
+
+    /// Appends `v`, known to the caller by `key` (equal keys: equal strings), so that a
+    /// run of one value costs a key comparison per row.
+    fn append_keyed(&mut self, key: u128, v: &str) -> Result<(), ArrowError> {
+        match self.last {
+            Some(i) if self.last_key == Some(key) => self.push_key(i),
+            _ => {
+                self.append(v)?;
+                self.last_key = Some(key);
+                Ok(())
+            }
+        }
+    }
+
+    fn push_key(&mut self, i: usize) -> Result<(), ArrowError> {
+        if self.nulls > 0 {
+            self.keys.append_nulls(std::mem::take(&mut self.nulls));
+        }
+        let key = <K::Native as arrow_buffer::ArrowNativeType>::from_usize(i)
+            .ok_or_else(|| ArrowError::DictionaryKeyOverflowError)?;
+        self.keys.append_value(key);
+        Ok(())
     }
 
     fn append(&mut self, v: &str) -> Result<(), ArrowError> {
+        self.last_key = None;
         let i = match self.last {
             // Static and interned strings compare by address; the rest by content.
             Some(i) if std::ptr::eq(self.values[i].as_ptr(), v.as_ptr()) && self.values[i].len() == v.len() => i,
@@ -55,14 +90,11 @@ impl<K: ArrowDictionaryKeyType> DictColumn<K> {
                 i
             }
         };
-        let key = <K::Native as arrow_buffer::ArrowNativeType>::from_usize(i)
-            .ok_or_else(|| ArrowError::DictionaryKeyOverflowError)?;
-        self.keys.append_value(key);
-        Ok(())
+        self.push_key(i)
     }
 
     fn append_null(&mut self) {
-        self.keys.append_null();
+        self.nulls += 1;
     }
 
     /// Sizes the (empty) column for `rows` rows.
@@ -72,12 +104,54 @@ impl<K: ArrowDictionaryKeyType> DictColumn<K> {
 
     /// The column so far; starts empty again (each batch carries its own dictionary).
     fn finish(&mut self) -> DictionaryArray<K> {
+        self.keys.append_nulls(std::mem::take(&mut self.nulls));
         let keys = self.keys.finish();
         let values = StringArray::from_iter_values(self.values.drain(..));
         self.index.clear();
         self.last = None;
+        self.last_key = None;
         DictionaryArray::try_new(keys, Arc::new(values)).expect("keys index the values")
     }
+}
+
+/// A nullable integer column whose nulls are appended in bulk (before the next value, or
+/// at finish): block rows leave the file and RPC columns null, row after row.
+struct Nullable<T: ArrowPrimitiveType> {
+    values: PrimitiveBuilder<T>,
+    nulls: usize,
+}
+
+impl<T: ArrowPrimitiveType> Nullable<T> {
+    fn with_capacity(rows: usize) -> Self {
+        Nullable { values: PrimitiveBuilder::with_capacity(rows), nulls: 0 }
+    }
+
+    #[inline]
+    fn append_option(&mut self, v: Option<T::Native>) {
+        match v {
+            None => self.nulls += 1,
+            Some(v) => {
+                if self.nulls > 0 {
+                    self.values.append_nulls(std::mem::take(&mut self.nulls));
+                }
+                self.values.append_value(v);
+            }
+        }
+    }
+
+    fn finish(&mut self) -> arrow_array::PrimitiveArray<T> {
+        self.values.append_nulls(std::mem::take(&mut self.nulls));
+        self.values.finish()
+    }
+}
+
+/// What the caller knows a row's strings by (BatchBuilder::push_keyed): equal keys in one
+/// column mean equal strings.
+#[derive(Clone, Copy, Debug)]
+pub struct RowKeys {
+    pub op: u32,
+    pub dev: u32,
+    pub comm: u128,
 }
 
 /// Accumulates rows column by column.
@@ -87,24 +161,24 @@ pub struct BatchBuilder {
     op: DictColumn<Int8Type>,
     issue_ns: Int64Builder,
     complete_ns: Int64Builder,
-    insert_ns: Int64Builder,
+    insert_ns: Nullable<Int64Type>,
     dev: DictColumn<Int16Type>,
-    offset: Int64Builder,
+    offset: Nullable<Int64Type>,
     bytes: Int64Builder,
     bytes_requested: Int64Builder,
     queue_depth: UInt32Builder,
     pid: UInt32Builder,
     tid: UInt32Builder,
     comm: DictColumn<Int32Type>,
-    fd: Int32Builder,
+    fd: Nullable<Int32Type>,
     file: DictColumn<Int32Type>,
     error: Int32Builder,
     flags: UInt32Builder,
-    rpc_xid: UInt32Builder,
-    rpc_backlog_ns: Int64Builder,
-    rpc_rtt_ns: Int64Builder,
-    rpc_execute_ns: Int64Builder,
-    rpc_retrans: UInt32Builder,
+    rpc_xid: Nullable<UInt32Type>,
+    rpc_backlog_ns: Nullable<Int64Type>,
+    rpc_rtt_ns: Nullable<Int64Type>,
+    rpc_execute_ns: Nullable<Int64Type>,
+    rpc_retrans: Nullable<UInt32Type>,
     len: usize,
     /// Rows each column is sized for after every finish (0: grow as needed).
     capacity: usize,
@@ -124,24 +198,24 @@ impl BatchBuilder {
             op: DictColumn::new(),
             issue_ns: Int64Builder::new(),
             complete_ns: Int64Builder::new(),
-            insert_ns: Int64Builder::new(),
+            insert_ns: Nullable::with_capacity(0),
             dev: DictColumn::new(),
-            offset: Int64Builder::new(),
+            offset: Nullable::with_capacity(0),
             bytes: Int64Builder::new(),
             bytes_requested: Int64Builder::new(),
             queue_depth: UInt32Builder::new(),
             pid: UInt32Builder::new(),
             tid: UInt32Builder::new(),
             comm: DictColumn::new(),
-            fd: Int32Builder::new(),
+            fd: Nullable::with_capacity(0),
             file: DictColumn::new(),
             error: Int32Builder::new(),
             flags: UInt32Builder::new(),
-            rpc_xid: UInt32Builder::new(),
-            rpc_backlog_ns: Int64Builder::new(),
-            rpc_rtt_ns: Int64Builder::new(),
-            rpc_execute_ns: Int64Builder::new(),
-            rpc_retrans: UInt32Builder::new(),
+            rpc_xid: Nullable::with_capacity(0),
+            rpc_backlog_ns: Nullable::with_capacity(0),
+            rpc_rtt_ns: Nullable::with_capacity(0),
+            rpc_execute_ns: Nullable::with_capacity(0),
+            rpc_retrans: Nullable::with_capacity(0),
             len: 0,
             capacity: 0,
         }
@@ -165,21 +239,21 @@ impl BatchBuilder {
         self.file.reserve(rows);
         self.issue_ns = Int64Builder::with_capacity(rows);
         self.complete_ns = Int64Builder::with_capacity(rows);
-        self.insert_ns = Int64Builder::with_capacity(rows);
-        self.offset = Int64Builder::with_capacity(rows);
+        self.insert_ns = Nullable::with_capacity(rows);
+        self.offset = Nullable::with_capacity(rows);
         self.bytes = Int64Builder::with_capacity(rows);
         self.bytes_requested = Int64Builder::with_capacity(rows);
         self.queue_depth = UInt32Builder::with_capacity(rows);
         self.pid = UInt32Builder::with_capacity(rows);
         self.tid = UInt32Builder::with_capacity(rows);
-        self.fd = Int32Builder::with_capacity(rows);
+        self.fd = Nullable::with_capacity(rows);
         self.error = Int32Builder::with_capacity(rows);
         self.flags = UInt32Builder::with_capacity(rows);
-        self.rpc_xid = UInt32Builder::with_capacity(rows);
-        self.rpc_backlog_ns = Int64Builder::with_capacity(rows);
-        self.rpc_rtt_ns = Int64Builder::with_capacity(rows);
-        self.rpc_execute_ns = Int64Builder::with_capacity(rows);
-        self.rpc_retrans = UInt32Builder::with_capacity(rows);
+        self.rpc_xid = Nullable::with_capacity(rows);
+        self.rpc_backlog_ns = Nullable::with_capacity(rows);
+        self.rpc_rtt_ns = Nullable::with_capacity(rows);
+        self.rpc_execute_ns = Nullable::with_capacity(rows);
+        self.rpc_retrans = Nullable::with_capacity(rows);
     }
 
     pub fn len(&self) -> usize {
@@ -195,17 +269,33 @@ impl BatchBuilder {
         self.push_rpc(r, None)
     }
 
+    /// A row whose device and command the caller knows by number (the kernel's dev_t and
+    /// the raw 16-byte comm): runs of one device or command skip the string comparison.
+    pub fn push_keyed(&mut self, r: &Row, keys: RowKeys) {
+        self.push_with(r, None, Some(keys))
+    }
+
     /// A row with the RPC that carried it (nfs layer).
     pub fn push_rpc(&mut self, r: &Row, rpc: Option<&Rpc>) {
+        self.push_with(r, rpc, None)
+    }
+
+    #[inline]
+    fn push_with(&mut self, r: &Row, rpc: Option<&Rpc>, keys: Option<RowKeys>) {
         // Dictionary keys overflow only past 127 ops/layers or 32767 devices per batch.
-        self.layer.append(r.layer.as_str()).expect("layer dictionary");
-        self.op.append(r.op).expect("op dictionary");
+        self.layer.append_keyed(r.layer as u128, r.layer.as_str()).expect("layer dictionary");
+        match keys {
+            Some(k) => self.op.append_keyed(k.op.into(), r.op),
+            None => self.op.append(r.op),
+        }
+        .expect("op dictionary");
         self.issue_ns.append_value(r.issue_ns);
         self.complete_ns.append_value(r.complete_ns);
         self.insert_ns.append_option(r.insert_ns);
-        match r.dev {
-            Some(d) => self.dev.append(d).expect("dev dictionary"),
-            None => self.dev.append_null(),
+        match (r.dev, keys) {
+            (Some(d), Some(k)) => self.dev.append_keyed(k.dev.into(), d).expect("dev dictionary"),
+            (Some(d), None) => self.dev.append(d).expect("dev dictionary"),
+            (None, _) => self.dev.append_null(),
         }
         self.offset.append_option(r.offset);
         self.bytes.append_value(r.bytes);
@@ -213,7 +303,11 @@ impl BatchBuilder {
         self.queue_depth.append_value(r.queue_depth);
         self.pid.append_value(r.pid);
         self.tid.append_value(r.tid);
-        self.comm.append(r.comm).expect("comm dictionary");
+        match keys {
+            Some(k) => self.comm.append_keyed(k.comm, r.comm),
+            None => self.comm.append(r.comm),
+        }
+        .expect("comm dictionary");
         self.fd.append_option(r.fd);
         match r.file {
             Some(f) => self.file.append(f).expect("file dictionary"),
@@ -448,6 +542,65 @@ mod tests {
             assert!(col("file").iter().all(|f| *f == want_file));
             let comm_dict = batch.column_by_name("comm").unwrap().as_any_dictionary().values().len();
             assert_eq!(comm_dict, 3, "one dictionary entry per distinct value");
+        }
+    }
+
+    fn row<'a>(comm: &'a str, dev: Option<&'a str>, insert_ns: Option<i64>, fd: Option<i32>) -> Row<'a> {
+        Row {
+            layer: crate::Layer::Block,
+            op: "read",
+            issue_ns: 1,
+            complete_ns: 2,
+            insert_ns,
+            dev,
+            offset: Some(0),
+            bytes: 4096,
+            bytes_requested: 4096,
+            queue_depth: 1,
+            pid: 1,
+            tid: 1,
+            comm,
+            fd,
+            file: None,
+            error: 0,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn keyed_rows_and_bulk_nulls_read_back_as_pushed() {
+        let mut b = BatchBuilder::with_capacity(16);
+        let keys = |comm: u128| RowKeys { op: 0, dev: 7, comm };
+        // (comm, its key or None for an unkeyed push, insert_ns, fd)
+        let rows: [(&str, Option<u128>, Option<i64>, Option<i32>); 7] = [
+            ("fio", Some(1), None, None),
+            ("fio", Some(1), Some(5), None),
+            ("dd", None, None, Some(3)), // an unkeyed push between two keyed ones
+            ("fio", Some(1), None, None),
+            ("kworker", Some(2), None, None),
+            ("kworker", Some(2), Some(9), Some(4)),
+            ("fio", Some(1), None, None),
+        ];
+        for round in 0..2 {
+            for (comm, key, ins, fd) in rows {
+                let r = row(comm, Some("7:0"), ins, fd);
+                match key {
+                    Some(k) => b.push_keyed(&r, keys(k)),
+                    None => b.push(&r),
+                }
+            }
+            // A new batch starts a new dictionary: the first keyed row must not reuse a
+            // key of the last batch's dictionary.
+            let batch = b.finish();
+            let col = |n: &str| strings(batch.column_by_name(n).unwrap());
+            assert_eq!(col("comm"), rows.iter().map(|r| Some(r.0.to_string())).collect::<Vec<_>>(), "round {round}");
+            assert!(col("dev").iter().all(|d| d.as_deref() == Some("7:0")));
+            let ins = batch.column_by_name("insert_ns").unwrap().as_primitive::<arrow_array::types::Int64Type>();
+            assert_eq!(ins.iter().collect::<Vec<_>>(), rows.iter().map(|r| r.2).collect::<Vec<_>>());
+            let fd = batch.column_by_name("fd").unwrap().as_primitive::<arrow_array::types::Int32Type>();
+            assert_eq!(fd.iter().collect::<Vec<_>>(), rows.iter().map(|r| r.3).collect::<Vec<_>>());
+            let xid = batch.column_by_name("rpc_xid").unwrap();
+            assert_eq!((xid.len(), xid.null_count()), (7, 7));
         }
     }
 }

@@ -320,3 +320,44 @@ def test_device_filter_and_request_tables(tmp_path: Path, one_slot: bool) -> Non
             for col in ("layer", "op", "dev"):
                 st = md.row_group(rg).column(names.index(col)).statistics
                 assert st is not None and st.has_min_max, (seg, rg, col)
+
+
+def test_batched_completions_of_a_quiet_cpu_are_written_while_recording(tmp_path: Path, loop_dev: str) -> None:
+    """Block completions are gathered per CPU and written a batch at a time (block.bpf.c).
+    A CPU that goes quiet after a few requests must not hold them until the recording
+    ends: the recorder writes batches older than 50 ms, so the rows of five reads reach a
+    finished segment while the command is still sleeping."""
+    out = tmp_path / "t"
+    script = f"dd if={loop_dev} of=/dev/null bs=4k count=5 iflag=direct status=none; sleep 8"
+    tracer = subprocess.Popen(
+        [str(TRAINIO), "record", "-o", str(out), "--layers", "block", "--dev", loop_dev,
+         "--segment-s", "0.2", "--", "sh", "-c", script],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        written, deadline = 0, time.monotonic() + 5
+        while written < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            written = sum(pl.read_parquet(seg).filter(pl.col("layer") == "block").height
+                          for seg in out.glob("seg-*.parquet"))
+        assert tracer.poll() is None, "the command was still running"
+        assert written == 5, f"{written} of 5 block rows in finished segments after 5 s"
+    finally:
+        tracer.terminate()
+        _, err = tracer.communicate(timeout=30)
+    assert "lost events: 0" in err
+
+
+def test_batches_still_held_at_the_end_are_written(tmp_path: Path, loop_dev: str) -> None:
+    """With the batch age raised to an hour (a test setting), completions leave their
+    per-CPU batch only through the flush after detaching: every request must arrive."""
+    out = tmp_path / "t"
+    env = {**os.environ, "TRAINIO_TEST_BATCH_AGE_MS": "3600000"}
+    res = trainio("record", "-o", out, "--layers", "block", "--dev", loop_dev, "--",
+                  "dd", f"if={loop_dev}", "of=/dev/null", "bs=4k", "count=45", "iflag=direct",
+                  env=env)
+    assert res.returncode == 0, res.stderr
+    block = rows(out, layer="block", op="read").sort("offset")
+    # Only full batches (32) leave before the end: at least 13 of the 45 were held.
+    assert block["offset"].to_list() == [i * 4096 for i in range(45)]
+    assert (block["bytes"] == 4096).all()
+    assert (block["complete_ns"] > block["issue_ns"]).all()

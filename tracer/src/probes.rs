@@ -80,6 +80,24 @@ fn tracepoints(tracefs: &Path) -> HashSet<String> {
     all
 }
 
+/// The online CPUs, from /sys/devices/system/cpu/online ("0-3,6"); CPU 0 if unreadable.
+fn online_cpus() -> Vec<u32> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    let cpus = parse_cpu_list(&text);
+    if cpus.is_empty() { vec![0] } else { cpus }
+}
+
+fn parse_cpu_list(text: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        if let (Ok(lo), Ok(hi)) = (lo.trim().parse::<u32>(), hi.trim().parse::<u32>()) {
+            out.extend(lo..=hi);
+        }
+    }
+    out
+}
+
 /// Whether a program's attach point exists: SEC("tracepoint/G/N") needs G/N, and
 /// SEC("tp_btf/N") needs a tracepoint N in any group.
 fn attach_point_exists(section: &str, tps: &HashSet<String>) -> bool {
@@ -206,6 +224,11 @@ impl<'o> Probes<'o> {
                 if std::env::var_os("TRAINIO_TEST_ONE_SLOT_TABLES").is_some() {
                     ro.dev_bits = 0;
                     ro.slot_bits = 0;
+                }
+                // Tests hold completions in their per-CPU batches until the flush at the
+                // end, whose rows must then all arrive (tests/recorder).
+                if let Some(ms) = std::env::var("TRAINIO_TEST_BATCH_AGE_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+                    ro.batch_age_ns = ms * 1_000_000;
                 }
                 let (dev_bits, slot_bits) = (ro.dev_bits, ro.slot_bits);
                 open.maps.devtab.set_max_entries(1 << dev_bits).context("sizing the device table")?;
@@ -349,7 +372,8 @@ impl<'o> Probes<'o> {
 
     fn attach(&mut self) -> Result<()> {
         let mut links = Vec::new();
-        for p in self.programs() {
+        // SEC("raw_tp") with no tracepoint: run by user space (flush_block), never attached.
+        for p in self.programs().into_iter().filter(|p| p.section().to_string_lossy() != "raw_tp") {
             let link = p
                 .attach()
                 .with_context(|| format!("attaching {} ({})", p.name().to_string_lossy(), p.section().to_string_lossy()))?;
@@ -461,6 +485,24 @@ impl<'o> Probes<'o> {
         out
     }
 
+    /// Writes the block completions each CPU holds in its batch (block.bpf.c, pending):
+    /// those older than the batch age, or all of them with `force` (after detaching).
+    /// Runs tio_block_flush on every online CPU; a CPU it cannot run on is skipped.
+    pub fn flush_block(&self, force: bool) {
+        let Some(b) = &self.block else { return };
+        let prog = &b.progs.tio_block_flush;
+        for cpu in online_cpus() {
+            let mut args = u64::from(force).to_ne_bytes();
+            let input = libbpf_rs::ProgramInput {
+                context_in: Some(&mut args),
+                cpu,
+                flags: libbpf_sys::BPF_F_TEST_RUN_ON_CPU,
+                ..Default::default()
+            };
+            let _ = prog.test_run(input);
+        }
+    }
+
     /// Detaches every program now; maps stay readable until the skeletons are dropped.
     pub fn detach(&self) {
         self.links.borrow_mut().clear();
@@ -500,6 +542,13 @@ print fmt: \"task:%08x@%08x xid=0x%08x\", REC->task_id, REC->client_id, REC->xid
 \tfield:u32 seqno;\toffset:20;\tsize:4;\tsigned:0;
 \tfield:int status;\toffset:24;\tsize:4;\tsigned:1;
 ";
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-1\n"), vec![0, 1]);
+        assert_eq!(parse_cpu_list("0,2-4,7"), vec![0, 2, 3, 4, 7]);
+        assert_eq!(parse_cpu_list(""), Vec::<u32>::new());
+    }
 
     #[test]
     fn format_files_give_offsets_and_sizes() {

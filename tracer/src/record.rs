@@ -25,6 +25,9 @@ use crate::probes::{Probes, Settings, Target};
 const POLL: Duration = Duration::from_millis(10);
 pub const FLUSH_ROWS: usize = 64 * 1024;
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// How often each CPU's batch of block completions is checked for age (block.bpf.c:
+/// written once its first event is 50 ms old, so rows lag the kernel by at most ~150 ms).
+const BATCH_FLUSH_EVERY: Duration = Duration::from_millis(100);
 const META_EVERY: Duration = Duration::from_millis(250);
 /// Kernel BPF statistics are sampled: on for STATS_ON out of every STATS_PERIOD.
 const STATS_ON: Duration = Duration::from_secs(1);
@@ -341,9 +344,15 @@ pub fn run(args: Args) -> Result<i32> {
     let mut exit_status = None;
     let mut forwarded = false;
     let mut last_flush = Instant::now();
+    let mut last_batch_flush = Instant::now();
     loop {
         // Poll errors are EINTR from our own signal handlers; the loop checks them below.
         let _ = ring.poll(POLL);
+        if last_batch_flush.elapsed() >= BATCH_FLUSH_EVERY {
+            // Block completions a CPU has batched and not yet written (block.bpf.c).
+            probes.flush_block(false);
+            last_batch_flush = Instant::now();
+        }
         let _ = ring.consume();
         probes.set_stats(started.elapsed().as_nanos() % STATS_PERIOD.as_nanos() < STATS_ON.as_nanos());
         if collector.borrow().batch.len() >= FLUSH_ROWS || last_flush.elapsed() >= FLUSH_EVERY {
@@ -396,6 +405,7 @@ pub fn run(args: Args) -> Result<i32> {
     std::thread::sleep(Duration::from_millis(20));
     let _ = ring.consume();
     probes.detach();
+    probes.flush_block(true);
     let _ = ring.consume();
     let batch = collector.borrow_mut().batch.finish();
     encoder.send(batch, Vec::new())?;
