@@ -36,6 +36,15 @@ mod bpf {
 use clap::Parser;
 
 fn main() {
+    // The drain fills, and the encoder frees, column buffers of a few hundred KiB every
+    // batch. glibc would map and unmap each (above its 128 KiB mmap threshold), so every
+    // batch page-faulted ~11 MiB of fresh zeroed memory: ~60 ns per event at 250k events/s.
+    // Served from the heap and kept there instead, they are reused.
+    // SAFETY: mallopt only tunes the allocator; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
     let args = cli::Args::parse();
     match record::run(args) {
         Ok(code) => std::process::exit(code),
