@@ -128,6 +128,9 @@ struct block_pending {
 	struct block_batch batch;
 };
 
+/* Exported to Rust (the recorder reads what is left in it at the end). */
+struct block_pending _block_pending_type = {};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);

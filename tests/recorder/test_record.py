@@ -347,11 +347,15 @@ def test_batched_completions_of_a_quiet_cpu_are_written_while_recording(tmp_path
     assert "lost events: 0" in err
 
 
-def test_batches_still_held_at_the_end_are_written(tmp_path: Path, loop_dev: str) -> None:
+@pytest.mark.parametrize("final", ["flush-program", "map-read"])
+def test_batches_still_held_at_the_end_are_written(tmp_path: Path, loop_dev: str, final: str) -> None:
     """With the batch age raised to an hour (a test setting), completions leave their
-    per-CPU batch only through the flush after detaching: every request must arrive."""
+    per-CPU batch only at the end: through the flush program run on each CPU, or (for a
+    CPU it cannot run on; forced here by a test setting) read from the map. Every request
+    must arrive either way."""
     out = tmp_path / "t"
-    env = {**os.environ, "TRAINIO_TEST_BATCH_AGE_MS": "3600000"}
+    env = {**os.environ, "TRAINIO_TEST_BATCH_AGE_MS": "3600000",
+           **({"TRAINIO_TEST_SKIP_FINAL_FLUSH": "1"} if final == "map-read" else {})}
     res = trainio("record", "-o", out, "--layers", "block", "--dev", loop_dev, "--",
                   "dd", f"if={loop_dev}", "of=/dev/null", "bs=4k", "count=45", "iflag=direct",
                   env=env)

@@ -503,6 +503,26 @@ impl<'o> Probes<'o> {
         }
     }
 
+    /// Block completions still in a CPU's batch, as block_batch records (kind, count,
+    /// events), read from the `pending` map: after the final flush_block(true) only a CPU
+    /// that could not run the flush (offline) has any. Call after detaching.
+    pub fn take_pending_block(&self) -> Vec<Vec<u8>> {
+        let Some(b) = &self.block else { return Vec::new() };
+        let per_cpu = b.maps.pending.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).ok().flatten().unwrap_or_default();
+        let at = std::mem::offset_of!(crate::bpf::block_pending, batch);
+        let event = std::mem::size_of::<crate::bpf::block_event>();
+        per_cpu
+            .iter()
+            .filter_map(|v| {
+                let batch = v.get(at..)?;
+                let count = u32::from_ne_bytes(batch.get(4..8)?.try_into().ok()?) as usize;
+                let mut rec = batch.get(..8 + count.min(32) * event)?.to_vec();
+                rec[..4].copy_from_slice(&crate::bpf::trainio_kind::TRAINIO_KIND_BLOCK_BATCH.0.to_ne_bytes());
+                (count > 0).then_some(rec)
+            })
+            .collect()
+    }
+
     /// Detaches every program now; maps stay readable until the skeletons are dropped.
     pub fn detach(&self) {
         self.links.borrow_mut().clear();
