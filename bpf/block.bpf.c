@@ -268,7 +268,7 @@ static __always_inline void note_task(struct req_state *s)
 
 	s->pid = task->tgid;
 	s->tid = task->pid;
-	__builtin_memcpy(s->comm, task->comm, TRAINIO_COMM_LEN);
+	task_comm(s->comm, task);
 }
 
 SEC("tp_btf/block_rq_insert")
@@ -414,7 +414,7 @@ static __always_inline void emit(struct req_state *s, __u64 now, unsigned int nr
 		return;
 	}
 	fill_event(e, s, now, nr_bytes, error);
-	bpf_ringbuf_submit(e, wake_flags(&block_events));
+	submit_batched(block_events, e);
 }
 
 /*

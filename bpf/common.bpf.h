@@ -36,11 +36,14 @@ static __always_inline void count_lost(__u32 which)
  * than through bpf_get_current_comm(), which cost ~85 ns per call here: a third of the
  * block issue probe. A rename racing with the read can tear the name; nothing else can.
  */
+static __always_inline void task_comm(char dst[TRAINIO_COMM_LEN], struct task_struct *task)
+{
+	__builtin_memcpy(dst, task->comm, TRAINIO_COMM_LEN);
+}
+
 static __always_inline void current_comm(char dst[TRAINIO_COMM_LEN])
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-
-	__builtin_memcpy(dst, task->comm, TRAINIO_COMM_LEN);
+	task_comm(dst, bpf_get_current_task_btf());
 }
 
 /* Submit flags: wake the reader only once wakeup_bytes are waiting in the ring. */

@@ -93,6 +93,32 @@ pub struct Row<'a> {
     pub flags: u32,
 }
 
+#[cfg(test)]
+impl Row<'static> {
+    /// One 4 KiB block read by `dd` on 0:30, for tests to vary with `..Row::sample()`.
+    pub(crate) fn sample() -> Self {
+        Row {
+            layer: Layer::Block,
+            op: "read",
+            issue_ns: 10,
+            complete_ns: 20,
+            insert_ns: None,
+            dev: Some("0:30"),
+            offset: Some(0),
+            bytes: 4096,
+            bytes_requested: 4096,
+            queue_depth: 1,
+            pid: 1,
+            tid: 1,
+            comm: "dd",
+            fd: None,
+            file: None,
+            error: 0,
+            flags: 0,
+        }
+    }
+}
+
 /// The RPC that carried an NFS request (schema 1.1), as `sunrpc:rpc_stats_latency` and
 /// `xprt_transmit` report it. Times have the kernel's microsecond resolution.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -198,25 +198,7 @@ mod tests {
     use std::time::Duration;
 
     fn row(layer: Layer, op: &'static str) -> Row<'static> {
-        Row {
-            layer,
-            op,
-            issue_ns: 10,
-            complete_ns: 20,
-            insert_ns: None,
-            dev: Some("0:30"),
-            offset: Some(0),
-            bytes: 4096,
-            bytes_requested: 4096,
-            queue_depth: 1,
-            pid: 1,
-            tid: 1,
-            comm: "dd",
-            fd: None,
-            file: None,
-            error: 0,
-            flags: 0,
-        }
+        Row { layer, op, ..Row::sample() }
     }
 
     #[test]

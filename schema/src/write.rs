@@ -515,19 +515,10 @@ mod tests {
                     op: if i == 4 { "write" } else { "read" },
                     issue_ns: i as i64,
                     complete_ns: i as i64 + 1,
-                    insert_ns: None,
                     dev: d,
-                    offset: Some(0),
-                    bytes: 4096,
-                    bytes_requested: 4096,
-                    queue_depth: 1,
-                    pid: 1,
-                    tid: 1,
                     comm: c,
-                    fd: None,
                     file: (round == 1).then_some("/data/x"),
-                    error: 0,
-                    flags: 0,
+                    ..Row::sample()
                 });
             }
             // Each batch carries its own, complete dictionary.
@@ -546,25 +537,7 @@ mod tests {
     }
 
     fn row<'a>(comm: &'a str, dev: Option<&'a str>, insert_ns: Option<i64>, fd: Option<i32>) -> Row<'a> {
-        Row {
-            layer: crate::Layer::Block,
-            op: "read",
-            issue_ns: 1,
-            complete_ns: 2,
-            insert_ns,
-            dev,
-            offset: Some(0),
-            bytes: 4096,
-            bytes_requested: 4096,
-            queue_depth: 1,
-            pid: 1,
-            tid: 1,
-            comm,
-            fd,
-            file: None,
-            error: 0,
-            flags: 0,
-        }
+        Row { comm, dev, insert_ns, fd, ..Row::sample() }
     }
 
     #[test]

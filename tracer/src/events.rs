@@ -48,7 +48,8 @@ pub struct Collector {
     /// The tally counted last (rows come in runs of one layer and device), kept out of
     /// `tallies` while it is the current one.
     last_tally: Option<((Layer, u32), Tally)>,
-    /// The last block row's comm: raw bytes as a number, and as a string.
+    /// The last block row's comm: raw bytes as a number, and as a string (initially the
+    /// all-zero comm, which is "").
     last_comm: (u128, Box<str>),
     pub undecodable: u64,
 }
@@ -190,7 +191,7 @@ impl Collector {
         // the string is then neither re-validated nor compared.
         // SAFETY: [i8; 16] and [u8; 16] have the same layout.
         let comm_key = u128::from_ne_bytes(unsafe { *(&e.comm as *const [i8; 16] as *const [u8; 16]) });
-        if self.last_comm.0 != comm_key || self.last_comm.1.is_empty() {
+        if self.last_comm.0 != comm_key {
             self.last_comm = (comm_key, comm_str(&e.comm).into());
         }
         let opc = e.cmd_flags & REQ_OP_MASK;

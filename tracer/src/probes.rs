@@ -510,13 +510,13 @@ impl<'o> Probes<'o> {
         let Some(b) = &self.block else { return Vec::new() };
         let per_cpu = b.maps.pending.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).ok().flatten().unwrap_or_default();
         let at = std::mem::offset_of!(crate::bpf::block_pending, batch);
-        let event = std::mem::size_of::<crate::bpf::block_event>();
         per_cpu
             .iter()
             .filter_map(|v| {
-                let batch = v.get(at..)?;
-                let count = u32::from_ne_bytes(batch.get(4..8)?.try_into().ok()?) as usize;
-                let mut rec = batch.get(..8 + count.min(32) * event)?.to_vec();
+                // The whole batch: the decoder reads `count` events and checks they fit.
+                let mut rec = v.get(at..)?.to_vec();
+                let count = u32::from_ne_bytes(rec.get(4..8)?.try_into().ok()?);
+                // The kernel sets the kind when it writes a batch, not while filling it.
                 rec[..4].copy_from_slice(&crate::bpf::trainio_kind::TRAINIO_KIND_BLOCK_BATCH.0.to_ne_bytes());
                 (count > 0).then_some(rec)
             })
