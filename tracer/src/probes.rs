@@ -447,8 +447,9 @@ impl<'o> Probes<'o> {
     }
 
     /// Turns the kernel's BPF run-time statistics on or off. They cost two clock reads
-    /// per program run (about 20% of a 250k-IOPS device's throughput here), so the
-    /// recorder samples them; run counts and times accumulate only while on.
+    /// per program run (about 20% of a 250k-IOPS device's throughput here, while on), so
+    /// the recorder samples them (record.rs, StatsSampler); run counts and times
+    /// accumulate only while on.
     pub fn set_stats(&self, on: bool) {
         let mut fd = self.stats_fd.borrow_mut();
         if on && self.stats_wanted && fd.is_none() {
@@ -458,6 +459,16 @@ impl<'o> Probes<'o> {
         } else if !on {
             *fd = None;
         }
+    }
+
+    /// Whether the kernel's BPF statistics are on (set_stats).
+    pub fn stats_on(&self) -> bool {
+        self.stats_fd.borrow().is_some()
+    }
+
+    /// Program runs timed so far, all programs together.
+    pub fn timed_runs(&self) -> u64 {
+        self.bpf_stats().values().map(|s| s.run_cnt).sum()
     }
 
     /// Run count and time per attached program, from the kernel's BPF statistics (counted
