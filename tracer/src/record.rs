@@ -40,23 +40,38 @@ const STATS_PERIOD: Duration = Duration::from_secs(20);
 /// timed for a tenth of a second in every twenty, a quiet one for the whole second.
 struct StatsSampler {
     period_start: Instant,
+    /// Timed runs when this period's sample began (None: not read yet).
     runs_at_start: Option<u64>,
 }
 
 impl StatsSampler {
-    /// Called about every POLL: opens a sample at each period's start, closes it when full.
-    fn tick(&mut self, probes: &Probes) {
-        if self.period_start.elapsed() >= STATS_PERIOD {
-            self.period_start = Instant::now();
+    /// A sampler whose first sample starts at `now` (Probes::new turns the statistics on,
+    /// before any program has run).
+    fn new(now: Instant) -> Self {
+        StatsSampler { period_start: now, runs_at_start: Some(0) }
+    }
+
+    /// Whether the statistics should be on at `now`, given whether they are, and the runs
+    /// timed so far (read only while on). Called about every POLL.
+    fn want_on(&mut self, now: Instant, on: bool, timed_runs: impl FnOnce() -> u64) -> bool {
+        if now.duration_since(self.period_start) >= STATS_PERIOD {
+            self.period_start = now;
             self.runs_at_start = None;
-            probes.set_stats(true);
+            return true;
         }
-        if probes.stats_on() {
-            let runs = probes.timed_runs();
-            let from = *self.runs_at_start.get_or_insert(runs);
-            if runs - from >= STATS_RUNS || self.period_start.elapsed() >= STATS_ON {
-                probes.set_stats(false);
-            }
+        if !on {
+            return false;
+        }
+        let runs = timed_runs();
+        let from = *self.runs_at_start.get_or_insert(runs);
+        runs - from < STATS_RUNS && now.duration_since(self.period_start) < STATS_ON
+    }
+
+    fn tick(&mut self, probes: &Probes) {
+        let on = probes.stats_on();
+        let want = self.want_on(Instant::now(), on, || probes.timed_runs());
+        if want != on {
+            probes.set_stats(want);
         }
     }
 }
@@ -367,7 +382,7 @@ pub fn run(args: Args) -> Result<i32> {
     };
     let started = Instant::now();
     // Probes::new turned the statistics on: the first sample starts now.
-    let mut stats = StatsSampler { period_start: started, runs_at_start: Some(0) };
+    let mut stats = StatsSampler::new(started);
     let deadline = args.duration.map(|s| started + Duration::from_secs_f64(s));
     note(&format!("recording {} into {}", st.layers.join("+"), args.output.display()));
 
@@ -496,5 +511,38 @@ fn print_summary(dir: &Path, writer: &TraceWriter, coll: &Collector, probes: &Pr
         for (probe, n) in lost.iter().filter(|(_, n)| **n > 0) {
             eprintln!("    {probe}: {n}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_sample_closes_after_enough_runs_and_reopens_next_period() {
+        let t0 = Instant::now();
+        let mut s = StatsSampler::new(t0);
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        // Busy: the sample closes once STATS_RUNS runs are timed, long before STATS_ON.
+        assert!(s.want_on(ms(10), true, || STATS_RUNS - 1));
+        assert!(!s.want_on(ms(20), true, || STATS_RUNS));
+        // Off until the next period; the run count is not read meanwhile.
+        assert!(!s.want_on(ms(5_000), false, || panic!("read while off")));
+        assert!(s.want_on(ms(20_000), false, || panic!("read at the period start")));
+        // The new sample counts from the runs timed when it began.
+        assert!(s.want_on(ms(20_010), true, || 3 * STATS_RUNS));
+        assert!(s.want_on(ms(20_020), true, || 4 * STATS_RUNS - 1));
+        assert!(!s.want_on(ms(20_030), true, || 4 * STATS_RUNS));
+    }
+
+    #[test]
+    fn stats_sample_of_a_quiet_device_lasts_stats_on() {
+        let t0 = Instant::now();
+        let mut s = StatsSampler::new(t0);
+        let at = |d: Duration| t0 + d;
+        assert!(s.want_on(at(STATS_ON - Duration::from_millis(1)), true, || 64));
+        assert!(!s.want_on(at(STATS_ON), true, || 64));
+        assert!(!s.want_on(at(STATS_PERIOD - Duration::from_millis(1)), false, || 64));
+        assert!(s.want_on(at(STATS_PERIOD), false, || 64));
     }
 }
