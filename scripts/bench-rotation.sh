@@ -6,9 +6,10 @@
 #
 #   scripts/bench-rotation.sh VARIANT...     (ROUNDS=8 SECONDS_PER_RUN=4 by default)
 #
-# A VARIANT is a trainio-record executable (e.g. copies of target/release/trainio-record
-# from different builds; it runs fio as its command), or `bpftrace-count` (count() on
-# the two block tracepoints, recording nothing). Needs root.
+# A VARIANT is a trainio-record executable, with record options if any, as one word
+# (e.g. copies of target/release/trainio-record from different builds, or
+# "target/release/trainio-record --layers block"; it runs fio as its command), or
+# `bpftrace-count` (count() on the two block tracepoints, recording nothing). Needs root.
 set -euo pipefail
 ROUNDS=${ROUNDS:-8}
 RT=${SECONDS_PER_RUN:-4}
@@ -38,7 +39,8 @@ run() {
       sleep 0.5
       "${fio[@]}" | iops
       kill -INT $bt; wait $bt || true ;;
-    *) rm -rf "$work/trace"; "$1" -q -o "$work/trace" --dev "$dev" -- "${fio[@]}" 2>/dev/null | iops ;;
+    *) local rec; read -ra rec <<< "$1"
+       rm -rf "$work/trace"; "${rec[@]}" -q -o "$work/trace" --dev "$dev" -- "${fio[@]}" 2>/dev/null | iops ;;
   esac
 }
 names=(none "$@")
@@ -48,10 +50,10 @@ for r in $(seq "$ROUNDS"); do
   if (( r % 2 == 0 )); then order=(); for ((k=${#names[@]}-1; k>=0; k--)); do order+=("${names[k]}"); done; fi
   line="round $r:"
   for v in "${order[@]}"; do
-    t=$(run "$v"); sum[$v]=$(( ${sum[$v]:-0} + t )); line+=" $(basename "$v")=$t"
+    t=$(run "$v"); sum[$v]=$(( ${sum[$v]:-0} + t )); line+=" [$v]=$t"
   done
   echo "$line"
 done
 for v in "$@"; do
-  awk -v t="${sum[$v]}" -v u="${sum[none]}" -v n="$(basename "$v")" 'BEGIN { printf "%s: %.1f%% of untraced\n", n, 100 * t / u }'
+  awk -v t="${sum[$v]}" -v u="${sum[none]}" -v n="$v" 'BEGIN { printf "%s: %.1f%% of untraced\n", n, 100 * t / u }'
 done
