@@ -7,6 +7,7 @@
 //! trace is complete even if the writer was killed.
 
 mod read;
+mod segment;
 mod write;
 
 pub use read::{read_metadata, read_rows, segment_paths, OwnedRow, TraceError};

@@ -12,12 +12,12 @@ use arrow_array::{ArrayRef, DictionaryArray, RecordBatch, StringArray};
 use arrow_schema::ArrowError;
 use rustc_hash::FxHashMap;
 use arrow_schema::SchemaRef;
-use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::schema::types::ColumnPath;
 
+use crate::segment::SegmentFile;
 use crate::{arrow_schema, Row, Rpc};
 
 /// A dictionary-encoded string column. The tracer appends the same few strings (layer,
@@ -392,7 +392,7 @@ fn writer_properties() -> WriterProperties {
 }
 
 struct OpenSegment {
-    writer: ArrowWriter<File>,
+    writer: SegmentFile,
     partial: PathBuf,
     done: PathBuf,
     opened: Instant,
@@ -452,7 +452,7 @@ impl TraceWriter {
             let partial = self.dir.join(format!("{name}.partial"));
             let file = File::create(&partial)
                 .with_context(|| format!("creating {}", partial.display()))?;
-            let writer = ArrowWriter::try_new(file, arrow_schema(), Some(writer_properties()))
+            let writer = SegmentFile::new(file, arrow_schema(), writer_properties())
                 .context("starting a Parquet segment")?;
             self.current = Some(OpenSegment { writer, partial, done, opened: Instant::now() });
         }
@@ -462,7 +462,7 @@ impl TraceWriter {
     /// True when the open segment has reached its size or age limit.
     pub fn segment_full(&self) -> bool {
         self.current.as_ref().is_some_and(|s| {
-            (s.writer.bytes_written() + s.writer.in_progress_size()) as u64 >= self.limits.max_bytes
+            s.writer.size() >= self.limits.max_bytes
                 || s.opened.elapsed() >= self.limits.max_age
         })
     }

@@ -1,0 +1,544 @@
+//! One Parquet segment file. Integer columns go through the parquet crate's Arrow column
+//! writers; the dictionary-encoded string columns (`layer`, `op`, `dev`, `comm`, `file`)
+//! are encoded here.
+//!
+//! Why: the crate's writer hashes and compares every row's string to rebuild a dictionary
+//! and its min/max statistics, although the rows arrive as Arrow dictionaries of one or
+//! two entries. That was half of the recorder's encoding time (`make bench-encode`).
+//! Here each batch's dictionary entries are mapped once to the column chunk's
+//! dictionary; a row costs a key lookup, and the statistics are taken over the chunk's
+//! dictionary when the row group closes.
+//!
+//! The column chunk written is what the crate would write: a PLAIN dictionary page, then
+//! v1 data pages of RLE_DICTIONARY indices (RLE/bit-packed hybrid) after RLE definition
+//! levels for nullable columns, all zstd-compressed; an all-null chunk is one PLAIN data
+//! page of levels.
+use std::fs::File;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Result};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{ArrowDictionaryKeyType, Int16Type, Int32Type, Int8Type};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_buffer::ArrowNativeType;
+use arrow_schema::{DataType, SchemaRef};
+use bytes::Bytes;
+use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnWriter, ArrowRowGroupWriterFactory};
+use parquet::arrow::{add_encoded_arrow_schema_to_metadata, ArrowSchemaConverter};
+use parquet::basic::{Compression, Encoding};
+use parquet::column::page::{CompressedPage, Page, PageWriter};
+use parquet::column::writer::ColumnCloseResult;
+use parquet::data_type::ByteArray;
+use parquet::file::metadata::{ColumnChunkMetaData, KeyValue};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::statistics::{Statistics, ValueStatistics};
+use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
+use parquet::schema::types::ColumnDescPtr;
+use rustc_hash::FxHashMap;
+
+/// Values per data page of a dictionary column (the crate's default page row limit).
+const PAGE_VALUES: usize = 20_000;
+
+pub(crate) struct SegmentFile {
+    file: SerializedFileWriter<File>,
+    factory: ArrowRowGroupWriterFactory,
+    schema: SchemaRef,
+    group: Option<Group>,
+    max_rows: usize,
+}
+
+/// The row group being written.
+struct Group {
+    columns: Vec<Column>,
+    rows: usize,
+}
+
+enum Column {
+    Arrow(ArrowColumnWriter),
+    Dict(DictChunk),
+}
+
+impl SegmentFile {
+    pub(crate) fn new(file: File, schema: SchemaRef, mut props: WriterProperties) -> Result<Self> {
+        let parquet_schema = ArrowSchemaConverter::new().convert(&schema)?;
+        add_encoded_arrow_schema_to_metadata(&schema, &mut props);
+        let max_rows = props.max_row_group_row_count().unwrap_or(usize::MAX);
+        let file = SerializedFileWriter::new(file, parquet_schema.root_schema_ptr(), Arc::new(props))?;
+        let factory = ArrowRowGroupWriterFactory::new(&file, schema.clone());
+        Ok(SegmentFile { file, factory, schema, group: None, max_rows })
+    }
+
+    pub(crate) fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let mut rest = batch.clone();
+        while rest.num_rows() > 0 {
+            if self.group.is_none() {
+                self.group = Some(self.start_group()?);
+            }
+            let group = self.group.as_mut().expect("group started");
+            let take = rest.num_rows().min(self.max_rows - group.rows);
+            let part = rest.slice(0, take);
+            rest = rest.slice(take, rest.num_rows() - take);
+            for ((column, field), array) in group.columns.iter_mut().zip(self.schema.fields()).zip(part.columns()) {
+                match column {
+                    Column::Arrow(w) => {
+                        for leaf in compute_leaves(field, array)? {
+                            w.write(&leaf)?;
+                        }
+                    }
+                    Column::Dict(d) => d.write(array)?,
+                }
+            }
+            group.rows += take;
+            if group.rows >= self.max_rows {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn start_group(&self) -> Result<Group> {
+        let index = self.file.flushed_row_groups().len();
+        let writers = self.factory.create_column_writers(index)?;
+        let props = self.file.properties();
+        let columns = writers
+            .into_iter()
+            .zip(self.schema.fields())
+            .zip(self.file.schema_descr().columns())
+            .map(|((w, field), descr)| match field.data_type() {
+                DataType::Dictionary(_, _) => Column::Dict(DictChunk::new(descr.clone(), props)),
+                _ => Column::Arrow(w),
+            })
+            .collect();
+        Ok(Group { columns, rows: 0 })
+    }
+
+    /// Writes the row group in progress, if any.
+    fn flush(&mut self) -> Result<()> {
+        let Some(group) = self.group.take() else { return Ok(()) };
+        let mut rg = self.file.next_row_group()?;
+        for column in group.columns {
+            match column {
+                Column::Arrow(w) => w.close()?.append_to_row_group(&mut rg)?,
+                Column::Dict(d) => {
+                    let (bytes, close) = d.finish()?;
+                    rg.append_column(&bytes, close)?;
+                }
+            }
+        }
+        rg.close()?;
+        Ok(())
+    }
+
+    /// Bytes written to the file, and an estimate of those the row group in progress will add.
+    pub(crate) fn size(&self) -> u64 {
+        let pending: usize = self.group.as_ref().map_or(0, |g| {
+            g.columns
+                .iter()
+                .map(|c| match c {
+                    Column::Arrow(w) => w.get_estimated_total_bytes(),
+                    Column::Dict(d) => d.estimated_bytes(),
+                })
+                .sum()
+        });
+        self.file.bytes_written() as u64 + pending as u64
+    }
+
+    pub(crate) fn append_key_value_metadata(&mut self, kv: KeyValue) {
+        self.file.append_key_value_metadata(kv);
+    }
+
+    pub(crate) fn close(mut self) -> Result<()> {
+        self.flush()?;
+        self.file.close()?;
+        Ok(())
+    }
+}
+
+/// A dictionary string column's chunk in a row group: its dictionary (in order of first
+/// use), each row's dictionary index, and its definition levels when nullable.
+struct DictChunk {
+    descr: ColumnDescPtr,
+    zstd_level: Option<i32>,
+    statistics: bool,
+    values: Vec<Box<[u8]>>,
+    ids: FxHashMap<Box<[u8]>, u32>,
+    indices: Vec<u32>,
+    /// 1 per row with a value, 0 per null (nullable columns only).
+    levels: Vec<u8>,
+    nulls: u64,
+}
+
+impl DictChunk {
+    fn new(descr: ColumnDescPtr, props: &WriterProperties) -> Self {
+        let path = descr.path();
+        let zstd_level = match props.compression(path) {
+            Compression::ZSTD(level) => Some(level.compression_level()),
+            _ => None,
+        };
+        DictChunk {
+            statistics: props.statistics_enabled(path) != EnabledStatistics::None,
+            zstd_level,
+            descr,
+            values: Vec::new(),
+            ids: FxHashMap::default(),
+            indices: Vec::new(),
+            levels: Vec::new(),
+            nulls: 0,
+        }
+    }
+
+    fn write(&mut self, array: &ArrayRef) -> Result<()> {
+        match array.data_type() {
+            DataType::Dictionary(key, _) => match key.as_ref() {
+                DataType::Int8 => self.write_keys::<Int8Type>(array),
+                DataType::Int16 => self.write_keys::<Int16Type>(array),
+                DataType::Int32 => self.write_keys::<Int32Type>(array),
+                t => Err(anyhow!("dictionary keys of type {t} are not written here")),
+            },
+            t => Err(anyhow!("{t} is not a dictionary column")),
+        }
+    }
+
+    fn write_keys<K: ArrowDictionaryKeyType>(&mut self, array: &ArrayRef) -> Result<()> {
+        let dict = array.as_dictionary::<K>();
+        let strings = dict.values().as_string::<i32>();
+        // This batch's dictionary entries, mapped to the chunk's on first use.
+        let mut map = vec![u32::MAX; strings.len()];
+        let mut id_of = |k: usize, chunk: &mut Self| -> u32 {
+            if map[k] == u32::MAX {
+                let s = strings.value(k).as_bytes();
+                map[k] = match chunk.ids.get(s) {
+                    Some(&id) => id,
+                    None => {
+                        let id = chunk.values.len() as u32;
+                        chunk.values.push(s.into());
+                        chunk.ids.insert(s.into(), id);
+                        id
+                    }
+                };
+            }
+            map[k]
+        };
+        let keys = dict.keys();
+        let nullable = self.descr.max_def_level() > 0;
+        match keys.nulls().filter(|n| n.null_count() > 0) {
+            None => {
+                for k in keys.values().iter() {
+                    let id = id_of(k.as_usize(), self);
+                    self.indices.push(id);
+                }
+                if nullable {
+                    self.levels.resize(self.levels.len() + keys.len(), 1);
+                }
+            }
+            Some(valid) => {
+                if !nullable {
+                    return Err(anyhow!("nulls in the non-nullable column {}", self.descr.name()));
+                }
+                for (k, ok) in keys.values().iter().zip(valid.iter()) {
+                    if ok {
+                        let id = id_of(k.as_usize(), self);
+                        self.indices.push(id);
+                    } else {
+                        self.nulls += 1;
+                    }
+                    self.levels.push(ok as u8);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn estimated_bytes(&self) -> usize {
+        // Runs of one value dominate: a few bytes per page after zstd; count a byte per
+        // ten rows so that segment sizes still grow with rows.
+        self.values.iter().map(|v| v.len() + 4).sum::<usize>() + (self.indices.len() + self.nulls as usize) / 10
+    }
+
+    fn compress(&self, body: Vec<u8>) -> Result<(Bytes, usize)> {
+        let len = body.len();
+        Ok(match self.zstd_level {
+            Some(level) => (zstd::bulk::compress(&body, level)?.into(), len),
+            None => (body.into(), len),
+        })
+    }
+
+    /// The encoded chunk, and what the row group writer needs to know of it.
+    fn finish(self) -> Result<(Bytes, ColumnCloseResult)> {
+        let rows = self.indices.len() as u64 + self.nulls;
+        let nullable = self.descr.max_def_level() > 0;
+        let mut sink = TrackedWrite::new(Vec::new());
+        let (mut compressed, mut uncompressed) = (0u64, 0u64);
+        let dictionary = !self.values.is_empty();
+        let data_page_offset;
+        {
+            let mut pages = SerializedPageWriter::new(&mut sink);
+            let mut put = |page: Page, size: usize| -> Result<u64> {
+                let spec = pages.write_page(CompressedPage::new(page, size))?;
+                compressed += spec.compressed_size as u64;
+                uncompressed += spec.uncompressed_size as u64;
+                Ok(spec.offset)
+            };
+            if dictionary {
+                let mut plain = Vec::new();
+                for v in &self.values {
+                    plain.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                    plain.extend_from_slice(v);
+                }
+                let (buf, size) = self.compress(plain)?;
+                put(Page::DictionaryPage { buf, num_values: self.values.len() as u32, encoding: Encoding::PLAIN, is_sorted: false }, size)?;
+            }
+            let bit_width = (32 - (self.values.len().saturating_sub(1) as u32).leading_zeros()).max(1) as u8;
+            let mut first_data = None;
+            let (mut at_level, mut at_index) = (0, 0);
+            let total = if nullable { self.levels.len() } else { self.indices.len() };
+            while at_level < total || (total == 0 && first_data.is_none()) {
+                let n = (total - at_level).min(PAGE_VALUES);
+                let mut body = Vec::new();
+                let mut present = n;
+                if nullable {
+                    let levels = &self.levels[at_level..at_level + n];
+                    present = levels.iter().filter(|&&l| l == 1).count();
+                    let encoded = rle_hybrid(levels.iter().map(|&l| u32::from(l)), 1);
+                    body.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+                    body.extend_from_slice(&encoded);
+                }
+                if dictionary {
+                    body.push(bit_width);
+                    body.extend_from_slice(&rle_hybrid(self.indices[at_index..at_index + present].iter().copied(), bit_width));
+                }
+                let (buf, size) = self.compress(body)?;
+                let page = Page::DataPage {
+                    buf,
+                    num_values: n as u32,
+                    encoding: if dictionary { Encoding::RLE_DICTIONARY } else { Encoding::PLAIN },
+                    def_level_encoding: Encoding::RLE,
+                    rep_level_encoding: Encoding::RLE,
+                    statistics: None,
+                };
+                let offset = put(page, size)?;
+                first_data.get_or_insert(offset);
+                at_level += n;
+                at_index += present;
+            }
+            data_page_offset = first_data.expect("at least one data page");
+            pages.close()?;
+        }
+        let bytes_written = sink.bytes_written() as u64;
+        let buf = Bytes::from(sink.into_inner()?);
+        let mut encodings = vec![Encoding::PLAIN, Encoding::RLE];
+        if dictionary {
+            encodings.push(Encoding::RLE_DICTIONARY);
+        }
+        let mut meta = ColumnChunkMetaData::builder(self.descr.clone())
+            .set_encodings(encodings)
+            .set_compression(match self.zstd_level {
+                Some(l) => Compression::ZSTD(parquet::basic::ZstdLevel::try_new(l)?),
+                None => Compression::UNCOMPRESSED,
+            })
+            .set_num_values(rows as i64)
+            .set_total_compressed_size(compressed as i64)
+            .set_total_uncompressed_size(uncompressed as i64)
+            .set_data_page_offset(data_page_offset as i64)
+            .set_dictionary_page_offset(dictionary.then_some(0));
+        if self.statistics {
+            let min = self.values.iter().min().map(|v| ByteArray::from(v.to_vec()));
+            let max = self.values.iter().max().map(|v| ByteArray::from(v.to_vec()));
+            meta = meta.set_statistics(Statistics::ByteArray(ValueStatistics::new(min, max, None, Some(self.nulls), false)));
+        }
+        let close = ColumnCloseResult {
+            bytes_written,
+            rows_written: rows,
+            metadata: meta.build()?,
+            bloom_filter: None,
+            column_index: None,
+            offset_index: None,
+        };
+        Ok((buf, close))
+    }
+}
+
+/// Parquet's RLE/bit-packed hybrid encoding of `values` (each < 2^bit_width), without a
+/// length prefix: runs of 8 or more equal values as RLE runs, the rest bit-packed in
+/// groups of 8 (the last group padded with zeros; readers stop at the page's count).
+fn rle_hybrid(values: impl Iterator<Item = u32>, bit_width: u8) -> Vec<u8> {
+    let values: Vec<u32> = values.collect();
+    let mut out = Vec::new();
+    let mut literals: Vec<u32> = Vec::new();
+    let mut i = 0;
+    while i < values.len() {
+        let v = values[i];
+        let run = values[i..].iter().take_while(|&&x| x == v).count();
+        // A literal group must be complete before a run can start: top it up from the run.
+        let fill = (8 - literals.len() % 8) % 8;
+        if run >= fill + 8 {
+            literals.extend(std::iter::repeat_n(v, fill));
+            flush_literals(&mut out, &mut literals, bit_width);
+            let n = run - fill;
+            put_varint(&mut out, (n as u64) << 1);
+            out.extend_from_slice(&v.to_le_bytes()[..usize::from(bit_width).div_ceil(8)]);
+            i += run;
+        } else {
+            literals.extend_from_slice(&values[i..i + run]);
+            i += run;
+        }
+    }
+    if !literals.is_empty() {
+        literals.resize(literals.len().div_ceil(8) * 8, 0);
+        flush_literals(&mut out, &mut literals, bit_width);
+    }
+    out
+}
+
+/// Writes `literals` (a multiple of 8 values) as one bit-packed run, and empties it.
+fn flush_literals(out: &mut Vec<u8>, literals: &mut Vec<u32>, bit_width: u8) {
+    if literals.is_empty() {
+        return;
+    }
+    put_varint(out, ((literals.len() / 8) as u64) << 1 | 1);
+    let (mut acc, mut bits) = (0u64, 0u32);
+    for &v in literals.iter() {
+        acc |= u64::from(v) << bits;
+        bits += u32::from(bit_width);
+        while bits >= 8 {
+            out.push(acc as u8);
+            acc >>= 8;
+            bits -= 8;
+        }
+    }
+    debug_assert_eq!(bits, 0, "8 values fill whole bytes");
+    literals.clear();
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{DictionaryArray, Int64Array, StringArray};
+    use arrow_schema::{Field, Schema};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::basic::ZstdLevel;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+
+    fn strings(a: &ArrayRef) -> Vec<Option<String>> {
+        let d = a.as_dictionary::<Int32Type>();
+        let values = d.values().as_string::<i32>();
+        d.keys().iter().map(|k| k.map(|k| values.value(k as usize).to_string())).collect()
+    }
+
+    /// Columns shaped to reach every path: long runs, short runs and single values mixed
+    /// (RLE and bit-packed runs in one page), dictionaries of 1 to 300 entries (bit widths
+    /// 1 to 9), nulls in runs and alone, an all-null column, pages and row groups split.
+    #[test]
+    fn dictionary_chunks_read_back_with_their_statistics() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("n", DataType::Int64, false),
+            Field::new("one", DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), false),
+            Field::new("many", DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), true),
+            Field::new("none", DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), true),
+        ]));
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap()))
+            .set_max_row_group_row_count(Some(30_000))
+            .build();
+        let path = std::env::temp_dir().join(format!("trainio-segment-test-{}.parquet", std::process::id()));
+        let mut seg = SegmentFile::new(File::create(&path).unwrap(), schema.clone(), props).unwrap();
+        let mut x: u64 = 7;
+        let mut expect_many = Vec::new();
+        let mut n = 0i64;
+        for batch in 0..5 {
+            let rows = 9_000 + batch * 3_001;
+            let mut many = Vec::with_capacity(rows);
+            while many.len() < rows {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let run = [1, 1, 2, 3, 7, 8, 9, 40][(x % 8) as usize];
+                let v = match (x >> 8) % 10 {
+                    0 => None,
+                    _ => Some(format!("v{:03}", (x >> 16) % (60 * (batch as u64 + 1)))),
+                };
+                for _ in 0..run.min(rows - many.len()) {
+                    many.push(v.clone());
+                }
+            }
+            let len = many.len();
+            // Each batch has its own dictionary, in its own order, with unused entries.
+            let distinct: Vec<String> = {
+                let mut d: Vec<String> = many.iter().flatten().cloned().collect();
+                d.sort();
+                d.dedup();
+                d.reverse();
+                d.push("unused".into());
+                d
+            };
+            let key = |s: &String| distinct.iter().position(|d| d == s).unwrap() as i32;
+            let many_arr = DictionaryArray::<Int32Type>::try_new(
+                many.iter().map(|v| v.as_ref().map(key)).collect(),
+                Arc::new(StringArray::from(distinct.clone())),
+            )
+            .unwrap();
+            let one = DictionaryArray::<Int32Type>::try_new(
+                vec![0; len].into(),
+                Arc::new(StringArray::from(vec!["block"])),
+            )
+            .unwrap();
+            let none = DictionaryArray::<Int32Type>::try_new(
+                vec![None::<i32>; len].into(),
+                Arc::new(StringArray::from(Vec::<&str>::new())),
+            )
+            .unwrap();
+            let ns: Int64Array = (n..n + len as i64).collect();
+            n += len as i64;
+            let b = RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(ns), Arc::new(one), Arc::new(many_arr), Arc::new(none)],
+            )
+            .unwrap();
+            seg.write(&b).unwrap();
+            expect_many.extend(many);
+        }
+        seg.close().unwrap();
+
+        let mut got_many = Vec::new();
+        let mut rows = 0;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap().build().unwrap();
+        for b in reader {
+            let b = b.unwrap();
+            let ns = b.column(0).as_primitive::<arrow_array::types::Int64Type>();
+            assert!(ns.iter().enumerate().all(|(i, v)| v == Some((rows + i) as i64)), "rows stay aligned");
+            assert!(strings(b.column(1)).iter().all(|v| v.as_deref() == Some("block")));
+            assert!(strings(b.column(3)).iter().all(Option::is_none));
+            got_many.extend(strings(b.column(2)));
+            rows += b.num_rows();
+        }
+        assert_eq!(rows, expect_many.len());
+        assert_eq!(got_many, expect_many);
+
+        // Statistics per row group: min, max and null count of exactly its rows.
+        let file = SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
+        let meta = file.metadata();
+        assert!(meta.num_row_groups() >= 3, "row groups were split");
+        let mut at = 0;
+        for rg in meta.row_groups() {
+            let rows = &expect_many[at..at + rg.num_rows() as usize];
+            at += rg.num_rows() as usize;
+            let Some(Statistics::ByteArray(s)) = rg.column(2).statistics() else { panic!("no statistics") };
+            let present: Vec<&String> = rows.iter().flatten().collect();
+            assert_eq!(s.min_opt().unwrap().as_utf8().unwrap(), present.iter().min().unwrap().as_str());
+            assert_eq!(s.max_opt().unwrap().as_utf8().unwrap(), present.iter().max().unwrap().as_str());
+            assert_eq!(s.null_count_opt(), Some((rows.len() - present.len()) as u64));
+            let Some(Statistics::ByteArray(one)) = rg.column(1).statistics() else { panic!("no statistics") };
+            assert_eq!((one.min_opt().unwrap().as_utf8().unwrap(), one.max_opt().unwrap().as_utf8().unwrap()), ("block", "block"));
+            assert_eq!(rg.column(3).statistics().and_then(|s| s.null_count_opt()), Some(rg.num_rows() as u64));
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+}
