@@ -155,17 +155,31 @@ impl SegmentFile {
 }
 
 /// A dictionary string column's chunk in a row group: its dictionary (in order of first
-/// use), each row's dictionary index, and its definition levels when nullable.
+/// use) and its data pages, encoded every PAGE_VALUES rows (a page's index bit width is
+/// that of the dictionary so far) and compressed when the row group closes, after the
+/// dictionary page is known.
 struct DictChunk {
     descr: ColumnDescPtr,
     zstd_level: Option<i32>,
     statistics: bool,
     values: Vec<Box<[u8]>>,
     ids: FxHashMap<Box<[u8]>, u32>,
+    /// Rows not yet in a page: their dictionary indices, and (nullable columns only)
+    /// their definition levels, 1 for a value and 0 for a null.
     indices: Vec<u32>,
-    /// 1 per row with a value, 0 per null (nullable columns only).
     levels: Vec<u8>,
+    pages: Vec<PageParts>,
+    rows: u64,
     nulls: u64,
+}
+
+/// A data page before compression.
+struct PageParts {
+    rows: usize,
+    /// RLE definition levels (nullable columns), and RLE/bit-packed dictionary indices.
+    levels: Vec<u8>,
+    bit_width: u8,
+    indices: Vec<u8>,
 }
 
 impl DictChunk {
@@ -183,20 +197,28 @@ impl DictChunk {
             ids: FxHashMap::default(),
             indices: Vec::new(),
             levels: Vec::new(),
+            pages: Vec::new(),
+            rows: 0,
             nulls: 0,
         }
+    }
+
+    fn nullable(&self) -> bool {
+        self.descr.max_def_level() > 0
     }
 
     fn write(&mut self, array: &ArrayRef) -> Result<()> {
         match array.data_type() {
             DataType::Dictionary(key, _) => match key.as_ref() {
-                DataType::Int8 => self.write_keys::<Int8Type>(array),
-                DataType::Int16 => self.write_keys::<Int16Type>(array),
-                DataType::Int32 => self.write_keys::<Int32Type>(array),
-                t => Err(anyhow!("dictionary keys of type {t} are not written here")),
+                DataType::Int8 => self.write_keys::<Int8Type>(array)?,
+                DataType::Int16 => self.write_keys::<Int16Type>(array)?,
+                DataType::Int32 => self.write_keys::<Int32Type>(array)?,
+                t => return Err(anyhow!("dictionary keys of type {t} are not written here")),
             },
-            t => Err(anyhow!("{t} is not a dictionary column")),
+            t => return Err(anyhow!("{t} is not a dictionary column")),
         }
+        self.cut_pages(false);
+        Ok(())
     }
 
     fn write_keys<K: ArrowDictionaryKeyType>(&mut self, array: &ArrayRef) -> Result<()> {
@@ -220,19 +242,19 @@ impl DictChunk {
             map[k]
         };
         let keys = dict.keys();
-        let nullable = self.descr.max_def_level() > 0;
+        self.rows += keys.len() as u64;
         match keys.nulls().filter(|n| n.null_count() > 0) {
             None => {
                 for k in keys.values().iter() {
                     let id = id_of(k.as_usize(), self);
                     self.indices.push(id);
                 }
-                if nullable {
+                if self.nullable() {
                     self.levels.resize(self.levels.len() + keys.len(), 1);
                 }
             }
             Some(valid) => {
-                if !nullable {
+                if !self.nullable() {
                     return Err(anyhow!("nulls in the non-nullable column {}", self.descr.name()));
                 }
                 for (k, ok) in keys.values().iter().zip(valid.iter()) {
@@ -249,10 +271,35 @@ impl DictChunk {
         Ok(())
     }
 
+    /// Encodes the pending rows into pages of PAGE_VALUES rows; with `all`, the rest too.
+    fn cut_pages(&mut self, all: bool) {
+        let nullable = self.nullable();
+        let pending = if nullable { self.levels.len() } else { self.indices.len() };
+        let bit_width = (32 - (self.values.len().saturating_sub(1) as u32).leading_zeros()).max(1) as u8;
+        let (mut at_row, mut at_index) = (0, 0);
+        while pending - at_row >= PAGE_VALUES || (all && at_row < pending) {
+            let rows = (pending - at_row).min(PAGE_VALUES);
+            let (levels, present) = if nullable {
+                let l = &self.levels[at_row..at_row + rows];
+                (rle_hybrid(l.iter().map(|&v| u32::from(v)), 1), l.iter().filter(|&&v| v == 1).count())
+            } else {
+                (Vec::new(), rows)
+            };
+            let indices = rle_hybrid(self.indices[at_index..at_index + present].iter().copied(), bit_width);
+            self.pages.push(PageParts { rows, levels, bit_width, indices });
+            at_row += rows;
+            at_index += present;
+        }
+        if nullable {
+            self.levels.drain(..at_row);
+        }
+        self.indices.drain(..at_index);
+    }
+
     fn estimated_bytes(&self) -> usize {
-        // Runs of one value dominate: a few bytes per page after zstd; count a byte per
-        // ten rows so that segment sizes still grow with rows.
-        self.values.iter().map(|v| v.len() + 4).sum::<usize>() + (self.indices.len() + self.nulls as usize) / 10
+        // Encoded pages shrink further under zstd; pending rows count a byte per ten.
+        let pages: usize = self.pages.iter().map(|p| p.levels.len() + p.indices.len()).sum();
+        self.values.iter().map(|v| v.len() + 4).sum::<usize>() + pages + (self.levels.len() + self.indices.len()) / 10
     }
 
     fn compress(&self, body: Vec<u8>) -> Result<(Bytes, usize)> {
@@ -264,11 +311,15 @@ impl DictChunk {
     }
 
     /// The encoded chunk, and what the row group writer needs to know of it.
-    fn finish(self) -> Result<(Bytes, ColumnCloseResult)> {
-        let rows = self.indices.len() as u64 + self.nulls;
-        let nullable = self.descr.max_def_level() > 0;
+    fn finish(mut self) -> Result<(Bytes, ColumnCloseResult)> {
+        self.cut_pages(true);
+        if self.pages.is_empty() {
+            self.pages.push(PageParts { rows: 0, levels: Vec::new(), bit_width: 1, indices: Vec::new() });
+        }
+        let nullable = self.nullable();
         let mut sink = TrackedWrite::new(Vec::new());
         let (mut compressed, mut uncompressed) = (0u64, 0u64);
+        // Without values (every row null) there is no dictionary: PLAIN pages of levels.
         let dictionary = !self.values.is_empty();
         let data_page_offset;
         {
@@ -288,29 +339,21 @@ impl DictChunk {
                 let (buf, size) = self.compress(plain)?;
                 put(Page::DictionaryPage { buf, num_values: self.values.len() as u32, encoding: Encoding::PLAIN, is_sorted: false }, size)?;
             }
-            let bit_width = (32 - (self.values.len().saturating_sub(1) as u32).leading_zeros()).max(1) as u8;
             let mut first_data = None;
-            let (mut at_level, mut at_index) = (0, 0);
-            let total = if nullable { self.levels.len() } else { self.indices.len() };
-            while at_level < total || (total == 0 && first_data.is_none()) {
-                let n = (total - at_level).min(PAGE_VALUES);
-                let mut body = Vec::new();
-                let mut present = n;
+            for p in &self.pages {
+                let mut body = Vec::with_capacity(4 + p.levels.len() + 1 + p.indices.len());
                 if nullable {
-                    let levels = &self.levels[at_level..at_level + n];
-                    present = levels.iter().filter(|&&l| l == 1).count();
-                    let encoded = rle_hybrid(levels.iter().map(|&l| u32::from(l)), 1);
-                    body.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
-                    body.extend_from_slice(&encoded);
+                    body.extend_from_slice(&(p.levels.len() as u32).to_le_bytes());
+                    body.extend_from_slice(&p.levels);
                 }
                 if dictionary {
-                    body.push(bit_width);
-                    body.extend_from_slice(&rle_hybrid(self.indices[at_index..at_index + present].iter().copied(), bit_width));
+                    body.push(p.bit_width);
+                    body.extend_from_slice(&p.indices);
                 }
                 let (buf, size) = self.compress(body)?;
                 let page = Page::DataPage {
                     buf,
-                    num_values: n as u32,
+                    num_values: p.rows as u32,
                     encoding: if dictionary { Encoding::RLE_DICTIONARY } else { Encoding::PLAIN },
                     def_level_encoding: Encoding::RLE,
                     rep_level_encoding: Encoding::RLE,
@@ -318,12 +361,11 @@ impl DictChunk {
                 };
                 let offset = put(page, size)?;
                 first_data.get_or_insert(offset);
-                at_level += n;
-                at_index += present;
             }
             data_page_offset = first_data.expect("at least one data page");
             pages.close()?;
         }
+        let rows = self.rows;
         let bytes_written = sink.bytes_written() as u64;
         let buf = Bytes::from(sink.into_inner()?);
         let mut encodings = vec![Encoding::PLAIN, Encoding::RLE];
@@ -435,7 +477,9 @@ mod tests {
 
     /// Columns shaped to reach every path: long runs, short runs and single values mixed
     /// (RLE and bit-packed runs in one page), dictionaries of 1 to 300 entries (bit widths
-    /// 1 to 9), nulls in runs and alone, an all-null column, pages and row groups split.
+    /// 1 to 9, growing between pages), nulls in runs and alone, an all-null column, a
+    /// column whose first page is all null and whose later pages are not, pages and row
+    /// groups split.
     #[test]
     fn dictionary_chunks_read_back_with_their_statistics() {
         let schema = Arc::new(Schema::new(vec![
@@ -443,6 +487,7 @@ mod tests {
             Field::new("one", DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), false),
             Field::new("many", DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), true),
             Field::new("none", DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), true),
+            Field::new("late", DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), true),
         ]));
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap()))
@@ -452,6 +497,7 @@ mod tests {
         let mut seg = SegmentFile::new(File::create(&path).unwrap(), schema.clone(), props).unwrap();
         let mut x: u64 = 7;
         let mut expect_many = Vec::new();
+        let mut expect_late = Vec::new();
         let mut n = 0i64;
         for batch in 0..5 {
             let rows = 9_000 + batch * 3_001;
@@ -495,11 +541,19 @@ mod tests {
                 Arc::new(StringArray::from(Vec::<&str>::new())),
             )
             .unwrap();
+            let late: Vec<Option<String>> =
+                (0..len).map(|i| (batch >= 2).then(|| format!("x{}", i % 3))).collect();
+            let late_arr = DictionaryArray::<Int32Type>::try_new(
+                late.iter().map(|v| v.as_ref().map(|s| s[1..].parse::<i32>().unwrap())).collect(),
+                Arc::new(StringArray::from(vec!["x0", "x1", "x2"])),
+            )
+            .unwrap();
+            expect_late.extend(late);
             let ns: Int64Array = (n..n + len as i64).collect();
             n += len as i64;
             let b = RecordBatch::try_new(
                 schema.clone(),
-                vec![Arc::new(ns), Arc::new(one), Arc::new(many_arr), Arc::new(none)],
+                vec![Arc::new(ns), Arc::new(one), Arc::new(many_arr), Arc::new(none), Arc::new(late_arr)],
             )
             .unwrap();
             seg.write(&b).unwrap();
@@ -508,6 +562,7 @@ mod tests {
         seg.close().unwrap();
 
         let mut got_many = Vec::new();
+        let mut got_late = Vec::new();
         let mut rows = 0;
         let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap().build().unwrap();
         for b in reader {
@@ -517,10 +572,12 @@ mod tests {
             assert!(strings(b.column(1)).iter().all(|v| v.as_deref() == Some("block")));
             assert!(strings(b.column(3)).iter().all(Option::is_none));
             got_many.extend(strings(b.column(2)));
+            got_late.extend(strings(b.column(4)));
             rows += b.num_rows();
         }
         assert_eq!(rows, expect_many.len());
         assert_eq!(got_many, expect_many);
+        assert_eq!(got_late, expect_late);
 
         // Statistics per row group: min, max and null count of exactly its rows.
         let file = SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
