@@ -263,51 +263,80 @@ static __always_inline void take_rpc(struct nfs_event *e)
 	bpf_map_delete_elem(&rpc_by_thread, &tid);
 }
 
-static __always_inline int done(__u32 op, __u32 dev, __u64 fileid, __s64 offset, __u32 returned,
-				__s32 error)
+/* The slot of the oldest start under this key that is still held, or NULL. */
+static __always_inline struct nfs_slot *oldest_slot(struct nfs_start *st)
 {
-	struct nfs_key key = { .fileid = fileid, .offset = offset, .dev = dev, .op = op };
-	struct nfs_start *st = bpf_map_lookup_elem(&nfs_started, &key);
 	struct nfs_slot *oldest = NULL;
-	struct nfs_event *e;
-	__u64 issue_ns;
 
-	if (!st)
-		return 0; /* initiated before we attached */
 	for (int i = 0; i < NFS_SLOTS; i++) {
 		struct nfs_slot *s = &st->slot[i];
 
 		if (s->issue_ns && (!oldest || s->issue_ns < oldest->issue_ns))
 			oldest = s;
 	}
-	if (!oldest)
-		return 0;
-	issue_ns = oldest->issue_ns;
+	return oldest;
+}
+
+/*
+ * A completion takes the oldest start under its key. Two completions of one range on two
+ * CPUs (concurrent O_DIRECT readers) can both pick the same slot: the one whose release
+ * fails takes the next oldest, so each of them gets a start and writes its row.
+ */
+static __always_inline int done(__u32 op, __u32 dev, __u64 fileid, __s64 offset, __u32 returned,
+				__s32 error)
+{
+	struct nfs_key key = { .fileid = fileid, .offset = offset, .dev = dev, .op = op };
+	struct nfs_start *st = bpf_map_lookup_elem(&nfs_started, &key);
+	struct nfs_slot *oldest;
+	struct nfs_event *e;
+	__u64 issue_ns;
+
+	if (!st)
+		return 0; /* initiated before we attached */
 	e = bpf_ringbuf_reserve(&nfs_events, sizeof(*e), 0);
 	if (!e) {
-		if (release_slot(oldest, issue_ns, dev))
-			count_lost(TRAINIO_LOST_NFS_RINGBUF);
+		/* No room for the row: still end the request's flight, and count the row. */
+		for (int attempt = 0; attempt < NFS_SLOTS; attempt++) {
+			oldest = oldest_slot(st);
+			if (!oldest)
+				return 0;
+			issue_ns = oldest->issue_ns;
+			if (issue_ns && release_slot(oldest, issue_ns, dev)) {
+				count_lost(TRAINIO_LOST_NFS_RINGBUF);
+				return 0;
+			}
+		}
 		return 0;
 	}
-	e->kind = TRAINIO_KIND_NFS;
-	e->op = op;
-	e->issue_ns = issue_ns;
-	e->complete_ns = bpf_ktime_get_ns();
-	e->offset = offset;
-	e->fileid = fileid;
-	e->dev = dev;
-	e->requested = oldest->requested;
-	e->returned = returned;
-	e->queue_depth = oldest->queue_depth;
-	e->pid = oldest->pid;
-	e->tid = oldest->tid;
-	e->error = error < 0 ? error : 0;
-	__builtin_memcpy(e->comm, oldest->comm, sizeof(e->comm));
-	take_rpc(e);
-	if (release_slot(oldest, issue_ns, dev))
-		submit_batched(nfs_events, e);
-	else
-		bpf_ringbuf_discard(e, 0);
+	for (int attempt = 0; attempt < NFS_SLOTS; attempt++) {
+		oldest = oldest_slot(st);
+		if (!oldest)
+			break;
+		issue_ns = oldest->issue_ns;
+		if (!issue_ns)
+			continue; /* freed since it was picked */
+		e->kind = TRAINIO_KIND_NFS;
+		e->op = op;
+		e->issue_ns = issue_ns;
+		e->offset = offset;
+		e->fileid = fileid;
+		e->dev = dev;
+		e->requested = oldest->requested;
+		e->returned = returned;
+		e->queue_depth = oldest->queue_depth;
+		e->pid = oldest->pid;
+		e->tid = oldest->tid;
+		e->error = error < 0 ? error : 0;
+		__builtin_memcpy(e->comm, oldest->comm, sizeof(e->comm));
+		/* Only a slot this completion frees is its own (the fields were read first). */
+		if (release_slot(oldest, issue_ns, dev)) {
+			e->complete_ns = bpf_ktime_get_ns();
+			take_rpc(e);
+			submit_batched(nfs_events, e);
+			return 0;
+		}
+	}
+	bpf_ringbuf_discard(e, 0);
 	return 0;
 }
 
