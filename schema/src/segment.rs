@@ -173,13 +173,14 @@ struct DictChunk {
     nulls: u64,
 }
 
-/// A data page before compression.
+/// A data page before compression: RLE definition levels (nullable columns) and the
+/// encoded values (for dictionary columns, the bit width byte and the indices).
 struct PageParts {
     rows: usize,
-    /// RLE definition levels (nullable columns), and RLE/bit-packed dictionary indices.
+    /// Rows with a value; a page without any is written PLAIN (levels only).
+    present: usize,
     levels: Vec<u8>,
-    bit_width: u8,
-    indices: Vec<u8>,
+    values: Vec<u8>,
 }
 
 impl DictChunk {
@@ -243,6 +244,11 @@ impl DictChunk {
         };
         let keys = dict.keys();
         self.rows += keys.len() as u64;
+        if !keys.is_empty() && keys.null_count() == keys.len() && self.nullable() {
+            self.nulls += keys.len() as u64;
+            self.levels.resize(self.levels.len() + keys.len(), 0);
+            return Ok(());
+        }
         match keys.nulls().filter(|n| n.null_count() > 0) {
             None => {
                 for k in keys.values().iter() {
@@ -285,8 +291,9 @@ impl DictChunk {
             } else {
                 (Vec::new(), rows)
             };
-            let indices = rle_hybrid(self.indices[at_index..at_index + present].iter().copied(), bit_width);
-            self.pages.push(PageParts { rows, levels, bit_width, indices });
+            let mut values = vec![bit_width];
+            values.extend(rle_hybrid(self.indices[at_index..at_index + present].iter().copied(), bit_width));
+            self.pages.push(PageParts { rows, present, levels, values });
             at_row += rows;
             at_index += present;
         }
@@ -298,106 +305,133 @@ impl DictChunk {
 
     fn estimated_bytes(&self) -> usize {
         // Encoded pages shrink further under zstd; pending rows count a byte per ten.
-        let pages: usize = self.pages.iter().map(|p| p.levels.len() + p.indices.len()).sum();
+        let pages: usize = self.pages.iter().map(|p| p.levels.len() + p.values.len()).sum();
         self.values.iter().map(|v| v.len() + 4).sum::<usize>() + pages + (self.levels.len() + self.indices.len()) / 10
-    }
-
-    fn compress(&self, body: Vec<u8>) -> Result<(Bytes, usize)> {
-        let len = body.len();
-        Ok(match self.zstd_level {
-            Some(level) => (zstd::bulk::compress(&body, level)?.into(), len),
-            None => (body.into(), len),
-        })
     }
 
     /// The encoded chunk, and what the row group writer needs to know of it.
     fn finish(mut self) -> Result<(Bytes, ColumnCloseResult)> {
         self.cut_pages(true);
-        if self.pages.is_empty() {
-            self.pages.push(PageParts { rows: 0, levels: Vec::new(), bit_width: 1, indices: Vec::new() });
-        }
-        let nullable = self.nullable();
-        let mut sink = TrackedWrite::new(Vec::new());
-        let (mut compressed, mut uncompressed) = (0u64, 0u64);
         // Without values (every row null) there is no dictionary: PLAIN pages of levels.
-        let dictionary = !self.values.is_empty();
-        let data_page_offset;
-        {
-            let mut pages = SerializedPageWriter::new(&mut sink);
-            let mut put = |page: Page, size: usize| -> Result<u64> {
-                let spec = pages.write_page(CompressedPage::new(page, size))?;
-                compressed += spec.compressed_size as u64;
-                uncompressed += spec.uncompressed_size as u64;
-                Ok(spec.offset)
-            };
-            if dictionary {
-                let mut plain = Vec::new();
-                for v in &self.values {
-                    plain.extend_from_slice(&(v.len() as u32).to_le_bytes());
-                    plain.extend_from_slice(v);
-                }
-                let (buf, size) = self.compress(plain)?;
-                put(Page::DictionaryPage { buf, num_values: self.values.len() as u32, encoding: Encoding::PLAIN, is_sorted: false }, size)?;
+        let dictionary = (!self.values.is_empty()).then(|| {
+            let mut plain = Vec::new();
+            for v in &self.values {
+                plain.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                plain.extend_from_slice(v);
             }
-            let mut first_data = None;
-            for p in &self.pages {
-                let mut body = Vec::with_capacity(4 + p.levels.len() + 1 + p.indices.len());
-                if nullable {
-                    body.extend_from_slice(&(p.levels.len() as u32).to_le_bytes());
-                    body.extend_from_slice(&p.levels);
-                }
-                if dictionary {
-                    body.push(p.bit_width);
-                    body.extend_from_slice(&p.indices);
-                }
-                let (buf, size) = self.compress(body)?;
-                let page = Page::DataPage {
-                    buf,
-                    num_values: p.rows as u32,
-                    encoding: if dictionary { Encoding::RLE_DICTIONARY } else { Encoding::PLAIN },
-                    def_level_encoding: Encoding::RLE,
-                    rep_level_encoding: Encoding::RLE,
-                    statistics: None,
-                };
-                let offset = put(page, size)?;
-                first_data.get_or_insert(offset);
-            }
-            data_page_offset = first_data.expect("at least one data page");
-            pages.close()?;
-        }
-        let rows = self.rows;
-        let bytes_written = sink.bytes_written() as u64;
-        let buf = Bytes::from(sink.into_inner()?);
-        let mut encodings = vec![Encoding::PLAIN, Encoding::RLE];
-        if dictionary {
-            encodings.push(Encoding::RLE_DICTIONARY);
-        }
-        let mut meta = ColumnChunkMetaData::builder(self.descr.clone())
-            .set_encodings(encodings)
-            .set_compression(match self.zstd_level {
-                Some(l) => Compression::ZSTD(parquet::basic::ZstdLevel::try_new(l)?),
-                None => Compression::UNCOMPRESSED,
-            })
-            .set_num_values(rows as i64)
-            .set_total_compressed_size(compressed as i64)
-            .set_total_uncompressed_size(uncompressed as i64)
-            .set_data_page_offset(data_page_offset as i64)
-            .set_dictionary_page_offset(dictionary.then_some(0));
-        if self.statistics {
+            (plain, self.values.len() as u32)
+        });
+        let statistics = self.statistics.then(|| {
             let min = self.values.iter().min().map(|v| ByteArray::from(v.to_vec()));
             let max = self.values.iter().max().map(|v| ByteArray::from(v.to_vec()));
-            meta = meta.set_statistics(Statistics::ByteArray(ValueStatistics::new(min, max, None, Some(self.nulls), false)));
-        }
-        let close = ColumnCloseResult {
-            bytes_written,
-            rows_written: rows,
-            metadata: meta.build()?,
-            bloom_filter: None,
-            column_index: None,
-            offset_index: None,
-        };
-        Ok((buf, close))
+            Statistics::ByteArray(ValueStatistics::new(min, max, None, Some(self.nulls), false))
+        });
+        write_chunk(Chunk {
+            descr: &self.descr,
+            zstd_level: self.zstd_level,
+            dictionary,
+            pages: &self.pages,
+            encoding: Encoding::RLE_DICTIONARY,
+            rows: self.rows,
+            statistics,
+        })
     }
+}
+
+/// A column chunk ready to be written.
+struct Chunk<'a> {
+    descr: &'a ColumnDescPtr,
+    zstd_level: Option<i32>,
+    /// PLAIN-encoded dictionary and its entry count.
+    dictionary: Option<(Vec<u8>, u32)>,
+    pages: &'a [PageParts],
+    /// Of the values in pages that have any.
+    encoding: Encoding,
+    rows: u64,
+    statistics: Option<Statistics>,
+}
+
+fn compress(zstd_level: Option<i32>, body: Vec<u8>) -> Result<(Bytes, usize)> {
+    let len = body.len();
+    Ok(match zstd_level {
+        Some(level) => (zstd::bulk::compress(&body, level)?.into(), len),
+        None => (body.into(), len),
+    })
+}
+
+/// The chunk's bytes as the parquet crate lays them out (dictionary page first, then v1
+/// data pages, each compressed), and what the row group writer needs to know of them.
+fn write_chunk(c: Chunk) -> Result<(Bytes, ColumnCloseResult)> {
+    let nullable = c.descr.max_def_level() > 0;
+    let mut sink = TrackedWrite::new(Vec::new());
+    let (mut compressed, mut uncompressed) = (0u64, 0u64);
+    let mut encodings = vec![Encoding::PLAIN, Encoding::RLE];
+    let mut first_data = None;
+    {
+        let mut pages = SerializedPageWriter::new(&mut sink);
+        let mut put = |page: Page, size: usize| -> Result<u64> {
+            let spec = pages.write_page(CompressedPage::new(page, size))?;
+            compressed += spec.compressed_size as u64;
+            uncompressed += spec.uncompressed_size as u64;
+            Ok(spec.offset)
+        };
+        if let Some((plain, entries)) = c.dictionary.clone() {
+            let (buf, size) = compress(c.zstd_level, plain)?;
+            put(Page::DictionaryPage { buf, num_values: entries, encoding: Encoding::PLAIN, is_sorted: false }, size)?;
+        }
+        let empty = [PageParts { rows: 0, present: 0, levels: Vec::new(), values: Vec::new() }];
+        for p in if c.pages.is_empty() { &empty[..] } else { c.pages } {
+            let mut body = Vec::with_capacity(4 + p.levels.len() + p.values.len());
+            if nullable {
+                body.extend_from_slice(&(p.levels.len() as u32).to_le_bytes());
+                body.extend_from_slice(&p.levels);
+            }
+            let encoding = if p.present > 0 { c.encoding } else { Encoding::PLAIN };
+            if p.present > 0 {
+                body.extend_from_slice(&p.values);
+                if !encodings.contains(&encoding) {
+                    encodings.push(encoding);
+                }
+            }
+            let (buf, size) = compress(c.zstd_level, body)?;
+            let page = Page::DataPage {
+                buf,
+                num_values: p.rows as u32,
+                encoding,
+                def_level_encoding: Encoding::RLE,
+                rep_level_encoding: Encoding::RLE,
+                statistics: None,
+            };
+            let offset = put(page, size)?;
+            first_data.get_or_insert(offset);
+        }
+        pages.close()?;
+    }
+    let bytes_written = sink.bytes_written() as u64;
+    let buf = Bytes::from(sink.into_inner()?);
+    let mut meta = ColumnChunkMetaData::builder(c.descr.clone())
+        .set_encodings(encodings)
+        .set_compression(match c.zstd_level {
+            Some(l) => Compression::ZSTD(parquet::basic::ZstdLevel::try_new(l)?),
+            None => Compression::UNCOMPRESSED,
+        })
+        .set_num_values(c.rows as i64)
+        .set_total_compressed_size(compressed as i64)
+        .set_total_uncompressed_size(uncompressed as i64)
+        .set_data_page_offset(first_data.expect("at least one data page") as i64)
+        .set_dictionary_page_offset(c.dictionary.is_some().then_some(0));
+    if let Some(st) = c.statistics {
+        meta = meta.set_statistics(st);
+    }
+    let close = ColumnCloseResult {
+        bytes_written,
+        rows_written: c.rows,
+        metadata: meta.build()?,
+        bloom_filter: None,
+        column_index: None,
+        offset_index: None,
+    };
+    Ok((buf, close))
 }
 
 /// Parquet's RLE/bit-packed hybrid encoding of `values` (each < 2^bit_width), without a
