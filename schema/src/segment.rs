@@ -11,8 +11,8 @@
 //!
 //! The column chunk written is what the crate would write: a PLAIN dictionary page, then
 //! v1 data pages of RLE_DICTIONARY indices (RLE/bit-packed hybrid) after RLE definition
-//! levels for nullable columns, all zstd-compressed; an all-null chunk is one PLAIN data
-//! page of levels.
+//! levels for nullable columns, all zstd-compressed; a page without values (every row
+//! null) is PLAIN, levels only, and a chunk without values has no dictionary page.
 use std::fs::File;
 use std::sync::Arc;
 
