@@ -309,7 +309,9 @@ impl DictChunk {
         self.values.iter().map(|v| v.len() + 4).sum::<usize>() + pages + (self.levels.len() + self.indices.len()) / 10
     }
 
-    /// The encoded chunk, and what the row group writer needs to know of it.
+    /// The chunk's bytes as the parquet crate lays them out (the dictionary page, if any,
+    /// then v1 data pages, each compressed), and what the row group writer needs to know of
+    /// them.
     fn finish(mut self) -> Result<(Bytes, ColumnCloseResult)> {
         self.cut_pages(true);
         // Without values (every row null) there is no dictionary: PLAIN pages of levels.
@@ -326,29 +328,78 @@ impl DictChunk {
             let max = self.values.iter().max().map(|v| ByteArray::from(v.to_vec()));
             Statistics::ByteArray(ValueStatistics::new(min, max, None, Some(self.nulls), false))
         });
-        write_chunk(Chunk {
-            descr: &self.descr,
-            zstd_level: self.zstd_level,
-            dictionary,
-            pages: &self.pages,
-            encoding: Encoding::RLE_DICTIONARY,
-            rows: self.rows,
-            statistics,
-        })
+        let has_dictionary = dictionary.is_some();
+        let nullable = self.nullable();
+        let mut sink = TrackedWrite::new(Vec::new());
+        let (mut compressed, mut uncompressed) = (0u64, 0u64);
+        let mut first_data = None;
+        {
+            let mut pages = SerializedPageWriter::new(&mut sink);
+            let mut put = |page: Page, size: usize| -> Result<u64> {
+                let spec = pages.write_page(CompressedPage::new(page, size))?;
+                compressed += spec.compressed_size as u64;
+                uncompressed += spec.uncompressed_size as u64;
+                Ok(spec.offset)
+            };
+            if let Some((plain, entries)) = dictionary {
+                let (buf, size) = compress(self.zstd_level, plain)?;
+                put(Page::DictionaryPage { buf, num_values: entries, encoding: Encoding::PLAIN, is_sorted: false }, size)?;
+            }
+            // A row group has rows, so the chunk has at least one page.
+            for p in &self.pages {
+                let mut body = Vec::with_capacity(4 + p.levels.len() + p.values.len());
+                if nullable {
+                    body.extend_from_slice(&(p.levels.len() as u32).to_le_bytes());
+                    body.extend_from_slice(&p.levels);
+                }
+                let encoding = if p.present > 0 { Encoding::RLE_DICTIONARY } else { Encoding::PLAIN };
+                if p.present > 0 {
+                    body.extend_from_slice(&p.values);
+                }
+                let (buf, size) = compress(self.zstd_level, body)?;
+                let page = Page::DataPage {
+                    buf,
+                    num_values: p.rows as u32,
+                    encoding,
+                    def_level_encoding: Encoding::RLE,
+                    rep_level_encoding: Encoding::RLE,
+                    statistics: None,
+                };
+                let offset = put(page, size)?;
+                first_data.get_or_insert(offset);
+            }
+            pages.close()?;
+        }
+        let bytes_written = sink.bytes_written() as u64;
+        let buf = Bytes::from(sink.into_inner()?);
+        let mut meta = ColumnChunkMetaData::builder(self.descr.clone())
+            .set_encodings(if has_dictionary {
+                vec![Encoding::PLAIN, Encoding::RLE, Encoding::RLE_DICTIONARY]
+            } else {
+                vec![Encoding::PLAIN, Encoding::RLE]
+            })
+            .set_compression(match self.zstd_level {
+                Some(l) => Compression::ZSTD(parquet::basic::ZstdLevel::try_new(l)?),
+                None => Compression::UNCOMPRESSED,
+            })
+            .set_num_values(self.rows as i64)
+            .set_total_compressed_size(compressed as i64)
+            .set_total_uncompressed_size(uncompressed as i64)
+            .set_data_page_offset(first_data.expect("at least one data page") as i64)
+            .set_dictionary_page_offset(has_dictionary.then_some(0));
+        if let Some(st) = statistics {
+            meta = meta.set_statistics(st);
+        }
+        let close = ColumnCloseResult {
+            bytes_written,
+            rows_written: self.rows,
+            metadata: meta.build()?,
+            bloom_filter: None,
+            column_index: None,
+            offset_index: None,
+        };
+        Ok((buf, close))
     }
-}
-
-/// A column chunk ready to be written.
-struct Chunk<'a> {
-    descr: &'a ColumnDescPtr,
-    zstd_level: Option<i32>,
-    /// PLAIN-encoded dictionary and its entry count.
-    dictionary: Option<(Vec<u8>, u32)>,
-    pages: &'a [PageParts],
-    /// Of the values in pages that have any.
-    encoding: Encoding,
-    rows: u64,
-    statistics: Option<Statistics>,
 }
 
 fn compress(zstd_level: Option<i32>, body: Vec<u8>) -> Result<(Bytes, usize)> {
@@ -357,81 +408,6 @@ fn compress(zstd_level: Option<i32>, body: Vec<u8>) -> Result<(Bytes, usize)> {
         Some(level) => (zstd::bulk::compress(&body, level)?.into(), len),
         None => (body.into(), len),
     })
-}
-
-/// The chunk's bytes as the parquet crate lays them out (dictionary page first, then v1
-/// data pages, each compressed), and what the row group writer needs to know of them.
-fn write_chunk(c: Chunk) -> Result<(Bytes, ColumnCloseResult)> {
-    let nullable = c.descr.max_def_level() > 0;
-    let mut sink = TrackedWrite::new(Vec::new());
-    let (mut compressed, mut uncompressed) = (0u64, 0u64);
-    let mut encodings = vec![Encoding::PLAIN, Encoding::RLE];
-    let mut first_data = None;
-    {
-        let mut pages = SerializedPageWriter::new(&mut sink);
-        let mut put = |page: Page, size: usize| -> Result<u64> {
-            let spec = pages.write_page(CompressedPage::new(page, size))?;
-            compressed += spec.compressed_size as u64;
-            uncompressed += spec.uncompressed_size as u64;
-            Ok(spec.offset)
-        };
-        if let Some((plain, entries)) = c.dictionary.clone() {
-            let (buf, size) = compress(c.zstd_level, plain)?;
-            put(Page::DictionaryPage { buf, num_values: entries, encoding: Encoding::PLAIN, is_sorted: false }, size)?;
-        }
-        let empty = [PageParts { rows: 0, present: 0, levels: Vec::new(), values: Vec::new() }];
-        for p in if c.pages.is_empty() { &empty[..] } else { c.pages } {
-            let mut body = Vec::with_capacity(4 + p.levels.len() + p.values.len());
-            if nullable {
-                body.extend_from_slice(&(p.levels.len() as u32).to_le_bytes());
-                body.extend_from_slice(&p.levels);
-            }
-            let encoding = if p.present > 0 { c.encoding } else { Encoding::PLAIN };
-            if p.present > 0 {
-                body.extend_from_slice(&p.values);
-                if !encodings.contains(&encoding) {
-                    encodings.push(encoding);
-                }
-            }
-            let (buf, size) = compress(c.zstd_level, body)?;
-            let page = Page::DataPage {
-                buf,
-                num_values: p.rows as u32,
-                encoding,
-                def_level_encoding: Encoding::RLE,
-                rep_level_encoding: Encoding::RLE,
-                statistics: None,
-            };
-            let offset = put(page, size)?;
-            first_data.get_or_insert(offset);
-        }
-        pages.close()?;
-    }
-    let bytes_written = sink.bytes_written() as u64;
-    let buf = Bytes::from(sink.into_inner()?);
-    let mut meta = ColumnChunkMetaData::builder(c.descr.clone())
-        .set_encodings(encodings)
-        .set_compression(match c.zstd_level {
-            Some(l) => Compression::ZSTD(parquet::basic::ZstdLevel::try_new(l)?),
-            None => Compression::UNCOMPRESSED,
-        })
-        .set_num_values(c.rows as i64)
-        .set_total_compressed_size(compressed as i64)
-        .set_total_uncompressed_size(uncompressed as i64)
-        .set_data_page_offset(first_data.expect("at least one data page") as i64)
-        .set_dictionary_page_offset(c.dictionary.is_some().then_some(0));
-    if let Some(st) = c.statistics {
-        meta = meta.set_statistics(st);
-    }
-    let close = ColumnCloseResult {
-        bytes_written,
-        rows_written: c.rows,
-        metadata: meta.build()?,
-        bloom_filter: None,
-        column_index: None,
-        offset_index: None,
-    };
-    Ok((buf, close))
 }
 
 /// Parquet's RLE/bit-packed hybrid encoding of `values` (each < 2^bit_width), without a
