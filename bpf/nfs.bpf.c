@@ -278,65 +278,59 @@ static __always_inline struct nfs_slot *oldest_slot(struct nfs_start *st)
 }
 
 /*
- * A completion takes the oldest start under its key. Two completions of one range on two
- * CPUs (concurrent O_DIRECT readers) can both pick the same slot: the one whose release
- * fails takes the next oldest, so each of them gets a start and writes its row.
+ * A completion takes the oldest start under its key: copies it to *out and frees its slot.
+ * Two completions of one range on two CPUs (concurrent O_DIRECT readers) can both pick
+ * the same slot: the one whose release fails takes the next oldest, so each of them gets
+ * a start. False when no start could be taken.
  */
+static __always_inline bool take_oldest(struct nfs_start *st, __u32 dev, struct nfs_slot *out)
+{
+	for (int attempt = 0; attempt < NFS_SLOTS; attempt++) {
+		struct nfs_slot *s = oldest_slot(st);
+
+		if (!s)
+			return false;
+		/* The fields are read before the release: after it, an initiate may reuse the slot. */
+		__builtin_memcpy(out, s, sizeof(*out));
+		if (out->issue_ns && release_slot(s, out->issue_ns, dev))
+			return true;
+	}
+	return false;
+}
+
 static __always_inline int done(__u32 op, __u32 dev, __u64 fileid, __s64 offset, __u32 returned,
 				__s32 error)
 {
 	struct nfs_key key = { .fileid = fileid, .offset = offset, .dev = dev, .op = op };
 	struct nfs_start *st = bpf_map_lookup_elem(&nfs_started, &key);
-	struct nfs_slot *oldest;
+	struct nfs_slot start;
 	struct nfs_event *e;
-	__u64 issue_ns;
 
 	if (!st)
 		return 0; /* initiated before we attached */
+	if (!take_oldest(st, dev, &start))
+		return 0;
 	e = bpf_ringbuf_reserve(&nfs_events, sizeof(*e), 0);
 	if (!e) {
-		/* No room for the row: still end the request's flight, and count the row. */
-		for (int attempt = 0; attempt < NFS_SLOTS; attempt++) {
-			oldest = oldest_slot(st);
-			if (!oldest)
-				return 0;
-			issue_ns = oldest->issue_ns;
-			if (issue_ns && release_slot(oldest, issue_ns, dev)) {
-				count_lost(TRAINIO_LOST_NFS_RINGBUF);
-				return 0;
-			}
-		}
+		count_lost(TRAINIO_LOST_NFS_RINGBUF);
 		return 0;
 	}
-	for (int attempt = 0; attempt < NFS_SLOTS; attempt++) {
-		oldest = oldest_slot(st);
-		if (!oldest)
-			break;
-		issue_ns = oldest->issue_ns;
-		if (!issue_ns)
-			continue; /* freed since it was picked */
-		e->kind = TRAINIO_KIND_NFS;
-		e->op = op;
-		e->issue_ns = issue_ns;
-		e->offset = offset;
-		e->fileid = fileid;
-		e->dev = dev;
-		e->requested = oldest->requested;
-		e->returned = returned;
-		e->queue_depth = oldest->queue_depth;
-		e->pid = oldest->pid;
-		e->tid = oldest->tid;
-		e->error = error < 0 ? error : 0;
-		__builtin_memcpy(e->comm, oldest->comm, sizeof(e->comm));
-		/* Only a slot this completion frees is its own (the fields were read first). */
-		if (release_slot(oldest, issue_ns, dev)) {
-			e->complete_ns = bpf_ktime_get_ns();
-			take_rpc(e);
-			submit_batched(nfs_events, e);
-			return 0;
-		}
-	}
-	bpf_ringbuf_discard(e, 0);
+	e->kind = TRAINIO_KIND_NFS;
+	e->op = op;
+	e->issue_ns = start.issue_ns;
+	e->complete_ns = bpf_ktime_get_ns();
+	e->offset = offset;
+	e->fileid = fileid;
+	e->dev = dev;
+	e->requested = start.requested;
+	e->returned = returned;
+	e->queue_depth = start.queue_depth;
+	e->pid = start.pid;
+	e->tid = start.tid;
+	e->error = error < 0 ? error : 0;
+	__builtin_memcpy(e->comm, start.comm, sizeof(e->comm));
+	take_rpc(e);
+	submit_batched(nfs_events, e);
 	return 0;
 }
 
