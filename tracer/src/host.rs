@@ -104,8 +104,13 @@ fn mounts() -> Vec<(String, Mount)> {
         .collect()
 }
 
-/// The disk a `MAJ:MIN` belongs to (itself unless it is a partition).
+/// The disk a `MAJ:MIN` belongs to (itself unless it is a partition). Major 0 is the
+/// kernel's unnamed devices (tmpfs, proc, overlay, NFS…): never a partition, and skipped
+/// without touching sysfs, since this runs for every mount on each metadata refresh.
 fn disk_of(majmin: &str) -> String {
+    if majmin.starts_with("0:") {
+        return majmin.to_string();
+    }
     let sys = Path::new("/sys/dev/block").join(majmin);
     match fs::canonicalize(&sys) {
         Ok(p) if p.join("partition").exists() => fs::read_to_string(p.parent().unwrap().join("dev"))
