@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import polars as pl
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -189,10 +190,15 @@ def test_sigkill_leaves_readable_segments_and_no_programs(tmp_path: Path, loop_d
     done = sorted(out.glob("seg-*.parquet"))
     assert len(done) >= 2
     total = 0
-    for seg in done:
+    for i, seg in enumerate(done):
         md = pq.read_metadata(seg).metadata
         assert md[b"trainio.schema_version"] == b"1"
-        total += pq.read_table(seg).num_rows
+        assert int(md[b"trainio.segment"]) == i
+        table = pq.read_table(seg)
+        total += table.num_rows
+        # Metadata as of the segment's closing: it covers every row written up to it.
+        assert int(md[b"trainio.end_ns"]) >= pc.max(table["complete_ns"]).as_py(), seg.name
+        assert sum(json.loads(md[b"trainio.events"]).values()) >= total, seg.name
     assert total > 0
     assert scan_trace(out).select(pl.len()).collect().item() == total, "readers skip the .partial"
 

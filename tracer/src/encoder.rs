@@ -4,6 +4,11 @@
 //! SCHED_IDLE, so on a busy machine the encoding takes only CPU time nobody else wants;
 //! the traced workload pays for the decode alone (about a third of the drain's cost).
 //!
+//! A segment is closed with metadata as of its closing, which only the drain thread can
+//! compute (counters, devices, BPF statistics): when the open segment reaches its size or
+//! age limit, this thread raises `full`, and the drain thread's next turn (within ~10 ms)
+//! sends the metadata to close it with. Batches sent meanwhile go into it too.
+//!
 //! The backlog is bounded in rows and in age: past either bound the drain thread puts
 //! this thread back to normal priority until it has caught up, so memory stays bounded
 //! and a SIGKILL loses at most MAX_LAG of events more than before.
@@ -24,9 +29,18 @@ const MAX_BACKLOG_ROWS: u64 = 4 << 20;
 /// Age of the oldest unwritten batch past which the encoder runs at normal priority.
 const MAX_LAG: Duration = Duration::from_secs(3);
 
-/// Metadata of the segment a batch belongs to, as of that batch (the segment index is
-/// filled in by the encoder, which decides where segments end).
+/// Metadata to close a segment with (the segment index is filled in by the encoder).
 pub type Metadata = Vec<(String, String)>;
+
+enum Msg {
+    Batch(u64, RecordBatch),
+    Close(Metadata),
+}
+
+/// `Shared::full`: no request; the open segment is full; its closing metadata is on the way.
+const FULL_NO: i32 = 0;
+const FULL_YES: i32 = 1;
+const FULL_ASKED: i32 = 2;
 
 struct Shared {
     /// Thread id of the encoder (for sched_setscheduler from the drain thread).
@@ -36,10 +50,12 @@ struct Shared {
     written: AtomicU64,
     /// 1 while the encoder runs at normal priority until caught up; 2 until the end.
     boosted: AtomicI32,
+    /// FULL_NO, FULL_YES or FULL_ASKED.
+    full: AtomicI32,
 }
 
 pub struct Encoder {
-    tx: Option<SyncSender<(u64, RecordBatch, Metadata)>>,
+    tx: Option<SyncSender<Msg>>,
     thread: Option<JoinHandle<Result<TraceWriter>>>,
     shared: Arc<Shared>,
     /// (sequence, rows, when sent) of batches not yet written.
@@ -64,17 +80,27 @@ fn with_segment(meta: &Metadata, segment: u32) -> Metadata {
     m
 }
 
-fn run(mut writer: TraceWriter, rx: Receiver<(u64, RecordBatch, Metadata)>, shared: Arc<Shared>) -> Result<TraceWriter> {
+fn run(mut writer: TraceWriter, rx: Receiver<Msg>, shared: Arc<Shared>) -> Result<TraceWriter> {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     shared.tid.store(tid, Ordering::SeqCst);
     if shared.boosted.load(Ordering::SeqCst) == 0 {
         set_policy(0, true);
     }
-    for (seq, batch, meta) in rx {
-        writer.write(&batch)?;
+    for msg in rx {
+        let seq = match msg {
+            Msg::Batch(seq, batch) => {
+                writer.write(&batch)?;
+                seq
+            }
+            Msg::Close(meta) => {
+                writer.close_segment(&with_segment(&meta, writer.segment_index()))?;
+                shared.full.store(FULL_NO, Ordering::SeqCst);
+                continue;
+            }
+        };
         if writer.segment_full() {
-            writer.close_segment(&with_segment(&meta, writer.segment_index()))?;
+            let _ = shared.full.compare_exchange(FULL_NO, FULL_YES, Ordering::SeqCst, Ordering::SeqCst);
         }
         shared.written.store(seq, Ordering::SeqCst);
         // Caught up: give the CPU back to the workload.
@@ -98,6 +124,7 @@ impl Encoder {
             sent: AtomicU64::new(0),
             written: AtomicU64::new(0),
             boosted: AtomicI32::new(0),
+            full: AtomicI32::new(FULL_NO),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -115,21 +142,36 @@ impl Encoder {
     }
 
     /// Queues a batch; returns an error only if the encoder failed (its error). Empty
-    /// batches go too (the drain sends one a second): they let the encoder close a segment
-    /// that reaches its age while no rows come, so a quiet spell does not leave rows in a
-    /// `.partial` that a SIGKILL would lose.
-    pub fn send(&mut self, batch: RecordBatch, meta: Metadata) -> Result<()> {
+    /// batches go too (the drain sends one a second): they let the encoder see that a
+    /// segment reached its age while no rows came, so a quiet spell does not leave rows in
+    /// a `.partial` that a SIGKILL would lose.
+    pub fn send(&mut self, batch: RecordBatch) -> Result<()> {
         let seq = self.next_seq;
         self.next_seq += 1;
         let rows = batch.num_rows() as u64;
         self.shared.sent.store(seq, Ordering::SeqCst);
-        let sent = self.tx.as_ref().expect("encoder running").send((seq, batch, meta));
-        if sent.is_err() {
-            return Err(self.join().err().unwrap_or_else(|| anyhow!("the encoder thread stopped")));
-        }
+        self.put(Msg::Batch(seq, batch))?;
         self.pending.push_back((seq, rows, Instant::now()));
         self.pending_rows += rows;
         self.regulate();
+        Ok(())
+    }
+
+    /// True once when the open segment is full: the caller then sends its metadata with
+    /// [`close_segment`](Self::close_segment).
+    pub fn segment_full(&self) -> bool {
+        self.shared.full.compare_exchange(FULL_YES, FULL_ASKED, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    }
+
+    /// Closes the open segment, after the batches already sent, with this metadata.
+    pub fn close_segment(&mut self, meta: Metadata) -> Result<()> {
+        self.put(Msg::Close(meta))
+    }
+
+    fn put(&mut self, msg: Msg) -> Result<()> {
+        if self.tx.as_ref().expect("encoder running").send(msg).is_err() {
+            return Err(self.join().err().unwrap_or_else(|| anyhow!("the encoder thread stopped")));
+        }
         Ok(())
     }
 

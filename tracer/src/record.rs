@@ -17,7 +17,7 @@ use serde_json::json;
 use trainio_schema::{keys, Layer, SegmentLimits, TraceWriter, SCHEMA_MINOR, SCHEMA_VERSION};
 
 use crate::cli::{usage, Args};
-use crate::encoder::{Encoder, Metadata};
+use crate::encoder::Encoder;
 use crate::events::Collector;
 use crate::host;
 use crate::probes::{Probes, Settings, Target};
@@ -28,7 +28,6 @@ const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// How often each CPU's batch of block completions is checked for age (block.bpf.c:
 /// written once its first event is 50 ms old, so rows lag the kernel by at most ~150 ms).
 const BATCH_FLUSH_EVERY: Duration = Duration::from_millis(100);
-const META_EVERY: Duration = Duration::from_millis(250);
 /// Kernel BPF statistics are sampled: on at the start of every STATS_PERIOD until
 /// STATS_RUNS program runs have been timed or STATS_ON has passed (StatsSampler).
 const STATS_ON: Duration = Duration::from_secs(1);
@@ -369,7 +368,6 @@ pub fn run(args: Args) -> Result<i32> {
         &args.output,
         SegmentLimits { max_bytes: args.segment_mb << 20, max_age: Duration::from_secs_f64(args.segment_s) },
     ))?;
-    let mut meta_cache: Option<(Instant, Metadata)> = None;
 
     install_signal_handlers();
     let mut child = match &checked.subject {
@@ -402,18 +400,12 @@ pub fn run(args: Args) -> Result<i32> {
         stats.tick(&probes);
         if collector.borrow().batch.len() >= FLUSH_ROWS || last_flush.elapsed() >= FLUSH_EVERY {
             let batch = collector.borrow_mut().batch.finish();
-            // Metadata for the segment this batch may close; refreshed at most 4 times a
-            // second (it reads every program's statistics and sysfs).
-            let meta = match &meta_cache {
-                Some((at, m)) if at.elapsed() < META_EVERY => m.clone(),
-                _ => {
-                    let m = segment_metadata(&st, &collector.borrow(), &probes, 0);
-                    meta_cache = Some((Instant::now(), m.clone()));
-                    m
-                }
-            };
-            encoder.send(batch, meta)?;
+            encoder.send(batch)?;
             last_flush = Instant::now();
+        }
+        if encoder.segment_full() {
+            // The segment index is the encoder's to fill in.
+            encoder.close_segment(segment_metadata(&st, &collector.borrow(), &probes, 0))?;
         }
         encoder.regulate();
         if let Some(c) = child.as_mut() {
@@ -461,7 +453,7 @@ pub fn run(args: Args) -> Result<i32> {
         collector.borrow_mut().on_record(&rec);
     }
     let batch = collector.borrow_mut().batch.finish();
-    encoder.send(batch, Vec::new())?;
+    encoder.send(batch)?;
     let mut writer = encoder.finish()?;
     writer.open()?;
     let meta = segment_metadata(&st, &collector.borrow(), &probes, writer.segment_index());
