@@ -6,8 +6,9 @@
 //! and its min/max statistics, although the rows arrive as Arrow dictionaries of one or
 //! two entries. That was half of the recorder's encoding time (`make bench-encode`).
 //! Here each batch's dictionary entries are mapped once to the column chunk's
-//! dictionary; a row costs a key lookup, and the statistics are taken over the chunk's
-//! dictionary when the row group closes.
+//! dictionary; a row costs a key comparison (rows are kept as runs of one index until
+//! their page is encoded), and the statistics are taken over the chunk's dictionary when
+//! the row group closes.
 //!
 //! The column chunk written is what the crate would write: a PLAIN dictionary page, then
 //! v1 data pages of RLE_DICTIONARY indices (RLE/bit-packed hybrid) after RLE definition
@@ -164,10 +165,12 @@ struct DictChunk {
     statistics: bool,
     values: Vec<Box<[u8]>>,
     ids: FxHashMap<Box<[u8]>, u32>,
-    /// Rows not yet in a page: their dictionary indices, and (nullable columns only)
-    /// their definition levels, 1 for a value and 0 for a null.
-    indices: Vec<u32>,
-    levels: Vec<u8>,
+    /// Rows not yet in a page, as runs of one value: their dictionary indices, and
+    /// (nullable columns only) their definition levels, 1 for a value and 0 for a null.
+    /// Trace columns hold long runs (one device, command or layer row after row), which
+    /// the RLE/bit-packed hybrid then writes as they are.
+    indices: Runs,
+    levels: Runs,
     pages: Vec<PageParts>,
     rows: u64,
     nulls: u64,
@@ -196,8 +199,8 @@ impl DictChunk {
             descr,
             values: Vec::new(),
             ids: FxHashMap::default(),
-            indices: Vec::new(),
-            levels: Vec::new(),
+            indices: Runs::default(),
+            levels: Runs::default(),
             pages: Vec::new(),
             rows: 0,
             nulls: 0,
@@ -246,17 +249,22 @@ impl DictChunk {
         self.rows += keys.len() as u64;
         if !keys.is_empty() && keys.null_count() == keys.len() && self.nullable() {
             self.nulls += keys.len() as u64;
-            self.levels.resize(self.levels.len() + keys.len(), 0);
+            self.levels.push_n(0, keys.len());
             return Ok(());
         }
         match keys.nulls().filter(|n| n.null_count() > 0) {
             None => {
+                // Keys repeat row after row: map a key once per run.
+                let mut last = (usize::MAX, 0);
                 for k in keys.values().iter() {
-                    let id = id_of(k.as_usize(), self);
-                    self.indices.push(id);
+                    let k = k.as_usize();
+                    if k != last.0 {
+                        last = (k, id_of(k, self));
+                    }
+                    self.indices.push_n(last.1, 1);
                 }
                 if self.nullable() {
-                    self.levels.resize(self.levels.len() + keys.len(), 1);
+                    self.levels.push_n(1, keys.len());
                 }
             }
             Some(valid) => {
@@ -266,11 +274,11 @@ impl DictChunk {
                 for (k, ok) in keys.values().iter().zip(valid.iter()) {
                     if ok {
                         let id = id_of(k.as_usize(), self);
-                        self.indices.push(id);
+                        self.indices.push_n(id, 1);
                     } else {
                         self.nulls += 1;
                     }
-                    self.levels.push(ok as u8);
+                    self.levels.push_n(u32::from(ok), 1);
                 }
             }
         }
@@ -280,33 +288,30 @@ impl DictChunk {
     /// Encodes the pending rows into pages of PAGE_VALUES rows; with `all`, the rest too.
     fn cut_pages(&mut self, all: bool) {
         let nullable = self.nullable();
-        let pending = if nullable { self.levels.len() } else { self.indices.len() };
         let bit_width = (32 - (self.values.len().saturating_sub(1) as u32).leading_zeros()).max(1) as u8;
-        let (mut at_row, mut at_index) = (0, 0);
-        while pending - at_row >= PAGE_VALUES || (all && at_row < pending) {
-            let rows = (pending - at_row).min(PAGE_VALUES);
+        loop {
+            let pending = if nullable { self.levels.len } else { self.indices.len };
+            if pending == 0 || (pending < PAGE_VALUES && !all) {
+                break;
+            }
+            let rows = pending.min(PAGE_VALUES);
             let (levels, present) = if nullable {
-                let l = &self.levels[at_row..at_row + rows];
-                (rle_hybrid(l.iter().map(|&v| u32::from(v)), 1), l.iter().filter(|&&v| v == 1).count())
+                let l = self.levels.take(rows);
+                let present = l.iter().filter(|r| r.0 == 1).map(|r| r.1 as usize).sum();
+                (rle_hybrid(&l, 1), present)
             } else {
                 (Vec::new(), rows)
             };
             let mut values = vec![bit_width];
-            values.extend(rle_hybrid(self.indices[at_index..at_index + present].iter().copied(), bit_width));
+            values.extend(rle_hybrid(&self.indices.take(present), bit_width));
             self.pages.push(PageParts { rows, present, levels, values });
-            at_row += rows;
-            at_index += present;
         }
-        if nullable {
-            self.levels.drain(..at_row);
-        }
-        self.indices.drain(..at_index);
     }
 
     fn estimated_bytes(&self) -> usize {
-        // Encoded pages shrink further under zstd; pending rows count a byte per ten.
+        // Encoded pages shrink further under zstd; pending runs count 8 bytes each.
         let pages: usize = self.pages.iter().map(|p| p.levels.len() + p.values.len()).sum();
-        self.values.iter().map(|v| v.len() + 4).sum::<usize>() + pages + (self.levels.len() + self.indices.len()) / 10
+        self.values.iter().map(|v| v.len() + 4).sum::<usize>() + pages + 8 * (self.levels.runs.len() + self.indices.runs.len())
     }
 
     /// The chunk's bytes as the parquet crate lays them out (the dictionary page, if any,
@@ -410,29 +415,64 @@ fn compress(zstd_level: Option<i32>, body: Vec<u8>) -> Result<(Bytes, usize)> {
     })
 }
 
-/// Parquet's RLE/bit-packed hybrid encoding of `values` (each < 2^bit_width), without a
-/// length prefix: runs of 8 or more equal values as RLE runs, the rest bit-packed in
-/// groups of 8 (the last group padded with zeros; readers stop at the page's count).
-fn rle_hybrid(values: impl Iterator<Item = u32>, bit_width: u8) -> Vec<u8> {
-    let values: Vec<u32> = values.collect();
+/// Values as runs of one value: (value, count), no two neighbours equal, count > 0.
+#[derive(Default)]
+struct Runs {
+    runs: std::collections::VecDeque<(u32, u32)>,
+    /// Values in all runs.
+    len: usize,
+}
+
+impl Runs {
+    #[inline]
+    fn push_n(&mut self, v: u32, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.len += n;
+        match self.runs.back_mut() {
+            Some(last) if last.0 == v && (last.1 as usize) + n <= u32::MAX as usize => last.1 += n as u32,
+            _ => self.runs.push_back((v, n as u32)),
+        }
+    }
+
+    /// Removes the first `n` values (n <= len) and returns their runs.
+    fn take(&mut self, mut n: usize) -> Vec<(u32, u32)> {
+        self.len -= n;
+        let mut out = Vec::new();
+        while n > 0 {
+            let front = self.runs.front_mut().expect("n <= len");
+            if (front.1 as usize) <= n {
+                n -= front.1 as usize;
+                out.push(self.runs.pop_front().expect("front exists"));
+            } else {
+                front.1 -= n as u32;
+                out.push((front.0, n as u32));
+                n = 0;
+            }
+        }
+        out
+    }
+}
+
+/// Parquet's RLE/bit-packed hybrid encoding of the values of `runs` (each < 2^bit_width),
+/// without a length prefix: runs of 8 or more equal values as RLE runs, the rest
+/// bit-packed in groups of 8 (the last group padded with zeros; readers stop at the page's
+/// count).
+fn rle_hybrid(runs: &[(u32, u32)], bit_width: u8) -> Vec<u8> {
     let mut out = Vec::new();
     let mut literals: Vec<u32> = Vec::new();
-    let mut i = 0;
-    while i < values.len() {
-        let v = values[i];
-        let run = values[i..].iter().take_while(|&&x| x == v).count();
+    for &(v, run) in runs {
+        let run = run as usize;
         // A literal group must be complete before a run can start: top it up from the run.
         let fill = (8 - literals.len() % 8) % 8;
         if run >= fill + 8 {
             literals.extend(std::iter::repeat_n(v, fill));
             flush_literals(&mut out, &mut literals, bit_width);
-            let n = run - fill;
-            put_varint(&mut out, (n as u64) << 1);
+            put_varint(&mut out, ((run - fill) as u64) << 1);
             out.extend_from_slice(&v.to_le_bytes()[..usize::from(bit_width).div_ceil(8)]);
-            i += run;
         } else {
-            literals.extend_from_slice(&values[i..i + run]);
-            i += run;
+            literals.extend(std::iter::repeat_n(v, run));
         }
     }
     if !literals.is_empty() {
