@@ -1,6 +1,8 @@
-//! One Parquet segment file. Integer columns go through the parquet crate's Arrow column
-//! writers; the dictionary-encoded string columns (`layer`, `op`, `dev`, `comm`, `file`)
-//! are encoded here.
+//! One Parquet segment file. Its column chunks are encoded here: the dictionary-encoded
+//! string columns (`layer`, `op`, `dev`, `comm`, `file`) by DictChunk, the Int64, Int32
+//! and UInt32 columns by IntChunk; a column of any other type would go through the
+//! parquet crate's Arrow column writer. The crate still lays out the file, footer and
+//! row groups.
 //!
 //! Why: the crate's writer hashes and compares every row's string to rebuild a dictionary
 //! and its min/max statistics, although the rows arrive as Arrow dictionaries of one or
@@ -8,19 +10,23 @@
 //! Here each batch's dictionary entries are mapped once to the column chunk's
 //! dictionary; a row costs a key comparison (rows are kept as runs of one index until
 //! their page is encoded), and the statistics are taken over the chunk's dictionary when
-//! the row group closes.
+//! the row group closes. Integer columns: most are constant for long stretches (pid, tid,
+//! bytes, flags, error of one job's block rows), and a block of 128 equal values is
+//! written after one comparison per value, where the crate's delta encoder computes,
+//! reduces and bit-packs every delta (IntChunk).
 //!
-//! The column chunk written is what the crate would write: a PLAIN dictionary page, then
-//! v1 data pages of RLE_DICTIONARY indices (RLE/bit-packed hybrid) after RLE definition
-//! levels for nullable columns, all zstd-compressed; a page without values (every row
-//! null) is PLAIN, levels only, and a chunk without values has no dictionary page.
+//! The column chunks are standard: for strings a PLAIN dictionary page, then v1 data
+//! pages of RLE_DICTIONARY indices (RLE/bit-packed hybrid); for integers v1 data pages
+//! of DELTA_BINARY_PACKED values; RLE definition levels first in the pages of nullable
+//! columns, all zstd-compressed; a page without values (every row null) is PLAIN, levels
+//! only, and a chunk without values has no dictionary page.
 use std::fs::File;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use arrow_array::cast::AsArray;
-use arrow_array::types::{ArrowDictionaryKeyType, Int16Type, Int32Type, Int8Type};
-use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_array::types::{ArrowDictionaryKeyType, ArrowPrimitiveType, Int16Type, Int32Type, Int64Type, Int8Type, UInt32Type};
+use arrow_array::{Array, ArrayRef, PrimitiveArray, RecordBatch};
 use arrow_buffer::ArrowNativeType;
 use arrow_schema::{DataType, SchemaRef};
 use bytes::Bytes;
@@ -57,6 +63,7 @@ struct Group {
 enum Column {
     Arrow(ArrowColumnWriter),
     Dict(DictChunk),
+    Int(IntChunk),
 }
 
 impl SegmentFile {
@@ -87,6 +94,7 @@ impl SegmentFile {
                         }
                     }
                     Column::Dict(d) => d.write(array)?,
+                    Column::Int(c) => c.write(array)?,
                 }
             }
             group.rows += take;
@@ -107,7 +115,10 @@ impl SegmentFile {
             .zip(self.file.schema_descr().columns())
             .map(|((w, field), descr)| match field.data_type() {
                 DataType::Dictionary(_, _) => Column::Dict(DictChunk::new(descr.clone(), props)),
-                _ => Column::Arrow(w),
+                t => match IntChunk::new(descr.clone(), t, props) {
+                    Some(c) => Column::Int(c),
+                    None => Column::Arrow(w),
+                },
             })
             .collect();
         Ok(Group { columns, rows: 0 })
@@ -124,6 +135,10 @@ impl SegmentFile {
                     let (bytes, close) = d.finish()?;
                     rg.append_column(&bytes, close)?;
                 }
+                Column::Int(c) => {
+                    let (bytes, close) = c.finish()?;
+                    rg.append_column(&bytes, close)?;
+                }
             }
         }
         rg.close()?;
@@ -138,6 +153,7 @@ impl SegmentFile {
                 .map(|c| match c {
                     Column::Arrow(w) => w.get_estimated_total_bytes(),
                     Column::Dict(d) => d.estimated_bytes(),
+                    Column::Int(c) => c.estimated_bytes(),
                 })
                 .sum()
         });
@@ -314,9 +330,7 @@ impl DictChunk {
         self.values.iter().map(|v| v.len() + 4).sum::<usize>() + pages + 8 * (self.levels.runs.len() + self.indices.runs.len())
     }
 
-    /// The chunk's bytes as the parquet crate lays them out (the dictionary page, if any,
-    /// then v1 data pages, each compressed), and what the row group writer needs to know of
-    /// them.
+    /// The chunk's bytes and what the row group writer needs to know of them.
     fn finish(mut self) -> Result<(Bytes, ColumnCloseResult)> {
         self.cut_pages(true);
         // Without values (every row null) there is no dictionary: PLAIN pages of levels.
@@ -333,78 +347,353 @@ impl DictChunk {
             let max = self.values.iter().max().map(|v| ByteArray::from(v.to_vec()));
             Statistics::ByteArray(ValueStatistics::new(min, max, None, Some(self.nulls), false))
         });
-        let has_dictionary = dictionary.is_some();
-        let nullable = self.nullable();
-        let mut sink = TrackedWrite::new(Vec::new());
-        let (mut compressed, mut uncompressed) = (0u64, 0u64);
-        let mut first_data = None;
-        {
-            let mut pages = SerializedPageWriter::new(&mut sink);
-            let mut put = |page: Page, size: usize| -> Result<u64> {
-                let spec = pages.write_page(CompressedPage::new(page, size))?;
-                compressed += spec.compressed_size as u64;
-                uncompressed += spec.uncompressed_size as u64;
-                Ok(spec.offset)
-            };
-            if let Some((plain, entries)) = dictionary {
-                let (buf, size) = compress(self.zstd_level, plain)?;
-                put(Page::DictionaryPage { buf, num_values: entries, encoding: Encoding::PLAIN, is_sorted: false }, size)?;
-            }
-            // A row group has rows, so the chunk has at least one page.
-            for p in &self.pages {
-                let mut body = Vec::with_capacity(4 + p.levels.len() + p.values.len());
-                if nullable {
-                    body.extend_from_slice(&(p.levels.len() as u32).to_le_bytes());
-                    body.extend_from_slice(&p.levels);
-                }
-                let encoding = if p.present > 0 { Encoding::RLE_DICTIONARY } else { Encoding::PLAIN };
-                if p.present > 0 {
-                    body.extend_from_slice(&p.values);
-                }
-                let (buf, size) = compress(self.zstd_level, body)?;
-                let page = Page::DataPage {
-                    buf,
-                    num_values: p.rows as u32,
-                    encoding,
-                    def_level_encoding: Encoding::RLE,
-                    rep_level_encoding: Encoding::RLE,
-                    statistics: None,
-                };
-                let offset = put(page, size)?;
-                first_data.get_or_insert(offset);
-            }
-            pages.close()?;
-        }
-        let bytes_written = sink.bytes_written() as u64;
-        let buf = Bytes::from(sink.into_inner()?);
-        let mut meta = ColumnChunkMetaData::builder(self.descr.clone())
-            .set_encodings(if has_dictionary {
-                vec![Encoding::PLAIN, Encoding::RLE, Encoding::RLE_DICTIONARY]
-            } else {
-                vec![Encoding::PLAIN, Encoding::RLE]
-            })
-            .set_compression(match self.zstd_level {
-                Some(l) => Compression::ZSTD(parquet::basic::ZstdLevel::try_new(l)?),
-                None => Compression::UNCOMPRESSED,
-            })
-            .set_num_values(self.rows as i64)
-            .set_total_compressed_size(compressed as i64)
-            .set_total_uncompressed_size(uncompressed as i64)
-            .set_data_page_offset(first_data.expect("at least one data page") as i64)
-            .set_dictionary_page_offset(has_dictionary.then_some(0));
-        if let Some(st) = statistics {
-            meta = meta.set_statistics(st);
-        }
-        let close = ColumnCloseResult {
-            bytes_written,
-            rows_written: self.rows,
-            metadata: meta.build()?,
-            bloom_filter: None,
-            column_index: None,
-            offset_index: None,
-        };
-        Ok((buf, close))
+        write_chunk(ChunkParts {
+            descr: self.descr.clone(),
+            zstd_level: self.zstd_level,
+            rows: self.rows,
+            dictionary,
+            value_encoding: Encoding::RLE_DICTIONARY,
+            pages: &self.pages,
+            statistics,
+        })
     }
+}
+
+/// A column chunk's parts, encoded but not yet compressed.
+struct ChunkParts<'a> {
+    descr: ColumnDescPtr,
+    zstd_level: Option<i32>,
+    rows: u64,
+    /// A PLAIN dictionary page's body and its entry count.
+    dictionary: Option<(Vec<u8>, u32)>,
+    /// The encoding of the pages' values (pages without values are PLAIN, levels only).
+    value_encoding: Encoding,
+    pages: &'a [PageParts],
+    statistics: Option<Statistics>,
+}
+
+/// The chunk's bytes as the parquet crate lays them out (the dictionary page, if any,
+/// then v1 data pages, each compressed), and what the row group writer needs to know of
+/// them.
+fn write_chunk(c: ChunkParts) -> Result<(Bytes, ColumnCloseResult)> {
+    let nullable = c.descr.max_def_level() > 0;
+    let has_dictionary = c.dictionary.is_some();
+    let mut sink = TrackedWrite::new(Vec::new());
+    let (mut compressed, mut uncompressed) = (0u64, 0u64);
+    let mut first_data = None;
+    {
+        let mut pages = SerializedPageWriter::new(&mut sink);
+        let mut put = |page: Page, size: usize| -> Result<u64> {
+            let spec = pages.write_page(CompressedPage::new(page, size))?;
+            compressed += spec.compressed_size as u64;
+            uncompressed += spec.uncompressed_size as u64;
+            Ok(spec.offset)
+        };
+        if let Some((plain, entries)) = c.dictionary {
+            let (buf, size) = compress(c.zstd_level, plain)?;
+            put(Page::DictionaryPage { buf, num_values: entries, encoding: Encoding::PLAIN, is_sorted: false }, size)?;
+        }
+        // A row group has rows, so the chunk has at least one page.
+        for p in c.pages {
+            let mut body = Vec::with_capacity(4 + p.levels.len() + p.values.len());
+            if nullable {
+                body.extend_from_slice(&(p.levels.len() as u32).to_le_bytes());
+                body.extend_from_slice(&p.levels);
+            }
+            let encoding = if p.present > 0 { c.value_encoding } else { Encoding::PLAIN };
+            if p.present > 0 {
+                body.extend_from_slice(&p.values);
+            }
+            let (buf, size) = compress(c.zstd_level, body)?;
+            let page = Page::DataPage {
+                buf,
+                num_values: p.rows as u32,
+                encoding,
+                def_level_encoding: Encoding::RLE,
+                rep_level_encoding: Encoding::RLE,
+                statistics: None,
+            };
+            let offset = put(page, size)?;
+            first_data.get_or_insert(offset);
+        }
+        pages.close()?;
+    }
+    let bytes_written = sink.bytes_written() as u64;
+    let buf = Bytes::from(sink.into_inner()?);
+    let mut encodings = vec![Encoding::RLE];
+    if has_dictionary || c.pages.iter().any(|p| p.present == 0) {
+        encodings.push(Encoding::PLAIN);
+    }
+    if c.pages.iter().any(|p| p.present > 0) {
+        encodings.push(c.value_encoding);
+    }
+    let mut meta = ColumnChunkMetaData::builder(c.descr.clone())
+        .set_encodings(encodings)
+        .set_compression(match c.zstd_level {
+            Some(l) => Compression::ZSTD(parquet::basic::ZstdLevel::try_new(l)?),
+            None => Compression::UNCOMPRESSED,
+        })
+        .set_num_values(c.rows as i64)
+        .set_total_compressed_size(compressed as i64)
+        .set_total_uncompressed_size(uncompressed as i64)
+        .set_data_page_offset(first_data.expect("at least one data page") as i64)
+        .set_dictionary_page_offset(has_dictionary.then_some(0));
+    if let Some(st) = c.statistics {
+        meta = meta.set_statistics(st);
+    }
+    let close = ColumnCloseResult {
+        bytes_written,
+        rows_written: c.rows,
+        metadata: meta.build()?,
+        bloom_filter: None,
+        column_index: None,
+        offset_index: None,
+    };
+    Ok((buf, close))
+}
+
+/// An integer column's chunk in a row group, DELTA_BINARY_PACKED (blocks of 128 deltas,
+/// 4 miniblocks of 32), in data pages of PAGE_VALUES rows encoded as rows arrive.
+///
+/// A block of 128 equal values is a zero minimum delta and four zero bit widths.
+///
+/// Values are kept as i64 (INT32 columns as their 32-bit pattern, sign-extended);
+/// deltas wrap in the physical type, as the format asks.
+struct IntChunk {
+    descr: ColumnDescPtr,
+    zstd_level: Option<i32>,
+    statistics: bool,
+    /// INT32 physical type (deltas wrap at 32 bits); UINT_32 logical type (statistics
+    /// compare unsigned).
+    int32: bool,
+    unsigned: bool,
+    /// Values of rows not yet in a page (nulls have none), and their definition levels.
+    values: Vec<i64>,
+    levels: Runs,
+    pages: Vec<PageParts>,
+    min_max: Option<(i64, i64)>,
+    rows: u64,
+    nulls: u64,
+}
+
+impl IntChunk {
+    /// An IntChunk for an Int64, Int32 or UInt32 column; None for other types.
+    fn new(descr: ColumnDescPtr, data_type: &DataType, props: &WriterProperties) -> Option<Self> {
+        let (int32, unsigned) = match data_type {
+            DataType::Int64 => (false, false),
+            DataType::Int32 => (true, false),
+            DataType::UInt32 => (true, true),
+            _ => return None,
+        };
+        let path = descr.path();
+        let zstd_level = match props.compression(path) {
+            Compression::ZSTD(level) => Some(level.compression_level()),
+            _ => None,
+        };
+        Some(IntChunk {
+            statistics: props.statistics_enabled(path) != EnabledStatistics::None,
+            zstd_level,
+            int32,
+            unsigned,
+            descr,
+            values: Vec::new(),
+            levels: Runs::default(),
+            pages: Vec::new(),
+            min_max: None,
+            rows: 0,
+            nulls: 0,
+        })
+    }
+
+    fn nullable(&self) -> bool {
+        self.descr.max_def_level() > 0
+    }
+
+    fn write(&mut self, array: &ArrayRef) -> Result<()> {
+        match array.data_type() {
+            DataType::Int64 => self.append(array.as_primitive::<Int64Type>(), |v| v)?,
+            DataType::Int32 => self.append(array.as_primitive::<Int32Type>(), i64::from)?,
+            DataType::UInt32 => self.append(array.as_primitive::<UInt32Type>(), |v| i64::from(v as i32))?,
+            t => return Err(anyhow!("{t} is not written as an integer column here")),
+        }
+        self.cut_pages(false);
+        Ok(())
+    }
+
+    fn append<T: ArrowPrimitiveType>(&mut self, a: &PrimitiveArray<T>, to_i64: impl Fn(T::Native) -> i64) -> Result<()> {
+        let n = a.len();
+        let start = self.values.len();
+        self.rows += n as u64;
+        match a.nulls().filter(|v| v.null_count() > 0) {
+            None => {
+                self.values.extend(a.values().iter().map(|&v| to_i64(v)));
+                if self.nullable() {
+                    self.levels.push_n(1, n);
+                }
+            }
+            Some(valid) => {
+                if !self.nullable() {
+                    return Err(anyhow!("nulls in the non-nullable column {}", self.descr.name()));
+                }
+                self.nulls += valid.null_count() as u64;
+                if valid.null_count() == n {
+                    self.levels.push_n(0, n);
+                } else {
+                    for (&v, ok) in a.values().iter().zip(valid.iter()) {
+                        if ok {
+                            self.values.push(to_i64(v));
+                        }
+                        self.levels.push_n(u32::from(ok), 1);
+                    }
+                }
+            }
+        }
+        if self.statistics {
+            let new = &self.values[start..];
+            let range = if self.unsigned {
+                let (lo, hi) = new.iter().fold((u32::MAX, 0u32), |(lo, hi), &v| (lo.min(v as u32), hi.max(v as u32)));
+                (!new.is_empty()).then(|| (i64::from(lo as i32), i64::from(hi as i32)))
+            } else {
+                Some((*new.iter().min().unwrap_or(&0), *new.iter().max().unwrap_or(&0))).filter(|_| !new.is_empty())
+            };
+            if let Some((lo, hi)) = range {
+                self.min_max = Some(match self.min_max {
+                    None => (lo, hi),
+                    Some((a, b)) if self.unsigned => (
+                        if (lo as u32) < (a as u32) { lo } else { a },
+                        if (hi as u32) > (b as u32) { hi } else { b },
+                    ),
+                    Some((a, b)) => (a.min(lo), b.max(hi)),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes the pending rows into pages of PAGE_VALUES rows; with `all`, the rest too.
+    fn cut_pages(&mut self, all: bool) {
+        let nullable = self.nullable();
+        let mut at = 0;
+        loop {
+            let pending = if nullable { self.levels.len } else { self.values.len() - at };
+            if pending == 0 || (pending < PAGE_VALUES && !all) {
+                break;
+            }
+            let rows = pending.min(PAGE_VALUES);
+            let (levels, present) = if nullable {
+                let l = self.levels.take(rows);
+                let present = l.iter().filter(|r| r.0 == 1).map(|r| r.1 as usize).sum();
+                (rle_hybrid(&l, 1), present)
+            } else {
+                (Vec::new(), rows)
+            };
+            let values = if present > 0 { delta_binary_packed(&self.values[at..at + present], self.int32) } else { Vec::new() };
+            self.pages.push(PageParts { rows, present, levels, values });
+            at += present;
+        }
+        self.values.drain(..at);
+    }
+
+    fn estimated_bytes(&self) -> usize {
+        // Encoded pages shrink further under zstd; pending values count a byte each.
+        self.pages.iter().map(|p| p.levels.len() + p.values.len()).sum::<usize>() + self.values.len()
+    }
+
+    fn finish(mut self) -> Result<(Bytes, ColumnCloseResult)> {
+        self.cut_pages(true);
+        let statistics = self.statistics.then(|| {
+            let (min, max) = (self.min_max.map(|m| m.0), self.min_max.map(|m| m.1));
+            if self.int32 {
+                Statistics::Int32(ValueStatistics::new(min.map(|v| v as i32), max.map(|v| v as i32), None, Some(self.nulls), false))
+            } else {
+                Statistics::Int64(ValueStatistics::new(min, max, None, Some(self.nulls), false))
+            }
+        });
+        write_chunk(ChunkParts {
+            descr: self.descr.clone(),
+            zstd_level: self.zstd_level,
+            rows: self.rows,
+            dictionary: None,
+            value_encoding: Encoding::DELTA_BINARY_PACKED,
+            pages: &self.pages,
+            statistics,
+        })
+    }
+}
+
+const DELTA_BLOCK: usize = 128;
+const DELTA_MINIBLOCKS: usize = 4;
+const DELTA_MINIBLOCK: usize = DELTA_BLOCK / DELTA_MINIBLOCKS;
+
+/// DELTA_BINARY_PACKED encoding of `values` (at least one), deltas wrapping at 32 bits
+/// when `int32`: a header (block size, miniblocks per block, count, first value), then
+/// per block of 128 deltas its minimum (zigzag) and four miniblock bit widths, each
+/// miniblock's deltas less the minimum bit-packed (the last one padded with zeros; the
+/// widths of miniblocks past the last value are 0 and have no bytes).
+fn delta_binary_packed(values: &[i64], int32: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + values.len() / 8);
+    put_varint(&mut out, DELTA_BLOCK as u64);
+    put_varint(&mut out, DELTA_MINIBLOCKS as u64);
+    put_varint(&mut out, values.len() as u64);
+    put_zigzag(&mut out, values[0]);
+    let mut deltas = [0u64; DELTA_BLOCK];
+    let mut i = 1;
+    while i < values.len() {
+        let m = (values.len() - i).min(DELTA_BLOCK);
+        // values[i - 1..i + m]: the block's m deltas and the value before them.
+        let span = &values[i - 1..i + m];
+        if span.iter().all(|&v| v == span[0]) {
+            // Zero deltas: minimum 0, widths 0, no miniblock bytes.
+            out.extend_from_slice(&[0; 1 + DELTA_MINIBLOCKS]);
+            i += m;
+            continue;
+        }
+        let mut min = i64::MAX;
+        for (d, w) in deltas.iter_mut().zip(span.windows(2)) {
+            let delta = if int32 { i64::from((w[1] as i32).wrapping_sub(w[0] as i32)) } else { w[1].wrapping_sub(w[0]) };
+            *d = delta as u64;
+            min = min.min(delta);
+        }
+        put_zigzag(&mut out, min);
+        let widths_at = out.len();
+        out.extend_from_slice(&[0; DELTA_MINIBLOCKS]);
+        for (k, mini) in deltas[..m].chunks(DELTA_MINIBLOCK).enumerate() {
+            let mut packed = [0u64; DELTA_MINIBLOCK];
+            let mut any = 0u64;
+            for (p, &d) in packed.iter_mut().zip(mini) {
+                *p = (d as i64).wrapping_sub(min) as u64 & if int32 { u64::from(u32::MAX) } else { u64::MAX };
+                any |= *p;
+            }
+            let width = 64 - any.leading_zeros();
+            out[widths_at + k] = width as u8;
+            pack(&mut out, &packed, width);
+        }
+        i += m;
+    }
+    out
+}
+
+/// Appends 32 values of `width` bits each, little-endian bit order (4 × width bytes).
+fn pack(out: &mut Vec<u8>, values: &[u64; DELTA_MINIBLOCK], width: u32) {
+    if width == 0 {
+        return;
+    }
+    let (mut acc, mut bits) = (0u128, 0u32);
+    for &v in values {
+        acc |= u128::from(v) << bits;
+        bits += width;
+        if bits >= 64 {
+            out.extend_from_slice(&(acc as u64).to_le_bytes());
+            acc >>= 64;
+            bits -= 64;
+        }
+    }
+    // 32 × width bits: what is left is 0 or 32 bits.
+    out.extend_from_slice(&(acc as u64).to_le_bytes()[..(bits / 8) as usize]);
+}
+
+fn put_zigzag(out: &mut Vec<u8>, v: i64) {
+    put_varint(out, ((v << 1) ^ (v >> 63)) as u64);
 }
 
 fn compress(zstd_level: Option<i32>, body: Vec<u8>) -> Result<(Bytes, usize)> {
@@ -645,6 +934,115 @@ mod tests {
             let Some(Statistics::ByteArray(one)) = rg.column(1).statistics() else { panic!("no statistics") };
             assert_eq!((one.min_opt().unwrap().as_utf8().unwrap(), one.max_opt().unwrap().as_utf8().unwrap()), ("block", "block"));
             assert_eq!(rg.column(3).statistics().and_then(|s| s.null_count_opt()), Some(rg.num_rows() as u64));
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Integer columns: constant stretches (zero-delta blocks), random values including
+    /// the extremes (deltas that wrap in i64 and in i32), small steps, nulls alone and in
+    /// runs, an all-null column, UINT_32 values with the top bit set (unsigned
+    /// statistics), page and row-group splits, and counts that are not whole blocks.
+    #[test]
+    fn integer_chunks_read_back_with_their_statistics() {
+        use arrow_array::{Int32Array, UInt32Array};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("i64", DataType::Int64, false),
+            Field::new("i32", DataType::Int32, true),
+            Field::new("u32", DataType::UInt32, false),
+            Field::new("none", DataType::Int64, true),
+        ]));
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap()))
+            .set_max_row_group_row_count(Some(25_000))
+            .build();
+        let path = std::env::temp_dir().join(format!("trainio-segment-int-test-{}.parquet", std::process::id()));
+        let mut seg = SegmentFile::new(File::create(&path).unwrap(), schema.clone(), props).unwrap();
+        let mut x: u64 = 11;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut e64, mut e32, mut eu32) = (Vec::new(), Vec::new(), Vec::new());
+        for batch in 0..6 {
+            let rows = [1, 7_777, 20_000, 129, 31_000, 4_321][batch];
+            let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+            while a.len() < rows {
+                let r = next();
+                let run = [1, 3, 127, 128, 129, 300, 2_000, 5][(r % 8) as usize].min(rows - a.len());
+                let v64 = match (r >> 3) % 5 {
+                    0 => i64::MIN,
+                    1 => i64::MAX,
+                    2 => (r >> 8) as i64,
+                    _ => ((r >> 8) % 1000) as i64 - 500,
+                };
+                let v32 = match (r >> 11) % 6 {
+                    0 => None,
+                    1 => Some(i32::MIN),
+                    2 => Some(i32::MAX),
+                    _ => Some((r >> 20) as i32),
+                };
+                let vu = match (r >> 14) % 3 {
+                    0 => u32::MAX - (r >> 40) as u32 % 3,
+                    _ => (r >> 24) as u32 % 64,
+                };
+                for k in 0..run {
+                    // Runs of one value, and steps of one within some runs.
+                    let step = if (r >> 5) % 4 == 0 { k as i64 } else { 0 };
+                    a.push(v64.wrapping_add(step));
+                    b.push(v32);
+                    c.push(vu);
+                }
+            }
+            let batch = RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(a.clone())),
+                    Arc::new(Int32Array::from(b.clone())),
+                    Arc::new(UInt32Array::from(c.clone())),
+                    Arc::new(Int64Array::from(vec![None::<i64>; rows])),
+                ],
+            )
+            .unwrap();
+            seg.write(&batch).unwrap();
+            e64.extend(a);
+            e32.extend(b);
+            eu32.extend(c);
+        }
+        seg.close().unwrap();
+
+        let (mut g64, mut g32, mut gu32) = (Vec::new(), Vec::new(), Vec::new());
+        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap().build().unwrap();
+        for b in reader {
+            let b = b.unwrap();
+            g64.extend(b.column(0).as_primitive::<Int64Type>().values().iter().copied());
+            g32.extend(b.column(1).as_primitive::<Int32Type>().iter());
+            gu32.extend(b.column(2).as_primitive::<UInt32Type>().values().iter().copied());
+            assert_eq!(b.column(3).null_count(), b.num_rows());
+        }
+        assert_eq!(g64, e64);
+        assert_eq!(g32, e32);
+        assert_eq!(gu32, eu32);
+
+        let file = SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
+        let meta = file.metadata();
+        assert!(meta.num_row_groups() >= 3, "row groups were split");
+        let mut at = 0;
+        for rg in meta.row_groups() {
+            let n = rg.num_rows() as usize;
+            let Some(Statistics::Int64(s)) = rg.column(0).statistics() else { panic!("no i64 statistics") };
+            let r = &e64[at..at + n];
+            assert_eq!((s.min_opt(), s.max_opt()), (r.iter().min(), r.iter().max()));
+            let Some(Statistics::Int32(s)) = rg.column(1).statistics() else { panic!("no i32 statistics") };
+            let r: Vec<i32> = e32[at..at + n].iter().flatten().copied().collect();
+            assert_eq!((s.min_opt(), s.max_opt()), (r.iter().min(), r.iter().max()));
+            assert_eq!(s.null_count_opt(), Some((n - r.len()) as u64));
+            let Some(Statistics::Int32(s)) = rg.column(2).statistics() else { panic!("no u32 statistics") };
+            let r = &eu32[at..at + n];
+            assert_eq!((s.min_opt().map(|&v| v as u32), s.max_opt().map(|&v| v as u32)), (r.iter().min().copied(), r.iter().max().copied()));
+            assert_eq!(rg.column(3).statistics().and_then(|s| s.null_count_opt()), Some(n as u64));
+            at += n;
         }
         std::fs::remove_file(&path).unwrap();
     }
