@@ -1,4 +1,4 @@
-//! The trainio trace format (traces/SCHEMA.md), version 1.1: the one Rust module that knows
+//! The trainio trace format (traces/SCHEMA.md), version 1.2: the one Rust module that knows
 //! its columns, types and metadata keys. The tracer writes through [`TraceWriter`]; the
 //! replayer reads through [`read_rows`].
 //!
@@ -20,8 +20,9 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 /// Value of `trainio.schema_version` written by this crate and the versions it reads.
 pub const SCHEMA_VERSION: &str = "1";
 /// Value of `trainio.schema_minor`: additions within version 1 (SCHEMA.md, *Versioning*).
-/// 1: the `rpc_*` columns. A trace without the key is 1.0; readers accept any minor.
-pub const SCHEMA_MINOR: &str = "1";
+/// 1: the `rpc_*` columns. 2: `trainio.recorder_cpu_ns`. A trace without the key is 1.0;
+/// readers accept any minor.
+pub const SCHEMA_MINOR: &str = "2";
 
 /// Columns added by minor versions: a reader takes them as null when a trace lacks them.
 pub const OPTIONAL_COLUMNS: [&str; 5] = ["rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans"];
@@ -45,6 +46,7 @@ pub mod keys {
     pub const BPF_STATS: &str = "trainio.bpf_stats";
     pub const EVENTS: &str = "trainio.events";
     pub const NFS_MOUNTS: &str = "trainio.nfs_mounts";
+    pub const RECORDER_CPU_NS: &str = "trainio.recorder_cpu_ns";
 }
 
 /// The layer a row was recorded at.

@@ -77,7 +77,7 @@ def test_metadata_keys_values_and_last_segment_wins(trace_dir: Path) -> None:
         if k.startswith(b"trainio.")
     }
     assert first["trainio.schema_version"] == "1"
-    assert first["trainio.schema_minor"] == "1"
+    assert first["trainio.schema_minor"] == "2"
     assert first["trainio.segment"] == "0"
     assert json.loads(first["trainio.events"]) == {"block": 2}  # cumulative as of closing
     for key in (
@@ -184,7 +184,7 @@ def test_a_1_0_trace_without_rpc_columns_reads_with_them_null(trace_dir: Path) -
     (trace_dir / "new" / "seg-000000.parquet").rename(trace_dir / "seg-000001.parquet")
     df = tr.scan_trace(trace_dir).collect()
     assert df["rpc_xid"].to_list() == [None, None, 7]
-    assert tr.read_metadata(trace_dir)["schema_minor"] == 1
+    assert tr.read_metadata(trace_dir)["schema_minor"] == 2
 
 
 def test_the_recorded_sample_traces_predate_1_1_and_still_read() -> None:

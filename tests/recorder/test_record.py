@@ -72,6 +72,12 @@ def test_dd_direct_read_is_recorded_exactly(tmp_path: Path, loop_dev: str) -> No
     assert loop["name"] == Path(loop_dev).name and loop["backing_file"].startswith("/dev/shm/")
     stats = meta["bpf_stats"]
     assert stats["tio_rq_issue"]["run_cnt"] >= 64 and stats["tio_rq_issue"]["run_time_ns"] > 0
+    # The recorder's own CPU while recording: each thread's, so neither can exceed the
+    # recording's wall time (process or machine CPU could).
+    cpu = meta["recorder_cpu_ns"]
+    assert 0 < cpu["drain"] <= meta["end_ns"] - meta["start_ns"] + 10_000_000
+    assert 0 < cpu["encoder"] <= meta["end_ns"] - meta["start_ns"] + 10_000_000
+    assert "recorder CPU: drain" in res.stderr
 
 
 def test_exit_code_of_the_command_is_propagated(tmp_path: Path) -> None:
@@ -93,7 +99,7 @@ def test_nfs_layer_is_skipped_where_the_kernel_has_no_nfs_client(tmp_path: Path)
     assert "skipping nfs" in res.stderr
     meta = read_metadata(out)
     assert "nfs" in meta["skipped_probes"] and "nfs" not in meta["layers"]
-    assert meta["schema_minor"] == 1 and meta["nfs_mounts"] == []
+    assert meta["schema_minor"] == 2 and meta["nfs_mounts"] == []
     df = scan_trace(out).collect()
     writes = df.filter((pl.col("layer") == "file") & (pl.col("op") == "write"))
     assert writes["bytes"].sum() == 4 * 65536

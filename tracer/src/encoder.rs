@@ -52,6 +52,16 @@ struct Shared {
     boosted: AtomicI32,
     /// FULL_NO, FULL_YES or FULL_ASKED.
     full: AtomicI32,
+    /// The encoder thread's CPU time, as of its last message.
+    cpu_ns: AtomicU64,
+}
+
+/// CPU time of the calling thread, in ns.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 pub struct Encoder {
@@ -88,27 +98,26 @@ fn run(mut writer: TraceWriter, rx: Receiver<Msg>, shared: Arc<Shared>) -> Resul
         set_policy(0, true);
     }
     for msg in rx {
-        let seq = match msg {
+        match msg {
             Msg::Batch(seq, batch) => {
                 writer.write(&batch)?;
-                seq
+                if writer.segment_full() {
+                    let _ = shared.full.compare_exchange(FULL_NO, FULL_YES, Ordering::SeqCst, Ordering::SeqCst);
+                }
+                shared.written.store(seq, Ordering::SeqCst);
+                // Caught up: give the CPU back to the workload.
+                if seq >= shared.sent.load(Ordering::SeqCst)
+                    && shared.boosted.compare_exchange(1, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+                {
+                    set_policy(0, true);
+                }
             }
             Msg::Close(meta) => {
                 writer.close_segment(&with_segment(&meta, writer.segment_index()))?;
                 shared.full.store(FULL_NO, Ordering::SeqCst);
-                continue;
             }
-        };
-        if writer.segment_full() {
-            let _ = shared.full.compare_exchange(FULL_NO, FULL_YES, Ordering::SeqCst, Ordering::SeqCst);
         }
-        shared.written.store(seq, Ordering::SeqCst);
-        // Caught up: give the CPU back to the workload.
-        if seq >= shared.sent.load(Ordering::SeqCst)
-            && shared.boosted.compare_exchange(1, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok()
-        {
-            set_policy(0, true);
-        }
+        shared.cpu_ns.store(thread_cpu_ns(), Ordering::SeqCst);
     }
     Ok(writer)
 }
@@ -125,6 +134,7 @@ impl Encoder {
             written: AtomicU64::new(0),
             boosted: AtomicI32::new(0),
             full: AtomicI32::new(FULL_NO),
+            cpu_ns: AtomicU64::new(0),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -191,15 +201,21 @@ impl Encoder {
         }
     }
 
+    /// The encoder thread's CPU time so far (as of the last batch it wrote).
+    pub fn cpu_ns(&self) -> u64 {
+        self.shared.cpu_ns.load(Ordering::SeqCst)
+    }
+
     /// Waits until everything sent is written (at normal priority), and returns the
-    /// writer so that the caller can close the last segment.
-    pub fn finish(mut self) -> Result<TraceWriter> {
+    /// writer, so that the caller can close the last segment, and the thread's CPU time.
+    pub fn finish(mut self) -> Result<(TraceWriter, u64)> {
         self.shared.boosted.store(2, Ordering::SeqCst);
         let tid = self.shared.tid.load(Ordering::SeqCst);
         if tid != 0 {
             set_policy(tid, false);
         }
-        self.join()
+        let writer = self.join()?;
+        Ok((writer, self.cpu_ns()))
     }
 
     fn join(&mut self) -> Result<TraceWriter> {

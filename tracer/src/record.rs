@@ -17,7 +17,7 @@ use serde_json::json;
 use trainio_schema::{keys, Layer, SegmentLimits, TraceWriter, SCHEMA_MINOR, SCHEMA_VERSION};
 
 use crate::cli::{usage, Args};
-use crate::encoder::Encoder;
+use crate::encoder::{thread_cpu_ns, Encoder};
 use crate::events::Collector;
 use crate::host;
 use crate::probes::{Probes, Settings, Target};
@@ -229,6 +229,9 @@ struct Static {
     selected_devs: Vec<String>,
     /// NFS mounts' mountstats when the recording started (empty without the nfs layer).
     nfs_at_start: Option<Vec<host::NfsMountStats>>,
+    /// The drain thread's CPU time once the probes were loaded and attached: what comes
+    /// after is the recording's own cost.
+    drain_cpu_at_start: u64,
 }
 
 /// `trainio.nfs_mounts`: each NFS mount's identity from mountstats and mountinfo, and
@@ -268,6 +271,7 @@ fn segment_metadata(
     coll: &Collector,
     probes: &Probes,
     segment: u32,
+    encoder_cpu_ns: u64,
 ) -> Vec<(String, String)> {
     let mut devs: Vec<&str> = coll.devices().collect();
     devs.extend(st.selected_devs.iter().map(String::as_str));
@@ -298,6 +302,8 @@ fn segment_metadata(
         (keys::LOST_EVENTS.into(), json!(lost).to_string()),
         (keys::BPF_STATS.into(), json!(probes.bpf_stats()).to_string()),
         (keys::EVENTS.into(), json!(events).to_string()),
+        // Called on the drain thread.
+        (keys::RECORDER_CPU_NS.into(), json!({"drain": thread_cpu_ns() - st.drain_cpu_at_start, "encoder": encoder_cpu_ns}).to_string()),
         (
             keys::NFS_MOUNTS.into(),
             match &st.nfs_at_start {
@@ -357,6 +363,7 @@ pub fn run(args: Args) -> Result<i32> {
         skipped: probes.skipped.clone(),
         selected_devs: checked.devs.iter().map(|(d, _)| trainio_schema::dev_string(*d)).collect(),
         nfs_at_start: layers_has_nfs.then(host::nfs_mountstats),
+        drain_cpu_at_start: thread_cpu_ns(),
     };
 
     let collector = Rc::new(RefCell::new(Collector::new()));
@@ -405,7 +412,8 @@ pub fn run(args: Args) -> Result<i32> {
         }
         if encoder.segment_full() {
             // The segment index is the encoder's to fill in.
-            encoder.close_segment(segment_metadata(&st, &collector.borrow(), &probes, 0))?;
+            let meta = segment_metadata(&st, &collector.borrow(), &probes, 0, encoder.cpu_ns());
+            encoder.close_segment(meta)?;
         }
         encoder.regulate();
         if let Some(c) = child.as_mut() {
@@ -454,14 +462,14 @@ pub fn run(args: Args) -> Result<i32> {
     }
     let batch = collector.borrow_mut().batch.finish();
     encoder.send(batch)?;
-    let mut writer = encoder.finish()?;
+    let (mut writer, encoder_cpu_ns) = encoder.finish()?;
     writer.open()?;
-    let meta = segment_metadata(&st, &collector.borrow(), &probes, writer.segment_index());
+    let meta = segment_metadata(&st, &collector.borrow(), &probes, writer.segment_index(), encoder_cpu_ns);
     writer.close_segment(&meta)?;
     let elapsed = started.elapsed();
     drop(ring);
 
-    print_summary(&args.output, &writer, &collector.borrow(), &probes, elapsed);
+    print_summary(&args.output, &writer, &collector.borrow(), &probes, elapsed, (thread_cpu_ns() - st.drain_cpu_at_start, encoder_cpu_ns));
 
     // A --duration that ended before the command: the command is the user's job, so wait.
     let code = match (exit_status, child.as_mut()) {
@@ -472,7 +480,8 @@ pub fn run(args: Args) -> Result<i32> {
     Ok(code)
 }
 
-fn print_summary(dir: &Path, writer: &TraceWriter, coll: &Collector, probes: &Probes, elapsed: Duration) {
+/// `cpu_ns`: the drain's and the encoder's CPU time while recording.
+fn print_summary(dir: &Path, writer: &TraceWriter, coll: &Collector, probes: &Probes, elapsed: Duration, cpu_ns: (u64, u64)) {
     let size: u64 = writer.finished_segments().iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
     let mib = |b: u64| b as f64 / 1048576.0;
     eprintln!(
@@ -494,6 +503,14 @@ fn print_summary(dir: &Path, writer: &TraceWriter, coll: &Collector, probes: &Pr
             mib(t.bytes_written)
         );
     }
+    // What recording cost in user space (the probes' kernel time is in trainio.bpf_stats).
+    let events: u64 = coll.tally().values().map(|t| t.events).sum();
+    eprintln!(
+        "  recorder CPU: drain {:.2} s, encoder {:.2} s ({:.0} ns per event)",
+        cpu_ns.0 as f64 / 1e9,
+        cpu_ns.1 as f64 / 1e9,
+        (cpu_ns.0 + cpu_ns.1) as f64 / events.max(1) as f64
+    );
     let lost = probes.lost();
     let total: u64 = lost.values().sum::<u64>() + coll.undecodable;
     if total == 0 {
