@@ -472,6 +472,8 @@ struct IntChunk {
     values: Vec<i64>,
     levels: Runs,
     pages: Vec<PageParts>,
+    /// Min and max so far, UINT_32 values zero-extended (the statistics take their low
+    /// 32 bits).
     min_max: Option<(i64, i64)>,
     rows: u64,
     nulls: u64,
@@ -549,24 +551,11 @@ impl IntChunk {
                 }
             }
         }
-        if self.statistics {
-            let new = &self.values[start..];
-            let range = if self.unsigned {
-                let (lo, hi) = new.iter().fold((u32::MAX, 0u32), |(lo, hi), &v| (lo.min(v as u32), hi.max(v as u32)));
-                (!new.is_empty()).then(|| (i64::from(lo as i32), i64::from(hi as i32)))
-            } else {
-                Some((*new.iter().min().unwrap_or(&0), *new.iter().max().unwrap_or(&0))).filter(|_| !new.is_empty())
-            };
-            if let Some((lo, hi)) = range {
-                self.min_max = Some(match self.min_max {
-                    None => (lo, hi),
-                    Some((a, b)) if self.unsigned => (
-                        if (lo as u32) < (a as u32) { lo } else { a },
-                        if (hi as u32) > (b as u32) { hi } else { b },
-                    ),
-                    Some((a, b)) => (a.min(lo), b.max(hi)),
-                });
-            }
+        if self.statistics && start < self.values.len() {
+            // Compared as the logical type orders them: UINT_32 values unsigned.
+            let key = |v: i64| if self.unsigned { i64::from(v as u32) } else { v };
+            let (lo, hi) = self.values[start..].iter().fold((i64::MAX, i64::MIN), |(lo, hi), &v| (lo.min(key(v)), hi.max(key(v))));
+            self.min_max = Some(self.min_max.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
         }
         Ok(())
     }
