@@ -27,7 +27,7 @@ use anyhow::{anyhow, Result};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{ArrowDictionaryKeyType, ArrowPrimitiveType, Int16Type, Int32Type, Int64Type, Int8Type, UInt32Type};
 use arrow_array::{Array, ArrayRef, PrimitiveArray, RecordBatch};
-use arrow_buffer::ArrowNativeType;
+use arrow_buffer::{ArrowNativeType, NullBuffer};
 use arrow_schema::{DataType, SchemaRef};
 use bytes::Bytes;
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnWriter, ArrowRowGroupWriterFactory};
@@ -171,22 +171,15 @@ impl SegmentFile {
     }
 }
 
-/// A dictionary string column's chunk in a row group: its dictionary (in order of first
-/// use) and its data pages, encoded every PAGE_VALUES rows (a page's index bit width is
-/// that of the dictionary so far) and compressed when the row group closes, after the
-/// dictionary page is known.
-struct DictChunk {
+/// What the dictionary and integer column chunks share: the column and its settings, the
+/// definition levels of rows not yet in a page (nullable columns only), the pages so far
+/// and the counts; and the chunk's layout when the row group closes.
+struct Chunk {
     descr: ColumnDescPtr,
     zstd_level: Option<i32>,
     statistics: bool,
-    values: Vec<Box<[u8]>>,
-    ids: FxHashMap<Box<[u8]>, u32>,
-    /// Rows not yet in a page, as runs of one value: their dictionary indices, and
-    /// (nullable columns only) their definition levels, 1 for a value and 0 for a null.
-    /// Trace columns hold long runs (one device, command or layer row after row), which
-    /// the RLE/bit-packed hybrid then writes as they are.
-    indices: Runs,
-    levels: Runs,
+    /// Rows not yet in a page, as runs: 1 for a value, 0 for a null.
+    levels: RunList,
     pages: Vec<PageParts>,
     rows: u64,
     nulls: u64,
@@ -202,21 +195,18 @@ struct PageParts {
     values: Vec<u8>,
 }
 
-impl DictChunk {
+impl Chunk {
     fn new(descr: ColumnDescPtr, props: &WriterProperties) -> Self {
         let path = descr.path();
         let zstd_level = match props.compression(path) {
             Compression::ZSTD(level) => Some(level.compression_level()),
             _ => None,
         };
-        DictChunk {
+        Chunk {
             statistics: props.statistics_enabled(path) != EnabledStatistics::None,
             zstd_level,
             descr,
-            values: Vec::new(),
-            ids: FxHashMap::default(),
-            indices: Runs::default(),
-            levels: Runs::default(),
+            levels: RunList::default(),
             pages: Vec::new(),
             rows: 0,
             nulls: 0,
@@ -225,6 +215,159 @@ impl DictChunk {
 
     fn nullable(&self) -> bool {
         self.descr.max_def_level() > 0
+    }
+
+    /// Counts `len` rows with these nulls and queues their definition levels, a run of
+    /// valid rows at a time; nulls in a non-nullable column are an error.
+    fn push_rows(&mut self, len: usize, nulls: Option<&NullBuffer>) -> Result<()> {
+        self.rows += len as u64;
+        match nulls.filter(|n| n.null_count() > 0) {
+            None if self.nullable() => self.levels.push_n(1, len),
+            None => {}
+            Some(_) if !self.nullable() => return Err(anyhow!("nulls in the non-nullable column {}", self.descr.name())),
+            Some(n) => {
+                self.nulls += n.null_count() as u64;
+                let mut at = 0;
+                for (start, end) in n.valid_slices() {
+                    self.levels.push_n(0, start - at);
+                    self.levels.push_n(1, end - start);
+                    at = end;
+                }
+                self.levels.push_n(0, len - at);
+            }
+        }
+        Ok(())
+    }
+
+    /// The next page to encode once PAGE_VALUES rows are pending (with `all`, any): its
+    /// rows, its encoded definition levels and how many of its rows have a value.
+    /// `pending_values`: values not yet in a page (the pending rows of a non-nullable
+    /// column).
+    fn next_page(&mut self, all: bool, pending_values: usize) -> Option<(usize, Vec<u8>, usize)> {
+        let nullable = self.nullable();
+        let pending = if nullable { self.levels.len } else { pending_values };
+        if pending == 0 || (pending < PAGE_VALUES && !all) {
+            return None;
+        }
+        let rows = pending.min(PAGE_VALUES);
+        if !nullable {
+            return Some((rows, Vec::new(), rows));
+        }
+        let l = self.levels.take(rows);
+        let present = l.iter().filter(|r| r.0 == 1).map(|r| r.1 as usize).sum();
+        Some((rows, rle_hybrid(&l, 1), present))
+    }
+
+    /// Bytes of the pages encoded so far (before zstd).
+    fn pages_bytes(&self) -> usize {
+        self.pages.iter().map(|p| p.levels.len() + p.values.len()).sum()
+    }
+
+    /// The chunk's bytes as the parquet crate lays them out (the dictionary page, if any,
+    /// then v1 data pages, each compressed), and what the row group writer needs to know
+    /// of them. `dictionary`: a PLAIN dictionary page's body and its entry count;
+    /// `value_encoding`: that of the pages' values (pages without values are PLAIN,
+    /// levels only).
+    fn write(
+        &self,
+        dictionary: Option<(Vec<u8>, u32)>,
+        value_encoding: Encoding,
+        statistics: Option<Statistics>,
+    ) -> Result<(Bytes, ColumnCloseResult)> {
+        let nullable = self.nullable();
+        let has_dictionary = dictionary.is_some();
+        let mut sink = TrackedWrite::new(Vec::new());
+        let (mut compressed, mut uncompressed) = (0u64, 0u64);
+        let mut first_data = None;
+        {
+            let mut pages = SerializedPageWriter::new(&mut sink);
+            let mut put = |page: Page, size: usize| -> Result<u64> {
+                let spec = pages.write_page(CompressedPage::new(page, size))?;
+                compressed += spec.compressed_size as u64;
+                uncompressed += spec.uncompressed_size as u64;
+                Ok(spec.offset)
+            };
+            if let Some((plain, entries)) = dictionary {
+                let (buf, size) = compress(self.zstd_level, plain)?;
+                put(Page::DictionaryPage { buf, num_values: entries, encoding: Encoding::PLAIN, is_sorted: false }, size)?;
+            }
+            // A row group has rows, so the chunk has at least one page.
+            for p in &self.pages {
+                let mut body = Vec::with_capacity(4 + p.levels.len() + p.values.len());
+                if nullable {
+                    body.extend_from_slice(&(p.levels.len() as u32).to_le_bytes());
+                    body.extend_from_slice(&p.levels);
+                }
+                let encoding = if p.present > 0 { value_encoding } else { Encoding::PLAIN };
+                if p.present > 0 {
+                    body.extend_from_slice(&p.values);
+                }
+                let (buf, size) = compress(self.zstd_level, body)?;
+                let page = Page::DataPage {
+                    buf,
+                    num_values: p.rows as u32,
+                    encoding,
+                    def_level_encoding: Encoding::RLE,
+                    rep_level_encoding: Encoding::RLE,
+                    statistics: None,
+                };
+                let offset = put(page, size)?;
+                first_data.get_or_insert(offset);
+            }
+            pages.close()?;
+        }
+        let bytes_written = sink.bytes_written() as u64;
+        let buf = Bytes::from(sink.into_inner()?);
+        let mut encodings = vec![Encoding::RLE];
+        if has_dictionary || self.pages.iter().any(|p| p.present == 0) {
+            encodings.push(Encoding::PLAIN);
+        }
+        if self.pages.iter().any(|p| p.present > 0) {
+            encodings.push(value_encoding);
+        }
+        let mut meta = ColumnChunkMetaData::builder(self.descr.clone())
+            .set_encodings(encodings)
+            .set_compression(match self.zstd_level {
+                Some(l) => Compression::ZSTD(parquet::basic::ZstdLevel::try_new(l)?),
+                None => Compression::UNCOMPRESSED,
+            })
+            .set_num_values(self.rows as i64)
+            .set_total_compressed_size(compressed as i64)
+            .set_total_uncompressed_size(uncompressed as i64)
+            .set_data_page_offset(first_data.expect("at least one data page") as i64)
+            .set_dictionary_page_offset(has_dictionary.then_some(0));
+        if let Some(st) = statistics {
+            meta = meta.set_statistics(st);
+        }
+        let close = ColumnCloseResult {
+            bytes_written,
+            rows_written: self.rows,
+            metadata: meta.build()?,
+            bloom_filter: None,
+            column_index: None,
+            offset_index: None,
+        };
+        Ok((buf, close))
+    }
+}
+
+/// A dictionary string column's chunk in a row group: its dictionary (in order of first
+/// use) and its data pages, encoded every PAGE_VALUES rows (a page's index bit width is
+/// that of the dictionary so far) and compressed when the row group closes, after the
+/// dictionary page is known.
+struct DictChunk {
+    chunk: Chunk,
+    values: Vec<Box<[u8]>>,
+    ids: FxHashMap<Box<[u8]>, u32>,
+    /// Dictionary indices of the values not yet in a page, as runs of one index. Trace
+    /// columns hold long runs (one device, command or layer row after row), which the
+    /// RLE/bit-packed hybrid then writes as they are.
+    indices: RunList,
+}
+
+impl DictChunk {
+    fn new(descr: ColumnDescPtr, props: &WriterProperties) -> Self {
+        DictChunk { chunk: Chunk::new(descr, props), values: Vec::new(), ids: FxHashMap::default(), indices: RunList::default() }
     }
 
     fn write(&mut self, array: &ArrayRef) -> Result<()> {
@@ -262,15 +405,10 @@ impl DictChunk {
             map[k]
         };
         let keys = dict.keys();
-        self.rows += keys.len() as u64;
-        if !keys.is_empty() && keys.null_count() == keys.len() && self.nullable() {
-            self.nulls += keys.len() as u64;
-            self.levels.push_n(0, keys.len());
-            return Ok(());
-        }
+        self.chunk.push_rows(keys.len(), keys.nulls())?;
         match keys.nulls().filter(|n| n.null_count() > 0) {
+            // Keys repeat row after row: find each run, then map its key once.
             None => {
-                // Keys repeat row after row: find each run, then map its key once.
                 let keys = keys.values();
                 let mut i = 0;
                 while i < keys.len() {
@@ -280,22 +418,14 @@ impl DictChunk {
                     self.indices.push_n(id, run);
                     i += run;
                 }
-                if self.nullable() {
-                    self.levels.push_n(1, keys.len());
-                }
             }
+            Some(valid) if valid.null_count() == keys.len() => {}
             Some(valid) => {
-                if !self.nullable() {
-                    return Err(anyhow!("nulls in the non-nullable column {}", self.descr.name()));
-                }
                 for (k, ok) in keys.values().iter().zip(valid.iter()) {
                     if ok {
                         let id = id_of(k.as_usize(), self);
                         self.indices.push_n(id, 1);
-                    } else {
-                        self.nulls += 1;
                     }
-                    self.levels.push_n(u32::from(ok), 1);
                 }
             }
         }
@@ -304,31 +434,19 @@ impl DictChunk {
 
     /// Encodes the pending rows into pages of PAGE_VALUES rows; with `all`, the rest too.
     fn cut_pages(&mut self, all: bool) {
-        let nullable = self.nullable();
         let bit_width = (32 - (self.values.len().saturating_sub(1) as u32).leading_zeros()).max(1) as u8;
-        loop {
-            let pending = if nullable { self.levels.len } else { self.indices.len };
-            if pending == 0 || (pending < PAGE_VALUES && !all) {
-                break;
-            }
-            let rows = pending.min(PAGE_VALUES);
-            let (levels, present) = if nullable {
-                let l = self.levels.take(rows);
-                let present = l.iter().filter(|r| r.0 == 1).map(|r| r.1 as usize).sum();
-                (rle_hybrid(&l, 1), present)
-            } else {
-                (Vec::new(), rows)
-            };
+        while let Some((rows, levels, present)) = self.chunk.next_page(all, self.indices.len) {
             let mut values = vec![bit_width];
             values.extend(rle_hybrid(&self.indices.take(present), bit_width));
-            self.pages.push(PageParts { rows, present, levels, values });
+            self.chunk.pages.push(PageParts { rows, present, levels, values });
         }
     }
 
     fn estimated_bytes(&self) -> usize {
         // Encoded pages shrink further under zstd; pending runs count 8 bytes each.
-        let pages: usize = self.pages.iter().map(|p| p.levels.len() + p.values.len()).sum();
-        self.values.iter().map(|v| v.len() + 4).sum::<usize>() + pages + 8 * (self.levels.runs.len() + self.indices.runs.len())
+        self.values.iter().map(|v| v.len() + 4).sum::<usize>()
+            + self.chunk.pages_bytes()
+            + 8 * (self.chunk.levels.runs.len() + self.indices.runs.len())
     }
 
     /// The chunk's bytes and what the row group writer needs to know of them.
@@ -343,114 +461,13 @@ impl DictChunk {
             }
             (plain, self.values.len() as u32)
         });
-        let statistics = self.statistics.then(|| {
+        let statistics = self.chunk.statistics.then(|| {
             let min = self.values.iter().min().map(|v| ByteArray::from(v.to_vec()));
             let max = self.values.iter().max().map(|v| ByteArray::from(v.to_vec()));
-            Statistics::ByteArray(ValueStatistics::new(min, max, None, Some(self.nulls), false))
+            Statistics::ByteArray(ValueStatistics::new(min, max, None, Some(self.chunk.nulls), false))
         });
-        write_chunk(ChunkParts {
-            descr: self.descr.clone(),
-            zstd_level: self.zstd_level,
-            rows: self.rows,
-            dictionary,
-            value_encoding: Encoding::RLE_DICTIONARY,
-            pages: &self.pages,
-            statistics,
-        })
+        self.chunk.write(dictionary, Encoding::RLE_DICTIONARY, statistics)
     }
-}
-
-/// A column chunk's parts, encoded but not yet compressed.
-struct ChunkParts<'a> {
-    descr: ColumnDescPtr,
-    zstd_level: Option<i32>,
-    rows: u64,
-    /// A PLAIN dictionary page's body and its entry count.
-    dictionary: Option<(Vec<u8>, u32)>,
-    /// The encoding of the pages' values (pages without values are PLAIN, levels only).
-    value_encoding: Encoding,
-    pages: &'a [PageParts],
-    statistics: Option<Statistics>,
-}
-
-/// The chunk's bytes as the parquet crate lays them out (the dictionary page, if any,
-/// then v1 data pages, each compressed), and what the row group writer needs to know of
-/// them.
-fn write_chunk(c: ChunkParts) -> Result<(Bytes, ColumnCloseResult)> {
-    let nullable = c.descr.max_def_level() > 0;
-    let has_dictionary = c.dictionary.is_some();
-    let mut sink = TrackedWrite::new(Vec::new());
-    let (mut compressed, mut uncompressed) = (0u64, 0u64);
-    let mut first_data = None;
-    {
-        let mut pages = SerializedPageWriter::new(&mut sink);
-        let mut put = |page: Page, size: usize| -> Result<u64> {
-            let spec = pages.write_page(CompressedPage::new(page, size))?;
-            compressed += spec.compressed_size as u64;
-            uncompressed += spec.uncompressed_size as u64;
-            Ok(spec.offset)
-        };
-        if let Some((plain, entries)) = c.dictionary {
-            let (buf, size) = compress(c.zstd_level, plain)?;
-            put(Page::DictionaryPage { buf, num_values: entries, encoding: Encoding::PLAIN, is_sorted: false }, size)?;
-        }
-        // A row group has rows, so the chunk has at least one page.
-        for p in c.pages {
-            let mut body = Vec::with_capacity(4 + p.levels.len() + p.values.len());
-            if nullable {
-                body.extend_from_slice(&(p.levels.len() as u32).to_le_bytes());
-                body.extend_from_slice(&p.levels);
-            }
-            let encoding = if p.present > 0 { c.value_encoding } else { Encoding::PLAIN };
-            if p.present > 0 {
-                body.extend_from_slice(&p.values);
-            }
-            let (buf, size) = compress(c.zstd_level, body)?;
-            let page = Page::DataPage {
-                buf,
-                num_values: p.rows as u32,
-                encoding,
-                def_level_encoding: Encoding::RLE,
-                rep_level_encoding: Encoding::RLE,
-                statistics: None,
-            };
-            let offset = put(page, size)?;
-            first_data.get_or_insert(offset);
-        }
-        pages.close()?;
-    }
-    let bytes_written = sink.bytes_written() as u64;
-    let buf = Bytes::from(sink.into_inner()?);
-    let mut encodings = vec![Encoding::RLE];
-    if has_dictionary || c.pages.iter().any(|p| p.present == 0) {
-        encodings.push(Encoding::PLAIN);
-    }
-    if c.pages.iter().any(|p| p.present > 0) {
-        encodings.push(c.value_encoding);
-    }
-    let mut meta = ColumnChunkMetaData::builder(c.descr.clone())
-        .set_encodings(encodings)
-        .set_compression(match c.zstd_level {
-            Some(l) => Compression::ZSTD(parquet::basic::ZstdLevel::try_new(l)?),
-            None => Compression::UNCOMPRESSED,
-        })
-        .set_num_values(c.rows as i64)
-        .set_total_compressed_size(compressed as i64)
-        .set_total_uncompressed_size(uncompressed as i64)
-        .set_data_page_offset(first_data.expect("at least one data page") as i64)
-        .set_dictionary_page_offset(has_dictionary.then_some(0));
-    if let Some(st) = c.statistics {
-        meta = meta.set_statistics(st);
-    }
-    let close = ColumnCloseResult {
-        bytes_written,
-        rows_written: c.rows,
-        metadata: meta.build()?,
-        bloom_filter: None,
-        column_index: None,
-        offset_index: None,
-    };
-    Ok((buf, close))
 }
 
 /// An integer column's chunk in a row group, DELTA_BINARY_PACKED (blocks of 128 deltas,
@@ -461,22 +478,16 @@ fn write_chunk(c: ChunkParts) -> Result<(Bytes, ColumnCloseResult)> {
 /// Values are kept as i64 (INT32 columns as their 32-bit pattern, sign-extended);
 /// deltas wrap in the physical type, as the format asks.
 struct IntChunk {
-    descr: ColumnDescPtr,
-    zstd_level: Option<i32>,
-    statistics: bool,
+    chunk: Chunk,
     /// INT32 physical type (deltas wrap at 32 bits); UINT_32 logical type (statistics
     /// compare unsigned).
     int32: bool,
     unsigned: bool,
-    /// Values of rows not yet in a page (nulls have none), and their definition levels.
+    /// Values of rows not yet in a page (nulls have none).
     values: Vec<i64>,
-    levels: Runs,
-    pages: Vec<PageParts>,
     /// Min and max so far, UINT_32 values zero-extended (the statistics take their low
     /// 32 bits).
     min_max: Option<(i64, i64)>,
-    rows: u64,
-    nulls: u64,
 }
 
 impl IntChunk {
@@ -488,28 +499,7 @@ impl IntChunk {
             DataType::UInt32 => (true, true),
             _ => return None,
         };
-        let path = descr.path();
-        let zstd_level = match props.compression(path) {
-            Compression::ZSTD(level) => Some(level.compression_level()),
-            _ => None,
-        };
-        Some(IntChunk {
-            statistics: props.statistics_enabled(path) != EnabledStatistics::None,
-            zstd_level,
-            int32,
-            unsigned,
-            descr,
-            values: Vec::new(),
-            levels: Runs::default(),
-            pages: Vec::new(),
-            min_max: None,
-            rows: 0,
-            nulls: 0,
-        })
-    }
-
-    fn nullable(&self) -> bool {
-        self.descr.max_def_level() > 0
+        Some(IntChunk { chunk: Chunk::new(descr, props), int32, unsigned, values: Vec::new(), min_max: None })
     }
 
     fn write(&mut self, array: &ArrayRef) -> Result<()> {
@@ -524,34 +514,18 @@ impl IntChunk {
     }
 
     fn append<T: ArrowPrimitiveType>(&mut self, a: &PrimitiveArray<T>, to_i64: impl Fn(T::Native) -> i64) -> Result<()> {
-        let n = a.len();
         let start = self.values.len();
-        self.rows += n as u64;
-        match a.nulls().filter(|v| v.null_count() > 0) {
-            None => {
-                self.values.extend(a.values().iter().map(|&v| to_i64(v)));
-                if self.nullable() {
-                    self.levels.push_n(1, n);
-                }
-            }
+        self.chunk.push_rows(a.len(), a.nulls())?;
+        match a.nulls().filter(|n| n.null_count() > 0) {
+            None => self.values.extend(a.values().iter().map(|&v| to_i64(v))),
+            Some(valid) if valid.null_count() == a.len() => {}
             Some(valid) => {
-                if !self.nullable() {
-                    return Err(anyhow!("nulls in the non-nullable column {}", self.descr.name()));
-                }
-                self.nulls += valid.null_count() as u64;
-                if valid.null_count() == n {
-                    self.levels.push_n(0, n);
-                } else {
-                    for (&v, ok) in a.values().iter().zip(valid.iter()) {
-                        if ok {
-                            self.values.push(to_i64(v));
-                        }
-                        self.levels.push_n(u32::from(ok), 1);
-                    }
+                for (start, end) in valid.valid_slices() {
+                    self.values.extend(a.values()[start..end].iter().map(|&v| to_i64(v)));
                 }
             }
         }
-        if self.statistics && start < self.values.len() {
+        if self.chunk.statistics && start < self.values.len() {
             // Compared as the logical type orders them: UINT_32 values unsigned.
             let key = |v: i64| if self.unsigned { i64::from(v as u32) } else { v };
             let (lo, hi) = self.values[start..].iter().fold((i64::MAX, i64::MIN), |(lo, hi), &v| (lo.min(key(v)), hi.max(key(v))));
@@ -562,23 +536,10 @@ impl IntChunk {
 
     /// Encodes the pending rows into pages of PAGE_VALUES rows; with `all`, the rest too.
     fn cut_pages(&mut self, all: bool) {
-        let nullable = self.nullable();
         let mut at = 0;
-        loop {
-            let pending = if nullable { self.levels.len } else { self.values.len() - at };
-            if pending == 0 || (pending < PAGE_VALUES && !all) {
-                break;
-            }
-            let rows = pending.min(PAGE_VALUES);
-            let (levels, present) = if nullable {
-                let l = self.levels.take(rows);
-                let present = l.iter().filter(|r| r.0 == 1).map(|r| r.1 as usize).sum();
-                (rle_hybrid(&l, 1), present)
-            } else {
-                (Vec::new(), rows)
-            };
+        while let Some((rows, levels, present)) = self.chunk.next_page(all, self.values.len() - at) {
             let values = if present > 0 { delta_binary_packed(&self.values[at..at + present], self.int32) } else { Vec::new() };
-            self.pages.push(PageParts { rows, present, levels, values });
+            self.chunk.pages.push(PageParts { rows, present, levels, values });
             at += present;
         }
         self.values.drain(..at);
@@ -586,28 +547,21 @@ impl IntChunk {
 
     fn estimated_bytes(&self) -> usize {
         // Encoded pages shrink further under zstd; pending values count a byte each.
-        self.pages.iter().map(|p| p.levels.len() + p.values.len()).sum::<usize>() + self.values.len()
+        self.chunk.pages_bytes() + self.values.len()
     }
 
     fn finish(mut self) -> Result<(Bytes, ColumnCloseResult)> {
         self.cut_pages(true);
-        let statistics = self.statistics.then(|| {
+        let statistics = self.chunk.statistics.then(|| {
             let (min, max) = (self.min_max.map(|m| m.0), self.min_max.map(|m| m.1));
+            let nulls = Some(self.chunk.nulls);
             if self.int32 {
-                Statistics::Int32(ValueStatistics::new(min.map(|v| v as i32), max.map(|v| v as i32), None, Some(self.nulls), false))
+                Statistics::Int32(ValueStatistics::new(min.map(|v| v as i32), max.map(|v| v as i32), None, nulls, false))
             } else {
-                Statistics::Int64(ValueStatistics::new(min, max, None, Some(self.nulls), false))
+                Statistics::Int64(ValueStatistics::new(min, max, None, nulls, false))
             }
         });
-        write_chunk(ChunkParts {
-            descr: self.descr.clone(),
-            zstd_level: self.zstd_level,
-            rows: self.rows,
-            dictionary: None,
-            value_encoding: Encoding::DELTA_BINARY_PACKED,
-            pages: &self.pages,
-            statistics,
-        })
+        self.chunk.write(None, Encoding::DELTA_BINARY_PACKED, statistics)
     }
 }
 
@@ -705,13 +659,13 @@ fn compress(zstd_level: Option<i32>, body: Vec<u8>) -> Result<(Bytes, usize)> {
 
 /// Values as runs of one value: (value, count), no two neighbours equal, count > 0.
 #[derive(Default)]
-struct Runs {
+struct RunList {
     runs: std::collections::VecDeque<(u32, u32)>,
     /// Values in all runs.
     len: usize,
 }
 
-impl Runs {
+impl RunList {
     #[inline]
     fn push_n(&mut self, v: u32, n: usize) {
         if n == 0 {

@@ -105,8 +105,8 @@ fn mounts() -> Vec<(String, Mount)> {
 }
 
 /// The disk a `MAJ:MIN` belongs to (itself unless it is a partition). Major 0 is the
-/// kernel's unnamed devices (tmpfs, proc, overlay, NFS…): never a partition, and skipped
-/// without touching sysfs, since this runs for every mount on each metadata refresh.
+/// kernel's unnamed devices (tmpfs, proc, overlay, NFS…): never a partition, answered
+/// without a sysfs path walk (this runs for every mount in mountinfo).
 fn disk_of(majmin: &str) -> String {
     if majmin.starts_with("0:") {
         return majmin.to_string();

@@ -234,6 +234,13 @@ struct Static {
     drain_cpu_at_start: u64,
 }
 
+impl Static {
+    /// The drain thread's CPU time since the probes were attached (call it on that thread).
+    fn drain_cpu_ns(&self) -> u64 {
+        thread_cpu_ns() - self.drain_cpu_at_start
+    }
+}
+
 /// `trainio.nfs_mounts`: each NFS mount's identity from mountstats and mountinfo, and
 /// its counters at the start of the recording and now (the segment's close).
 fn nfs_mounts_json(at_start: &[host::NfsMountStats], now: &[host::NfsMountStats]) -> serde_json::Value {
@@ -271,7 +278,7 @@ fn segment_metadata(
     coll: &Collector,
     probes: &Probes,
     segment: u32,
-    encoder_cpu_ns: u64,
+    recorder_cpu_ns: (u64, u64),
 ) -> Vec<(String, String)> {
     let mut devs: Vec<&str> = coll.devices().collect();
     devs.extend(st.selected_devs.iter().map(String::as_str));
@@ -302,8 +309,10 @@ fn segment_metadata(
         (keys::LOST_EVENTS.into(), json!(lost).to_string()),
         (keys::BPF_STATS.into(), json!(probes.bpf_stats()).to_string()),
         (keys::EVENTS.into(), json!(events).to_string()),
-        // Called on the drain thread.
-        (keys::RECORDER_CPU_NS.into(), json!({"drain": thread_cpu_ns() - st.drain_cpu_at_start, "encoder": encoder_cpu_ns}).to_string()),
+        (
+            keys::RECORDER_CPU_NS.into(),
+            json!({"drain": recorder_cpu_ns.0, "encoder": recorder_cpu_ns.1}).to_string(),
+        ),
         (
             keys::NFS_MOUNTS.into(),
             match &st.nfs_at_start {
@@ -412,7 +421,7 @@ pub fn run(args: Args) -> Result<i32> {
         }
         if encoder.segment_full() {
             // The segment index is the encoder's to fill in.
-            let meta = segment_metadata(&st, &collector.borrow(), &probes, 0, encoder.cpu_ns());
+            let meta = segment_metadata(&st, &collector.borrow(), &probes, 0, (st.drain_cpu_ns(), encoder.cpu_ns()));
             encoder.close_segment(meta)?;
         }
         encoder.regulate();
@@ -464,12 +473,13 @@ pub fn run(args: Args) -> Result<i32> {
     encoder.send(batch)?;
     let (mut writer, encoder_cpu_ns) = encoder.finish()?;
     writer.open()?;
-    let meta = segment_metadata(&st, &collector.borrow(), &probes, writer.segment_index(), encoder_cpu_ns);
+    let cpu_ns = (st.drain_cpu_ns(), encoder_cpu_ns);
+    let meta = segment_metadata(&st, &collector.borrow(), &probes, writer.segment_index(), cpu_ns);
     writer.close_segment(&meta)?;
     let elapsed = started.elapsed();
     drop(ring);
 
-    print_summary(&args.output, &writer, &collector.borrow(), &probes, elapsed, (thread_cpu_ns() - st.drain_cpu_at_start, encoder_cpu_ns));
+    print_summary(&args.output, &writer, &collector.borrow(), &probes, elapsed, cpu_ns);
 
     // A --duration that ended before the command: the command is the user's job, so wait.
     let code = match (exit_status, child.as_mut()) {
