@@ -127,7 +127,9 @@ impl Encoder {
         // Enough queued batches for MAX_BACKLOG_ROWS at the drain's batch size and more:
         // the row and age bounds act first; a full queue blocks the drain (the kernel
         // ring buffer then absorbs, and counts what it cannot).
-        let (tx, rx) = sync_channel(1024);
+        // Room for MAX_BACKLOG_ROWS in FLUSH_ROWS batches, and more: the drain must never
+        // block on a send (the priority boost at MAX_BACKLOG_ROWS drains the backlog).
+        let (tx, rx) = sync_channel(4 * (MAX_BACKLOG_ROWS as usize / crate::record::FLUSH_ROWS));
         let shared = Arc::new(Shared {
             tid: AtomicI32::new(0),
             sent: AtomicU64::new(0),
