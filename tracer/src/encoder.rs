@@ -124,11 +124,9 @@ fn run(mut writer: TraceWriter, rx: Receiver<Msg>, shared: Arc<Shared>) -> Resul
 
 impl Encoder {
     pub fn start(writer: TraceWriter) -> Result<Self> {
-        // Enough queued batches for MAX_BACKLOG_ROWS at the drain's batch size and more:
-        // the row and age bounds act first; a full queue blocks the drain (the kernel
-        // ring buffer then absorbs, and counts what it cannot).
-        // Room for MAX_BACKLOG_ROWS in FLUSH_ROWS batches, and more: the drain must never
-        // block on a send (the priority boost at MAX_BACKLOG_ROWS drains the backlog).
+        // Room for 4 × MAX_BACKLOG_ROWS in the drain's batches: the row and age bounds act
+        // first; a full queue blocks the drain (the kernel ring buffer then absorbs, and
+        // counts what it cannot).
         let (tx, rx) = sync_channel(4 * (MAX_BACKLOG_ROWS as usize / crate::record::FLUSH_ROWS));
         let shared = Arc::new(Shared {
             tid: AtomicI32::new(0),

@@ -55,8 +55,6 @@ pub struct Collector {
     /// of one device skips the map lookup.
     last_dev: (u32, Option<Box<str>>),
     pub undecodable: u64,
-    /// Ring-buffer records decoded so far (the drain polls sooner while they arrive).
-    pub records: u64,
 }
 
 fn comm_str(comm: &[i8; 16]) -> &str {
@@ -127,7 +125,6 @@ impl Collector {
             last_comm: (0, "".into()),
             last_dev: (0, None),
             undecodable: 0,
-            records: 0,
         }
     }
 
@@ -163,7 +160,6 @@ impl Collector {
 
     /// Decodes one ring-buffer record. Returns 0 as libbpf's callback contract wants.
     pub fn on_record(&mut self, data: &[u8]) -> i32 {
-        self.records += 1;
         let tag = data.get(..4).map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
         let decoded = match tag {
             Some(KIND_BLOCK) => plain::from_bytes::<block_event>(data).map(|e| self.block(e)).is_ok(),

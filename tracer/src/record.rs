@@ -414,16 +414,16 @@ pub fn run(args: Args) -> Result<i32> {
     let mut last_batch_flush = Instant::now();
     let mut busy = false;
     loop {
-        let records = collector.borrow().records;
-        // Poll errors are EINTR from our own signal handlers; the loop checks them below.
-        let _ = ring.poll(if busy { POLL_BUSY } else { POLL });
+        // Records consumed, or -errno: EINTR from our own signal handlers, which the loop
+        // checks below.
+        let polled = ring.poll_raw(if busy { POLL_BUSY } else { POLL });
         if last_batch_flush.elapsed() >= BATCH_FLUSH_EVERY {
             // Block completions a CPU has batched and not yet written (block.bpf.c).
             probes.flush_block(false);
             last_batch_flush = Instant::now();
         }
-        let _ = ring.consume();
-        busy = collector.borrow().records != records;
+        let consumed = ring.consume_raw();
+        busy = polled > 0 || consumed > 0;
         stats.tick(&probes);
         if collector.borrow().batch.len() >= FLUSH_ROWS || last_flush.elapsed() >= FLUSH_EVERY {
             let batch = collector.borrow_mut().batch.finish();
