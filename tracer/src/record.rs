@@ -22,12 +22,24 @@ use crate::events::Collector;
 use crate::host;
 use crate::probes::{Probes, Settings, Target};
 
-/// How long the drain waits for records: POLL_BUSY while they are arriving, so that each
-/// turn is short (~2 ms of events, ~40 µs of work at 200k events/s) and does not hold a
-/// CPU the traced job's pipeline is waiting on, POLL when the last turn found none.
-/// (10 ms turns scored 2-3 points lower on bench-tracer's 4 KiB workload: docs/recorder.md.)
+/// How long the drain waits for records: long enough for about TURN_ROWS rows to arrive
+/// at the rate the last turn saw, between POLL_BUSY and POLL (next_poll). A turn is then
+/// short (~40 µs of work) and does not hold a CPU the traced job's pipeline is waiting on
+/// (10 ms turns at 200k rows/s scored 2-3 points lower on bench-tracer's 4 KiB workload:
+/// docs/recorder.md), while a slow stream of rows does not wake the drain 500 times a
+/// second for a few rows each: every wake-up costs ~20 µs of CPU whatever it finds.
 const POLL: Duration = Duration::from_millis(10);
 const POLL_BUSY: Duration = Duration::from_millis(2);
+const TURN_ROWS: u32 = 256;
+
+/// The next poll's timeout, after a turn that added `rows` rows `since` the turn before.
+fn next_poll(rows: usize, since: Duration) -> Duration {
+    match u32::try_from(rows) {
+        Ok(0) => POLL,
+        Ok(rows) => (since * TURN_ROWS / rows).clamp(POLL_BUSY, POLL),
+        Err(_) => POLL_BUSY,
+    }
+}
 /// Rows per batch handed to the encoder. Small batches keep the rows in the caches between
 /// the two threads and the encoder's bursts short: 64 Ki-row batches (~5 MB of columns)
 /// cost the traced job ~3 points of IOPS more than 4 Ki (docs/recorder.md).
@@ -412,18 +424,22 @@ pub fn run(args: Args) -> Result<i32> {
     let mut forwarded = false;
     let mut last_flush = Instant::now();
     let mut last_batch_flush = Instant::now();
-    let mut busy = false;
+    let mut poll = POLL;
+    let mut last_turn = Instant::now();
     loop {
+        let rows_before = collector.borrow().batch.len();
         // Records consumed, or -errno: EINTR from our own signal handlers, which the loop
         // checks below.
-        let polled = ring.poll_raw(if busy { POLL_BUSY } else { POLL });
+        let _ = ring.poll_raw(poll);
         if last_batch_flush.elapsed() >= BATCH_FLUSH_EVERY {
             // Block completions a CPU has batched and not yet written (block.bpf.c).
             probes.flush_block(false);
             last_batch_flush = Instant::now();
         }
-        let consumed = ring.consume_raw();
-        busy = polled > 0 || consumed > 0;
+        let _ = ring.consume_raw();
+        let now = Instant::now();
+        poll = next_poll(collector.borrow().batch.len() - rows_before, now - last_turn);
+        last_turn = now;
         stats.tick(&probes);
         if collector.borrow().batch.len() >= FLUSH_ROWS || last_flush.elapsed() >= FLUSH_EVERY {
             let batch = collector.borrow_mut().batch.finish();
@@ -563,6 +579,21 @@ mod tests {
         assert!(s.want_on(ms(20_010), true, || 3 * STATS_RUNS));
         assert!(s.want_on(ms(20_020), true, || 4 * STATS_RUNS - 1));
         assert!(!s.want_on(ms(20_030), true, || 4 * STATS_RUNS));
+    }
+
+    #[test]
+    fn poll_waits_for_about_turn_rows_at_the_last_rate() {
+        let ms = Duration::from_millis;
+        // Nothing arrived: the idle poll.
+        assert_eq!(next_poll(0, ms(10)), POLL);
+        // 200k rows/s (bench-tracer's 4 KiB pattern): as short as allowed.
+        assert_eq!(next_poll(400, ms(2)), POLL_BUSY);
+        // 64k rows/s: TURN_ROWS arrive in 4 ms.
+        assert_eq!(next_poll(640, ms(10)), ms(4));
+        // 12k rows/s (the 1 MiB pattern): no more often than the idle poll.
+        assert_eq!(next_poll(24, ms(2)), POLL);
+        assert_eq!(next_poll(120, ms(10)), POLL);
+        assert_eq!(next_poll(usize::MAX, ms(1)), POLL_BUSY);
     }
 
     #[test]
