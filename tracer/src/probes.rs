@@ -535,18 +535,8 @@ impl<'o> Probes<'o> {
     }
 
     /// Detaches every program now; maps stay readable until the skeletons are dropped.
-    /// Closing a classic tracepoint's link waits out an RCU grace period in the kernel
-    /// (perf_trace_event_unreg: ~70 ms on this VM), so the file and NFS layers' links,
-    /// closed one after another, held every recording open ~1.4 s after its command ended.
-    /// Closed from one thread each, the waits overlap.
     pub fn detach(&self) {
-        let links = std::mem::take(&mut *self.links.borrow_mut());
-        std::thread::scope(|s| {
-            for link in links {
-                // If the thread cannot start, the closure is dropped and the link with it.
-                let _ = std::thread::Builder::new().name("tio-detach".into()).spawn_scoped(s, move || drop(link));
-            }
-        });
+        self.links.borrow_mut().clear();
     }
 }
 
