@@ -34,12 +34,12 @@ const TURN_ROWS: u32 = 256;
 
 /// The next poll's timeout, after a turn that added `rows` rows `since` the turn before.
 fn next_poll(rows: usize, since: Duration) -> Duration {
-    match u32::try_from(rows) {
-        Ok(0) => POLL,
-        Ok(rows) => (since * TURN_ROWS / rows).clamp(POLL_BUSY, POLL),
-        Err(_) => POLL_BUSY,
+    match u32::try_from(rows).unwrap_or(u32::MAX) {
+        0 => POLL,
+        rows => (since * TURN_ROWS / rows).clamp(POLL_BUSY, POLL),
     }
 }
+
 /// Rows per batch handed to the encoder. Small batches keep the rows in the caches between
 /// the two threads and the encoder's bursts short: 64 Ki-row batches (~5 MB of columns)
 /// cost the traced job ~3 points of IOPS more than 4 Ki (docs/recorder.md).
@@ -428,8 +428,8 @@ pub fn run(args: Args) -> Result<i32> {
     let mut last_turn = Instant::now();
     loop {
         let rows_before = collector.borrow().batch.len();
-        // Records consumed, or -errno: EINTR from our own signal handlers, which the loop
-        // checks below.
+        // The count it returns is not needed (the rows are counted below), nor its -errno:
+        // EINTR comes from our own signal handlers, which the loop checks below.
         let _ = ring.poll_raw(poll);
         if last_batch_flush.elapsed() >= BATCH_FLUSH_EVERY {
             // Block completions a CPU has batched and not yet written (block.bpf.c).
@@ -441,10 +441,10 @@ pub fn run(args: Args) -> Result<i32> {
         poll = next_poll(collector.borrow().batch.len() - rows_before, now - last_turn);
         last_turn = now;
         stats.tick(&probes);
-        if collector.borrow().batch.len() >= FLUSH_ROWS || last_flush.elapsed() >= FLUSH_EVERY {
+        if collector.borrow().batch.len() >= FLUSH_ROWS || now - last_flush >= FLUSH_EVERY {
             let batch = collector.borrow_mut().batch.finish();
             encoder.send(batch)?;
-            last_flush = Instant::now();
+            last_flush = now;
         }
         if encoder.segment_full() {
             // The segment index is the encoder's to fill in.
