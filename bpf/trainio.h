@@ -48,7 +48,7 @@ enum trainio_lost {
 	TRAINIO_LOST_BLOCK_RINGBUF = 0, /* block_rq_complete: ring buffer full */
 	TRAINIO_LOST_BLOCK_MAP = 1,     /* block_rq_issue: in-flight map full */
 	TRAINIO_LOST_FILE_RINGBUF = 2,  /* sys_exit_*: ring buffer full */
-	TRAINIO_LOST_FILE_MAP = 3,      /* sys_enter_*: in-flight syscall map full */
+	TRAINIO_LOST_FILE_MAP = 3,      /* sys_enter_*: no per-thread syscall state (allocation failed) */
 	TRAINIO_LOST_OPEN_RINGBUF = 4,  /* sys_exit_openat: ring buffer full */
 	TRAINIO_LOST_PROC_MAP = 5,      /* sched_process_fork: traced-process map full */
 	TRAINIO_LOST_NFS_RINGBUF = 6,   /* nfs_*_done: ring buffer full */

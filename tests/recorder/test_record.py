@@ -161,6 +161,49 @@ os.close(fd)
     assert opens["fd"][0] == reads["fd"][0] == closes["fd"][0]
 
 
+def test_file_layer_pairs_each_threads_syscalls_with_its_own_entry(tmp_path: Path) -> None:
+    # Four threads of one process read their own quarter of a file at once, with pread
+    # and with read() on their own fd (file position): a syscall's exit must meet its own
+    # thread's entry, never another thread's, and the process's read concurrency is at
+    # most the four threads.
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(4 * MiB))
+    script = f"""
+import os, threading
+start = threading.Barrier(4)
+def reader(k):
+    fd = os.open({str(data)!r}, os.O_RDONLY)
+    start.wait()
+    base = k * {MiB}
+    for i in range(32):
+        os.pread(fd, 16384, base + i * 16384)      # the first half of the quarter
+    os.lseek(fd, base + {MiB // 2}, 0)
+    for i in range(32):
+        os.read(fd, 16384)                         # the second half, by file position
+    os.close(fd)
+threads = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+"""
+    out = tmp_path / "t"
+    res = trainio("record", "--layers", "file", "-o", out, "--", sys.executable, "-c", script)
+    assert res.returncode == 0, res.stderr
+    reads = rows(out, layer="file", op="read", file=str(data)).sort("issue_ns")
+    assert reads.height == 4 * 64
+    assert (reads["bytes"] == 16384).all() and (reads["bytes_requested"] == 16384).all()
+    quarters = set()
+    for (tid,), g in reads.group_by(["tid"]):
+        offs = g.sort("issue_ns")["offset"].to_list()
+        base = offs[0]
+        assert base % MiB == 0, f"thread {tid} starts mid-quarter: {offs[:3]}"
+        assert offs == [base + i * 16384 for i in range(64)], f"thread {tid}'s offsets are another's"
+        assert g["fd"].n_unique() == 1
+        quarters.add(base // MiB)
+    assert quarters == {0, 1, 2, 3}, "one thread per quarter"
+    assert reads["pid"].n_unique() == 1 and reads["tid"].n_unique() == 4
+    assert reads["queue_depth"].min() >= 1 and reads["queue_depth"].max() <= 4
+
+
 @pytest.mark.slow
 def test_pid_mode_follows_children_forked_after_attach(tmp_path: Path) -> None:
     victim = tmp_path / "v.bin"
