@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # the interpreter pyo3 builds the analyzer's extension for (analysis/native)
 export PYO3_PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: all deps build venv test test-fast bench-tracer bench-encode bench-analysis bench-replay bench-fidelity demo clean
+.PHONY: all deps build venv test test-fast bench-tracer bench-file bench-encode bench-analysis bench-replay bench-fidelity demo clean
 
 all: build venv
 
@@ -35,6 +35,10 @@ test-fast: all
 
 bench-tracer: all
 	$(PY) tests/bench/bench_tracer.py
+
+# The file layer's cost to a process that reads with syscalls (4 KiB pread64 from page cache).
+bench-file: all
+	$(PY) tests/bench/bench_file.py
 
 # The recorder's user-space CPU per row (building Arrow batches, encoding Parquet) on
 # synthetic block rows: no root, no device, and steadier than IOPS for comparing encoders.
