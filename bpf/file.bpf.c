@@ -46,18 +46,23 @@ const volatile __u32 target_mode = TARGET_ALL;
 const volatile __u64 target_cgroup_id = 0;
 const volatile __u32 self_tgid = 0;
 
+/*
+ * A process's read/write syscalls in flight (its read concurrency): the value of its
+ * `traced` entry with TGIDS, so that one lookup both admits the process and finds its
+ * count; its proc_inflight entry otherwise.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
-	__type(key, __u32);  /* tgid */
-	__type(value, __u8);
+	__type(key, __u32);   /* tgid */
+	__type(value, __u32); /* in flight; user space and fork add entries at 0 */
 } traced SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
 	__type(key, __u32);   /* tgid */
-	__type(value, __u32); /* read/write syscalls in flight */
+	__type(value, __u32); /* in flight */
 } proc_inflight SEC(".maps");
 
 struct pending_io {
@@ -222,16 +227,45 @@ static __always_inline __u64 iovec_bytes(const struct iovec *iov, __u64 count)
 }
 
 /* offset < 0: use the file position at entry. */
+/* Counts a read or write into its process's in-flight count; returns the count with it. */
+static __always_inline __u32 enter_flight(__u32 tgid, __u32 *traced_count)
+{
+	__u32 one = 1, *n = traced_count;
+
+	if (!n)
+		n = bpf_map_lookup_elem(&proc_inflight, &tgid);
+	if (n)
+		return __sync_fetch_and_add(n, 1) + 1;
+	bpf_map_update_elem(&proc_inflight, &tgid, &one, BPF_NOEXIST);
+	return 1;
+}
+
+static __always_inline void leave_flight(__u32 tgid)
+{
+	__u32 *n;
+
+	if (target_mode == TARGET_TGIDS)
+		n = bpf_map_lookup_elem(&traced, &tgid);
+	else
+		n = bpf_map_lookup_elem(&proc_inflight, &tgid);
+	if (n)
+		__sync_fetch_and_add(n, -1);
+}
+
 static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 offset)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	__u32 tgid = task->tgid, one = 1, *n;
+	__u32 tgid = task->tgid, *count = NULL;
 	struct pending_io *p;
 	struct file_bits fb;
 	struct file *f;
 
-	if (!is_traced(tgid))
+	if (target_mode == TARGET_TGIDS) {
+		if (tgid == self_tgid || !(count = bpf_map_lookup_elem(&traced, &tgid)))
+			return 0;
+	} else if (!is_traced(tgid)) {
 		return 0;
+	}
 	f = fd_to_file(task, fd);
 	if (!f)
 		return 0;
@@ -250,16 +284,7 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 	p->ino = fb.ino;
 	p->flags = fb.flags;
 	p->offset = offset < 0 && op != TRAINIO_FOP_CLOSE ? fb.pos : offset;
-	p->queue_depth = 0;
-	if (op != TRAINIO_FOP_CLOSE) {
-		n = bpf_map_lookup_elem(&proc_inflight, &tgid);
-		if (n) {
-			p->queue_depth = __sync_fetch_and_add(n, 1) + 1;
-		} else {
-			bpf_map_update_elem(&proc_inflight, &tgid, &one, BPF_NOEXIST);
-			p->queue_depth = 1;
-		}
-	}
+	p->queue_depth = op != TRAINIO_FOP_CLOSE ? enter_flight(tgid, count) : 0;
 	p->enter_ns = bpf_ktime_get_ns();
 	return 0;
 }
@@ -267,14 +292,14 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 static __always_inline int exit_io(long ret)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	__u32 tgid = task->tgid, *n;
+	__u32 tgid = task->tgid;
 	struct pending_io *p = bpf_task_storage_get(&pending, task, 0, 0);
 	struct file_event *e;
 
 	if (!p || !p->enter_ns || !p->op) /* no entry seen, or an openat's: not ours */
 		return 0;
-	if (p->op != TRAINIO_FOP_CLOSE && (n = bpf_map_lookup_elem(&proc_inflight, &tgid)))
-		__sync_fetch_and_add(n, -1);
+	if (p->op != TRAINIO_FOP_CLOSE)
+		leave_flight(tgid);
 	e = bpf_ringbuf_reserve(&file_events, sizeof(*e), 0);
 	if (!e) {
 		count_lost(TRAINIO_LOST_FILE_RINGBUF);
@@ -551,13 +576,12 @@ int tio_openat2_exit(struct trace_event_raw_sys_exit *ctx)
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(tio_fork, struct task_struct *parent, struct task_struct *child)
 {
-	__u32 ptgid = parent->tgid, ctgid = child->tgid;
-	__u8 one = 1;
+	__u32 ptgid = parent->tgid, ctgid = child->tgid, none = 0;
 
 	if (target_mode != TARGET_TGIDS || ptgid == ctgid)
 		return 0;
 	if (bpf_map_lookup_elem(&traced, &ptgid) &&
-	    bpf_map_update_elem(&traced, &ctgid, &one, BPF_ANY))
+	    bpf_map_update_elem(&traced, &ctgid, &none, BPF_ANY))
 		count_lost(TRAINIO_LOST_PROC_MAP);
 	return 0;
 }

@@ -393,7 +393,7 @@ impl<'o> Probes<'o> {
 
     pub fn trace_pid(&self, pid: u32) -> Result<()> {
         if let Some(f) = &self.file {
-            f.maps.traced.update(&pid.to_ne_bytes(), &[1], MapFlags::ANY).context("adding the target pid")?;
+            f.maps.traced.update(&pid.to_ne_bytes(), &0u32.to_ne_bytes(), MapFlags::ANY).context("adding the target pid")?;
         }
         Ok(())
     }

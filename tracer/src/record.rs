@@ -211,11 +211,12 @@ fn spawn_traced(argv: &[OsString], traced_map: Option<i32>) -> Result<Child> {
         unsafe {
             cmd.pre_exec(move || {
                 let pid = libc::getpid() as u32;
-                let one: u8 = 1;
+                // The value is the process's reads in flight (file.bpf.c, traced).
+                let in_flight: u32 = 0;
                 let rc = libbpf_rs::libbpf_sys::bpf_map_update_elem(
                     fd,
                     &pid as *const u32 as *const libc::c_void,
-                    &one as *const u8 as *const libc::c_void,
+                    &in_flight as *const u32 as *const libc::c_void,
                     0,
                 );
                 if rc != 0 {
