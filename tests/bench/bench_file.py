@@ -29,12 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_tracer import fio_result, interval  # noqa: E402
-from trainio_testlib import TRAINIO  # noqa: E402
-
-from trainio_analysis.trace import read_metadata, scan_trace  # noqa: E402
-
-import polars as pl  # noqa: E402
+import polars as pl
+from bench_tracer import fio_result, interval
+from trainio_analysis.trace import read_metadata, scan_trace
+from trainio_testlib import TRAINIO
 
 PAIRS = int(os.environ.get("BENCH_FILE_PAIRS", "6"))
 RUNTIME = float(os.environ.get("BENCH_FILE_RUNTIME", "5"))
@@ -124,8 +122,7 @@ def main() -> int:
             tempfile.TemporaryDirectory(prefix="trainio-bench-") as tmp:
         data = Path(shm) / "data.bin"
         with open(data, "wb") as f:
-            for _ in range(FILE_MIB):
-                f.write(os.urandom(1 << 20))
+            f.writelines(os.urandom(1 << 20) for _ in range(FILE_MIB))
         work = Path(tmp)
         print(f"{data}: {FILE_MIB} MiB in page cache; {PAIRS} pairs of {RUNTIME:g} s, "
               "4 KiB random pread64 (fio psync)", flush=True)
