@@ -96,12 +96,16 @@ struct {
 	__uint(max_entries, 16 << 20); /* resized by user space (--ringbuf-mb) */
 } file_events SEC(".maps");
 
-static __always_inline bool is_traced(__u32 tgid)
+/*
+ * Whether the process is traced; with TGIDS, *count is also set to its in-flight count
+ * (its `traced` entry), which the caller then need not look up again.
+ */
+static __always_inline bool is_traced(__u32 tgid, __u32 **count)
 {
 	if (tgid == self_tgid)
 		return false;
 	if (target_mode == TARGET_TGIDS)
-		return bpf_map_lookup_elem(&traced, &tgid) != NULL;
+		return (*count = bpf_map_lookup_elem(&traced, &tgid)) != NULL;
 	if (target_mode == TARGET_CGROUP)
 		return bpf_get_current_cgroup_id() == target_cgroup_id;
 	return true;
@@ -143,7 +147,6 @@ struct file_bits {
 	struct inode *inode;
 	__s64 pos;
 	__u32 flags;
-	__u32 mode;
 	__u32 dev; /* s_dev of a file, i_rdev of a block node */
 	__u64 ino;
 };
@@ -181,33 +184,34 @@ static __always_inline bool read_identity(struct file_bits *b)
 	__u32 os = bpf_core_field_offset(struct inode, i_sb);
 	__u32 on = bpf_core_field_offset(struct inode, i_ino);
 	__u32 orr = bpf_core_field_offset(struct inode, i_rdev);
-	__u32 lo = MIN3(om, os, on) < orr ? MIN3(om, os, on) : orr;
+	__u32 lo = MIN3(om, os, on), mode, rdev;
 	struct super_block *sb;
 	char buf[SPAN];
-	__u32 rdev;
 
 	if (!inode)
 		return false;
+	if (orr < lo)
+		lo = orr;
 	if (om - lo <= SPAN - 2 && os - lo <= SPAN - 8 && on - lo <= SPAN - 8 &&
 	    orr - lo <= SPAN - 4 && !bpf_probe_read_kernel(buf, SPAN, (void *)inode + lo)) {
-		b->mode = AT(buf, om - lo, __u16);
+		mode = AT(buf, om - lo, __u16);
 		sb = AT(buf, os - lo, struct super_block *);
 		b->ino = AT(buf, on - lo, __u64);
 		rdev = AT(buf, orr - lo, __u32);
 	} else {
-		b->mode = BPF_CORE_READ(inode, i_mode);
+		mode = BPF_CORE_READ(inode, i_mode);
 		sb = BPF_CORE_READ(inode, i_sb);
 		b->ino = BPF_CORE_READ(inode, i_ino);
 		rdev = BPF_CORE_READ(inode, i_rdev);
 	}
-	b->mode &= S_IFMT;
-	if (b->mode == S_IFBLK) {
+	mode &= S_IFMT;
+	if (mode == S_IFBLK) {
 		b->dev = rdev;
 		b->ino = 0;
 		return true;
 	}
 	b->dev = BPF_CORE_READ(sb, s_dev);
-	return b->mode == S_IFREG;
+	return mode == S_IFREG;
 }
 
 static __always_inline __u64 iovec_bytes(const struct iovec *iov, __u64 count)
@@ -226,7 +230,6 @@ static __always_inline __u64 iovec_bytes(const struct iovec *iov, __u64 count)
 	return total;
 }
 
-/* offset < 0: use the file position at entry. */
 /* Counts a read or write into its process's in-flight count; returns the count with it. */
 static __always_inline __u32 enter_flight(__u32 tgid, __u32 *traced_count)
 {
@@ -252,6 +255,7 @@ static __always_inline void leave_flight(__u32 tgid)
 		__sync_fetch_and_add(n, -1);
 }
 
+/* offset < 0: use the file position at entry. */
 static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 offset)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
@@ -260,12 +264,8 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 	struct file_bits fb;
 	struct file *f;
 
-	if (target_mode == TARGET_TGIDS) {
-		if (tgid == self_tgid || !(count = bpf_map_lookup_elem(&traced, &tgid)))
-			return 0;
-	} else if (!is_traced(tgid)) {
+	if (!is_traced(tgid, &count))
 		return 0;
-	}
 	f = fd_to_file(task, fd);
 	if (!f)
 		return 0;
@@ -483,8 +483,9 @@ static __always_inline int enter_open(int dirfd, __u64 path_ptr, __u32 flags)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct pending_io *p;
+	__u32 *count;
 
-	if (!is_traced(task->tgid))
+	if (!is_traced(task->tgid, &count))
 		return 0;
 	p = bpf_task_storage_get(&pending, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!p) {
