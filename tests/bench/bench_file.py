@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import polars as pl
-from bench_tracer import fio_result, interval
+from bench_tracer import bpftraced_run, fio_result, interval
 from trainio_analysis.trace import read_metadata, scan_trace
 from trainio_testlib import TRAINIO
 
@@ -88,32 +88,6 @@ def traced(path: Path, work: Path) -> dict:
             "user_ns": (cpu["drain"] + cpu["encoder"]) / max(rows, 1)}
 
 
-def bpftraced(path: Path, program: str) -> tuple[float, int]:
-    with tempfile.NamedTemporaryFile("w", suffix=".bt") as script:
-        script.write(program)
-        script.flush()
-        bt = subprocess.Popen(["bpftrace", script.name], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
-        assert bt.stdout is not None
-        bt.stdout.readline()  # "Attaching N probes..."
-        lines = 0
-        fio = subprocess.Popen(fio_cmd(path), stdout=subprocess.PIPE, text=True)
-        import threading
-
-        def drain() -> None:
-            nonlocal lines
-            for _ in bt.stdout:  # type: ignore[union-attr]
-                lines += 1
-
-        t = threading.Thread(target=drain, daemon=True)
-        t.start()
-        fio_out, _ = fio.communicate()
-        bt.terminate()
-        bt.wait()
-        t.join(timeout=10)
-    return fio_result(fio_out)[0], lines
-
-
 def main() -> int:
     if os.geteuid() != 0:
         print("bench-file needs root (BPF)", file=sys.stderr)
@@ -137,9 +111,9 @@ def main() -> int:
                 base.append(untraced(data))
             print(f"  pair {i + 1}: untraced {base[-1]:,.0f} IOPS, traced {runs[-1]['iops']:,.0f} IOPS "
                   f"({runs[-1]['iops'] / base[-1]:.1%}), {runs[-1]['reads']:,} read rows", flush=True)
-        bt_iops, bt_lines = bpftraced(data, BPFTRACE_PRINT)
+        bt_iops, bt_lines = bpftraced_run(BPFTRACE_PRINT, [], fio_cmd(data))
         print(f"  bpftrace per-call printf: {bt_iops:,.0f} IOPS, {bt_lines:,} lines", flush=True)
-        count_iops, _ = bpftraced(data, BPFTRACE_COUNT)
+        count_iops, _ = bpftraced_run(BPFTRACE_COUNT, [], fio_cmd(data))
         print(f"  bpftrace counting only: {count_iops:,.0f} IOPS", flush=True)
 
     b = statistics.mean(base)

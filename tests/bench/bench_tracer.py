@@ -118,18 +118,17 @@ def interval(base: list[float], traced_iops: list[float], draws: int = 4000) -> 
     return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
 
 
-def bpftraced(dev: str, program: str = BPFTRACE) -> tuple[float, int]:
-    st = os.stat(dev)
-    kdev = (os.major(st.st_rdev) << 20) | os.minor(st.st_rdev)
-    with tempfile.NamedTemporaryFile("w", suffix=".bt") as script, open(os.devnull, "w") as sink:
+def bpftraced_run(program: str, args: list[str], workload: list[str]) -> tuple[float, int]:
+    """Runs fio `workload` under a bpftrace `program`: fio's IOPS and the lines printed."""
+    with tempfile.NamedTemporaryFile("w", suffix=".bt") as script:
         script.write(program)
         script.flush()
-        bt = subprocess.Popen(["bpftrace", script.name, str(kdev)], stdout=subprocess.PIPE,
+        bt = subprocess.Popen(["bpftrace", script.name, *args], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True)
         assert bt.stdout is not None
         bt.stdout.readline()  # "Attaching N probes..."
         lines = 0
-        fio = subprocess.Popen(fio_cmd(dev, "4k"), stdout=subprocess.PIPE, text=True)
+        fio = subprocess.Popen(workload, stdout=subprocess.PIPE, text=True)
         import threading
 
         def drain() -> None:
@@ -143,8 +142,13 @@ def bpftraced(dev: str, program: str = BPFTRACE) -> tuple[float, int]:
         bt.terminate()
         bt.wait()
         t.join(timeout=10)
-        del sink
     return fio_result(fio_out)[0], lines
+
+
+def bpftraced(dev: str, program: str = BPFTRACE) -> tuple[float, int]:
+    st = os.stat(dev)
+    kdev = (os.major(st.st_rdev) << 20) | os.minor(st.st_rdev)
+    return bpftraced_run(program, [str(kdev)], fio_cmd(dev, "4k"))
 
 
 def main() -> int:
