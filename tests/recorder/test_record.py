@@ -14,9 +14,8 @@ import polars as pl
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-
-from trainio_testlib import TRAINIO, majmin, run, trainio
 from trainio_analysis.trace import read_metadata, scan_trace
+from trainio_testlib import TRAINIO, majmin, run, trainio
 
 MiB = 1 << 20
 
