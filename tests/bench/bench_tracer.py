@@ -38,9 +38,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# trainio_testlib puts analysis/ on the path: it goes first.
+from trainio_testlib import TRAINIO, loop_device, majmin
+
+# isort: split
 import polars as pl
 from trainio_analysis.trace import read_metadata, scan_trace
-from trainio_testlib import TRAINIO, loop_device, majmin
 
 RUNTIME = float(os.environ.get("BENCH_RUNTIME", "8"))
 PAIRS = int(os.environ.get("BENCH_PAIRS", "4"))

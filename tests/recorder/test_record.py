@@ -14,8 +14,12 @@ import polars as pl
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from trainio_analysis.trace import read_metadata, scan_trace
+
+# trainio_testlib puts analysis/ on the path: it goes first.
 from trainio_testlib import TRAINIO, majmin, run, trainio
+
+# isort: split
+from trainio_analysis.trace import read_metadata, scan_trace
 
 MiB = 1 << 20
 
@@ -124,9 +128,12 @@ def test_fio_iodepth_16_stays_within_16_and_mostly_above_1(tmp_path: Path, loop_
                   *fio(loop_dev, "--ioengine=io_uring", "--iodepth=16", "--io_size=64M"))
     assert res.returncode == 0, res.stderr
     qd = rows(out, layer="block", op="read")["queue_depth"]
-    assert qd.len() >= 16384
-    assert qd.max() <= 16
-    assert (qd > 1).mean() > 0.5, qd.value_counts().sort("queue_depth")
+    # 64 MiB of 4 KiB reads: 16384 requests (session 9: 0.71-0.95 of them met another in
+    # flight, the low end with both CPUs busy elsewhere).
+    counts = qd.value_counts().sort("queue_depth")
+    assert qd.len() >= 16384, (qd.len(), res.stderr)
+    assert qd.max() <= 16, counts
+    assert (qd > 1).mean() > 0.5, counts
 
 
 def test_file_layer_offsets_sizes_and_relative_paths(tmp_path: Path) -> None:
