@@ -228,6 +228,42 @@ def test_pid_mode_follows_children_forked_after_attach(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_pid_mode_traces_workers_forked_before_attach(tmp_path: Path) -> None:
+    # A data loader's shape: the main process forked its worker before the recorder came;
+    # the worker reads after it. The worker must be traced, the main process's read too.
+    victim = tmp_path / "v.bin"
+    victim.write_bytes(b"y" * 12288)
+    script = f"""
+import os, sys, time
+worker = os.fork()
+if worker == 0:
+    time.sleep(1.5)
+    with open({str(victim)!r}, "rb", buffering=0) as f:
+        f.read()
+    os._exit(0)
+print(worker, flush=True)
+time.sleep(1.6)
+with open({str(victim)!r}, "rb", buffering=0) as f:
+    f.read(4096)
+os.waitpid(worker, 0)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        worker = int(proc.stdout.readline())
+        res = trainio("record", "--layers", "file", "-o", tmp_path / "t", "--pid", str(proc.pid))
+        assert res.returncode == 0, res.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+    reads = rows(tmp_path / "t", layer="file", op="read", file=str(victim))
+    by_pid = dict(reads.group_by("pid").agg(pl.col("bytes").sum()).iter_rows())
+    assert by_pid.get(worker) == 12288, f"the worker forked before attach: {by_pid}"
+    assert by_pid.get(proc.pid) == 4096, by_pid
+
+
+@pytest.mark.slow
 def test_sigkill_leaves_readable_segments_and_no_programs(tmp_path: Path, loop_dev: str) -> None:
     out = tmp_path / "killed"
     tracer = subprocess.Popen(

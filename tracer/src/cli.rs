@@ -48,7 +48,7 @@ pub struct Args {
     #[arg(long)]
     pub no_bpf_stats: bool,
 
-    /// Trace this running process (and the children it starts from now on)
+    /// Trace this running process and its descendants (those it has now and those started from now on)
     #[arg(long, conflicts_with_all = ["cgroup", "command"])]
     pub pid: Option<u32>,
 

@@ -146,6 +146,32 @@ pub fn describe_devices<'a>(devs: impl IntoIterator<Item = &'a str>) -> Vec<Devi
 
 /// Where the syscall tracepoints are described; mounts tracefs if nothing has (libbpf
 /// looks tracepoint ids up there).
+/// The processes descended from `root` now (children, their children, …), parents before
+/// their children, from each process's parent in /proc/PID/stat. `root` itself is not in it.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
+    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        // "PID (COMM) STATE PPID …": COMM may hold spaces and parentheses, so split after the last ')'.
+        let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else { continue };
+        let ppid = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().nth(1)?.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut out = Vec::new();
+    let mut next = vec![root];
+    while let Some(p) = next.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            if c != root && !out.contains(&c) {
+                out.push(c);
+                next.push(c);
+            }
+        }
+    }
+    out
+}
+
 pub fn tracefs() -> Result<PathBuf> {
     for p in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
         if Path::new(p).join("events").is_dir() {
@@ -331,6 +357,38 @@ pub fn mount_dev(mount_point: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn descendants_are_children_and_grandchildren_not_the_root_or_others() {
+        // sh -> (sh -> sleep) and sh -> sleep: three descendants, two generations deep.
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", "(sleep 30; true) & sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let root = sh.id();
+        let mut found = Vec::new();
+        for _ in 0..100 {
+            found = descendants(root);
+            if found.len() >= 3 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let comms: Vec<String> = found
+            .iter()
+            .map(|p| fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default().trim().to_string())
+            .collect();
+        let _ = std::process::Command::new("pkill").args(["-KILL", "-P", &root.to_string()]).status();
+        for p in &found {
+            let _ = std::process::Command::new("pkill").args(["-KILL", "-P", &p.to_string()]).status();
+        }
+        let _ = sh.kill();
+        let _ = sh.wait();
+        assert_eq!(found.len(), 3, "{found:?} {comms:?}");
+        assert!(!found.contains(&root));
+        assert_eq!(comms.iter().filter(|c| *c == "sleep").count(), 2, "{comms:?}");
+        assert!(!descendants(root).contains(&std::process::id()), "not its parent");
+    }
 
     /// Trimmed from the guest's /proc/self/mountstats (6.1, a vers=4.1 and a vers=3 mount).
     const MOUNTSTATS: &str = "device rootfs mounted on / with fstype rootfs

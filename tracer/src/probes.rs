@@ -391,9 +391,19 @@ impl<'o> Probes<'o> {
         self.file.as_ref().map(|f| f.maps.traced.as_fd().as_raw_fd())
     }
 
+    /// Traces `pid` and its descendants: those it has now (a data loader's workers forked
+    /// before we attached) from /proc, and those started from now on through the fork probe.
+    /// The root goes in first and /proc is read twice, so that a child forked while the
+    /// first list was being read is followed by the probe or found by the second read.
     pub fn trace_pid(&self, pid: u32) -> Result<()> {
         if let Some(f) = &self.file {
-            f.maps.traced.update(&pid.to_ne_bytes(), &0u32.to_ne_bytes(), MapFlags::ANY).context("adding the target pid")?;
+            let add = |p: u32| f.maps.traced.update(&p.to_ne_bytes(), &0u32.to_ne_bytes(), MapFlags::ANY);
+            add(pid).context("adding the target pid")?;
+            for _ in 0..2 {
+                for child in host::descendants(pid) {
+                    add(child).context("adding the target's descendants")?;
+                }
+            }
         }
         Ok(())
     }
