@@ -64,7 +64,7 @@ step "report"
 "$T" report "$out/original" "$out/replay-16" -o "$out/report.html"
 
 step "sweep: most simulated GPUs kept >= 90% busy"
-"$T" sweep -q --workload "$workload" --data-dir "$mnt/sweep-data" --generate --odirect --max-gpus 64 \
+"$T" sweep -q --workload "$workload" --data-dir "$mnt/sweep-data" --generate --odirect --max-gpus 64 --steps 4 \
   --json "$out/sweep.json"
 
 step "summary"
@@ -76,7 +76,8 @@ load = lambda n: json.loads((out / n).read_text())
 orig, rep, an, cmp_, sweep = (load(n) for n in ("original-replay.json", "replay-16.json",
                                                  "original-analysis.json", "compare.json", "sweep.json"))
 print(f"emulated training : {orig['gpus']} GPUs, AU {orig['au_percent']:.1f}%, {orig['throughput_mib_s']:.0f} MiB/s")
-print(f"replay of trace   : {rep['gpus']} GPUs, AU {rep['au_percent']:.1f}%, {rep['throughput_mib_s']:.0f} MiB/s")
+print(f"replay of trace   : {rep['gpus']} GPUs, {rep['steps']} steps x {rep['epochs']} epochs, AU {rep['au_percent']:.1f}%, "
+      f"{rep['throughput_mib_s']:.0f} MiB/s (the recorded reads spread over 16 GPUs)")
 def top(hist, n=6):
     items = sorted(((int(k), v) for k, v in hist.items()), key=lambda kv: -kv[1])[:n]
     return "  ".join(f"QD{k}:{v:.0%}" for k, v in sorted(items))
@@ -85,6 +86,9 @@ print(f"recorded time at QD   (block, top 6): {top(an.get('qd_hist_time', {}))}"
 print(f"replay vs original    : throughput x{1 + cmp_['throughput_rel_error']:.1f}, "
       f"QD W1 per issue {cmp_['qd_w1_issue']:.1f}, time-weighted {cmp_['qd_w1_time']:.2f} "
       "(4 recorded GPUs replayed as 16: the replay is meant to differ)")
-print(f"max GPUs at AU >= threshold: {sweep.get('max_gpus', sweep.get('supported_gpus'))}")
+most = sweep.get('max_gpus', sweep.get('supported_gpus'))
+print(f"sweep of the {sweep['workload']} config (4 steps per epoch at every GPU count): most GPUs kept "
+      f">= {sweep['threshold_percent']:.0f}% busy: "
+      + (f"{most} or more (the sweep stops at --max-gpus {most})" if sweep.get('limited_by_max_gpus') else f"{most}"))
 print(f"report: {out / 'report.html'}")
 PY
