@@ -30,6 +30,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import guest  # noqa: E402
 
 
+#: Why boots were retried this session: a passing test may hide a wedged first boot, so the
+#: run's summary lists them.
+RETRIED: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    if RETRIED:
+        terminalreporter.section("NFS guest boots that were retried")
+        for f in RETRIED:
+            terminalreporter.write_line(f[:3000])
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "nfs_guest" in getattr(item, "fixturenames", ()):
@@ -54,6 +66,8 @@ def nfs_guest(nfs_guest_image, tmp_path_factory):
 
     def run(script_text: str, files: dict | None = None, **kw) -> guest.GuestResult:
         kw.setdefault("outdir", tmp_path_factory.mktemp("nfs-guest-out"))
-        return guest.run_guest(script_text, files, cache=nfs_guest_image, **kw)
+        r = guest.run_guest(script_text, files, cache=nfs_guest_image, **kw)
+        RETRIED.extend(r.failures)
+        return r
 
     return run

@@ -15,6 +15,13 @@ Transport: the payload is a tar on a read-only raw virtio disk (serial trainio-p
 guest writes /out as a tar onto a second raw disk (serial trainio-out) that the host unpacks.
 Root and export images are attached copy-on-write (snapshot=on), so every boot starts clean.
 
+A wedged guest: the host reads the console as it comes. When the guest kernel reports a CPU
+stuck for WEDGE_STUCK_S or more (soft lockup) or a third RCU stall, qemu is killed at once
+instead of at the timeout, and the boot counts as failed (retried like a boot that never reached
+the script). Each boot's console is kept as console-N.log in the output directory. A script's
+lines "TRAINIO-GUEST: step NAME" on /dev/console name the step a wedge happened in. The kernel
+command line carries trainio.attempt=N (the boot's number, from 1).
+
 Library: ``build_image()``, ``run_guest()``. Command line: ``scripts/nfs-guest/run.sh --help``.
 """
 
@@ -36,6 +43,14 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts" / "nfs-guest"
 QEMU = "qemu-system-x86_64"
 MARKER = "TRAINIO-GUEST:"
+#: A soft lockup report of this many seconds or more means the guest is wedged, not just slow:
+#: a host that stalls a TCG vCPU thread for a few seconds makes the guest report 20-30 s
+#: lockups that end; the CI failure of 2026-11-23 went on for 775 s.
+WEDGE_STUCK_S = 60
+#: This many RCU stall reports (the kernel repeats them every ~60 s) mean the same.
+WEDGE_RCU_STALLS = 3
+_SOFT_LOCKUP = re.compile(r"soft lockup - CPU#(\d+) stuck for (\d+)s!")
+_RCU_STALL = re.compile(r"rcu: INFO: \S+ (?:self-)?detected stalls? on CPU")
 
 
 def default_cache() -> Path:
@@ -58,6 +73,7 @@ class GuestResult:
     boot_to_script_s: float  # host wall-clock seconds from starting qemu to the script's start
     total_s: float  # host wall-clock seconds from starting qemu to qemu's exit
     guest_uptime_at_script_s: float  # guest uptime when the script started
+    failures: list[str] = dataclasses.field(default_factory=list)  # why earlier boots failed
 
     @property
     def mountinfo(self) -> str:
@@ -121,6 +137,32 @@ def _make_payload(path: Path, script_text: str, files: dict[str, str | os.PathLi
             f.write(b"\0" * (512 - size % 512))
 
 
+def wedged(console: str) -> str | None:
+    """Why the guest whose console this is counts as wedged (see WEDGE_STUCK_S), or None."""
+    worst = max(((int(m.group(2)), m.group(1)) for m in _SOFT_LOCKUP.finditer(console)),
+                default=None)
+    if worst and worst[0] >= WEDGE_STUCK_S:
+        return f"soft lockup: CPU#{worst[1]} stuck for {worst[0]} s"
+    stalls = len(_RCU_STALL.findall(console))
+    if stalls >= WEDGE_RCU_STALLS:
+        return f"{stalls} RCU stall reports"
+    return None
+
+
+def wedge_report(console: str, lines: int = 60) -> str:
+    """What to show of a wedged boot: the last marker line before the first lockup or stall
+    report (the step it happened in) and that report's first `lines` lines (its backtrace)."""
+    first = min((m.start() for rx in (_SOFT_LOCKUP, _RCU_STALL) for m in rx.finditer(console)),
+                default=None)
+    if first is None:
+        return console[-3000:]
+    start = console.rfind("\n", 0, first) + 1
+    before = [ln for ln in console[:start].splitlines() if MARKER in ln]
+    last_step = before[-1].strip() if before else "(no marker before it)"
+    report = "\n".join(console[start:].splitlines()[:lines])
+    return f"last marker before it: {last_step}\nfirst report:\n{report}"
+
+
 def _qemu_command(cache: Path, work: Path, smp: int, mem_mib: int,
                   kernel_args: str) -> list[str]:
     def disk(name: str, file: Path, opts: str) -> list[str]:
@@ -131,7 +173,9 @@ def _qemu_command(cache: Path, work: Path, smp: int, mem_mib: int,
         QEMU, "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(smp),
         "-m", str(mem_mib), "-nographic", "-no-reboot", "-nic", "none",
         "-kernel", str(cache / "vmlinuz"), "-initrd", str(cache / "initrd.img"),
-        "-append", f"console=ttyS0 panic=1 loglevel=4 mitigations=off {kernel_args}".strip(),
+        # softlockup_all_cpu_backtrace: a lockup report shows what every CPU was doing.
+        "-append", f"console=ttyS0 panic=1 loglevel=4 mitigations=off "
+                   f"softlockup_all_cpu_backtrace=1 {kernel_args}".strip(),
         *disk("root", cache / "root.img", ",snapshot=on"),
         *disk("payload", work / "payload.tar", ",readonly=on"),
         *disk("out", work / "out.img", ""),
@@ -140,12 +184,15 @@ def _qemu_command(cache: Path, work: Path, smp: int, mem_mib: int,
 
 
 def _boot_once(cmd: list[str], work: Path, console_path: Path, timeout: float):
-    """Runs qemu until it exits or `timeout` passes (then kills it). Returns
-    (console text, seconds to the script-start marker or None, total seconds, timed_out)."""
+    """Runs qemu until it exits, `timeout` passes or the guest wedges (then kills it). Returns
+    (console text, seconds to the script-start marker or None, total seconds, timed_out,
+    why it wedged or None)."""
     env = dict(os.environ, TMPDIR=str(work))  # snapshot=on overlays live (and die) in work
     t0 = time.monotonic()
     script_at = None
     timed_out = False
+    wedge = None
+    seen = 0
     with open(console_path, "wb") as console_f:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console_f,
                                 stderr=subprocess.STDOUT, env=env)
@@ -156,8 +203,15 @@ def _boot_once(cmd: list[str], work: Path, console_path: Path, timeout: float):
                     break
                 except subprocess.TimeoutExpired:
                     pass
-                if script_at is None and b"TRAINIO-GUEST: script-start" in console_path.read_bytes():
-                    script_at = time.monotonic() - t0
+                size = console_path.stat().st_size
+                if size != seen:
+                    seen = size
+                    text = console_path.read_bytes().decode("utf-8", "replace")
+                    if script_at is None and f"{MARKER} script-start" in text:
+                        script_at = time.monotonic() - t0
+                    wedge = wedged(text)
+                    if wedge:
+                        break
                 if time.monotonic() - t0 > timeout:
                     timed_out = True
                     break
@@ -169,7 +223,7 @@ def _boot_once(cmd: list[str], work: Path, console_path: Path, timeout: float):
     console = console_path.read_bytes().decode("utf-8", "replace")
     if script_at is None and f"{MARKER} script-start" in console:
         script_at = total
-    return console, script_at, total, timed_out
+    return console, script_at, total, timed_out, wedge
 
 
 def run_guest(script_text: str, files: dict[str, str | os.PathLike] | None = None, *,
@@ -183,7 +237,8 @@ def run_guest(script_text: str, files: dict[str, str | os.PathLike] | None = Non
     lands (default: a new temporary directory, the caller's to delete). timeout: hard limit for
     one boot in host seconds (qemu is killed); script_timeout: the in-guest limit for the script
     (default timeout - 120 s, at least 30). retries: further boots when a boot fails before the
-    script starts. Raises GuestError when no boot reached the script or no output came back.
+    script starts or wedges (see WEDGE_STUCK_S). Raises GuestError when no boot reached the end
+    of the script unwedged, or no output came back.
     """
     cache = Path(cache) if cache else default_cache()
     if shutil.which(QEMU) is None:
@@ -200,22 +255,31 @@ def run_guest(script_text: str, files: dict[str, str | os.PathLike] | None = Non
     with tempfile.TemporaryDirectory(prefix="trainio-guest-") as tmp:
         work = Path(tmp)
         _make_payload(work / "payload.tar", script_text, files, int(script_timeout))
-        cmd = _qemu_command(cache, work, smp, mem_mib, kernel_args)
         failures = []
         for attempt in range(1, retries + 2):
+            cmd = _qemu_command(cache, work, smp, mem_mib,
+                                f"trainio.attempt={attempt} {kernel_args}")
             out_img = work / "out.img"
             with open(out_img, "wb") as f:
                 f.truncate(out_size_mib << 20)
             console_path = work / f"console-{attempt}.log"
-            console, script_at, total, timed_out = _boot_once(cmd, work, console_path, timeout)
+            console, script_at, total, timed_out, wedge = _boot_once(cmd, work, console_path,
+                                                                     timeout)
+            (outdir / f"console-{attempt}.log").write_text(console)
             (outdir / "console.log").write_text(console)
+            if wedge:
+                where = "after the script started" if script_at is not None else \
+                    "before the script started"
+                failures.append(f"boot {attempt}: wedged ({wedge}) {where}, killed after "
+                                f"{total:.1f} s; {wedge_report(console)}")
+                continue
             if script_at is not None:
                 break
             why = "timed out" if timed_out else "qemu exited"
             failures.append(f"boot {attempt}: {why} after {total:.1f} s before the script started;"
                             f" console tail:\n{console[-3000:]}")
         else:
-            raise GuestError("the guest never reached the script\n" + "\n\n".join(failures))
+            raise GuestError("no boot ran the script to its end\n" + "\n\n".join(failures))
 
         try:
             with tarfile.open(out_img, "r:") as tar:
@@ -240,7 +304,7 @@ def run_guest(script_text: str, files: dict[str, str | os.PathLike] | None = Non
         returncode=int(rc_text), stdout=read("stdout"), stderr=read("stderr"), outdir=outdir,
         console=console, kernel=read("uname").strip(), attempts=attempt,
         boot_to_script_s=script_at, total_s=total,
-        guest_uptime_at_script_s=float(m.group(1)) if m else float("nan"))
+        guest_uptime_at_script_s=float(m.group(1)) if m else float("nan"), failures=failures)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         return 125
     sys.stdout.write(r.stdout)
     sys.stderr.write(r.stderr)
+    for f in r.failures:
+        print(f"run.sh: {f.splitlines()[0]}", file=sys.stderr)
     print(f"run.sh: kernel {r.kernel}, script rc {r.returncode}, boot-to-script "
           f"{r.boot_to_script_s:.1f} s (guest uptime {r.guest_uptime_at_script_s:.1f} s), total "
           f"{r.total_s:.1f} s, attempts {r.attempts}, output in {r.outdir}", file=sys.stderr)

@@ -258,3 +258,33 @@ def test_a_boot_that_never_reaches_the_script_is_retried_then_raises(nfs_guest, 
         nfs_guest("true", timeout=3, outdir=tmp_path / "out")
     msg = str(e.value)
     assert "boot 1: timed out" in msg and "boot 2: timed out" in msg, msg
+
+
+WEDGE_SCRIPT = r"""
+if grep -qw trainio.attempt=1 /proc/cmdline; then
+  echo "<2>watchdog: BUG: soft lockup - CPU#1 stuck for 61s! [trainio-test:1]" > /dev/kmsg
+  sleep 600
+fi
+echo "ran on $(grep -o 'trainio\.attempt=[0-9]*' /proc/cmdline)"
+"""
+
+
+def test_a_wedged_boot_is_killed_early_and_retried(nfs_guest, tmp_path):
+    """The CI run of 2026-11-23 lost 900 s to a guest whose CPU 0 was stuck in ksoftirqd. The
+    Debian cloud kernel cannot lock up on demand (no CONFIG_TEST_LOCKUP), so the first boot's
+    script writes a report in the kernel's own format (test_guest_watch checks that format
+    against the real CI console) to /dev/kmsg and would then sleep past its timeout: the host
+    must kill that boot within seconds of the report and boot again."""
+    out = tmp_path / "out"
+    r = nfs_guest(WEDGE_SCRIPT, outdir=out, timeout=400)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ran on trainio.attempt=2"
+    assert r.attempts == 2 and len(r.failures) == 1, r.failures
+    f = r.failures[0]
+    assert f.startswith("boot 1: wedged (soft lockup: CPU#1 stuck for 61 s) after the script "
+                        "started, killed after "), f
+    killed_after = float(re.search(r"killed after ([\d.]+) s", f).group(1))
+    assert killed_after < 150, f  # the script would have slept until the 280 s script timeout
+    assert "last marker before it: TRAINIO-GUEST: script-start" in f, f
+    assert "stuck for 61s! [trainio-test:1]" in (out / "console-1.log").read_text()
+    assert "stuck for" not in (out / "console-2.log").read_text()

@@ -32,7 +32,8 @@ RPC_TRACES = {
 GUEST_SCRIPT = r"""
 set -u
 R=$PAYLOAD/trainio-record
-rec() { name=$1; shift; "$R" -q -o "$OUT/$name" "$@" 2> "$OUT/$name.stderr"; echo $? > "$OUT/$name.rc"; }
+rec() { name=$1; shift; echo "TRAINIO-GUEST: step $name uptime=$(cut -d' ' -f1 /proc/uptime)" > /dev/console
+  "$R" -q -o "$OUT/$name" "$@" 2> "$OUT/$name.stderr"; echo $? > "$OUT/$name.rc"; }
 for m in nfs41 nfs3; do
   f=/mnt/$m/data.bin
   rec $m-write --layers nfs,file -- dd if=/dev/urandom of=$f bs=64k count=128 oflag=direct
@@ -69,7 +70,8 @@ rec rate --layers nfs -- fio --name=r --filename=/mnt/nfs41/data.bin --direct=1 
 def guest_run(nfs_guest):
     if not RECORDER.exists():
         pytest.fail(f"{RECORDER} is missing: run 'make' first")
-    r = nfs_guest(GUEST_SCRIPT, files={"trainio-record": str(RECORDER)}, timeout=900)
+    # ~65 s on 2 idle cores; a wedged boot is killed and retried (guest.WEDGE_STUCK_S).
+    r = nfs_guest(GUEST_SCRIPT, files={"trainio-record": str(RECORDER)}, timeout=420)
     assert r.returncode == 0, r.stderr
     return r
 
