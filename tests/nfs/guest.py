@@ -173,8 +173,9 @@ def _qemu_command(cache: Path, work: Path, smp: int, mem_mib: int,
         QEMU, "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(smp),
         "-m", str(mem_mib), "-nographic", "-no-reboot", "-nic", "none",
         "-kernel", str(cache / "vmlinuz"), "-initrd", str(cache / "initrd.img"),
-        # softlockup_all_cpu_backtrace: a lockup report shows what every CPU was doing.
-        "-append", f"console=ttyS0 panic=1 loglevel=4 mitigations=off "
+        # softlockup_all_cpu_backtrace: a lockup report shows what every CPU was doing;
+        # loglevel=5 lets its stack lines (KERN_DEFAULT, level 4) reach the console.
+        "-append", f"console=ttyS0 panic=1 loglevel=5 mitigations=off "
                    f"softlockup_all_cpu_backtrace=1 {kernel_args}".strip(),
         *disk("root", cache / "root.img", ",snapshot=on"),
         *disk("payload", work / "payload.tar", ",readonly=on"),

@@ -15,6 +15,8 @@ import guest  # tests/nfs/guest.py, put on sys.path by conftest.py
 DATA = Path(__file__).resolve().parent / "data"
 CI_WEDGED = (DATA / "console-wedged-ci-2026-11-23.txt").read_text()
 CLEAN = (DATA / "console-clean-2026-11-23.txt").read_text()
+#: The same wedge, caught by this harness on a local run of the record test's script.
+LOCAL_WEDGED = (DATA / "console-wedged-local-2026-11-23.txt").read_text()
 
 
 def lockup(cpu: int, secs: int, t: float = 100.0) -> str:
@@ -27,6 +29,17 @@ RCU = "[  705.081145] rcu: INFO: rcu_preempt self-detected stall on CPU\n"
 def test_the_ci_console_is_wedged_and_a_clean_boot_is_not():
     assert guest.wedged(CI_WEDGED) == "soft lockup: CPU#0 stuck for 775 s"
     assert guest.wedged(CLEAN) is None
+
+
+def test_the_local_wedge_is_caught_and_its_step_named():
+    """Its first report is an RCU stall 22 s after the step began; the kill came at the
+    second soft lockup report (44 s, then 70 s)."""
+    assert guest.wedged(LOCAL_WEDGED) == "soft lockup: CPU#0 stuck for 70 s"
+    cut = LOCAL_WEDGED[:LOCAL_WEDGED.index("stuck for 70s")]
+    assert guest.wedged(cut) is None  # at the 44 s report it was not yet a wedge
+    report = guest.wedge_report(LOCAL_WEDGED)
+    assert "last marker before it: TRAINIO-GUEST: step loop-qd16 uptime=53.98" in report
+    assert "rcu: INFO: rcu_preempt self-detected stall on CPU" in report.split("first report:")[1]
 
 
 def test_a_short_lockup_is_slowness_a_long_one_is_a_wedge():
