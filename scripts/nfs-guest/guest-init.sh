@@ -15,6 +15,7 @@ BB=/usr/local/bin/busybox
 cd /
 
 mark() { echo "TRAINIO-GUEST: $* uptime=$(cut -d' ' -f1 /proc/uptime)" >/dev/console; }
+export -f mark # the script can name its steps: `mark step NAME`
 find_disk() { # serial -> /dev/vdX (bash builtins only: forks are slow under TCG)
   local d s
   for d in /sys/block/vd*; do

@@ -18,9 +18,9 @@ Root and export images are attached copy-on-write (snapshot=on), so every boot s
 A wedged guest: the host reads the console as it comes. When the guest kernel reports a CPU
 stuck for WEDGE_STUCK_S or more (soft lockup) or a third RCU stall, qemu is killed at once
 instead of at the timeout, and the boot counts as failed (retried like a boot that never reached
-the script). Each boot's console is kept as console-N.log in the output directory. A script's
-lines "TRAINIO-GUEST: step NAME" on /dev/console name the step a wedge happened in. The kernel
-command line carries trainio.attempt=N (the boot's number, from 1).
+the script). Each boot's console is kept as console-N.log in the output directory. A script
+that calls `mark step NAME` (guest-init.sh's marker function) names the step a wedge happened
+in. The kernel command line carries trainio.attempt=N (the boot's number, from 1).
 
 Library: ``build_image()``, ``run_guest()``. Command line: ``scripts/nfs-guest/run.sh --help``.
 """

@@ -32,8 +32,7 @@ RPC_TRACES = {
 GUEST_SCRIPT = r"""
 set -u
 R=$PAYLOAD/trainio-record
-rec() { name=$1; shift; echo "TRAINIO-GUEST: step $name uptime=$(cut -d' ' -f1 /proc/uptime)" > /dev/console
-  "$R" -q -o "$OUT/$name" "$@" 2> "$OUT/$name.stderr"; echo $? > "$OUT/$name.rc"; }
+rec() { name=$1; shift; mark step "$name"; "$R" -q -o "$OUT/$name" "$@" 2> "$OUT/$name.stderr"; echo $? > "$OUT/$name.rc"; }
 for m in nfs41 nfs3; do
   f=/mnt/$m/data.bin
   rec $m-write --layers nfs,file -- dd if=/dev/urandom of=$f bs=64k count=128 oflag=direct
