@@ -406,6 +406,7 @@ mod tests {
             file: Some(file),
             error: 0,
             flags: 0,
+            ppid: None,
         }
     }
 

@@ -55,6 +55,7 @@ fn main() {
                     file: None,
                     error: 0,
                     flags: 1 << 17,
+                    ppid: None,
                 },
                 RowKeys { op: 0, dev: 7 << 20, comm },
             );

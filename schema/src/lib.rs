@@ -1,4 +1,4 @@
-//! The trainio trace format (traces/SCHEMA.md), version 1.2: the one Rust module that knows
+//! The trainio trace format (traces/SCHEMA.md), version 1.3: the one Rust module that knows
 //! its columns, types and metadata keys. The tracer writes through [`TraceWriter`]; the
 //! replayer reads through [`read_rows`].
 //!
@@ -20,12 +20,13 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 /// Value of `trainio.schema_version` written by this crate and the versions it reads.
 pub const SCHEMA_VERSION: &str = "1";
 /// Value of `trainio.schema_minor`: additions within version 1 (SCHEMA.md, *Versioning*).
-/// 1: the `rpc_*` columns. 2: `trainio.recorder_cpu_ns`. A trace without the key is 1.0;
-/// readers accept any minor.
-pub const SCHEMA_MINOR: &str = "2";
+/// 1: the `rpc_*` columns. 2: `trainio.recorder_cpu_ns`. 3: the `proc` and `ipc` layers
+/// and the `ppid` column. A trace without the key is 1.0; readers accept any minor.
+pub const SCHEMA_MINOR: &str = "3";
 
 /// Columns added by minor versions: a reader takes them as null when a trace lacks them.
-pub const OPTIONAL_COLUMNS: [&str; 5] = ["rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans"];
+pub const OPTIONAL_COLUMNS: [&str; 6] =
+    ["rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans", "ppid"];
 
 /// Metadata keys (Parquet key-value metadata, UTF-8 values; JSON where SCHEMA.md says).
 pub mod keys {
@@ -55,16 +56,22 @@ pub enum Layer {
     Block,
     File,
     Nfs,
+    /// Process lifecycle of the traced processes: start, fork, exec, comm, exit (1.3).
+    Proc,
+    /// Reads, writes and polls of the traced processes on pipes, FIFOs and sockets (1.3).
+    Ipc,
 }
 
 impl Layer {
-    pub const ALL: [Layer; 3] = [Layer::Block, Layer::File, Layer::Nfs];
+    pub const ALL: [Layer; 5] = [Layer::Block, Layer::File, Layer::Nfs, Layer::Proc, Layer::Ipc];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Layer::Block => "block",
             Layer::File => "file",
             Layer::Nfs => "nfs",
+            Layer::Proc => "proc",
+            Layer::Ipc => "ipc",
         }
     }
 
@@ -94,6 +101,8 @@ pub struct Row<'a> {
     pub file: Option<&'a str>,
     pub error: i32,
     pub flags: u32,
+    /// The parent's tgid on proc rows (schema 1.3); None on every other layer.
+    pub ppid: Option<u32>,
 }
 
 #[cfg(test)]
@@ -118,6 +127,7 @@ impl Row<'static> {
             file: None,
             error: 0,
             flags: 0,
+            ppid: None,
         }
     }
 }
@@ -163,6 +173,7 @@ pub fn arrow_schema() -> SchemaRef {
         Field::new("rpc_rtt_ns", DataType::Int64, true),
         Field::new("rpc_execute_ns", DataType::Int64, true),
         Field::new("rpc_retrans", DataType::UInt32, true),
+        Field::new("ppid", DataType::UInt32, true),
     ]))
 }
 

@@ -88,6 +88,8 @@ pub struct OwnedRow {
     /// The RPC that carried an nfs request (schema 1.1); None for other layers, for rows
     /// not joined, and for every row of a 1.0 trace.
     pub rpc: Option<Rpc>,
+    /// The parent's tgid on proc rows (schema 1.3); None elsewhere and in older traces.
+    pub ppid: Option<u32>,
 }
 
 /// Columns cast to one canonical type whatever the writer used (dictionary or plain
@@ -184,6 +186,7 @@ pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, Tra
                         execute_ns: n("rpc_execute_ns", i).unwrap_or(0),
                         retrans: n("rpc_retrans", i).map(|r| r as u32),
                     }),
+                    ppid: n("ppid", i).map(|p| p as u32),
                 });
             }
         }
@@ -228,6 +231,45 @@ mod tests {
     }
 
     #[test]
+    fn proc_and_ipc_rows_and_ppid_round_trip() {
+        let dir = std::env::temp_dir().join(format!("trainio-schema-proc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut b = BatchBuilder::new();
+        b.push(&Row { ppid: Some(41), pid: 42, tid: 42, comm: "python", file: Some("python train.py"), ..row(Layer::Proc, "start") });
+        b.push(&Row { ppid: Some(42), pid: 43, tid: 43, error: 0, ..row(Layer::Proc, "fork") });
+        b.push(&Row { ppid: Some(42), pid: 43, tid: 43, comm: "pt_data_worker", ..row(Layer::Proc, "comm") });
+        b.push(&Row { pid: 43, tid: 43, fd: Some(5), file: Some("pipe:[1234]"), dev: Some("0:15"), ..row(Layer::Ipc, "write") });
+        b.push(&row(Layer::File, "read"));
+        let mut w = TraceWriter::new(&dir, SegmentLimits { max_bytes: 1 << 30, max_age: Duration::from_secs(60) });
+        w.write(&b.finish()).unwrap();
+        let meta = vec![
+            (keys::SCHEMA_VERSION.to_string(), SCHEMA_VERSION.to_string()),
+            (keys::SCHEMA_MINOR.to_string(), SCHEMA_MINOR.to_string()),
+        ];
+        w.close_segment(&meta).unwrap();
+        let rows = read_rows(&dir, None).unwrap();
+        let got: Vec<_> = rows.iter().map(|r| (r.layer, &*r.op, r.ppid)).collect();
+        assert_eq!(
+            got,
+            [
+                (Layer::Proc, "start", Some(41)),
+                (Layer::Proc, "fork", Some(42)),
+                (Layer::Proc, "comm", Some(42)),
+                (Layer::Ipc, "write", None),
+                (Layer::File, "read", None),
+            ]
+        );
+        assert_eq!(rows[0].file.as_deref(), Some("python train.py"));
+        assert_eq!(&*rows[2].comm, "pt_data_worker");
+        assert_eq!(rows[3].file.as_deref(), Some("pipe:[1234]"));
+        let procs = read_rows(&dir, Some(Layer::Proc)).unwrap();
+        assert_eq!(procs.len(), 3);
+        assert_eq!(Layer::parse("ipc"), Some(Layer::Ipc));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_1_0_trace_without_rpc_columns_reads_with_rpc_none() {
         let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/unet3d-demo-1gpu");
         let seg = &segment_paths(&sample).unwrap()[0];
@@ -237,5 +279,6 @@ mod tests {
         let rows = read_rows(&sample, None).unwrap();
         assert!(!rows.is_empty());
         assert!(rows.iter().all(|r| r.rpc.is_none()));
+        assert!(rows.iter().all(|r| r.ppid.is_none()), "a trace before 1.3 has no ppid");
     }
 }

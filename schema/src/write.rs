@@ -189,6 +189,7 @@ pub struct BatchBuilder {
     rpc_rtt_ns: Runs<Int64Type>,
     rpc_execute_ns: Runs<Int64Type>,
     rpc_retrans: Runs<UInt32Type>,
+    ppid: Runs<UInt32Type>,
     len: usize,
     /// Rows each column is sized for after every finish (0: grow as needed).
     capacity: usize,
@@ -226,6 +227,7 @@ impl BatchBuilder {
             rpc_rtt_ns: Runs::with_capacity(0),
             rpc_execute_ns: Runs::with_capacity(0),
             rpc_retrans: Runs::with_capacity(0),
+            ppid: Runs::with_capacity(0),
             len: 0,
             capacity: 0,
         }
@@ -264,6 +266,7 @@ impl BatchBuilder {
         self.rpc_rtt_ns = Runs::with_capacity(rows);
         self.rpc_execute_ns = Runs::with_capacity(rows);
         self.rpc_retrans = Runs::with_capacity(rows);
+        self.ppid = Runs::with_capacity(rows);
     }
 
     pub fn len(&self) -> usize {
@@ -330,6 +333,7 @@ impl BatchBuilder {
         self.rpc_rtt_ns.push(rpc.map(|p| p.rtt_ns));
         self.rpc_execute_ns.push(rpc.map(|p| p.execute_ns));
         self.rpc_retrans.push(rpc.and_then(|p| p.retrans));
+        self.ppid.push(r.ppid);
         self.len += 1;
     }
 
@@ -358,6 +362,7 @@ impl BatchBuilder {
             Arc::new(self.rpc_rtt_ns.finish()),
             Arc::new(self.rpc_execute_ns.finish()),
             Arc::new(self.rpc_retrans.finish()),
+            Arc::new(self.ppid.finish()),
         ];
         self.len = 0;
         if self.capacity > 0 {

@@ -225,6 +225,7 @@ impl Collector {
             file: None,
             error: blk_status_errno(e.error),
             flags: e.cmd_flags & !REQ_OP_MASK,
+            ppid: None,
         }, RowKeys { op: e.cmd_flags & REQ_OP_MASK, dev: e.dev, comm: comm_key });
         let (r, w) = match opc {
             REQ_OP_READ => (e.bytes as u64, 0),
@@ -285,6 +286,7 @@ impl Collector {
             file: file.as_deref(),
             error: if e.ret < 0 { e.ret as i32 } else { 0 },
             flags: e.flags,
+            ppid: None,
         });
         if op == "close" {
             self.fds.remove(&(e.pid, e.fd));
@@ -341,6 +343,7 @@ impl Collector {
             file: path.as_deref(),
             error: e.ret.min(0),
             flags: e.flags,
+            ppid: None,
         });
         self.count(Layer::File, 0, 0, 0);
     }
@@ -378,6 +381,7 @@ impl Collector {
             file: file.as_deref(),
             error: e.error,
             flags: 0,
+            ppid: None,
         }, rpc.as_ref());
         let (r, w) = match op {
             "read" => (e.returned as u64, 0),

@@ -161,7 +161,8 @@ fn preflight(args: &Args) -> Result<Checked> {
             Some(Layer::Block) => block = true,
             Some(Layer::File) => file = true,
             Some(Layer::Nfs) => nfs = true,
-            None => usage!("--layers: unknown layer `{l}` (known: block, file, nfs)"),
+            // Recorded with the file layer, not chosen on their own.
+            Some(Layer::Proc | Layer::Ipc) | None => usage!("--layers: unknown layer `{l}` (known: block, file, nfs)"),
         }
     }
     let mut devs = Vec::new();
