@@ -41,3 +41,11 @@ if [ ! -x .venv/bin/python ] || ! cmp -s analysis/requirements.txt .venv/.requir
   .venv/bin/pip install --quiet -r analysis/requirements.txt
   cp analysis/requirements.txt .venv/.requirements
 fi
+# The real PyTorch job of the tests and benchmarks (tests/realjob), in the same venv. torch's
+# default wheel brings CUDA libraries: ~5 GB in .venv, about a minute to install; it runs on
+# CPU. A changed list reinstalls; pip then keeps what already satisfies it.
+if ! cmp -s tests/realjob/requirements.txt .venv/.requirements-realjob; then
+  echo "install-deps: installing tests/realjob/requirements.txt (torch) into .venv"
+  .venv/bin/pip install --quiet -r tests/realjob/requirements.txt
+  cp tests/realjob/requirements.txt .venv/.requirements-realjob
+fi

@@ -1,0 +1,347 @@
+"""Runs the real PyTorch job (job.py) on throttled storage, under `trainio record` if asked.
+
+For the tests (tests/realjob/test_job.py) and the benchmarks: importable from anywhere
+(it puts tests/ on sys.path for trainio_testlib). Needs root (loop devices, cgroups,
+drop_caches, BPF).
+
+- make_dataset(dir, n_files, sample_bytes, fmt): the sample files job.py reads;
+- dataset_fs({name: (n_files, sample_bytes, fmt)}): ext4 on a loop device over /dev/shm
+  with such data sets on it, all undone afterwards;
+- throttled_cgroup(majmin, rbps): a cgroup whose reads from one device are capped
+  (cgroup v1 blkio or v2 io.max, whichever the machine has), removed afterwards;
+- run_job(data_dir, ...): drops the page cache, runs `torchrun job.py` (inside the throttle,
+  under `trainio record`), returns the job's JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from trainio_testlib import ROOT, TRAINIO, mounted_loop_fs  # noqa: E402
+
+JOB = HERE / "job.py"
+TORCHRUN = ROOT / ".venv" / "bin" / "torchrun"
+SUFFIX = {"npz": ".npz", "raw": ".raw"}
+CGROUP = Path("/sys/fs/cgroup")
+
+
+# ---------------------------------------------------------------------------- data sets
+
+def make_dataset(directory: Path | str, n_files: int, sample_bytes: int, fmt: str) -> list[Path]:
+    """Writes n_files samples of sample_bytes random bytes each into `directory` (created):
+    `npz` one uncompressed np.savez array "x" per file (so numpy's zip reader reads it),
+    `raw` the plain bytes (a multiple of 4096 for O_DIRECT). Names sort in creation order
+    (sample-000000.npz, ...). Returns the paths."""
+    import numpy as np
+
+    if fmt not in SUFFIX:
+        raise ValueError(f"format {fmt!r}: npz or raw")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1234)
+    paths = []
+    for i in range(n_files):
+        x = rng.integers(0, 256, sample_bytes, dtype=np.uint8)
+        path = directory / f"sample-{i:06d}{SUFFIX[fmt]}"
+        if fmt == "npz":
+            with open(path, "wb") as f:
+                np.savez(f, x=x)
+        else:
+            path.write_bytes(x.tobytes())
+        paths.append(path)
+    return paths
+
+
+@contextlib.contextmanager
+def dataset_fs(sets: dict[str, tuple[int, int, str]], *, slack_mb: int = 64) -> Iterator[tuple[str, str, Path]]:
+    """ext4 on a loop device over /dev/shm (trainio_testlib.mounted_loop_fs, quiet) holding
+    the data sets `sets`: {name: (n_files, sample_bytes, fmt)}, each made by make_dataset
+    in <mount>/<name>/. Yields (device, "MAJ:MIN", mount point); unmounted, detached and
+    removed even on failure."""
+    size_mb = sum(n * (b + 8192) for n, b, _f in sets.values()) // 2**20 + slack_mb
+    with mounted_loop_fs(size_mb, quiet=True) as (dev, mm, mnt):
+        for name, (n, b, fmt) in sets.items():
+            make_dataset(mnt / name, n, b, fmt)
+        subprocess.run(["sync"], check=True)
+        yield dev, mm, mnt
+
+
+def device_of(path: Path | str) -> str:
+    """`MAJ:MIN` of the block device that holds `path`'s file system."""
+    st = os.stat(path)
+    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+
+
+def drop_caches(data_dir: Path | str | None = None) -> None:
+    """sync, then evict from the page cache: the files under `data_dir`
+    (posix_fadvise DONTNEED), or, without one, everything (echo 3 > drop_caches). The job's
+    next reads of its samples come from the device either way; evicting only the samples
+    keeps torch's libraries (~1 GB read at every import otherwise) and other programs'
+    files cached."""
+    subprocess.run(["sync"], check=True)
+    if data_dir is None:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return
+    for dirpath, _dirs, files in os.walk(data_dir):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+# ---------------------------------------------------------------------------- throttle
+
+@dataclasses.dataclass
+class Throttle:
+    """A cgroup capping reads from one device. `procs` is its cgroup.procs: a process
+    written there (with all its threads) joins, and its children are born inside."""
+
+    path: Path
+    version: int            # 1: blkio, 2: io
+    majmin: str
+    rbps: int               # 0: no cap
+
+    @property
+    def procs(self) -> Path:
+        return self.path / "cgroup.procs"
+
+    def join(self, pid: int | None = None) -> None:
+        """Moves `pid` (default: the calling process) into the cgroup."""
+        self.procs.write_text(f"{pid or os.getpid()}\n")
+
+    def preexec_fn(self) -> None:
+        """For subprocess.Popen(preexec_fn=...): the child joins before it execs."""
+        self.join()
+
+    def wrap(self, cmd: list[str]) -> list[str]:
+        """`cmd` run by a shell that first joins the cgroup, then execs it: for a launcher
+        (such as `trainio record`) that must itself stay outside."""
+        return ["sh", "-c", f'echo $$ > {self.procs} && exec "$@"', "sh", *map(str, cmd)]
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in self.procs.read_text().split()]
+        except OSError:
+            return []
+
+
+def _v2_root() -> Path | None:
+    """The cgroup-v2 mount whose root offers the io controller, if any."""
+    for cand in (CGROUP, CGROUP / "unified"):
+        try:
+            if "io" in (cand / "cgroup.controllers").read_text().split():
+                return cand
+        except OSError:
+            continue
+    return None
+
+
+def _v1_root() -> Path | None:
+    base = CGROUP / "blkio"
+    return base if (base / "blkio.throttle.read_bps_device").exists() else None
+
+
+@contextlib.contextmanager
+def throttled_cgroup(majmin: str, rbps: int | None, *, version: int | None = None) -> Iterator[Throttle]:
+    """A new cgroup whose reads from device `majmin` are capped at `rbps` bytes/s (None: no
+    cap, a group that only keeps track of the processes put in it):
+    cgroup v2 (io.max `MAJ:MIN rbps=N`, +io enabled in the parent's cgroup.subtree_control)
+    where the machine's v2 hierarchy has the io controller, else v1 blkio
+    (blkio.throttle.read_bps_device). `version` forces one. On the way out, whatever is
+    still inside is killed (only processes the caller put there), then the group removed,
+    even on failure."""
+    v2, v1 = _v2_root(), _v1_root()
+    if version is None:
+        version = 2 if v2 else 1 if v1 else 0
+    base = v2 if version == 2 else v1 if version == 1 else None
+    if base is None:
+        raise RuntimeError("no cgroup with a read throttle: neither a v2 io controller nor v1 blkio")
+    if version == 2:
+        ctl = base / "cgroup.subtree_control"
+        if "io" not in ctl.read_text().split():
+            ctl.write_text("+io\n")
+    path = base / f"trainio-realjob-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    th = Throttle(path=path, version=version, majmin=majmin, rbps=int(rbps or 0))
+    try:
+        if not rbps:
+            pass
+        elif version == 2:
+            (path / "io.max").write_text(f"{majmin} rbps={int(rbps)}\n")
+        else:
+            (path / "blkio.throttle.read_bps_device").write_text(f"{majmin} {int(rbps)}\n")
+        yield th
+    finally:
+        _remove_cgroup(th, base)
+
+
+def _remove_cgroup(th: Throttle, base: Path) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        pids = th.pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            th.path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                # Still busy (a process in uninterruptible sleep): out to the parent, then go.
+                for pid in th.pids():
+                    with contextlib.suppress(OSError):
+                        (base / "cgroup.procs").write_text(f"{pid}\n")
+                with contextlib.suppress(OSError):
+                    th.path.rmdir()
+                return
+            time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------- the job
+
+@dataclasses.dataclass
+class JobRun:
+    job: dict                       # job.py's JSON
+    recorder_stdout: str | None     # `trainio record`'s summary, when recorded
+    stdout: str
+    stderr: str
+    elapsed_s: float                # launch to exit, torch imports included
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+def job_command(data_dir: Path | str, out: Path | str, *, ranks: int, workers: int, batch: int,
+                compute_ms: float, fmt: str, odirect: bool = False, steps: int | None = None,
+                epochs: int = 1) -> list[str]:
+    """torchrun --standalone --nproc-per-node=RANKS job.py ... (the venv's torchrun)."""
+    cmd = [str(TORCHRUN), "--standalone", f"--nproc-per-node={ranks}", str(JOB),
+           "--data", str(data_dir), "--format", fmt, "--batch-size", str(batch),
+           "--num-workers", str(workers), "--compute-ms", str(compute_ms),
+           "--epochs", str(epochs), "--out", str(out)]
+    if steps is not None:
+        cmd += ["--steps", str(steps)]
+    if odirect:
+        cmd.append("--odirect")
+    return cmd
+
+
+def run_job(data_dir: Path | str, *, ranks: int, workers: int, batch: int, compute_ms: float,
+            fmt: str, odirect: bool = False, throttle_bps: int | None = None,
+            record_dir: Path | str | None = None, record_args: tuple[str, ...] = (),
+            steps: int | None = None, epochs: int = 1, drop_all_caches: bool = False,
+            realtime: bool = False, timeout: float = 180) -> JobRun:
+    """Evicts the samples from the page cache (everything with `drop_all_caches`), then
+    runs job.py over the samples in `data_dir` with torchrun at `ranks` ranks of `workers`
+    DataLoader workers each (OMP_NUM_THREADS=1).
+
+    torchrun, its ranks and their workers run in a throttled_cgroup() of the device under
+    `data_dir`, capped at `throttle_bps` when given (uncapped otherwise: the group then
+    only keeps track of them, since torchrun starts each rank in a session of its own).
+    With `record_dir`, under `bin/trainio record -o record_dir [record_args] -- ...`, the
+    recorder outside the group. `realtime`: the job at SCHED_FIFO 1 (`chrt`), so that
+    other work on the host delays none of its wake-ups (the recorder stays SCHED_OTHER).
+
+    Returns a JobRun; raises JobFailed (with stderr's tail) when the job or the recorder
+    fails or `timeout` passes. The cgroup and every process started here are gone
+    afterwards, whatever happened."""
+    with tempfile.TemporaryDirectory(prefix="trainio-realjob-") as tmp:
+        out = Path(tmp) / "job.json"
+        cmd = job_command(data_dir, out, ranks=ranks, workers=workers, batch=batch,
+                          compute_ms=compute_ms, fmt=fmt, odirect=odirect, steps=steps, epochs=epochs)
+        if realtime:
+            cmd = ["chrt", "--fifo", "1", *cmd]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        with contextlib.ExitStack() as stack:
+            th = stack.enter_context(throttled_cgroup(device_of(data_dir), throttle_bps))
+            cmd = th.wrap(cmd)
+            if record_dir is not None:
+                cmd = [str(TRAINIO), "record", "-o", str(record_dir), *map(str, record_args), "--", *cmd]
+            drop_caches(None if drop_all_caches else data_dir)
+            t0 = time.monotonic()
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=env, start_new_session=True)
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                # The recorder first (SIGINT: it stops its command and keeps its segments),
+                # then anything left of the process group.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    stdout, stderr = proc.communicate(timeout=15)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    stdout, stderr = proc.communicate()
+                raise JobFailed(f"job timed out after {timeout} s: {' '.join(cmd)}\n{stderr[-4000:]}")
+            finally:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            elapsed = time.monotonic() - t0
+        if proc.returncode != 0:
+            raise JobFailed(f"job exited {proc.returncode}: {' '.join(cmd)}\n{stderr[-4000:]}")
+        if not out.exists():
+            raise JobFailed(f"job wrote no {out}:\n{stderr[-4000:]}")
+        job = json.loads(out.read_text())
+    return JobRun(job=job, recorder_stdout=stdout if record_dir is not None else None,
+                  stdout=stdout, stderr=stderr, elapsed_s=elapsed)
+
+
+def summary(run: JobRun) -> str:
+    """One line: ranks, workers, AU, MiB/s, samples/s, wall."""
+    j = run.job
+    return (f"ranks {j['world_size']} workers {j['num_workers']} {j['format']}"
+            f"{' odirect' if j['odirect'] else ''}: AU {j['au']:.3f}  {j['mib_per_s']:.1f} MiB/s"
+            f"  {j['samples_per_s']:.1f} samples/s  steps {j['steps']}  job wall {j['wall_s']:.2f} s"
+            f"  elapsed {run.elapsed_s:.2f} s")
+
+
+if __name__ == "__main__":
+    # Quick look: python tests/realjob/harness.py [--throttle-mib N] [--workers W] ...
+    import argparse
+
+    ap = argparse.ArgumentParser(description="run job.py on a fresh loop device")
+    ap.add_argument("--files", type=int, default=256)
+    ap.add_argument("--sample-kib", type=int, default=1024)
+    ap.add_argument("--format", default="npz", choices=sorted(SUFFIX))
+    ap.add_argument("--odirect", action="store_true")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--workers", type=int, nargs="+", default=[2])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--compute-ms", type=float, default=50)
+    ap.add_argument("--throttle-mib", type=float, nargs="+", default=[0])
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--record", type=Path, default=None, help="record into DIR/<n>")
+    a = ap.parse_args()
+    with dataset_fs({a.format: (a.files, a.sample_kib << 10, a.format)}) as (_dev, _mm, mnt):
+        n = 0
+        for w in a.workers:
+            for t in a.throttle_mib:
+                rec = a.record / str(n) if a.record else None
+                r = run_job(mnt / a.format, ranks=a.ranks, workers=w, batch=a.batch,
+                            compute_ms=a.compute_ms, fmt=a.format, odirect=a.odirect,
+                            throttle_bps=int(t * 2**20) or None, steps=a.steps, record_dir=rec)
+                print(f"throttle {t:g} MiB/s | {summary(r)}", flush=True)
+                n += 1

@@ -1,0 +1,238 @@
+"""A real PyTorch training job, written as a user writes one, for the tests and benchmarks.
+
+Each rank reads sample files through a `torch.utils.data.DataLoader` (a `Dataset` of one
+sample per file, a `DistributedSampler`, W worker processes), stands in for the
+accelerator with a sleep of --compute-ms per step, and synchronizes gradients with an
+all_reduce after every step, as DDP does. torchrun launches the ranks (gloo, CPU); run
+without torchrun it is a single process.
+
+    torchrun --standalone --nproc-per-node=2 tests/realjob/job.py --data DIR --format npz \\
+        --batch-size 4 --num-workers 2 --compute-ms 50 --out job.json
+
+Formats: `npz` (one uncompressed `np.savez` array `x` per file, read with `np.load`),
+`raw` (plain bytes, read with open()+read(); with --odirect opened O_DIRECT and read with
+os.preadv into a page-aligned buffer, so file sizes are multiples of 4096).
+
+Rank 0 writes one JSON file (atomically: temp file, then rename) with each rank's figures
+and the job's, measured as DLIO measures (REFERENCE.md §3): per step, the wait for the
+batch and the measured sleep; per rank, AU = Σ compute of steps 2..n / (elapsed − step 1),
+throughput = the samples of steps 2..n over the same time; the job's throughput is the sum
+over ranks and its AU the mean. With several epochs, each epoch's first step is left out.
+Timestamps are CLOCK_MONOTONIC ns (time.monotonic_ns()), the clock of the traces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+SEED = 1234
+SUFFIX = {"npz": ".npz", "raw": ".raw"}
+ALIGN = 4096
+
+
+class SampleFiles(Dataset):
+    """One sample per file of `data` with the format's suffix, in sorted order. An item is
+    (the sample as a uint8 tensor, the file's size in bytes)."""
+
+    def __init__(self, data: Path, fmt: str, odirect: bool) -> None:
+        self.paths = sorted(str(p) for p in data.iterdir() if p.name.endswith(SUFFIX[fmt]))
+        if not self.paths:
+            raise SystemExit(f"job: no {SUFFIX[fmt]} files in {data}")
+        self.fmt = fmt
+        self.odirect = odirect
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        path = self.paths[i]
+        if self.fmt == "npz":
+            with np.load(path) as z:
+                x = z["x"]
+            return torch.from_numpy(x), os.path.getsize(path)
+        if self.odirect:
+            data = read_odirect(path)
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), len(data)
+
+
+def read_odirect(path: str) -> bytes:
+    """The whole file, read with O_DIRECT into a page-aligned anonymous mapping."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        size = os.fstat(fd).st_size
+        if size % ALIGN:
+            raise ValueError(f"{path}: {size} bytes is not a multiple of {ALIGN} (O_DIRECT)")
+        buf = mmap.mmap(-1, max(size, ALIGN))
+        try:
+            done = 0
+            while done < size:
+                n = os.preadv(fd, [memoryview(buf)[done:size]], done)
+                if n <= 0:
+                    raise OSError(f"{path}: short read at {done} of {size}")
+                done += n
+            return buf[:size]
+        finally:
+            buf.close()
+    finally:
+        os.close(fd)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, required=True, help="directory of sample files")
+    ap.add_argument("--format", choices=sorted(SUFFIX), default="npz")
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--num-workers", type=int, default=0)
+    ap.add_argument("--compute-ms", type=float, default=50.0, help="the accelerator's time per step")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=None, help="at most this many steps per epoch")
+    ap.add_argument("--odirect", action="store_true", help="raw format: read with O_DIRECT")
+    ap.add_argument("--out", type=Path, required=True, help="the job's JSON (written by rank 0)")
+    args = ap.parse_args(argv)
+    if args.odirect and args.format != "raw":
+        ap.error("--odirect reads raw files only")
+    return args
+
+
+def train(args: argparse.Namespace, rank: int, world: int) -> dict:
+    """The training loop of one rank; returns its figures."""
+    dataset = SampleFiles(args.data, args.format, args.odirect)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=SEED,
+                                 drop_last=True)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+                        num_workers=args.num_workers, persistent_workers=False)
+    compute_s = args.compute_ms / 1000.0
+    grad = torch.zeros(1)
+
+    steps = samples = bytes_read = 0
+    timed_samples = timed_bytes = 0          # steps 2..n of each epoch
+    timed_compute = timed_wait = timed_span = 0.0
+    first_ns = last_ns = None
+    waits: list[float] = []                  # every step's wait for its batch, s
+    ends: list[int] = []                     # every step's end, CLOCK_MONOTONIC ns
+    start = time.monotonic_ns()
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        it = iter(loader)
+        epoch_start = prev_end = time.monotonic_ns()
+        if first_ns is None:
+            first_ns = epoch_start
+        step_one_end = None
+        n = 0
+        while args.steps is None or n < args.steps:
+            t0 = time.monotonic_ns()
+            try:
+                x, sizes = next(it)
+            except StopIteration:
+                break
+            t1 = time.monotonic_ns()
+            c0 = time.perf_counter()
+            time.sleep(compute_s)
+            slept = time.perf_counter() - c0
+            if world > 1:
+                dist.all_reduce(grad)
+            end = time.monotonic_ns()
+            n += 1
+            waits.append((t1 - t0) / 1e9)
+            ends.append(end)
+            nbytes = int(sizes.sum())
+            samples += len(x)
+            bytes_read += nbytes
+            if n == 1:
+                step_one_end = end
+            else:
+                timed_samples += len(x)
+                timed_bytes += nbytes
+                timed_compute += slept
+                timed_wait += (t1 - t0) / 1e9
+            prev_end = end
+        del it                                  # shuts this epoch's workers down
+        steps += n
+        if step_one_end is not None:
+            timed_span += (prev_end - step_one_end) / 1e9
+        last_ns = prev_end
+    wall = (time.monotonic_ns() - start) / 1e9
+    rate = timed_samples / timed_span if timed_span > 0 else 0.0
+    return {
+        "rank": rank,
+        "steps": steps,
+        "samples": samples,
+        "bytes_read": bytes_read,
+        "wall_s": wall,
+        "compute_s": timed_compute,
+        "io_wait_s": timed_wait,
+        "timed_s": timed_span,
+        "au": timed_compute / timed_span if timed_span > 0 else 0.0,
+        "samples_per_s": rate,
+        "mib_per_s": timed_bytes / timed_span / 2**20 if timed_span > 0 else 0.0,
+        "first_step_ns": first_ns,
+        "last_step_ns": last_ns,
+        "step_wait_s": [round(w, 6) for w in waits],
+        "step_end_ns": ends,
+    }
+
+
+def write_json(path: Path, doc: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    distributed = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = 0, 1
+    torch.manual_seed(SEED)
+    mine = train(args, rank, world)
+    if distributed:
+        ranks: list = [None] * world
+        dist.all_gather_object(ranks, mine)
+        dist.barrier()
+        dist.destroy_process_group()
+    else:
+        ranks = [mine]
+    if rank == 0:
+        files = SampleFiles(args.data, args.format, args.odirect).paths
+        write_json(args.out, {
+            "world_size": world,
+            "num_workers": args.num_workers,
+            "batch_size": args.batch_size,
+            "format": args.format,
+            "odirect": args.odirect,
+            "epochs": args.epochs,
+            "compute_s_configured": args.compute_ms / 1000.0,
+            "record_bytes": os.path.getsize(files[0]),
+            "ranks": ranks,
+            "steps": sum(r["steps"] for r in ranks),
+            "samples": sum(r["samples"] for r in ranks),
+            "bytes_read": sum(r["bytes_read"] for r in ranks),
+            "samples_per_s": sum(r["samples_per_s"] for r in ranks),
+            "mib_per_s": sum(r["mib_per_s"] for r in ranks),
+            "au": sum(r["au"] for r in ranks) / world,
+            "wall_s": max(r["wall_s"] for r in ranks),
+            "first_step_ns": min(r["first_step_ns"] for r in ranks),
+            "last_step_ns": max(r["last_step_ns"] for r in ranks),
+        })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
