@@ -220,7 +220,7 @@ def _remove_cgroup(th: Throttle, base: Path) -> None:
 @dataclasses.dataclass
 class JobRun:
     job: dict                       # job.py's JSON
-    recorder_stdout: str | None     # `trainio record`'s summary, when recorded
+    recorder_summary: str | None    # `trainio record`'s closing summary, when recorded
     stdout: str
     stderr: str
     elapsed_s: float                # launch to exit, torch imports included
@@ -228,6 +228,13 @@ class JobRun:
 
 class JobFailed(RuntimeError):
     pass
+
+
+def recorder_summary(stderr: str) -> str:
+    """`trainio record`'s summary (trace, events and MiB per layer and device, lost events):
+    it goes to stderr, after the job's own output, from the line `trainio record: trace`."""
+    at = stderr.rfind("trainio record: trace ")
+    return stderr[at:] if at >= 0 else ""
 
 
 def job_command(data_dir: Path | str, out: Path | str, *, ranks: int, workers: int, batch: int,
@@ -305,7 +312,7 @@ def run_job(data_dir: Path | str, *, ranks: int, workers: int, batch: int, compu
         if not out.exists():
             raise JobFailed(f"job wrote no {out}:\n{stderr[-4000:]}")
         job = json.loads(out.read_text())
-    return JobRun(job=job, recorder_stdout=stdout if record_dir is not None else None,
+    return JobRun(job=job, recorder_summary=recorder_summary(stderr) if record_dir is not None else None,
                   stdout=stdout, stderr=stderr, elapsed_s=elapsed)
 
 
