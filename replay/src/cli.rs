@@ -110,10 +110,19 @@ pub struct RunArgs {
     /// (a thread per reader slot doing pread, visible to the file-layer recorder).
     #[arg(long, value_enum, default_value = "io_uring")]
     pub io_engine: IoEngine,
-    /// Trace mode: idle gaps at least this long separate read bursts (steps), as in
-    /// `trainio analyze`.
-    #[arg(long, value_name = "MS", default_value_t = 10.0)]
-    pub burst_gap_ms: f64,
+    /// Trace mode: a rank that reads its own batches has its steps split at idle gaps at
+    /// least this long (default: found from the gaps, as `trainio analyze` does).
+    #[arg(long, value_name = "MS")]
+    pub burst_gap_ms: Option<f64>,
+    /// Trace mode: which processes are one GPU: `auto` (a rank and its DataLoader
+    /// workers, from the trace), `process` (every process that reads), or the ranks' pids
+    /// (`4242,4243`: every other reader joins its nearest listed ancestor).
+    #[arg(long, value_name = "auto|process|PIDS", default_value = "auto")]
+    pub gpu_grouping: String,
+    /// Trace mode: replay a trace whose file layer lacks most of what the job read
+    /// (reads through mmap or io_uring), replaying only what it saw.
+    #[arg(long)]
+    pub allow_incomplete: bool,
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,

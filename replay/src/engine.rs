@@ -65,6 +65,11 @@ pub trait Program {
     fn recorded(&self) -> bool {
         false
     }
+    /// Recorded mode: the GPU reads each batch itself when it asks for it (a DataLoader
+    /// without workers): batch k+1 starts only when step k's compute has ended.
+    fn synchronous(&self, _gpu: usize) -> bool {
+        false
+    }
     /// Recorded mode: batch `step` is not started before this many ns after the GPU
     /// entered the epoch (the recorded time of its first read), so a replay on the same
     /// storage issues its reads when the recording did, without drift. None: no pacing.
@@ -553,6 +558,7 @@ impl<'a, P: Program> Engine<'a, P> {
         let spe = self.program.steps_per_epoch();
         let nw = self.gpus[g].workers.len();
         let now = self.now();
+        let sync = self.program.synchronous(g);
         let mut finished_empty = false;
         for k in 0..nw {
             let w = self.gpus[g].workers[k];
@@ -583,6 +589,11 @@ impl<'a, P: Program> Engine<'a, P> {
                     continue;
                 }
                 if gpu.next_to_start >= spe || gpu.next_to_start >= gpu.consumed + gpu.window {
+                    break None;
+                }
+                if sync
+                    && (gpu.next_to_start > gpu.step || !matches!(gpu.state, State::WaitBatch { .. }))
+                {
                     break None;
                 }
                 let step = gpu.next_to_start;

@@ -59,7 +59,9 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                 drop_caches: false,
                 threshold: None,
                 realtime: false,
-                burst_gap_ms: 10.0,
+                burst_gap_ms: None,
+                gpu_grouping: "auto".into(),
+                allow_incomplete: false,
                 io_engine: cli::IoEngine::IoUring,
                 quiet: false,
             };

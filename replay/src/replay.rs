@@ -28,9 +28,13 @@ pub const DEFAULT_TRANSFER: u64 = 1 << 20;
 pub struct Job {
     /// Workload mode: the workload; trace mode: a stand-in carrying the shared settings.
     pub workload: Workload,
-    /// Trace mode: the recorded processes.
+    /// Trace mode: the GPUs of the trace's job model.
     pub templates: Option<Vec<Template>>,
+    /// Trace mode: the job model the templates come from.
+    pub model: Option<trainio_model::JobModel>,
     pub compute_override: Option<f64>,
+    /// --prefetch-size given: trace mode uses it instead of each GPU's loader window.
+    pub prefetch_override: Option<u64>,
     pub source: String,
     pub data_dir: PathBuf,
     pub transfer_size: u64,
@@ -88,25 +92,31 @@ impl Job {
                 (w, None, path.clone())
             }
             (None, Some(trace)) => {
-                let gap = args.burst_gap_ms;
-                if gap.is_nan() || gap <= 0.0 {
-                    bail!(InputError(format!(
-                        "--burst-gap-ms must be positive, got {gap}"
-                    )));
+                if let Some(gap) = args.burst_gap_ms {
+                    if gap.is_nan() || gap <= 0.0 {
+                        bail!(InputError(format!(
+                            "--burst-gap-ms must be positive, got {gap}"
+                        )));
+                    }
                 }
-                let templates = trace_input::load_templates(trace, gap).map_err(InputError)?;
+                let opts = trainio_model::Options {
+                    grouping: trainio_model::Grouping::parse(&args.gpu_grouping).map_err(InputError)?,
+                    burst_gap_ms: args.burst_gap_ms,
+                    dev: None,
+                };
+                let (templates, model) =
+                    trace_input::load_templates(trace, &opts, args.allow_incomplete).map_err(InputError)?;
                 let name = trace
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
-                // Two bursts may be read ahead of the GPU (PyTorch's default prefetch); the
-                // recorded schedule keeps them from starting early, the window only lets a
-                // replay that fell behind catch up.
+                // The stand-in carries the shared settings; the loader of each GPU comes
+                // from its template (trace_input).
                 let w = Workload::from_yaml(
                     &format!("model: {{name: \"trace {name}\"}}\ndataset: {{record_length_bytes: 1}}\nreader: {{prefetch_size: 2}}\ntrain: {{}}\n"),
                     "trace",
                 )?;
-                (w, Some(templates), trace.clone())
+                (w, Some((templates, model)), trace.clone())
             }
             (None, None) => bail!(InputError(
                 "give --workload FILE.yaml or --trace TRACE".into()
@@ -141,9 +151,15 @@ impl Job {
                 "--threshold must be between 0 and 100 percent, got {threshold}"
             )));
         }
+        let (templates, model) = match templates {
+            Some((t, m)) => (Some(t), Some(m)),
+            None => (None, None),
+        };
         Ok(Job {
             templates,
+            model,
             compute_override: src.computation_time,
+            prefetch_override: src.prefetch_size,
             transfer_size: src
                 .transfer_size
                 .or(w.transfer_size)
@@ -296,34 +312,43 @@ impl Job {
                         epochs: w.epochs,
                         max_steps: self.max_steps,
                         compute_override: self.compute_override,
-                        prefetch_size: w.prefetch_size as usize,
+                        prefetch_override: self.prefetch_override.map(|p| p as usize),
                     },
                 );
                 let used_t = &templates[..templates.len().min(gpus as usize)];
-                let reads: u64 = used_t
-                    .iter()
-                    .flat_map(|t| &t.steps)
-                    .map(|s| s.reads.len() as u64)
-                    .sum();
                 let bytes: u64 = used_t.iter().map(|t| t.bytes).sum();
                 let steps: u64 = used_t.iter().map(|t| t.steps.len() as u64).sum();
+                let samples: u64 = used_t
+                    .iter()
+                    .flat_map(|t| &t.steps)
+                    .map(|s| s.samples as u64)
+                    .sum();
                 let compute: f64 = used_t
                     .iter()
                     .flat_map(|t| &t.steps)
                     .map(|s| s.compute_s)
                     .sum();
+                if cluster.is_root() {
+                    if let Some(m) = &self.model {
+                        for line in trainio_model::describe(m) {
+                            eprintln!("trainio replay: {line}");
+                        }
+                    }
+                }
                 let settings = Settings {
                     mode: "trace".into(),
                     source: self.source.clone(),
                     name: w.name.clone(),
                     data_dir: self.data_dir.display().to_string(),
-                    batch_size: reads.checked_div(steps).unwrap_or(0),
+                    batch_size: (samples as f64 / steps.max(1) as f64).round() as u64,
                     read_threads: used_t.iter().map(|t| t.concurrency as u64).max().unwrap_or(1),
-                    prefetch_size: w.prefetch_size,
+                    prefetch_size: self
+                        .prefetch_override
+                        .unwrap_or(used_t.iter().map(|t| t.prefetch as u64).max().unwrap_or(1)),
                     transfer_size: program.max_request(),
                     computation_time: match self.compute_override {
                         Some(c) => format!("{c} s (--computation-time)"),
-                        None => "the recorded step periods (read burst to read burst)".into(),
+                        None => "inferred per GPU from the trace (job model)".into(),
                     },
                     computation_time_mean_s: self.compute_override.unwrap_or(if steps > 0 { compute / steps as f64 } else { 0.0 }),
                     steps_per_epoch: program.steps_per_epoch,
@@ -333,7 +358,7 @@ impl Job {
                     drop_caches: self.drop_caches,
                     realtime: self.realtime,
                     io_engine: if self.psync { "psync" } else { "io_uring" }.into(),
-                    nominal_sample_bytes: if reads > 0 { bytes as f64 / reads as f64 } else { 0.0 },
+                    nominal_sample_bytes: if samples > 0 { bytes as f64 / samples as f64 } else { 0.0 },
                     dataset_files: used.len() as u64,
                     dataset_bytes: used_bytes,
                     templates: Some(
@@ -342,7 +367,8 @@ impl Job {
                             .iter()
                             .map(|t| serde_json::json!({
                                 "pid": t.pid, "comm": t.comm, "files": t.files.len(), "steps": t.steps.len(),
-                                "readers": t.concurrency, "bytes": t.bytes, "dev": t.dev,
+                                "readers": t.concurrency, "workers": t.workers, "synchronous": t.synchronous,
+                                "prefetch": t.prefetch, "compute_s": t.compute_s, "bytes": t.bytes, "dev": t.dev,
                             }))
                             .collect(),
                     ),

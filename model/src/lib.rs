@@ -1,0 +1,1024 @@
+//! The job model: what a training job is, inferred from its trace. One implementation,
+//! used by `trainio replay --trace` (Rust) and `trainio analyze` (through the analyzer's
+//! native extension), so both say the same thing about a trace.
+//!
+//! From the trace's `file`, `proc` and `ipc` layers (traces/SCHEMA.md) it finds:
+//!
+//! 1. **Which processes are one GPU.** A rank and its DataLoader worker processes are one
+//!    simulated GPU. A process that reads data is a *worker* of its parent when it names
+//!    itself `pt_data_worker` (PyTorch's workers do) or hands what it read to its parent
+//!    through a pipe or socket (a write on an inode the parent reads or polls). Every
+//!    other process that reads data is a rank. Groups that read under 1 % of the largest
+//!    group's bytes (a launcher, an interpreter loading modules) are left out.
+//! 2. **Steps.** With workers, a step is one batch: a worker's data reads between two of
+//!    its writes to the parent's pipe (the handoff of a batch is such a write). Without
+//!    workers (the rank reads its samples itself), a step is a burst of reads: bursts are
+//!    separated by gaps longer than every gap inside a batch (the largest jump in the
+//!    sorted gaps, or `--burst-gap-ms`).
+//! 3. **Compute time per step.** The time the rank spends outside getting its data: with
+//!    workers, from the end of one batch's read off the pipe to the start of the next
+//!    get (its poll on the pipe, or the read itself), so waiting for a late batch is not
+//!    counted; without workers, the gap between bursts. The GPU's compute time is the
+//!    25th percentile of these intervals: an interval can only be longer than the compute
+//!    (a collective waiting for a slower rank, the end of an epoch), rarely shorter.
+//! 4. **Throughput one GPU needs**: bytes per step / compute time per step.
+//! 5. **Whether the file layer saw the data**: the block-layer bytes each traced process
+//!    caused against its file-layer reads. Reads through mmap or io_uring reach the block
+//!    layer but are not read syscalls; a trace whose file layer lacks most of the data is
+//!    marked incomplete, and replay refuses it unless told otherwise.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::path::Path;
+
+use arrow_array::{Array, Int64Array, StringArray};
+use arrow_schema::DataType;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
+use serde::Serialize;
+use trainio_schema::{read_rows, segment_paths, Layer, OwnedRow};
+
+/// The name PyTorch's DataLoader workers give themselves.
+pub const WORKER_COMM: &str = "pt_data_worker";
+/// Writes of one worker this close together are one message (header and payload).
+const MESSAGE_MERGE_NS: i64 = 2_000_000;
+/// A rank's reads of its data pipe this close together belong to one get.
+const GET_MERGE_NS: i64 = 1_000_000;
+/// Gaps shorter than this are inside a batch whatever the distribution says.
+const MIN_STEP_GAP_NS: i64 = 500_000;
+/// The largest gap jump must be at least this ratio to separate batches from their insides.
+const MIN_GAP_RATIO: f64 = 3.0;
+/// Default step gap when the gaps show no clear jump.
+pub const DEFAULT_BURST_GAP_MS: f64 = 10.0;
+/// Quantile of a GPU's step intervals taken as its compute time.
+const COMPUTE_QUANTILE: f64 = 0.25;
+/// A trace is incomplete when more than this share of its traced processes' block reads
+/// has no file-layer read behind it (and that is at least INCOMPLETE_MIN_BYTES).
+const INCOMPLETE_SHARE: f64 = 0.5;
+const INCOMPLETE_MIN_BYTES: u64 = 16 << 20;
+/// Groups reading less than this share of the largest group's bytes are not GPUs.
+const MINOR_GROUP_SHARE: f64 = 0.01;
+
+/// How processes are grouped into GPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Grouping {
+    /// Ranks and their workers, found from the trace (module comment).
+    #[default]
+    Auto,
+    /// Every process that reads is its own GPU.
+    Process,
+    /// These pids are the ranks; every other reader belongs to its nearest listed ancestor.
+    Ranks(Vec<u32>),
+}
+
+impl Grouping {
+    /// `auto`, `process`, or a comma-separated list of rank pids.
+    pub fn parse(s: &str) -> Result<Grouping, String> {
+        match s {
+            "auto" => Ok(Grouping::Auto),
+            "process" => Ok(Grouping::Process),
+            _ => s
+                .split(',')
+                .map(|p| {
+                    p.trim().parse::<u32>().map_err(|_| {
+                        format!("--gpu-grouping: `{s}` is not auto, process, or a list of rank pids (e.g. 4242,4243)")
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Grouping::Ranks),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    pub grouping: Grouping,
+    /// Step gap for bursts; None: found from the gaps.
+    pub burst_gap_ms: Option<f64>,
+    /// The data device (`MAJ:MIN`); None: the one most file-layer bytes were read from.
+    pub dev: Option<String>,
+}
+
+/// One read of a step: a byte range of one of the GPU's files, by one of its readers.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Read {
+    pub file: u32,
+    pub offset: u64,
+    pub len: u64,
+    /// The worker (or thread) that issued it, numbered from 0 in order of first read.
+    pub reader: u32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Step {
+    #[serde(skip)]
+    pub reads: Vec<Read>,
+    pub bytes: u64,
+    pub samples: u32,
+    /// When the batch's first read was issued (trace clock, ns).
+    pub first_read_ns: i64,
+    /// When the GPU had the batch: the end of its read off the worker pipe, or of the
+    /// burst's last read.
+    pub ready_ns: i64,
+    /// Time from this step's batch being ready to the GPU asking for the next one
+    /// (compute, plus any wait for other ranks); None for the last step.
+    pub interval_s: Option<f64>,
+    /// Time the GPU waited for this batch (polling its workers' pipe, or reading the burst).
+    pub wait_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Member {
+    pub pid: u32,
+    pub comm: String,
+    /// `rank` or `worker`.
+    pub role: &'static str,
+    /// Why a worker is a worker: `named pt_data_worker`, `hands off to its parent`.
+    pub why: String,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GpuModel {
+    pub index: usize,
+    pub rank_pid: u32,
+    pub comm: String,
+    pub members: Vec<Member>,
+    pub workers: usize,
+    /// Readers the replay gives this GPU: its workers, or the threads that read.
+    pub readers: usize,
+    /// The rank reads its batches itself, then computes (no worker reads ahead).
+    pub synchronous: bool,
+    /// Batches a GPU's workers may have started but it has not taken (PyTorch's
+    /// prefetch_factor 2 × workers).
+    pub prefetch_batches: usize,
+    /// `handoff` (batches from the worker pipe) or `bursts` (gaps between reads).
+    pub step_signal: &'static str,
+    pub steps: Vec<Step>,
+    /// Recorded path and the size a copy needs (largest byte read, rounded to 4 KiB).
+    pub files: Vec<(String, u64)>,
+    pub bytes: u64,
+    pub samples: u64,
+    pub compute_s: Option<f64>,
+    pub interval_p50_s: Option<f64>,
+    pub interval_p90_s: Option<f64>,
+    pub wait_s: f64,
+    pub bytes_per_step: f64,
+    pub samples_per_step: f64,
+    pub required_mib_s: Option<f64>,
+    /// The GPU's utilization in the recording, by DLIO's formula with the inferred compute.
+    pub au_recorded: Option<f64>,
+    pub mib_s_recorded: Option<f64>,
+    /// Bytes a worker read after its last handoff (a batch never delivered).
+    pub unfinished_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LeftOut {
+    pub pid: u32,
+    pub comm: String,
+    pub bytes: u64,
+    pub why: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Coverage {
+    pub pid: u32,
+    pub comm: String,
+    pub block_read_bytes: u64,
+    pub file_read_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct JobModel {
+    pub data_dev: Option<String>,
+    /// How the GPUs were found.
+    pub grouping: String,
+    pub gpus: Vec<GpuModel>,
+    pub left_out: Vec<LeftOut>,
+    pub compute_s: Option<f64>,
+    pub bytes_per_step: Option<f64>,
+    pub required_mib_s_per_gpu: Option<f64>,
+    pub steps: u64,
+    /// Per traced process with block reads: block bytes against file-layer bytes.
+    pub coverage: Vec<Coverage>,
+    /// Set when the file layer lacks most of what the job read: the reason, one line.
+    pub incomplete: Option<String>,
+    pub warnings: Vec<String>,
+}
+
+/// What the model reads from a trace.
+#[derive(Default)]
+pub struct Input {
+    pub file: Vec<OwnedRow>,
+    pub proc_rows: Vec<OwnedRow>,
+    pub ipc: Vec<OwnedRow>,
+    /// Block-layer bytes read, by the pid in whose context each request was issued.
+    pub block_read_bytes: HashMap<u32, u64>,
+    pub has_block: bool,
+}
+
+/// Reads what the model needs from a trace: its file, proc and ipc rows, and the block
+/// layer summed per process (streamed: a block layer of 100 M rows is never held).
+pub fn load_input(trace: &Path) -> Result<Input, String> {
+    let mut input = Input::default();
+    let segs = segment_paths(trace).map_err(|e| e.to_string())?;
+    let total: u64 = segs.iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
+    if total < (256 << 20) {
+        for r in read_rows(trace, None).map_err(|e| e.to_string())? {
+            match r.layer {
+                Layer::File => input.file.push(r),
+                Layer::Proc => input.proc_rows.push(r),
+                Layer::Ipc => input.ipc.push(r),
+                Layer::Block => {
+                    input.has_block = true;
+                    if &*r.op == "read" {
+                        *input.block_read_bytes.entry(r.pid).or_default() += r.bytes.max(0) as u64;
+                    }
+                }
+                Layer::Nfs => {}
+            }
+        }
+        return Ok(input);
+    }
+    for layer in [Layer::File, Layer::Proc, Layer::Ipc] {
+        let rows = read_rows(trace, Some(layer)).map_err(|e| e.to_string())?;
+        match layer {
+            Layer::File => input.file = rows,
+            Layer::Proc => input.proc_rows = rows,
+            _ => input.ipc = rows,
+        }
+    }
+    for seg in &segs {
+        block_sums(seg, &mut input)?;
+    }
+    Ok(input)
+}
+
+/// Block-layer read bytes per pid of one segment, reading only the columns needed.
+fn block_sums(seg: &Path, input: &mut Input) -> Result<(), String> {
+    let f = File::open(seg).map_err(|e| format!("{}: cannot open: {e}", seg.display()))?;
+    let b = ParquetRecordBatchReaderBuilder::try_new(f)
+        .map_err(|e| format!("{}: not Parquet: {e}", seg.display()))?;
+    let schema = b.parquet_schema();
+    let want = ["layer", "op", "pid", "bytes"];
+    let idx: Vec<usize> = (0..schema.num_columns())
+        .filter(|&i| want.contains(&schema.column(i).name()))
+        .collect();
+    let mask = ProjectionMask::leaves(schema, idx);
+    let reader = b
+        .with_projection(mask)
+        .with_batch_size(65536)
+        .build()
+        .map_err(|e| format!("{}: {e}", seg.display()))?;
+    for batch in reader {
+        let batch = batch.map_err(|e| format!("{}: corrupt: {e}", seg.display()))?;
+        let col = |n: &str, t: &DataType| {
+            batch
+                .column_by_name(n)
+                .ok_or_else(|| format!("{}: missing column `{n}`", seg.display()))
+                .and_then(|c| arrow_cast::cast(c, t).map_err(|e| format!("{}: column `{n}`: {e}", seg.display())))
+        };
+        let layer = col("layer", &DataType::Utf8)?;
+        let op = col("op", &DataType::Utf8)?;
+        let pid = col("pid", &DataType::Int64)?;
+        let bytes = col("bytes", &DataType::Int64)?;
+        let layer = layer.as_any().downcast_ref::<StringArray>().unwrap();
+        let op = op.as_any().downcast_ref::<StringArray>().unwrap();
+        let pid = pid.as_any().downcast_ref::<Int64Array>().unwrap();
+        let bytes = bytes.as_any().downcast_ref::<Int64Array>().unwrap();
+        for i in 0..batch.num_rows() {
+            if layer.is_null(i) || layer.value(i) != "block" {
+                continue;
+            }
+            input.has_block = true;
+            if !op.is_null(i) && op.value(i) == "read" {
+                *input.block_read_bytes.entry(pid.value(i) as u32).or_default() += bytes.value(i).max(0) as u64;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The job model of a trace.
+pub fn infer_trace(trace: &Path, opts: &Options) -> Result<JobModel, String> {
+    let input = load_input(trace)?;
+    infer(&input, opts).map_err(|e| format!("{}: {e}", trace.display()))
+}
+
+#[derive(Default)]
+struct Proc {
+    ppid: Option<u32>,
+    comm: Option<String>,
+    worker_name: bool,
+}
+
+fn quantile(v: &[f64], q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let pos = q * (s.len() - 1) as f64;
+    let lo = pos.floor() as usize;
+    let hi = pos.ceil() as usize;
+    Some(s[lo] + (s[hi] - s[lo]) * (pos - lo as f64))
+}
+
+fn is_data_read(r: &OwnedRow) -> bool {
+    &*r.op == "read" && r.error == 0 && r.bytes > 0 && r.offset.is_some()
+}
+
+/// The step gap: the geometric middle of the largest jump between sorted gaps (at least
+/// MIN_GAP_RATIO, above MIN_STEP_GAP_NS), else the default.
+pub fn step_gap_ns(gaps: &[i64]) -> (i64, bool) {
+    let mut g: Vec<i64> = gaps.iter().copied().filter(|&x| x > 0).collect();
+    g.sort_unstable();
+    let mut best: Option<(f64, i64)> = None;
+    for w in g.windows(2) {
+        if w[1] < MIN_STEP_GAP_NS {
+            continue;
+        }
+        let lo = w[0].max(1) as f64;
+        let ratio = w[1] as f64 / lo;
+        if ratio >= MIN_GAP_RATIO && best.is_none_or(|(r, _)| ratio > r) {
+            best = Some((ratio, ((lo * w[1] as f64).sqrt() as i64).max(MIN_STEP_GAP_NS)));
+        }
+    }
+    match best {
+        Some((_, t)) => (t, true),
+        None => ((DEFAULT_BURST_GAP_MS * 1e6) as i64, false),
+    }
+}
+
+struct Files {
+    index: HashMap<String, u32>,
+    list: Vec<(String, u64)>,
+}
+
+impl Files {
+    fn new() -> Self {
+        Files { index: HashMap::new(), list: Vec::new() }
+    }
+    fn add(&mut self, r: &OwnedRow) -> Read {
+        let name = match (&r.file, r.fd) {
+            (Some(f), _) => f.to_string(),
+            (None, fd) => format!("<pid {} fd {}>", r.pid, fd.unwrap_or(-1)),
+        };
+        let next = self.list.len() as u32;
+        let fi = *self.index.entry(name.clone()).or_insert(next);
+        if fi == next {
+            self.list.push((name, 0));
+        }
+        let offset = r.offset.unwrap_or(0).max(0) as u64;
+        let len = r.bytes as u64;
+        let e = &mut self.list[fi as usize].1;
+        *e = (*e).max(offset + len);
+        Read { file: fi, offset, len, reader: 0 }
+    }
+}
+
+/// Infers the job model from rows (`load_input`).
+pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
+    let mut warnings = Vec::new();
+    // Processes: parents, names, worker names.
+    let mut procs: HashMap<u32, Proc> = HashMap::new();
+    let mut proc_rows: Vec<&OwnedRow> = input.proc_rows.iter().collect();
+    proc_rows.sort_by_key(|r| r.issue_ns);
+    for r in &proc_rows {
+        let p = procs.entry(r.pid).or_default();
+        if let Some(pp) = r.ppid {
+            if pp != r.pid {
+                p.ppid = Some(pp);
+            }
+        }
+        if r.tid == r.pid || matches!(&*r.op, "start" | "fork" | "exec") {
+            p.comm = Some(r.comm.to_string());
+        }
+        if &*r.comm == WORKER_COMM {
+            p.worker_name = true;
+        }
+    }
+    for r in input.file.iter().chain(input.ipc.iter()) {
+        let p = procs.entry(r.pid).or_default();
+        if &*r.comm == WORKER_COMM {
+            p.worker_name = true;
+        }
+        if p.comm.is_none() && r.tid == r.pid {
+            p.comm = Some(r.comm.to_string());
+        }
+    }
+    let comm_of = |pid: u32, fallback: &str| -> String {
+        procs.get(&pid).and_then(|p| p.comm.clone()).unwrap_or_else(|| fallback.to_string())
+    };
+
+    // The data device.
+    let reads: Vec<&OwnedRow> = input.file.iter().filter(|r| is_data_read(r)).collect();
+    let data_dev = match &opts.dev {
+        Some(d) => Some(d.clone()),
+        None => {
+            let mut per_dev: HashMap<&str, u64> = HashMap::new();
+            for r in &reads {
+                if let Some(d) = &r.dev {
+                    *per_dev.entry(d).or_default() += r.bytes as u64;
+                }
+            }
+            per_dev
+                .into_iter()
+                .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(a.0)))
+                .map(|(d, _)| d.to_string())
+        }
+    };
+    let on_dev = |r: &OwnedRow| data_dev.is_none() || r.dev.is_none() || r.dev.as_deref() == data_dev.as_deref();
+    let data_reads: Vec<&OwnedRow> = reads.into_iter().filter(|r| on_dev(r)).collect();
+    let mut reader_bytes: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut reader_comm: HashMap<u32, String> = HashMap::new();
+    for r in &data_reads {
+        *reader_bytes.entry(r.pid).or_default() += r.bytes as u64;
+        reader_comm.entry(r.pid).or_insert_with(|| r.comm.to_string());
+    }
+
+    // Coverage: block bytes each traced process caused against its file-layer reads.
+    let traced: HashSet<u32> = input
+        .file
+        .iter()
+        .chain(input.proc_rows.iter())
+        .chain(input.ipc.iter())
+        .map(|r| r.pid)
+        .collect();
+    let mut file_bytes_by_pid: HashMap<u32, u64> = HashMap::new();
+    for r in input.file.iter().filter(|r| &*r.op == "read" && r.bytes > 0) {
+        *file_bytes_by_pid.entry(r.pid).or_default() += r.bytes as u64;
+    }
+    let mut coverage: Vec<Coverage> = input
+        .block_read_bytes
+        .iter()
+        .filter(|(pid, b)| traced.contains(pid) && **b > 0)
+        .map(|(&pid, &b)| Coverage {
+            pid,
+            comm: comm_of(pid, "?"),
+            block_read_bytes: b,
+            file_read_bytes: file_bytes_by_pid.get(&pid).copied().unwrap_or(0),
+        })
+        .collect();
+    coverage.sort_by(|a, b| b.block_read_bytes.cmp(&a.block_read_bytes).then(a.pid.cmp(&b.pid)));
+    let block_total: u64 = coverage.iter().map(|c| c.block_read_bytes).sum();
+    let unseen: u64 = coverage.iter().map(|c| c.block_read_bytes.saturating_sub(c.file_read_bytes)).sum();
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let incomplete = if input.has_block && unseen >= INCOMPLETE_MIN_BYTES && unseen as f64 > INCOMPLETE_SHARE * block_total as f64 {
+        let top = coverage
+            .iter()
+            .max_by_key(|c| c.block_read_bytes.saturating_sub(c.file_read_bytes))
+            .expect("coverage has the bytes");
+        Some(format!(
+            "the file layer saw {:.1} MiB of reads but the traced processes' block reads were {:.1} MiB: pid {} ({}) caused {:.1} MiB of block reads with {:.1} MiB of read syscalls, so it likely reads through mmap or io_uring, which the file layer does not see",
+            mib(block_total - unseen.min(block_total)),
+            mib(block_total),
+            top.pid,
+            top.comm,
+            mib(top.block_read_bytes),
+            mib(top.file_read_bytes),
+        ))
+    } else {
+        None
+    };
+    if !input.has_block && !data_reads.is_empty() {
+        warnings.push("no block layer in the trace: cannot check that the file layer saw every read (mmap, io_uring)".into());
+    }
+
+    // Handoff edges: pipes and sockets written by one process and read or polled by another.
+    let mut writers: HashMap<&str, HashSet<u32>> = HashMap::new();
+    let mut readers: HashMap<&str, HashSet<u32>> = HashMap::new();
+    for r in &input.ipc {
+        let Some(f) = r.file.as_deref() else { continue };
+        match &*r.op {
+            "write" if r.bytes > 0 => {
+                writers.entry(f).or_default().insert(r.pid);
+            }
+            "read" if r.bytes > 0 => {
+                readers.entry(f).or_default().insert(r.pid);
+            }
+            "wait" => {
+                readers.entry(f).or_default().insert(r.pid);
+            }
+            _ => {}
+        }
+    }
+    let hands_off = |from: u32, to: u32| -> bool {
+        writers.iter().any(|(f, w)| w.contains(&from) && readers.get(f).is_some_and(|r| r.contains(&to)))
+    };
+
+    // Groups: rank pid -> (members, why).
+    let has_proc = !input.proc_rows.is_empty();
+    let mut worker_of: HashMap<u32, (u32, String)> = HashMap::new();
+    let mut left_out: Vec<LeftOut> = Vec::new();
+    let grouping_desc;
+    match &opts.grouping {
+        Grouping::Process => {
+            grouping_desc = "per process (--gpu-grouping process)".to_string();
+        }
+        Grouping::Ranks(ranks) => {
+            grouping_desc = format!("ranks given: {}", ranks.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(","));
+            let set: HashSet<u32> = ranks.iter().copied().collect();
+            for &pid in reader_bytes.keys() {
+                let mut cur = pid;
+                let mut found = None;
+                for _ in 0..64 {
+                    if set.contains(&cur) {
+                        found = Some(cur);
+                        break;
+                    }
+                    match procs.get(&cur).and_then(|p| p.ppid) {
+                        Some(pp) => cur = pp,
+                        None => break,
+                    }
+                }
+                match found {
+                    Some(r) if r == pid => {}
+                    Some(r) => {
+                        worker_of.insert(pid, (r, format!("descends from rank {r}")));
+                    }
+                    None => left_out.push(LeftOut {
+                        pid,
+                        comm: comm_of(pid, &reader_comm[&pid]),
+                        bytes: reader_bytes[&pid],
+                        why: "not a listed rank nor a descendant of one".into(),
+                    }),
+                }
+            }
+        }
+        Grouping::Auto => {
+            grouping_desc = if has_proc {
+                "ranks and their DataLoader workers (process tree, worker names, batch handoff)".to_string()
+            } else {
+                warnings.push("no proc layer in the trace (schema < 1.3 or recorded without the file layer): every process that reads is its own GPU".into());
+                "per process (the trace has no proc layer)".to_string()
+            };
+            for &pid in reader_bytes.keys() {
+                let Some(parent) = procs.get(&pid).and_then(|p| p.ppid) else { continue };
+                let named = procs.get(&pid).is_some_and(|p| p.worker_name);
+                let handoff = hands_off(pid, parent);
+                if named || handoff {
+                    let why = match (named, handoff) {
+                        (true, true) => "named pt_data_worker, hands off to its parent",
+                        (true, false) => "named pt_data_worker",
+                        _ => "hands off to its parent",
+                    };
+                    worker_of.insert(pid, (parent, why.to_string()));
+                }
+            }
+            // A worker's parent that is itself a worker: follow up to the rank.
+            let snapshot = worker_of.clone();
+            for (_, (rank, _)) in worker_of.iter_mut() {
+                for _ in 0..8 {
+                    match snapshot.get(rank) {
+                        Some((up, _)) => *rank = *up,
+                        None => break,
+                    }
+                }
+            }
+        }
+    }
+    let left: HashSet<u32> = left_out.iter().map(|l| l.pid).collect();
+    let mut groups: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for &pid in reader_bytes.keys() {
+        if left.contains(&pid) {
+            continue;
+        }
+        match worker_of.get(&pid) {
+            Some((rank, _)) => groups.entry(*rank).or_default().push(pid),
+            None => {
+                groups.entry(pid).or_default();
+            }
+        }
+    }
+    let group_bytes = |rank: u32, ws: &[u32]| -> u64 {
+        reader_bytes.get(&rank).copied().unwrap_or(0) + ws.iter().map(|w| reader_bytes[w]).sum::<u64>()
+    };
+    let largest = groups.iter().map(|(r, ws)| group_bytes(*r, ws)).max().unwrap_or(0);
+    let mut gpus = Vec::new();
+    for (rank, ws) in &groups {
+        let bytes = group_bytes(*rank, ws);
+        if (bytes as f64) < MINOR_GROUP_SHARE * largest as f64 {
+            for pid in std::iter::once(*rank).chain(ws.iter().copied()) {
+                if let Some(&b) = reader_bytes.get(&pid) {
+                    left_out.push(LeftOut {
+                        pid,
+                        comm: comm_of(pid, &reader_comm[&pid]),
+                        bytes: b,
+                        why: format!("its group reads {:.2}% of the largest GPU's bytes: not a GPU", 100.0 * bytes as f64 / largest.max(1) as f64),
+                    });
+                }
+            }
+            continue;
+        }
+        let mut ws = ws.clone();
+        let first_read: HashMap<u32, i64> = data_reads
+            .iter()
+            .filter(|r| ws.contains(&r.pid))
+            .fold(HashMap::new(), |mut m, r| {
+                let e = m.entry(r.pid).or_insert(i64::MAX);
+                *e = (*e).min(r.issue_ns);
+                m
+            });
+        ws.sort_by_key(|w| (first_read.get(w).copied().unwrap_or(i64::MAX), *w));
+        let mut members = vec![Member {
+            pid: *rank,
+            comm: comm_of(*rank, reader_comm.get(rank).map(String::as_str).unwrap_or("?")),
+            role: "rank",
+            why: String::new(),
+            bytes: reader_bytes.get(rank).copied().unwrap_or(0),
+        }];
+        for w in &ws {
+            members.push(Member {
+                pid: *w,
+                comm: comm_of(*w, &reader_comm[w]),
+                role: "worker",
+                why: worker_of.get(w).map(|x| x.1.clone()).unwrap_or_default(),
+                bytes: reader_bytes[w],
+            });
+        }
+        let gpu = build_gpu(gpus.len(), *rank, &ws, members, input, &data_reads, opts, &on_dev, &mut warnings);
+        gpus.push(gpu);
+    }
+    left_out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
+
+    let computes: Vec<f64> = gpus.iter().filter_map(|g| g.compute_s).collect();
+    let compute_s = quantile(&computes, 0.5);
+    let bps: Vec<f64> = gpus.iter().filter(|g| !g.steps.is_empty()).map(|g| g.bytes_per_step).collect();
+    let bytes_per_step = quantile(&bps, 0.5);
+    let reqs: Vec<f64> = gpus.iter().filter_map(|g| g.required_mib_s).collect();
+    let steps = gpus.iter().map(|g| g.steps.len() as u64).sum();
+    Ok(JobModel {
+        data_dev,
+        grouping: grouping_desc,
+        gpus,
+        left_out,
+        compute_s,
+        bytes_per_step,
+        required_mib_s_per_gpu: quantile(&reqs, 0.5),
+        steps,
+        coverage,
+        incomplete,
+        warnings,
+    })
+}
+
+/// Counts the opens of data files per (pid, time window): the samples of a batch, one
+/// `__getitem__` opening one file.
+fn opens_between(opens: &[(u32, i64)], pids: &[u32], from: i64, to: i64) -> u32 {
+    opens.iter().filter(|(p, t)| pids.contains(p) && *t > from && *t <= to).count() as u32
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_gpu(
+    index: usize,
+    rank: u32,
+    workers: &[u32],
+    members: Vec<Member>,
+    input: &Input,
+    data_reads: &[&OwnedRow],
+    opts: &Options,
+    on_dev: &dyn Fn(&OwnedRow) -> bool,
+    warnings: &mut Vec<String>,
+) -> GpuModel {
+    let comm = members[0].comm.clone();
+    let mut files = Files::new();
+    let opens: Vec<(u32, i64)> = input
+        .file
+        .iter()
+        .filter(|r| &*r.op == "open" && r.error == 0 && on_dev(r))
+        .map(|r| (r.pid, r.issue_ns))
+        .collect();
+    let mut pids: Vec<u32> = vec![rank];
+    pids.extend_from_slice(workers);
+    // The worker pipe(s): written by this GPU's workers, read by its rank.
+    let mut data_pipes: HashSet<&str> = HashSet::new();
+    if !workers.is_empty() {
+        let mut w_of: HashMap<&str, bool> = HashMap::new();
+        let mut r_of: HashMap<&str, bool> = HashMap::new();
+        for r in &input.ipc {
+            let Some(f) = r.file.as_deref() else { continue };
+            if &*r.op == "write" && r.bytes > 0 && workers.contains(&r.pid) {
+                w_of.insert(f, true);
+            }
+            if &*r.op == "read" && r.bytes > 0 && r.pid == rank {
+                r_of.insert(f, true);
+            }
+        }
+        data_pipes = w_of.keys().filter(|f| r_of.contains_key(*f)).copied().collect();
+    }
+    let mut steps: Vec<Step> = Vec::new();
+    let mut unfinished_bytes = 0u64;
+    let step_signal;
+    let readers;
+    let synchronous;
+    if !data_pipes.is_empty() {
+        step_signal = "handoff";
+        synchronous = false;
+        // Messages: each worker's writes on the pipe, merged when back to back.
+        struct Msg {
+            at: i64,
+            worker: usize,
+        }
+        let mut msgs: Vec<Msg> = Vec::new();
+        for (wi, &w) in workers.iter().enumerate() {
+            let mut ws: Vec<&OwnedRow> = input
+                .ipc
+                .iter()
+                .filter(|r| r.pid == w && &*r.op == "write" && r.bytes > 0 && r.file.as_deref().is_some_and(|f| data_pipes.contains(f)))
+                .collect();
+            ws.sort_by_key(|r| r.issue_ns);
+            let mut last_end = i64::MIN;
+            for r in ws {
+                if last_end != i64::MIN && r.issue_ns - last_end < MESSAGE_MERGE_NS {
+                    last_end = r.complete_ns;
+                    continue;
+                }
+                msgs.push(Msg { at: r.issue_ns, worker: wi });
+                last_end = r.complete_ns;
+            }
+        }
+        msgs.sort_by_key(|m| (m.at, m.worker));
+        // A worker's batch: its data reads since its previous message.
+        let mut per_worker: Vec<Vec<&OwnedRow>> = vec![Vec::new(); workers.len()];
+        for r in data_reads.iter().filter(|r| workers.contains(&r.pid)) {
+            let wi = workers.iter().position(|&w| w == r.pid).unwrap();
+            per_worker[wi].push(r);
+        }
+        for v in &mut per_worker {
+            v.sort_by_key(|r| (r.issue_ns, r.complete_ns));
+        }
+        let mut cursor = vec![0usize; workers.len()];
+        let mut prev_msg = vec![i64::MIN; workers.len()];
+        let rank_reads: Vec<&&OwnedRow> = data_reads.iter().filter(|r| r.pid == rank).collect();
+        let mut rank_cursor = 0usize;
+        for m in &msgs {
+            let wi = m.worker;
+            let list = &per_worker[wi];
+            let mut reads = Vec::new();
+            let mut first = i64::MAX;
+            while cursor[wi] < list.len() && list[cursor[wi]].complete_ns <= m.at {
+                let r = list[cursor[wi]];
+                let mut rd = files.add(r);
+                rd.reader = wi as u32;
+                first = first.min(r.issue_ns);
+                reads.push(rd);
+                cursor[wi] += 1;
+            }
+            // The rank's own data reads go with the batch being handed over then.
+            while rank_cursor < rank_reads.len() && rank_reads[rank_cursor].complete_ns <= m.at {
+                let mut rd = files.add(rank_reads[rank_cursor]);
+                rd.reader = workers.len() as u32;
+                reads.push(rd);
+                rank_cursor += 1;
+            }
+            let samples = opens_between(&opens, &[workers[wi]], prev_msg[wi], m.at);
+            prev_msg[wi] = m.at;
+            if reads.is_empty() {
+                continue; // a message that carried no batch (a status, the end)
+            }
+            let bytes = reads.iter().map(|r| r.len).sum();
+            let samples = if samples > 0 { samples } else { distinct_files(&reads) };
+            steps.push(Step { reads, bytes, samples, first_read_ns: first, ready_ns: m.at, interval_s: None, wait_s: 0.0 });
+        }
+        for (wi, list) in per_worker.iter().enumerate() {
+            unfinished_bytes += list[cursor[wi]..].iter().map(|r| r.bytes as u64).sum::<u64>();
+        }
+        let rank_reads_used = rank_cursor > 0;
+        readers = workers.len() + usize::from(rank_reads_used);
+        // The rank's gets off the pipe: polls and reads, merged when back to back.
+        let mut rows: Vec<&OwnedRow> = input
+            .ipc
+            .iter()
+            .filter(|r| r.pid == rank && r.file.as_deref().is_some_and(|f| data_pipes.contains(f)) && (&*r.op == "wait" || (&*r.op == "read" && r.bytes > 0)))
+            .collect();
+        rows.sort_by_key(|r| (r.issue_ns, r.complete_ns));
+        struct Get {
+            start: i64,
+            end: Option<i64>,
+            wait: i64,
+        }
+        let mut gets: Vec<Get> = Vec::new();
+        for r in rows {
+            let wait = &*r.op == "wait";
+            let new = match gets.last() {
+                None => true,
+                Some(g) => g.end.is_some_and(|e| r.issue_ns - e >= GET_MERGE_NS),
+            };
+            if new {
+                gets.push(Get { start: r.issue_ns, end: None, wait: 0 });
+            }
+            let g = gets.last_mut().unwrap();
+            if wait {
+                g.wait += r.complete_ns - r.issue_ns;
+            } else {
+                g.end = Some(r.complete_ns);
+            }
+        }
+        gets.retain(|g| g.end.is_some());
+        // Steps take their ready time and wait from the gets, in order.
+        for (k, step) in steps.iter_mut().enumerate() {
+            if let Some(g) = gets.get(k) {
+                step.ready_ns = g.end.unwrap();
+                step.wait_s = g.wait as f64 / 1e9;
+            }
+        }
+        let intervals: Vec<f64> = gets.windows(2).map(|w| (w[1].start - w[0].end.unwrap()).max(0) as f64 / 1e9).collect();
+        for (k, step) in steps.iter_mut().enumerate() {
+            step.interval_s = intervals.get(k).copied();
+        }
+        if gets.len() + 1 < steps.len() || steps.len() + 1 < gets.len() {
+            warnings.push(format!(
+                "GPU {index} (pid {rank}): {} batches handed off but {} gets off the worker pipe",
+                steps.len(),
+                gets.len()
+            ));
+        }
+    } else {
+        step_signal = "bursts";
+        if !workers.is_empty() {
+            warnings.push(format!(
+                "GPU {index} (pid {rank}): its workers' batch handoff is not in the trace (no ipc layer): steps are bursts of reads, which merge or split batches when workers read ahead"
+            ));
+        }
+        // Activity on data files of the group: reads, opens, closes.
+        let mut act: Vec<&OwnedRow> = input
+            .file
+            .iter()
+            .filter(|r| pids.contains(&r.pid) && on_dev(r) && matches!(&*r.op, "read" | "open" | "close"))
+            .collect();
+        act.sort_by_key(|r| (r.issue_ns, r.complete_ns));
+        let mut gaps = Vec::new();
+        let mut busy = i64::MIN;
+        for r in &act {
+            if busy != i64::MIN && r.issue_ns > busy {
+                gaps.push(r.issue_ns - busy);
+            }
+            busy = busy.max(r.complete_ns);
+        }
+        let gap_ns = match opts.burst_gap_ms {
+            Some(ms) => (ms * 1e6) as i64,
+            None => {
+                let (g, found) = step_gap_ns(&gaps);
+                if !found && gaps.len() > 1 {
+                    warnings.push(format!(
+                        "GPU {index} (pid {rank}): no clear gap between batches; steps split at {DEFAULT_BURST_GAP_MS} ms idle gaps"
+                    ));
+                }
+                g
+            }
+        };
+        let mut tids: HashMap<u32, u32> = HashMap::new();
+        let mut busy = i64::MIN;
+        let mut cur: Option<Step> = None;
+        let mut open_count = 0u32;
+        for r in &act {
+            if busy != i64::MIN && r.issue_ns - busy >= gap_ns {
+                if let Some(mut s) = cur.take() {
+                    s.interval_s = Some((r.issue_ns - busy) as f64 / 1e9);
+                    finish_burst(&mut s, open_count, &mut steps);
+                }
+                open_count = 0;
+            }
+            busy = busy.max(r.complete_ns);
+            let s = cur.get_or_insert_with(|| Step {
+                reads: Vec::new(),
+                bytes: 0,
+                samples: 0,
+                first_read_ns: r.issue_ns,
+                ready_ns: r.complete_ns,
+                interval_s: None,
+                wait_s: 0.0,
+            });
+            s.ready_ns = s.ready_ns.max(r.complete_ns);
+            match &*r.op {
+                "open" if r.error == 0 => open_count += 1,
+                "read" if is_data_read(r) => {
+                    let next = tids.len() as u32;
+                    let stream = *tids.entry(r.tid).or_insert(next);
+                    let mut rd = files.add(r);
+                    rd.reader = stream;
+                    s.reads.push(rd);
+                    s.bytes += rd.len;
+                }
+                _ => {}
+            }
+        }
+        if let Some(mut s) = cur.take() {
+            finish_burst(&mut s, open_count, &mut steps);
+        }
+        for s in &mut steps {
+            s.wait_s = (s.ready_ns - s.first_read_ns).max(0) as f64 / 1e9;
+        }
+        readers = tids.len().max(1);
+        synchronous = workers.is_empty();
+    }
+    for f in &mut files.list {
+        f.1 = f.1.max(1).div_ceil(4096) * 4096;
+    }
+    let intervals: Vec<f64> = steps.iter().filter_map(|s| s.interval_s).collect();
+    let compute_s = quantile(&intervals, COMPUTE_QUANTILE);
+    let bytes: u64 = steps.iter().map(|s| s.bytes).sum();
+    let samples: u64 = steps.iter().map(|s| s.samples as u64).sum();
+    let n = steps.len().max(1) as f64;
+    let bytes_per_step = bytes as f64 / n;
+    let required_mib_s = compute_s.filter(|&c| c > 0.0).map(|c| bytes_per_step / c / (1u64 << 20) as f64);
+    let (au_recorded, mib_s_recorded) = match (steps.first(), steps.last(), compute_s) {
+        (Some(a), Some(b), Some(c)) if steps.len() >= 2 => {
+            let span = (b.ready_ns - a.ready_ns) as f64 / 1e9 + c;
+            let whole = (b.ready_ns - a.first_read_ns) as f64 / 1e9 + c;
+            (
+                (span > 0.0).then(|| ((steps.len() - 1) as f64 * c / span).min(1.0)),
+                (whole > 0.0).then(|| bytes as f64 / whole / (1u64 << 20) as f64),
+            )
+        }
+        _ => (None, None),
+    };
+    GpuModel {
+        index,
+        rank_pid: rank,
+        comm,
+        workers: workers.len(),
+        members,
+        readers,
+        synchronous,
+        prefetch_batches: if workers.is_empty() { 1 } else { 2 * workers.len() },
+        step_signal,
+        files: files.list,
+        bytes,
+        samples,
+        compute_s,
+        interval_p50_s: quantile(&intervals, 0.5),
+        interval_p90_s: quantile(&intervals, 0.9),
+        wait_s: steps.iter().map(|s| s.wait_s).sum(),
+        bytes_per_step,
+        samples_per_step: samples as f64 / n,
+        required_mib_s,
+        au_recorded,
+        mib_s_recorded,
+        unfinished_bytes,
+        steps,
+    }
+}
+
+fn distinct_files(reads: &[Read]) -> u32 {
+    reads.iter().map(|r| r.file).collect::<HashSet<_>>().len() as u32
+}
+
+fn finish_burst(s: &mut Step, opens: u32, steps: &mut Vec<Step>) {
+    if s.reads.is_empty() {
+        return; // opens and closes only: no data read
+    }
+    s.samples = if opens > 0 { opens } else { distinct_files(&s.reads) };
+    steps.push(std::mem::replace(
+        s,
+        Step { reads: Vec::new(), bytes: 0, samples: 0, first_read_ns: 0, ready_ns: 0, interval_s: None, wait_s: 0.0 },
+    ));
+}
+
+/// The model as JSON (without the per-read lists).
+pub fn to_json(m: &JobModel) -> String {
+    serde_json::to_string(m).expect("the model serializes")
+}
+
+/// One line per GPU and the job's figures, as `analyze` and `replay` print them.
+pub fn describe(m: &JobModel) -> Vec<String> {
+    let mut out = Vec::new();
+    let f = |x: Option<f64>, scale: f64, unit: &str| x.map(|v| format!("{:.1} {unit}", v * scale)).unwrap_or_else(|| "-".into());
+    out.push(format!(
+        "job model: {} GPU(s) found ({}); data device {}",
+        m.gpus.len(),
+        m.grouping,
+        m.data_dev.as_deref().unwrap_or("?")
+    ));
+    for g in &m.gpus {
+        let workers: Vec<String> = g.members.iter().filter(|x| x.role == "worker").map(|x| x.pid.to_string()).collect();
+        out.push(format!(
+            "  GPU {}: rank pid {} ({}){}; {} steps ({}), compute {}/step, {:.2} MiB/step, {:.1} samples/step, needs {}",
+            g.index,
+            g.rank_pid,
+            g.comm,
+            if workers.is_empty() { String::new() } else { format!(" + {} worker(s) {}", workers.len(), workers.join(",")) },
+            g.steps.len(),
+            g.step_signal,
+            f(g.compute_s, 1e3, "ms"),
+            g.bytes_per_step / (1u64 << 20) as f64,
+            g.samples_per_step,
+            f(g.required_mib_s, 1.0, "MiB/s"),
+        ));
+    }
+    for l in &m.left_out {
+        out.push(format!("  left out: pid {} ({}), {:.2} MiB: {}", l.pid, l.comm, l.bytes as f64 / (1u64 << 20) as f64, l.why));
+    }
+    if let Some(msg) = &m.incomplete {
+        out.push(format!("  INCOMPLETE: {msg}"));
+    }
+    for w in &m.warnings {
+        out.push(format!("  note: {w}"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

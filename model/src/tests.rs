@@ -1,0 +1,268 @@
+//! The model on rows shaped as the recorder writes them for a PyTorch job: ranks under a
+//! launcher, DataLoader workers handing batches over a pipe, or ranks reading themselves.
+use super::*;
+use std::sync::Arc;
+
+const MS: i64 = 1_000_000;
+const MIB: u64 = 1 << 20;
+
+fn row(layer: Layer, op: &str, pid: u32, tid: u32, comm: &str, issue: i64, complete: i64) -> OwnedRow {
+    OwnedRow {
+        layer,
+        op: Arc::from(op),
+        issue_ns: issue,
+        complete_ns: complete,
+        insert_ns: None,
+        dev: None,
+        offset: None,
+        bytes: 0,
+        bytes_requested: 0,
+        queue_depth: 0,
+        pid,
+        tid,
+        comm: Arc::from(comm),
+        fd: None,
+        file: None,
+        error: 0,
+        flags: 0,
+        rpc: None,
+        ppid: None,
+    }
+}
+
+fn proc_row(op: &str, pid: u32, ppid: u32, comm: &str, t: i64) -> OwnedRow {
+    OwnedRow { ppid: Some(ppid), ..row(Layer::Proc, op, pid, pid, comm, t, t) }
+}
+
+fn file_read(pid: u32, comm: &str, file: &str, offset: i64, len: i64, issue: i64, dur: i64) -> OwnedRow {
+    OwnedRow {
+        dev: Some(Arc::from("7:3")),
+        offset: Some(offset),
+        bytes: len,
+        bytes_requested: len,
+        queue_depth: 1,
+        fd: Some(5),
+        file: Some(Arc::from(file)),
+        ..row(Layer::File, "read", pid, pid, comm, issue, issue + dur)
+    }
+}
+
+fn file_open(pid: u32, comm: &str, file: &str, t: i64) -> OwnedRow {
+    OwnedRow { dev: Some(Arc::from("7:3")), fd: Some(5), file: Some(Arc::from(file)), ..row(Layer::File, "open", pid, pid, comm, t, t + 20_000) }
+}
+
+fn ipc(op: &str, pid: u32, tid: u32, comm: &str, pipe: &str, issue: i64, complete: i64, bytes: i64) -> OwnedRow {
+    OwnedRow { file: Some(Arc::from(pipe)), fd: Some(9), bytes, ..row(Layer::Ipc, op, pid, tid, comm, issue, complete) }
+}
+
+/// One rank with `workers` DataLoader workers: each batch is `batch` samples of 1 MiB,
+/// read in `read_ms` by the worker; the rank computes `compute_ms` per step. Workers read
+/// ahead up to 2 batches each; `read_ms` > compute × workers makes the job storage-bound.
+/// Returns the rows and the rank's pid.
+fn rank_with_workers(input: &mut Input, rank: u32, launcher: u32, workers: u32, batch: u32, read_ms: i64, compute_ms: i64, steps: u32) {
+    let t0 = 1_000 * MS;
+    input.proc_rows.push(proc_row("fork", rank, launcher, "python", t0));
+    let pipe = format!("pipe:[{}]", 9000 + rank);
+    let wpids: Vec<u32> = (0..workers).map(|w| rank * 10 + w + 1).collect();
+    for &w in &wpids {
+        input.proc_rows.push(proc_row("fork", w, rank, "python", t0 + MS));
+        input.proc_rows.push(OwnedRow { comm: Arc::from(WORKER_COMM), ..proc_row("comm", w, rank, WORKER_COMM, t0 + 2 * MS) });
+    }
+    // Simulate PyTorch's loop: batch k goes to worker k mod W; a worker starts batch k
+    // when it is at most 2W ahead of the rank and its previous batch is done.
+    let n = steps as usize;
+    let w = workers as usize;
+    let mut worker_free = vec![t0 + 5 * MS; w];
+    let mut ready = vec![0i64; n];
+    let mut consumed = vec![0i64; n]; // when the rank took batch k (end of its pipe read)
+    let mut rank_t = t0 + 5 * MS; // when the rank asks for the next batch
+    for k in 0..n {
+        let wi = k % w;
+        let allowed = if k >= 2 * w { consumed[k - 2 * w] } else { t0 + 5 * MS };
+        let start = worker_free[wi].max(allowed);
+        let mut t = start;
+        for s in 0..batch {
+            let f = format!("/data/r{rank}/s{k:04}_{s}.npz");
+            input.file.push(file_open(wpids[wi], WORKER_COMM, &f, t));
+            t += MS / 10;
+            let per = read_ms * MS / batch as i64;
+            input.file.push(file_read(wpids[wi], WORKER_COMM, &f, 0, MIB as i64, t, per));
+            t += per + MS / 10;
+        }
+        // The handoff: the worker's feeder thread writes header and payload.
+        input.ipc.push(ipc("write", wpids[wi], wpids[wi] + 1000, "QueueFeederThread", &pipe, t, t + 20_000, 4));
+        input.ipc.push(ipc("write", wpids[wi], wpids[wi] + 1000, "QueueFeederThread", &pipe, t + 30_000, t + 50_000, 300));
+        ready[k] = t + 50_000;
+        worker_free[wi] = t + 60_000;
+        // The rank polls (blocking if the batch is not there yet), then reads it.
+        let poll_end = rank_t.max(ready[k]) + 10_000;
+        input.ipc.push(ipc("wait", rank, rank, "python", &pipe, rank_t, poll_end, 1));
+        input.ipc.push(ipc("read", rank, rank, "python", &pipe, poll_end + 5_000, poll_end + 10_000, 4));
+        input.ipc.push(ipc("read", rank, rank, "python", &pipe, poll_end + 12_000, poll_end + 20_000, 300));
+        consumed[k] = poll_end + 20_000;
+        // The index of the next batch goes to a worker from the rank's feeder thread.
+        input.ipc.push(ipc("write", rank, rank + 1, "QueueFeederThread", &format!("pipe:[{}]", 8000 + rank), consumed[k] + 5_000, consumed[k] + 8_000, 40));
+        rank_t = consumed[k] + compute_ms * MS;
+    }
+}
+
+/// A rank that reads its own samples (num_workers=0), then computes.
+fn rank_alone(input: &mut Input, rank: u32, launcher: u32, batch: u32, read_ms: i64, compute_ms: i64, steps: u32) {
+    let t0 = 1_000 * MS;
+    input.proc_rows.push(proc_row("fork", rank, launcher, "python", t0));
+    let mut t = t0 + 5 * MS;
+    for k in 0..steps {
+        for s in 0..batch {
+            let f = format!("/data/r{rank}/s{k:04}_{s}.bin");
+            input.file.push(file_open(rank, "python", &f, t));
+            t += MS / 5;
+            let per = read_ms * MS / batch as i64;
+            input.file.push(file_read(rank, "python", &f, 0, MIB as i64, t, per));
+            t += per + MS / 5;
+        }
+        // compute, plus 0-3 ms waiting for the other rank at the all-reduce
+        t += compute_ms * MS + (k as i64 % 4) * MS;
+    }
+}
+
+fn launcher_reads(input: &mut Input, pid: u32) {
+    input.proc_rows.push(proc_row("start", pid, 1, "torchrun", 900 * MS));
+    input.file.push(file_read(pid, "torchrun", "/data/config.yaml", 0, 4096, 950 * MS, MS));
+}
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * b.abs()
+}
+
+#[test]
+fn two_ranks_with_two_workers_each_are_two_gpus_compute_bound() {
+    let mut input = Input::default();
+    launcher_reads(&mut input, 100);
+    rank_with_workers(&mut input, 200, 100, 2, 4, 20, 50, 40);
+    rank_with_workers(&mut input, 300, 100, 2, 4, 20, 50, 40);
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.gpus.len(), 2, "{:#?}", describe(&m));
+    for g in &m.gpus {
+        assert_eq!(g.workers, 2);
+        assert_eq!(g.readers, 2);
+        assert_eq!(g.step_signal, "handoff");
+        assert_eq!(g.steps.len(), 40);
+        assert_eq!(g.samples_per_step, 4.0);
+        assert_eq!(g.bytes_per_step, 4.0 * MIB as f64);
+        let c = g.compute_s.unwrap();
+        assert!(close(c, 0.050, 0.01), "compute {c}");
+        assert!(close(g.required_mib_s.unwrap(), 80.0, 0.01));
+        assert!(!g.synchronous);
+        assert_eq!(g.prefetch_batches, 4);
+        assert!(g.members.iter().filter(|x| x.role == "worker").all(|x| x.why.contains("pt_data_worker")));
+        // batch k comes from worker k mod 2
+        assert!(g.steps.iter().enumerate().all(|(k, s)| s.reads.iter().all(|r| r.reader == (k % 2) as u32)));
+        assert!(g.au_recorded.unwrap() > 0.95, "{:?}", g.au_recorded);
+    }
+    assert_eq!(m.left_out.len(), 1, "the launcher's config read");
+    assert_eq!(m.left_out[0].pid, 100);
+}
+
+#[test]
+fn storage_bound_waits_are_not_compute() {
+    let mut input = Input::default();
+    // 2 workers each taking 300 ms a batch: a batch every 150 ms for a 50 ms compute.
+    rank_with_workers(&mut input, 200, 100, 2, 4, 300, 50, 30);
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    let c = g.compute_s.unwrap();
+    assert!(close(c, 0.050, 0.01), "compute {c}");
+    let p50 = g.interval_p50_s.unwrap();
+    assert!(close(p50, 0.050, 0.02), "interval p50 {p50}");
+    let au = g.au_recorded.unwrap();
+    assert!(au < 0.45 && au > 0.25, "AU {au} for 50 ms of every ~150 ms");
+    assert!(g.wait_s > 2.0, "the rank waited ~100 ms a step: {}", g.wait_s);
+}
+
+#[test]
+fn handoff_alone_groups_workers_without_their_names() {
+    let mut input = Input::default();
+    rank_with_workers(&mut input, 200, 100, 3, 2, 20, 50, 12);
+    input.proc_rows.retain(|r| &*r.op != "comm");
+    for r in input.file.iter_mut() {
+        r.comm = Arc::from("python");
+    }
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.gpus.len(), 1);
+    assert_eq!(m.gpus[0].workers, 3);
+    assert!(m.gpus[0].members[1].why.contains("hands off"));
+}
+
+#[test]
+fn ranks_reading_themselves_are_split_at_the_compute_gaps() {
+    let mut input = Input::default();
+    launcher_reads(&mut input, 100);
+    rank_alone(&mut input, 200, 100, 4, 8, 50, 30);
+    rank_alone(&mut input, 300, 100, 4, 40, 50, 30);
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.gpus.len(), 2);
+    for g in &m.gpus {
+        assert_eq!(g.step_signal, "bursts");
+        assert!(g.synchronous);
+        assert_eq!(g.steps.len(), 30, "{}", describe(&m).join("\n"));
+        assert_eq!(g.samples_per_step, 4.0);
+        let c = g.compute_s.unwrap();
+        // intervals are 50-53 ms plus 0.2 ms before the first open: p25 ~50.9 ms
+        assert!(close(c, 0.051, 0.02), "compute {c}");
+    }
+}
+
+#[test]
+fn per_process_and_explicit_ranks_override_the_grouping() {
+    let mut input = Input::default();
+    rank_with_workers(&mut input, 200, 100, 2, 4, 20, 50, 10);
+    let m = infer(&input, &Options { grouping: Grouping::Process, ..Default::default() }).unwrap();
+    assert_eq!(m.gpus.len(), 2, "each worker alone (the rank reads nothing)");
+    let m = infer(&input, &Options { grouping: Grouping::Ranks(vec![200]), ..Default::default() }).unwrap();
+    assert_eq!(m.gpus.len(), 1);
+    assert_eq!(m.gpus[0].workers, 2);
+    assert_eq!(Grouping::parse("200,300").unwrap(), Grouping::Ranks(vec![200, 300]));
+    assert!(Grouping::parse("ranks").is_err());
+}
+
+#[test]
+fn without_proc_rows_every_reader_is_a_gpu_and_a_note_says_so() {
+    let mut input = Input::default();
+    rank_alone(&mut input, 200, 100, 4, 8, 50, 10);
+    input.proc_rows.clear();
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.gpus.len(), 1);
+    assert!(m.warnings.iter().any(|w| w.contains("no proc layer")));
+}
+
+#[test]
+fn block_reads_the_file_layer_did_not_see_make_the_trace_incomplete() {
+    let mut input = Input::default();
+    input.has_block = true;
+    // an io_uring reader: 1 GiB at the block layer, 34 KiB of library reads as syscalls
+    input.proc_rows.push(proc_row("start", 500, 1, "trainio-replay", 0));
+    input.file.push(OwnedRow { dev: Some(Arc::from("254:1")), ..file_read(500, "trainio-replay", "/lib/libc.so", 0, 34 << 10, MS, MS) });
+    input.block_read_bytes.insert(500, 1 << 30);
+    input.block_read_bytes.insert(77, 5 << 30); // another process on the host: not traced
+    let m = infer(&input, &Options::default()).unwrap();
+    let msg = m.incomplete.expect("incomplete");
+    assert!(msg.contains("pid 500") && msg.contains("mmap or io_uring"), "{msg}");
+    assert_eq!(m.coverage.len(), 1, "only traced processes count");
+    // buffered reads the file layer saw are complete
+    let mut input = Input::default();
+    input.has_block = true;
+    rank_alone(&mut input, 200, 100, 4, 8, 50, 10);
+    input.block_read_bytes.insert(200, 40 * MIB);
+    assert!(infer(&input, &Options::default()).unwrap().incomplete.is_none());
+}
+
+#[test]
+fn the_step_gap_is_the_largest_jump() {
+    let gaps = [200_000, 300_000, 250_000, 51 * MS, 50 * MS, 400_000, 52 * MS];
+    let (g, found) = step_gap_ns(&gaps);
+    assert!(found);
+    assert!(g > 400_000 && g < 50 * MS, "{g}");
+    let (g, found) = step_gap_ns(&[MS, MS, MS]);
+    assert!(!found);
+    assert_eq!(g, 10 * MS);
+}
