@@ -2,6 +2,12 @@
 /*
  * File layer: the read/write/open/close syscalls of the traced processes, one record per
  * syscall exit, with the offset the syscall read at and the process's read concurrency.
+ * Recorded with it, in the same ring buffer:
+ *   proc  the traced processes' forks (of processes, not threads), execs, renames and
+ *         exits (struct process_event);
+ *   ipc   their reads and writes on pipes, FIFOs and sockets, and their poll/ppoll calls
+ *         whose first pollfd is one (struct ipc_event). These do not count in the file
+ *         layer's read concurrency.
  *
  * Which processes are traced (target_mode):
  *   ALL     every process but the tracer itself;
@@ -33,14 +39,21 @@ struct file_event _file_event_type = {};
 struct open_event _open_event_type = {};
 enum trainio_kind _kind_type = 0;
 enum trainio_file_op _file_op_type = 0;
+struct process_event _proc_event_type = {};
+struct ipc_event _ipc_event_type = {};
+enum trainio_proc_op _proc_op_type = 0;
+enum trainio_ipc_op _ipc_op_type = 0;
+enum trainio_ipc_type _ipc_type_type = 0;
 
 #define TARGET_ALL 0
 #define TARGET_TGIDS 1
 #define TARGET_CGROUP 2
 #define MAX_IOVECS 16
 #define S_IFMT 00170000
+#define S_IFIFO 0010000
 #define S_IFBLK 0060000
 #define S_IFREG 0100000
+#define S_IFSOCK 0140000
 
 const volatile __u32 target_mode = TARGET_ALL;
 const volatile __u64 target_cgroup_id = 0;
@@ -76,7 +89,7 @@ struct pending_io {
 	__u32 queue_depth;
 	__u32 dev;
 	__u32 flags;
-	__u32 pad;
+	__u32 ipc; /* enum trainio_ipc_type of an ipc syscall (op is then a trainio_ipc_op); 0: file layer */
 };
 
 /*
@@ -174,10 +187,12 @@ static __always_inline void read_file_bits(struct file *f, struct file_bits *b)
 /*
  * The file's identity, which user space matches with the paths it saw opened (an fd may
  * have been dup'ed or inherited): (s_dev, inode) for a file, the device for a block node.
- * Only regular files and block devices are storage, the files a training job reads its
- * data from: false for pipes, sockets, ttys.
+ * Returns the inode's type (S_IFMT bits; 0 without an inode). Only regular files and
+ * block devices are storage, the files a training job reads its data from (storage());
+ * pipes, FIFOs and sockets are the ipc layer's (ipc_type()); ttys and the rest are not
+ * recorded.
  */
-static __always_inline bool read_identity(struct file_bits *b)
+static __always_inline __u32 read_identity(struct file_bits *b)
 {
 	struct inode *inode = b->inode;
 	__u32 om = bpf_core_field_offset(struct inode, i_mode);
@@ -189,7 +204,7 @@ static __always_inline bool read_identity(struct file_bits *b)
 	char buf[SPAN];
 
 	if (!inode)
-		return false;
+		return 0;
 	if (orr < lo)
 		lo = orr;
 	if (om - lo <= SPAN - 2 && os - lo <= SPAN - 8 && on - lo <= SPAN - 8 &&
@@ -208,10 +223,25 @@ static __always_inline bool read_identity(struct file_bits *b)
 	if (mode == S_IFBLK) {
 		b->dev = rdev;
 		b->ino = 0;
-		return true;
+		return mode;
 	}
 	b->dev = BPF_CORE_READ(sb, s_dev);
-	return mode == S_IFREG;
+	return mode;
+}
+
+static __always_inline bool storage(__u32 mode)
+{
+	return mode == S_IFREG || mode == S_IFBLK;
+}
+
+/* enum trainio_ipc_type of an inode type; 0: not ipc. */
+static __always_inline __u32 ipc_type(__u32 mode)
+{
+	if (mode == S_IFIFO)
+		return TRAINIO_IPC_PIPE;
+	if (mode == S_IFSOCK)
+		return TRAINIO_IPC_SOCKET;
+	return 0;
 }
 
 static __always_inline __u64 iovec_bytes(const struct iovec *iov, __u64 count)
@@ -263,6 +293,7 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 	struct pending_io *p;
 	struct file_bits fb;
 	struct file *f;
+	__u32 mode, ipc = 0;
 
 	if (!is_traced(tgid, &count))
 		return 0;
@@ -270,11 +301,27 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 	if (!f)
 		return 0;
 	read_file_bits(f, &fb);
-	if (!read_identity(&fb))
-		return 0; /* not storage */
+	mode = read_identity(&fb);
+	if (!storage(mode)) {
+		ipc = op != TRAINIO_FOP_CLOSE ? ipc_type(mode) : 0;
+		if (!ipc)
+			return 0; /* neither storage nor ipc */
+	}
 	p = bpf_task_storage_get(&pending, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!p) {
 		count_lost(TRAINIO_LOST_FILE_MAP);
+		return 0;
+	}
+	p->ipc = ipc;
+	if (ipc) {
+		/* Not counted in the process's read concurrency: no offset, no queue depth. */
+		p->op = op == TRAINIO_FOP_WRITE || op == TRAINIO_FOP_PWRITE64 ? TRAINIO_IPC_WRITE
+									       : TRAINIO_IPC_READ;
+		p->fd = fd;
+		p->requested = requested;
+		p->dev = fb.dev;
+		p->ino = fb.ino;
+		p->enter_ns = bpf_ktime_get_ns();
 		return 0;
 	}
 	p->op = op;
@@ -289,6 +336,35 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 	return 0;
 }
 
+/* The exit of an ipc syscall whose entry filled p. */
+static __always_inline int exit_ipc(struct task_struct *task, struct pending_io *p, long ret)
+{
+	struct ipc_event *e = bpf_ringbuf_reserve(&file_events, sizeof(*e), 0);
+
+	if (!e) {
+		count_lost(TRAINIO_LOST_IPC_RINGBUF);
+		p->enter_ns = 0;
+		return 0;
+	}
+	e->kind = TRAINIO_KIND_IPC;
+	e->op = p->op;
+	e->enter_ns = p->enter_ns;
+	e->exit_ns = bpf_ktime_get_ns();
+	e->requested = p->requested;
+	e->ret = ret;
+	e->ino = p->ino;
+	e->pid = task->tgid;
+	e->tid = task->pid;
+	e->fd = p->fd;
+	e->dev = p->dev;
+	e->ipc = p->ipc;
+	e->pad = 0;
+	task_comm(e->comm, task);
+	p->enter_ns = 0;
+	submit_batched(file_events, e);
+	return 0;
+}
+
 static __always_inline int exit_io(long ret)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
@@ -298,6 +374,8 @@ static __always_inline int exit_io(long ret)
 
 	if (!p || !p->enter_ns || !p->op) /* no entry seen, or an openat's: not ours */
 		return 0;
+	if (p->ipc)
+		return exit_ipc(task, p, ret);
 	if (p->op != TRAINIO_FOP_CLOSE)
 		leave_flight(tgid);
 	e = bpf_ringbuf_reserve(&file_events, sizeof(*e), 0);
@@ -393,6 +471,61 @@ EXIT_PROG(tio_preadv2_exit, preadv2)
 EXIT_PROG(tio_write_exit, write)
 EXIT_PROG(tio_pwrite_exit, pwrite64)
 EXIT_PROG(tio_close_exit, close)
+
+/*
+ * poll/ppoll: a wait on a pipe, FIFO or socket when the first pollfd is one (a data
+ * loader's rank polls its workers' pipes), from entry to exit. Other polls are not
+ * recorded.
+ */
+static __always_inline int enter_wait(__u64 ufds, __u64 nfds)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u32 *count = NULL, ipc;
+	struct pending_io *p;
+	struct file_bits fb;
+	struct pollfd pfd;
+	struct file *f;
+
+	if (!nfds || !is_traced(task->tgid, &count))
+		return 0;
+	if (bpf_probe_read_user(&pfd, sizeof(pfd), (void *)ufds))
+		return 0;
+	f = fd_to_file(task, pfd.fd);
+	if (!f)
+		return 0;
+	read_file_bits(f, &fb);
+	ipc = ipc_type(read_identity(&fb));
+	if (!ipc)
+		return 0;
+	p = bpf_task_storage_get(&pending, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!p) {
+		count_lost(TRAINIO_LOST_FILE_MAP);
+		return 0;
+	}
+	p->ipc = ipc;
+	p->op = TRAINIO_IPC_WAIT;
+	p->fd = pfd.fd;
+	p->requested = nfds;
+	p->dev = fb.dev;
+	p->ino = fb.ino;
+	p->enter_ns = bpf_ktime_get_ns();
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_poll")
+int tio_poll_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_wait(ARG(0), ARG(1));
+}
+
+SEC("tracepoint/syscalls/sys_enter_ppoll")
+int tio_ppoll_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_wait(ARG(0), ARG(1));
+}
+
+EXIT_PROG(tio_poll_exit, poll)
+EXIT_PROG(tio_ppoll_exit, ppoll)
 
 /*
  * Absolute path of an open file, walking its dentries up to the root and crossing mounts
@@ -493,6 +626,7 @@ static __always_inline int enter_open(int dirfd, __u64 path_ptr, __u32 flags)
 		return 0;
 	}
 	p->op = 0; /* an open */
+	p->ipc = 0;
 	p->fd = dirfd;
 	p->user_ptr = path_ptr;
 	p->flags = flags;
@@ -573,27 +707,98 @@ int tio_openat2_exit(struct trace_event_raw_sys_exit *ctx)
 	return exit_open(ctx->ret);
 }
 
-/* Follow the traced processes' children; forget a process when its leader exits. */
+/* The parent's tgid (the reaper's once the parent has died). */
+static __always_inline __u32 parent_tgid(struct task_struct *task)
+{
+	return BPF_CORE_READ(task, real_parent, tgid);
+}
+
+/*
+ * A proc record of `task`: comm is the task's own unless `comm` (a kernel string: the
+ * new name of a rename) is given; `file` (a kernel string) is the program an exec ran.
+ */
+static __always_inline void emit_proc(__u32 op, struct task_struct *task, __u32 ppid, __s32 code,
+				      const char *comm, const char *file)
+{
+	struct process_event *e = bpf_ringbuf_reserve(&file_events, sizeof(*e), 0);
+
+	if (!e) {
+		count_lost(TRAINIO_LOST_PROC_RINGBUF);
+		return;
+	}
+	e->kind = TRAINIO_KIND_PROC;
+	e->op = op;
+	e->ns = bpf_ktime_get_ns();
+	e->pid = task->tgid;
+	e->tid = task->pid;
+	e->ppid = ppid;
+	e->exit_code = code;
+	if (!comm || bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), comm) < 0)
+		task_comm(e->comm, task);
+	e->file[0] = 0;
+	if (file && bpf_probe_read_kernel_str(e->file, sizeof(e->file), file) < 0)
+		e->file[0] = 0;
+	submit_batched(file_events, e);
+}
+
+/*
+ * Follow the traced processes' children (a new process, not a thread) and record the
+ * fork. Runs in the parent, so the cgroup test of is_traced() is the parent's.
+ */
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(tio_fork, struct task_struct *parent, struct task_struct *child)
 {
-	__u32 ptgid = parent->tgid, ctgid = child->tgid, none = 0;
+	__u32 ptgid = parent->tgid, ctgid = child->tgid, none = 0, *count = NULL;
 
-	if (target_mode != TARGET_TGIDS || ptgid == ctgid)
+	if (ptgid == ctgid || !is_traced(ptgid, &count))
 		return 0;
-	if (bpf_map_lookup_elem(&traced, &ptgid) &&
-	    bpf_map_update_elem(&traced, &ctgid, &none, BPF_ANY))
+	if (target_mode == TARGET_TGIDS && bpf_map_update_elem(&traced, &ctgid, &none, BPF_ANY))
 		count_lost(TRAINIO_LOST_PROC_MAP);
+	emit_proc(TRAINIO_PROC_FORK, child, ptgid, 0, NULL, NULL);
 	return 0;
 }
 
+/* Runs in the task after the new program is loaded: comm is already the new one. */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(tio_exec, struct task_struct *task, pid_t old_pid, struct linux_binprm *bprm)
+{
+	__u32 *count = NULL;
+
+	if (!is_traced(task->tgid, &count))
+		return 0;
+	emit_proc(TRAINIO_PROC_EXEC, task, parent_tgid(task), 0, NULL, BPF_CORE_READ(bprm, filename));
+	return 0;
+}
+
+/*
+ * A thread's rename (prctl(PR_SET_NAME), /proc/.../comm, pthread_setname_np), before the
+ * new name is stored. exec renames too, with in_execve set: its exec record has the name.
+ */
+SEC("tp_btf/task_rename")
+int BPF_PROG(tio_rename, struct task_struct *task, const char *comm)
+{
+	struct task_struct *cur = bpf_get_current_task_btf();
+	__u32 *count = NULL;
+
+	if (!is_traced(task->tgid, &count))
+		return 0;
+	if (bpf_core_field_exists(struct task_struct, in_execve) && task == cur &&
+	    BPF_CORE_READ_BITFIELD_PROBED(cur, in_execve))
+		return 0;
+	emit_proc(TRAINIO_PROC_COMM, task, parent_tgid(task), 0, comm, NULL);
+	return 0;
+}
+
+/* Records a traced process's end (its group leader's exit) and forgets the process. */
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(tio_exit, struct task_struct *task)
 {
-	__u32 tgid = task->tgid;
+	__u32 tgid = task->tgid, *count = NULL;
 
 	if (task->pid != tgid)
 		return 0;
+	if (is_traced(tgid, &count))
+		emit_proc(TRAINIO_PROC_EXIT, task, parent_tgid(task), task->exit_code, NULL, NULL);
 	bpf_map_delete_elem(&proc_inflight, &tgid);
 	if (target_mode == TARGET_TGIDS)
 		bpf_map_delete_elem(&traced, &tgid);

@@ -17,6 +17,29 @@ enum trainio_kind {
 	TRAINIO_KIND_OPEN = 3,  /* struct open_event */
 	TRAINIO_KIND_NFS = 4,   /* struct nfs_event */
 	TRAINIO_KIND_BLOCK_BATCH = 5, /* struct block_batch: block_events, back to back */
+	TRAINIO_KIND_PROC = 6,  /* struct process_event */
+	TRAINIO_KIND_IPC = 7,   /* struct ipc_event */
+};
+
+/* What a process_event reports (the proc layer's ops; `start` rows come from user space). */
+enum trainio_proc_op {
+	TRAINIO_PROC_FORK = 1, /* a traced process created a process (not a thread) */
+	TRAINIO_PROC_EXEC = 2,
+	TRAINIO_PROC_COMM = 3, /* a thread renamed itself or was renamed (not by exec) */
+	TRAINIO_PROC_EXIT = 4, /* the process's group leader exited */
+};
+
+/* The ipc layer's ops. */
+enum trainio_ipc_op {
+	TRAINIO_IPC_READ = 1,
+	TRAINIO_IPC_WRITE = 2,
+	TRAINIO_IPC_WAIT = 3, /* poll/ppoll whose first pollfd is a pipe, FIFO or socket */
+};
+
+/* What an ipc_event's file is. */
+enum trainio_ipc_type {
+	TRAINIO_IPC_PIPE = 1,   /* pipe or FIFO */
+	TRAINIO_IPC_SOCKET = 2,
 };
 
 enum trainio_nfs_op {
@@ -54,7 +77,9 @@ enum trainio_lost {
 	TRAINIO_LOST_NFS_RINGBUF = 6,   /* nfs_*_done: ring buffer full */
 	TRAINIO_LOST_NFS_MAP = 7,       /* nfs_initiate_*: in-flight map or slots full */
 	TRAINIO_LOST_RPC_MAP = 8,       /* xprt_transmit / rpc_stats_latency: RPC map full */
-	TRAINIO_LOST_MAX = 9,
+	TRAINIO_LOST_PROC_RINGBUF = 9,  /* sched_process_* / task_rename: ring buffer full */
+	TRAINIO_LOST_IPC_RINGBUF = 10,  /* sys_exit_* of an ipc syscall: ring buffer full */
+	TRAINIO_LOST_MAX = 11,
 };
 
 struct block_event {
@@ -142,6 +167,35 @@ struct nfs_event {
 	__u64 rpc_backlog_us;  /* as rpc_stats_latency reports them: microseconds */
 	__u64 rpc_rtt_us;
 	__u64 rpc_execute_us;
+};
+
+struct process_event {
+	__u32 kind; /* TRAINIO_KIND_PROC */
+	__u32 op;   /* enum trainio_proc_op */
+	__u64 ns;
+	__u32 pid;  /* tgid (fork: the child's) */
+	__u32 tid;
+	__u32 ppid; /* the parent's tgid (fork: the forking process) */
+	__s32 exit_code; /* exit: the wait status; 0 otherwise */
+	char comm[TRAINIO_COMM_LEN]; /* comm: the new name; exec: the new program's */
+	char file[TRAINIO_PATH_LEN]; /* exec: the filename executed; empty otherwise */
+};
+
+struct ipc_event {
+	__u32 kind; /* TRAINIO_KIND_IPC */
+	__u32 op;   /* enum trainio_ipc_op */
+	__u64 enter_ns;
+	__u64 exit_ns;
+	__u64 requested; /* count asked for; wait: nfds */
+	__s64 ret;       /* the syscall's return value (wait: ready fds) */
+	__u64 ino;       /* i_ino of the pipe, FIFO or socket */
+	__u32 pid;
+	__u32 tid;
+	__s32 fd;
+	__u32 dev;       /* s_dev of that inode */
+	__u32 ipc;       /* enum trainio_ipc_type */
+	__u32 pad;
+	char comm[TRAINIO_COMM_LEN];
 };
 
 #endif /* TRAINIO_H */

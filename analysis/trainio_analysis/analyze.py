@@ -170,8 +170,8 @@ class _Analyzer:
 
     def _choose_layer(self, layer: str | None) -> str:
         if layer is not None:
-            if layer not in tr.LAYERS:
-                msg = f"unknown layer {layer!r} (one of {', '.join(tr.LAYERS)})"
+            if layer not in tr.STORAGE_LAYERS:
+                msg = f"unknown layer {layer!r} (one of {', '.join(tr.STORAGE_LAYERS)})"
                 raise SelectionError(msg)
             if layer not in self.layers_present:
                 msg = f"{self.path}: no {layer} events (layers present: {self._present()})"

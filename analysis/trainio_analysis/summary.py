@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from trainio_analysis.trace import STORAGE_LAYERS
+
 
 def _hist_line(hist: dict[str, float], limit: int = 6) -> str:
     """Quantiles of an integer histogram, then its most frequent values."""
@@ -48,7 +50,7 @@ def format_summary(r: dict[str, Any]) -> str:
     b = r["bursts"]
     agree = r["qd_issue_agreement"]
     lost = r["lost_events"]
-    others = [k for k in r["layers_present"] if k != sel["layer"]]
+    others = [k for k in r["layers_present"] if k != sel["layer"] and k in STORAGE_LAYERS]
     lines = [
         f"trace {r['trace']}  ({', '.join(where)}; {sel['groups']} {sel['grouped_by']}"
         f"{'s' if sel['groups'] != 1 else ''})"

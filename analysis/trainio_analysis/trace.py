@@ -1,4 +1,4 @@
-"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.2).
+"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.3).
 
 This is the only Python module that knows column names, Arrow types and metadata keys;
 everything else imports the names from here. A trace is a directory of
@@ -38,7 +38,7 @@ from trainio_analysis.errors import TraceError
 
 SCHEMA_VERSION = 1
 #: ``trainio.schema_minor`` written; any minor of a known version is read (absent = 0).
-SCHEMA_MINOR = 2
+SCHEMA_MINOR = 3
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
 META_PREFIX = "trainio."
 SEGMENT_GLOB = "seg-*.parquet"
@@ -72,25 +72,34 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool], ...] = (
     ("rpc_rtt_ns", pa.int64(), True),
     ("rpc_execute_ns", pa.int64(), True),
     ("rpc_retrans", pa.uint32(), True),
+    # 1.3: the parent's tgid of a proc row's process
+    ("ppid", pa.uint32(), True),
 )
 #: Columns added by minor versions: a trace written before them lacks them, and readers
 #: see them as all-null columns.
-OPTIONAL_COLUMNS = ("rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans")
+OPTIONAL_COLUMNS = ("rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans", "ppid")
 SCHEMA = pa.schema([pa.field(n, t, nullable=null) for n, t, null in COLUMNS])
 COLUMN_TYPES = {n: t for n, t, _ in COLUMNS}
 STRING_COLUMNS = frozenset(n for n, t, _ in COLUMNS if pa.types.is_dictionary(t))
 
-LAYERS = ("block", "file", "nfs")
+LAYERS = ("block", "file", "nfs", "proc", "ipc")
+#: The layers whose rows are storage I/O, the ones an analysis characterizes; proc
+#: (process lifecycle) and ipc (pipes, sockets) rows describe the job's structure.
+STORAGE_LAYERS = ("block", "file", "nfs")
 OPS = {
     "block": ("read", "write", "flush", "discard", "write_zeroes", "other"),
     "file": ("read", "write", "open", "close"),
     "nfs": ("read", "write", "commit"),
+    "proc": ("start", "fork", "exec", "comm", "exit"),
+    "ipc": ("read", "write", "wait"),
 }
 #: Ops whose rows are counted in a layer's queue depth (SCHEMA.md, `queue_depth`).
 QD_OPS = {
     "block": OPS["block"],
     "file": ("read", "write"),
     "nfs": ("read", "write"),
+    "proc": (),
+    "ipc": (),
 }
 #: Ops whose bytes are data transfers (throughput, sizes).
 DATA_OPS = ("read", "write")

@@ -270,6 +270,29 @@ mod tests {
     }
 
     #[test]
+    fn a_1_3_trace_written_by_the_python_writer_reads_as_python_reads_it() {
+        // tests/analysis/test_trace.py, PROC_IPC_ROWS: the same rows, read there too.
+        let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/python-1.3.parquet");
+        let rows = read_rows(&sample, None).unwrap();
+        let got: Vec<_> = rows.iter().map(|r| (r.layer, &*r.op, r.pid, r.ppid, r.file.as_deref())).collect();
+        assert_eq!(
+            got,
+            [
+                (Layer::Proc, "start", 4100, Some(4000), Some("python train.py")),
+                (Layer::Proc, "fork", 4101, Some(4100), None),
+                (Layer::Proc, "comm", 4101, Some(4100), None),
+                (Layer::Ipc, "write", 4101, None, Some("pipe:[777]")),
+                (Layer::Ipc, "wait", 4100, None, Some("pipe:[777]")),
+                (Layer::Proc, "exit", 4101, Some(4100), None),
+                (Layer::File, "read", 4100, None, Some("/d/a")),
+            ]
+        );
+        assert_eq!(&*rows[2].comm, "pt_data_worker");
+        assert_eq!((rows[4].bytes, rows[4].bytes_requested, rows[4].fd, rows[4].dev.as_deref()), (1, 1, Some(8), Some("0:15")));
+        assert_eq!(read_metadata(&sample).unwrap()[keys::SCHEMA_MINOR], "3");
+    }
+
+    #[test]
     fn a_1_0_trace_without_rpc_columns_reads_with_rpc_none() {
         let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/unet3d-demo-1gpu");
         let seg = &segment_paths(&sample).unwrap()[0];

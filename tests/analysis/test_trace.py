@@ -37,9 +37,10 @@ SCHEMA_MD_TYPES = {
     "rpc_rtt_ns": "int64",
     "rpc_execute_ns": "int64",
     "rpc_retrans": "uint32",
+    "ppid": "uint32",
 }
 RPC_COLUMNS = ["rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans"]
-NULLABLE = {"insert_ns", "dev", "offset", "fd", "file", *RPC_COLUMNS}
+NULLABLE = {"insert_ns", "dev", "offset", "fd", "file", *RPC_COLUMNS, "ppid"}
 SAMPLES = Path(__file__).resolve().parents[2] / "traces"
 
 
@@ -77,7 +78,7 @@ def test_metadata_keys_values_and_last_segment_wins(trace_dir: Path) -> None:
         if k.startswith(b"trainio.")
     }
     assert first["trainio.schema_version"] == "1"
-    assert first["trainio.schema_minor"] == "2"
+    assert first["trainio.schema_minor"] == "3"
     assert first["trainio.segment"] == "0"
     assert json.loads(first["trainio.events"]) == {"block": 2}  # cumulative as of closing
     for key in (
@@ -171,7 +172,9 @@ def test_rpc_columns_round_trip_and_default_to_null(trace_dir: Path) -> None:
 
 def test_a_1_0_trace_without_rpc_columns_reads_with_them_null(trace_dir: Path) -> None:
     """1.0 segments (no rpc_* columns, no schema_minor) are read, alone or mixed with 1.1."""
-    old = tr.conform([block(0, 5, qd=1), fread(1, 3, pid=7, file="/d/a")]).drop_columns(RPC_COLUMNS)
+    old = tr.conform([block(0, 5, qd=1), fread(1, 3, pid=7, file="/d/a")]).drop_columns(
+        [*RPC_COLUMNS, "ppid"]
+    )
     trace_dir.mkdir()
     _write_table(trace_dir / "seg-000000.parquet", old)
     df = tr.scan_trace(trace_dir).collect()
@@ -184,6 +187,63 @@ def test_a_1_0_trace_without_rpc_columns_reads_with_them_null(trace_dir: Path) -
     (trace_dir / "new" / "seg-000000.parquet").rename(trace_dir / "seg-000001.parquet")
     df = tr.scan_trace(trace_dir).collect()
     assert df["rpc_xid"].to_list() == [None, None, 7]
+    assert tr.read_metadata(trace_dir)["schema_minor"] == tr.SCHEMA_MINOR
+
+
+#: The proc and ipc rows of schema/testdata/python-1.3.parquet (written by
+#: write_trace; the Rust reader's test reads the same file and expects the same).
+PROC_IPC_ROWS = [
+    {"layer": "proc", "op": "start", "issue_ns": 100, "complete_ns": 100, "bytes": 0,
+     "queue_depth": 0, "pid": 4100, "ppid": 4000, "comm": "python", "file": "python train.py"},
+    {"layer": "proc", "op": "fork", "issue_ns": 200, "complete_ns": 200, "bytes": 0,
+     "queue_depth": 0, "pid": 4101, "ppid": 4100, "comm": "python"},
+    {"layer": "proc", "op": "comm", "issue_ns": 300, "complete_ns": 300, "bytes": 0,
+     "queue_depth": 0, "pid": 4101, "ppid": 4100, "comm": "pt_data_worker"},
+    {"layer": "ipc", "op": "write", "issue_ns": 400, "complete_ns": 450, "bytes": 64,
+     "bytes_requested": 64, "queue_depth": 0, "pid": 4101, "comm": "pt_data_worker",
+     "fd": 9, "dev": "0:15", "file": "pipe:[777]"},
+    {"layer": "ipc", "op": "wait", "issue_ns": 350, "complete_ns": 452, "bytes": 1,
+     "bytes_requested": 1, "queue_depth": 0, "pid": 4100, "comm": "python", "fd": 8,
+     "dev": "0:15", "file": "pipe:[777]"},
+    {"layer": "proc", "op": "exit", "issue_ns": 500, "complete_ns": 500, "bytes": 0,
+     "queue_depth": 0, "pid": 4101, "ppid": 4100, "comm": "pt_data_worker"},
+    fread(600, 700, pid=4100, file="/d/a"),
+]
+
+
+def test_a_1_3_trace_has_proc_and_ipc_rows_and_ppid(trace_dir: Path) -> None:
+    tr.write_trace(trace_dir, PROC_IPC_ROWS)
+    df = tr.scan_trace(trace_dir).collect()
+    assert df.schema["ppid"] == pl.UInt32
+    assert df["ppid"].to_list() == [4000, 4100, 4100, None, None, 4100, None]
+    assert df["layer"].to_list() == ["proc"] * 3 + ["ipc"] * 2 + ["proc", "file"]
+    assert df.filter(pl.col("layer") == "ipc")["file"].to_list() == ["pipe:[777]"] * 2
+    meta = tr.read_metadata(trace_dir)
+    assert meta["schema_minor"] == 3
+    assert meta["events"] == {"file": 1, "ipc": 2, "proc": 4}
+    with pytest.raises(TraceError, match="not a proc op"):
+        tr.write_trace(trace_dir / "bad", [{**PROC_IPC_ROWS[0], "op": "read"}])
+
+
+def test_the_python_written_1_3_sample_matches_its_rows(tmp_path: Path) -> None:
+    """schema/testdata/python-1.3.parquet holds PROC_IPC_ROWS as write_trace writes them
+    (the Rust reader's test reads it too): regenerate it from these rows if they change."""
+    sample = Path(__file__).resolve().parents[2] / "schema" / "testdata" / "python-1.3.parquet"
+    tr.write_trace(tmp_path / "t", PROC_IPC_ROWS)
+    assert tr.scan_trace(sample).collect().equals(tr.scan_trace(tmp_path / "t").collect())
+    assert tr.read_metadata(sample)["schema_minor"] == 3
+
+
+def test_a_1_2_trace_without_ppid_reads_it_as_null(trace_dir: Path) -> None:
+    old = tr.conform([block(0, 5, qd=1), fread(1, 3, pid=7, file="/d/a")]).drop_columns(["ppid"])
+    trace_dir.mkdir()
+    table = old.replace_schema_metadata(
+        {"trainio.schema_version": "1", "trainio.schema_minor": "2"}
+    )
+    pq.write_table(table, trace_dir / "seg-000000.parquet")
+    df = tr.scan_trace(trace_dir).collect()
+    assert df.columns == list(SCHEMA_MD_TYPES)
+    assert df["ppid"].to_list() == [None, None] and df.schema["ppid"] == pl.UInt32
     assert tr.read_metadata(trace_dir)["schema_minor"] == 2
 
 

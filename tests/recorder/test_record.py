@@ -102,7 +102,7 @@ def test_nfs_layer_is_skipped_where_the_kernel_has_no_nfs_client(tmp_path: Path)
     assert "skipping nfs" in res.stderr
     meta = read_metadata(out)
     assert "nfs" in meta["skipped_probes"] and "nfs" not in meta["layers"]
-    assert meta["schema_minor"] == 2 and meta["nfs_mounts"] == []
+    assert meta["schema_minor"] == 3 and meta["nfs_mounts"] == []
     df = scan_trace(out).collect()
     writes = df.filter((pl.col("layer") == "file") & (pl.col("op") == "write"))
     assert writes["bytes"].sum() == 4 * 65536

@@ -8,14 +8,18 @@ use rustc_hash::FxHashMap;
 
 use trainio_schema::{dev_string, BatchBuilder, Layer, Row, RowKeys, Rpc};
 
-use crate::bpf::{block_event, file_event, nfs_event, open_event};
+use crate::host::ProcInfo;
+use crate::bpf::{block_event, file_event, ipc_event, nfs_event, open_event, process_event};
 use crate::bpf::{trainio_file_op as fop, trainio_kind as kind, trainio_nfs_op as nfsop, trainio_rpc_flags as rpcf};
+use crate::bpf::{trainio_ipc_op as ipcop, trainio_ipc_type as ipct, trainio_proc_op as procop};
 
 const KIND_BLOCK: u32 = kind::TRAINIO_KIND_BLOCK.0;
 const KIND_FILE: u32 = kind::TRAINIO_KIND_FILE.0;
 const KIND_OPEN: u32 = kind::TRAINIO_KIND_OPEN.0;
 const KIND_NFS: u32 = kind::TRAINIO_KIND_NFS.0;
 const KIND_BLOCK_BATCH: u32 = kind::TRAINIO_KIND_BLOCK_BATCH.0;
+const KIND_PROC: u32 = kind::TRAINIO_KIND_PROC.0;
+const KIND_IPC: u32 = kind::TRAINIO_KIND_IPC.0;
 const FOP_CLOSE: u32 = fop::TRAINIO_FOP_CLOSE.0;
 const FOP_WRITE: u32 = fop::TRAINIO_FOP_WRITE.0;
 const FOP_PWRITE64: u32 = fop::TRAINIO_FOP_PWRITE64.0;
@@ -43,6 +47,8 @@ pub struct Collector {
     /// node, named by its device). Names reads on dup'ed or inherited fds, and NFS rows.
     inodes: HashMap<(u32, u64), Arc<str>>,
     cwds: HashMap<u32, PathBuf>,
+    /// (trainio_ipc_type, inode) → `pipe:[INO]` / `socket:[INO]`.
+    ipc_names: FxHashMap<(u32, u64), Arc<str>>,
     /// Per (layer, kernel dev; 0 = none): counted per event, so keyed by integers.
     tallies: FxHashMap<(Layer, u32), Tally>,
     /// The tally counted last (rows come in runs of one layer and device), kept out of
@@ -120,6 +126,7 @@ impl Collector {
             fds: HashMap::new(),
             inodes: HashMap::new(),
             cwds: HashMap::new(),
+            ipc_names: FxHashMap::default(),
             tallies: FxHashMap::default(),
             last_tally: None,
             last_comm: (0, "".into()),
@@ -167,6 +174,8 @@ impl Collector {
             Some(KIND_FILE) => plain::from_bytes::<file_event>(data).map(|e| self.file(e)).is_ok(),
             Some(KIND_OPEN) => plain::from_bytes::<open_event>(data).map(|e| self.open(e)).is_ok(),
             Some(KIND_NFS) => plain::from_bytes::<nfs_event>(data).map(|e| self.nfs(e)).is_ok(),
+            Some(KIND_PROC) => plain::from_bytes::<process_event>(data).map(|e| self.proc(e)).is_ok(),
+            Some(KIND_IPC) => plain::from_bytes::<ipc_event>(data).map(|e| self.ipc(e)).is_ok(),
             _ => false,
         };
         if !decoded {
@@ -389,6 +398,108 @@ impl Collector {
             _ => (0, 0),
         };
         self.count(Layer::Nfs, e.dev, r, w);
+    }
+
+    /// A `start` row: a traced process that existed when the recording started, as /proc
+    /// described it then (user space, not a probe, reports these).
+    pub fn proc_start(&mut self, p: &ProcInfo, ns: i64) {
+        self.batch.push(&Row {
+            layer: Layer::Proc,
+            op: "start",
+            issue_ns: ns,
+            complete_ns: ns,
+            insert_ns: None,
+            dev: None,
+            offset: None,
+            bytes: 0,
+            bytes_requested: 0,
+            queue_depth: 0,
+            pid: p.pid,
+            tid: p.pid,
+            comm: &p.comm,
+            fd: None,
+            file: (!p.cmdline.is_empty()).then_some(p.cmdline.as_str()),
+            error: 0,
+            flags: 0,
+            ppid: Some(p.ppid),
+        });
+        self.count(Layer::Proc, 0, 0, 0);
+    }
+
+    fn proc(&mut self, e: &process_event) {
+        let op = match e.op {
+            x if x == procop::TRAINIO_PROC_FORK.0 => "fork",
+            x if x == procop::TRAINIO_PROC_EXEC.0 => "exec",
+            x if x == procop::TRAINIO_PROC_COMM.0 => "comm",
+            _ => "exit",
+        };
+        // SAFETY: i8 and u8 have the same layout.
+        let raw: &[u8] = unsafe { &*(&e.file[..] as *const [i8] as *const [u8]) };
+        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+        let file = (op == "exec").then(|| String::from_utf8_lossy(&raw[..end]));
+        self.batch.push(&Row {
+            layer: Layer::Proc,
+            op,
+            issue_ns: e.ns as i64,
+            complete_ns: e.ns as i64,
+            insert_ns: None,
+            dev: None,
+            offset: None,
+            bytes: 0,
+            bytes_requested: 0,
+            queue_depth: 0,
+            pid: e.pid,
+            tid: e.tid,
+            comm: comm_str(&e.comm),
+            fd: None,
+            file: file.as_deref(),
+            error: if op == "exit" { e.exit_code } else { 0 },
+            flags: 0,
+            ppid: Some(e.ppid),
+        });
+        self.count(Layer::Proc, 0, 0, 0);
+    }
+
+    fn ipc(&mut self, e: &ipc_event) {
+        let op = match e.op {
+            x if x == ipcop::TRAINIO_IPC_WRITE.0 => "write",
+            x if x == ipcop::TRAINIO_IPC_WAIT.0 => "wait",
+            _ => "read",
+        };
+        // As /proc/PID/fd names them; one string per inode, formatted once.
+        let what = if e.ipc == ipct::TRAINIO_IPC_SOCKET.0 { "socket" } else { "pipe" };
+        let name = self
+            .ipc_names
+            .entry((e.ipc, e.ino))
+            .or_insert_with(|| format!("{what}:[{}]", e.ino).into())
+            .clone();
+        let dev = dev_name(&mut self.devs, e.dev);
+        let done = e.ret.max(0);
+        self.batch.push(&Row {
+            layer: Layer::Ipc,
+            op,
+            issue_ns: e.enter_ns as i64,
+            complete_ns: e.exit_ns as i64,
+            insert_ns: None,
+            dev,
+            offset: None,
+            bytes: done,
+            bytes_requested: e.requested as i64,
+            queue_depth: 0,
+            pid: e.pid,
+            tid: e.tid,
+            comm: comm_str(&e.comm),
+            fd: Some(e.fd),
+            file: Some(&name),
+            error: if e.ret < 0 { e.ret as i32 } else { 0 },
+            flags: 0,
+            ppid: None,
+        });
+        match op {
+            "read" => self.count(Layer::Ipc, e.dev, done as u64, 0),
+            "write" => self.count(Layer::Ipc, e.dev, 0, done as u64),
+            _ => self.count(Layer::Ipc, e.dev, 0, 0),
+        }
     }
 }
 

@@ -172,6 +172,74 @@ pub fn descendants(root: u32) -> Vec<u32> {
     out
 }
 
+/// A process as /proc describes it, for its proc `start` row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcInfo {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    /// /proc/PID/cmdline, NULs as spaces, at most 255 bytes; empty for a kernel thread
+    /// or a zombie.
+    pub cmdline: String,
+}
+
+/// `pid`'s parent, comm and command line now; None once it is gone.
+pub fn proc_info(pid: u32) -> Option<ProcInfo> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (ppid, comm) = parse_stat(&stat)?;
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    Some(ProcInfo { pid, ppid, comm, cmdline: cmdline_string(&cmdline) })
+}
+
+/// (ppid, comm) of a /proc/PID/stat line: "PID (COMM) STATE PPID …", where COMM may hold
+/// spaces and parentheses.
+fn parse_stat(stat: &str) -> Option<(u32, String)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let ppid = stat.get(close + 1..)?.split_whitespace().nth(1)?.parse().ok()?;
+    Some((ppid, stat.get(open + 1..close)?.to_string()))
+}
+
+/// A command line as /proc/PID/cmdline holds it (arguments each ended by NUL) with the
+/// NULs as spaces, cut to at most 255 bytes on a character boundary.
+pub fn cmdline_string(raw: &[u8]) -> String {
+    let trimmed = raw.strip_suffix(&[0]).unwrap_or(raw);
+    let mut s = String::from_utf8_lossy(trimmed).replace('\0', " ");
+    if s.len() > 255 {
+        let mut end = 255;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// Every process now (not threads), from /proc.
+pub fn all_pids() -> Vec<u32> {
+    let mut pids: Vec<u32> = fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The processes in a cgroup-v2 directory now (its own members, as the file layer's
+/// cgroup test selects them, not those of its children).
+pub fn cgroup_pids(path: &Path) -> Vec<u32> {
+    let mut pids: Vec<u32> = fs::read_to_string(path.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
 pub fn tracefs() -> Result<PathBuf> {
     for p in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
         if Path::new(p).join("events").is_dir() {
@@ -357,6 +425,21 @@ pub fn mount_dev(mount_point: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stat_and_cmdline_of_a_process() {
+        let stat = "4242 (pt_data (worker) 1) S 4100 4242 4100 0 -1 4194560 1 0 0 0";
+        assert_eq!(parse_stat(stat), Some((4100, "pt_data (worker) 1".to_string())));
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(cmdline_string(b"python\0train.py\0--epochs\x003\0"), "python train.py --epochs 3");
+        assert_eq!(cmdline_string(b""), "");
+        let long: Vec<u8> = std::iter::repeat_n("é".bytes(), 200).flatten().collect();
+        let cut = cmdline_string(&long);
+        assert_eq!(cut.len(), 254, "cut on a character boundary at most 255 bytes in");
+        let me = proc_info(std::process::id()).unwrap();
+        assert_eq!(me.ppid, unsafe { libc::getppid() } as u32);
+        assert!(!me.cmdline.is_empty());
+    }
 
     #[test]
     fn descendants_are_children_and_grandchildren_not_the_root_or_others() {

@@ -23,6 +23,7 @@ mod nfs_skel {
 mod bpf {
     pub use crate::block_skel::{types::block_event, types::block_pending, BlockSkel, BlockSkelBuilder};
     pub use crate::file_skel::types::{file_event, open_event, trainio_file_op, trainio_kind};
+    pub use crate::file_skel::types::{ipc_event, process_event, trainio_ipc_op, trainio_ipc_type, trainio_proc_op};
     pub use crate::file_skel::{FileSkel, FileSkelBuilder};
     pub use crate::nfs_skel::types::{nfs_event, trainio_nfs_op, trainio_rpc_flags};
     pub use crate::nfs_skel::{NfsSkel, NfsSkelBuilder};
@@ -31,6 +32,8 @@ mod bpf {
     unsafe impl plain::Plain for file_event {}
     unsafe impl plain::Plain for open_event {}
     unsafe impl plain::Plain for nfs_event {}
+    unsafe impl plain::Plain for process_event {}
+    unsafe impl plain::Plain for ipc_event {}
 }
 
 use clap::Parser;

@@ -35,7 +35,7 @@ pub struct Settings {
 }
 
 /// Names of the lost-event counters, by index (enum trainio_lost in bpf/trainio.h).
-const LOST_NAMES: [&str; 9] = [
+const LOST_NAMES: [&str; 11] = [
     "block_rq_complete:ringbuf_full",
     "block_rq_issue:map_full",
     "file_syscall_exit:ringbuf_full",
@@ -45,6 +45,8 @@ const LOST_NAMES: [&str; 9] = [
     "nfs_done:ringbuf_full",
     "nfs_initiate:map_full",
     "rpc_join:map_full",
+    "proc:ringbuf_full",
+    "ipc_syscall_exit:ringbuf_full",
 ];
 
 #[derive(Serialize, Clone, Debug)]
@@ -449,6 +451,7 @@ impl<'o> Probes<'o> {
         }
         if let Some(f) = &self.file {
             add(&f.maps.lost, 2..6);
+            add(&f.maps.lost, 9..11);
         }
         if let Some(n) = &self.nfs {
             add(&n.maps.lost, 6..9);

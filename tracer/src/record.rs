@@ -242,6 +242,41 @@ fn process_alive(pid: u32) -> bool {
         .is_some_and(|state| state != 'Z' && state != 'X')
 }
 
+/// The traced processes that exist as the recording starts, each for a proc `start` row:
+/// the command (`command_pid`, our child, whose parent is `recorder`), or the --pid
+/// process and its descendants, or the cgroup's processes, or every process but ours.
+/// A process that is gone by the time /proc is read has none (its exit is recorded).
+fn existing_processes(subject: &Subject, command_pid: Option<u32>, recorder: u32) -> Vec<host::ProcInfo> {
+    let pids: Vec<u32> = match (subject, command_pid) {
+        (Subject::Command(argv), Some(pid)) => {
+            // Ours until we reap it: at worst a zombie, whose cmdline /proc no longer has.
+            let mut info = host::proc_info(pid).unwrap_or_else(|| host::ProcInfo {
+                pid,
+                ppid: recorder,
+                comm: String::new(),
+                cmdline: String::new(),
+            });
+            if info.cmdline.is_empty() {
+                let joined: Vec<u8> = argv.iter().flat_map(|a| a.as_encoded_bytes().iter().copied().chain([0])).collect();
+                info.cmdline = host::cmdline_string(&joined);
+            }
+            if info.comm.is_empty() {
+                let name = Path::new(&argv[0]).file_name().unwrap_or(argv[0].as_os_str()).to_string_lossy().into_owned();
+                info.comm = name.chars().scan(0, |n, c| {
+                    *n += c.len_utf8();
+                    (*n <= 15).then_some(c)
+                }).collect();
+            }
+            return vec![info];
+        }
+        (Subject::Command(_), None) => Vec::new(),
+        (Subject::Pid(pid), _) => std::iter::once(*pid).chain(host::descendants(*pid)).collect(),
+        (Subject::Cgroup(path), _) => host::cgroup_pids(path),
+        (Subject::All, _) => host::all_pids().into_iter().filter(|&p| p != recorder).collect(),
+    };
+    pids.into_iter().filter_map(host::proc_info).collect()
+}
+
 /// Fixed facts of the recording, written into every segment.
 struct Static {
     start_ns: i64,
@@ -376,7 +411,8 @@ pub fn run(args: Args) -> Result<i32> {
         layers.push("block");
     }
     if checked.file {
-        layers.push("file");
+        // proc and ipc are recorded by the file layer's probes.
+        layers.extend(["file", "proc", "ipc"]);
     }
     if checked.nfs && !probes.skipped.contains_key("nfs") {
         layers.push("nfs");
@@ -416,6 +452,13 @@ pub fn run(args: Args) -> Result<i32> {
         }
         _ => None,
     };
+    if checked.file {
+        let ppid_of_command = std::process::id();
+        let c = &mut collector.borrow_mut();
+        for info in existing_processes(&checked.subject, child.as_ref().map(|c| c.id()), ppid_of_command) {
+            c.proc_start(&info, st.start_ns);
+        }
+    }
     let started = Instant::now();
     // Probes::new turned the statistics on: the first sample starts now.
     let mut stats = StatsSampler::new(started);
@@ -533,14 +576,20 @@ fn print_summary(dir: &Path, writer: &TraceWriter, coll: &Collector, probes: &Pr
     );
     eprintln!("  {:<6} {:<9} {:>10} {:>11} {:>11}", "layer", "dev", "events", "read MiB", "write MiB");
     for ((layer, dev), t) in &coll.tally() {
-        eprintln!(
-            "  {:<6} {:<9} {:>10} {:>11.2} {:>11.2}",
-            layer.as_str(),
-            dev.as_deref().unwrap_or("-"),
-            t.events,
-            mib(t.bytes_read),
-            mib(t.bytes_written)
-        );
+        let dev = dev.as_deref().unwrap_or("-");
+        if *layer == Layer::Proc {
+            // Process events: no bytes.
+            eprintln!("  {:<6} {:<9} {:>10} {:>11} {:>11}", layer.as_str(), dev, t.events, "-", "-");
+        } else {
+            eprintln!(
+                "  {:<6} {:<9} {:>10} {:>11.2} {:>11.2}",
+                layer.as_str(),
+                dev,
+                t.events,
+                mib(t.bytes_read),
+                mib(t.bytes_written)
+            );
+        }
     }
     // What recording cost in user space (the probes' kernel time is in trainio.bpf_stats).
     let events: u64 = coll.tally().values().map(|t| t.events).sum();
