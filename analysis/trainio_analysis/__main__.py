@@ -73,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="characterize a trace")
     a.add_argument("trace", help="trace directory (or one .parquet file)")
     _add_selection(a)
+    a.add_argument(
+        "--step-gap-ms",
+        type=float,
+        metavar="MS",
+        help="job model: gap between the batches of a rank that reads them itself "
+        "(default: found from the gaps)",
+    )
     a.add_argument("--json", action="store_true", help="print one JSON object")
 
     r = sub.add_parser("report", help="self-contained HTML report of one or more traces")
@@ -122,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             from trainio_analysis.analyze import analyze
             from trainio_analysis.summary import format_summary
 
-            result = analyze(args.trace, **_selection(args))
+            result = analyze(args.trace, step_gap_ms=args.step_gap_ms, **_selection(args))
             print(dumps(result) if args.json else format_summary(result))
         elif args.command == "compare":
             from trainio_analysis.compare import compare, format_compare

@@ -16,6 +16,7 @@ Example
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -127,6 +128,9 @@ def _np(column: pa.ChunkedArray) -> np.ndarray:
 
 
 class _Analyzer:
+    # the job model's step gap (analyze(step_gap_ms=...)); None: found from the gaps
+    step_gap_ms: float | None = None
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -796,12 +800,20 @@ class _Analyzer:
                 "bursts": _bursts(state, self.burst_gap_ms, None),
             }
         out["groups"] = per_group
+        if "file" in self.layers_present:
+            out["job_model"] = job_model(self.path, step_gap_ms=self.step_gap_ms)
         if self.layer == "file":
-            out["processes"] = self._processes(groups)
-            out["steps"] = _steps(union_state, acc.bytes_read)
+            out["steps"] = _steps(out.get("job_model"))
+            out["processes"] = self._processes(groups, out.get("job_model"))
         return out
 
-    def _processes(self, groups: dict[int, GroupState]) -> list[dict[str, Any]]:
+    def _processes(
+        self, groups: dict[int, GroupState], model: dict[str, Any] | None
+    ) -> list[dict[str, Any]]:
+        gpu_of: dict[int, dict[str, Any]] = {}
+        for gpu in (model or {}).get("gpus", []):
+            for m in gpu["members"]:
+                gpu_of[m["pid"]] = gpu
         procs = self._procs
         files = procs.files_per_group()
         out = []
@@ -828,7 +840,10 @@ class _Analyzer:
                     ),
                 },
             }
-            entry.update(_steps(state, nbytes))
+            gpu = gpu_of.get(int(name))
+            entry["gpu"] = gpu["index"] if gpu else None
+            entry["compute_time_s"] = gpu["compute_s"] if gpu else None
+            entry["required_mib_s_per_gpu"] = gpu["required_mib_s"] if gpu else None
             out.append(entry)
         return out
 
@@ -978,32 +993,42 @@ def _bursts(state: GroupState, gap_ms: float, nbytes: float | None) -> dict[str,
     return out
 
 
-def _steps(state: GroupState | None, read_bytes: int) -> dict[str, Any]:
-    """Accelerator time per step inferred from the idle gaps between read bursts.
+def job_model(
+    path: str | os.PathLike[str], *, grouping: str = "auto", step_gap_ms: float | None = None
+) -> dict[str, Any] | None:
+    """The job model of a trace: the GPUs (a rank and its DataLoader workers), their
+    steps, compute time per step and the throughput one GPU needs.
 
-    A training step is one burst (the loader fetching a batch) followed by a gap in which
-    the loader waits for the accelerator: the median gap is the compute time (a median,
-    so the odd long pause, e.g. an evaluation or checkpoint, does not skew it), and the
-    bytes per step are the bytes read over the number of bursts.
+    Computed by the native extension from crate ``trainio-model``, the same code that
+    ``trainio replay --trace`` replays from (docs/analysis.md, *Job model*). None when
+    the extension is not built.
     """
-    empty = {
-        "steps": 0,
-        "compute_time_s": None,
-        "bytes_per_step": None,
-        "required_mib_s_per_gpu": None,
-    }
-    if state is None or len(state.burst_gaps) == 0:
-        if state is not None:
-            empty["steps"] = len(state.burst_starts)
-        return empty
-    gaps = state.burst_gaps.array() / 1e9
-    compute = float(np.median(gaps))
-    per_step = read_bytes / len(state.burst_starts)
+    mod = kernels._module
+    if mod is None or not hasattr(mod, "job_model"):
+        return None
+    try:
+        return json.loads(mod.job_model(str(path), grouping, step_gap_ms))
+    except ValueError as e:
+        raise TraceError(str(e)) from None
+
+
+def _steps(model: dict[str, Any] | None) -> dict[str, Any]:
+    """The job's steps and needs, from the job model (``job_model``): steps summed over
+    GPUs, the median GPU's compute time, bytes per step and MiB/s per GPU."""
+    if not model:
+        return {
+            "steps": 0,
+            "gpus": 0,
+            "compute_time_s": None,
+            "bytes_per_step": None,
+            "required_mib_s_per_gpu": None,
+        }
     return {
-        "steps": len(state.burst_starts),
-        "compute_time_s": compute,
-        "bytes_per_step": per_step,
-        "required_mib_s_per_gpu": per_step / MIB / compute if compute > 0 else None,
+        "steps": model["steps"],
+        "gpus": len(model["gpus"]),
+        "compute_time_s": model["compute_s"],
+        "bytes_per_step": model["bytes_per_step"],
+        "required_mib_s_per_gpu": model["required_mib_s_per_gpu"],
     }
 
 
@@ -1033,6 +1058,7 @@ def analyze(
     bin_s: float = 1.0,
     burst_gap_ms: float = DEFAULT_BURST_GAP_MS,
     workers: int = 2,
+    step_gap_ms: float | None = None,
 ) -> dict[str, Any]:
     """Analyze one layer of a trace; returns the JSON-ready result.
 
@@ -1048,6 +1074,11 @@ def analyze(
         Idle gaps at least this long separate bursts.
     workers
         Threads decoding row groups ahead of the sweep.
+    step_gap_ms
+        The job model's gap between the batches of a rank that reads them itself; None:
+        found from the gaps.
     """
     sel = Selection(layer=layer, dev=dev, pid=pid)
-    return _Analyzer(path, sel, bin_s, burst_gap_ms, workers).run()
+    a = _Analyzer(path, sel, bin_s, burst_gap_ms, workers)
+    a.step_gap_ms = step_gap_ms
+    return a.run()

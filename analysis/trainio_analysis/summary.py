@@ -78,10 +78,12 @@ def format_summary(r: dict[str, Any]) -> str:
     steps = r.get("steps")
     if steps and steps["compute_time_s"] is not None:
         lines.append(
-            f"  steps        {steps['steps']}: compute {steps['compute_time_s'] * 1e3:.1f} ms/step, "
+            f"  steps        {steps['steps']} over {steps['gpus']} GPU(s): compute "
+            f"{steps['compute_time_s'] * 1e3:.1f} ms/step, "
             f"{_size(steps['bytes_per_step'])}/step -> needs "
             f"{_opt(steps['required_mib_s_per_gpu'], '.1f')} MiB/s per GPU"
         )
+    lines.extend(_model_lines(r.get("job_model")))
     for p in r.get("processes", [])[:20]:
         lines.append(
             f"  pid {p['pid']:>7} {p['comm'] or '?'!s:<15} {p['reads']:>9,} reads "
@@ -100,3 +102,36 @@ def format_summary(r: dict[str, Any]) -> str:
         else f"  lost events  {lost['total']:,} INCOMPLETE TRACE: {lost['by_probe']}"
     )
     return "\n".join(lines)
+
+
+def _model_lines(m: dict | None) -> list[str]:
+    """The job model: one line per GPU, what was left out, and why a trace is incomplete."""
+    if not m:
+        return []
+    out = [
+        f"  job model    {len(m['gpus'])} GPU(s): {m['grouping']}; data device "
+        f"{m['data_dev'] or '?'}"
+    ]
+    for g in m["gpus"]:
+        workers = [str(x["pid"]) for x in g["members"] if x["role"] == "worker"]
+        c = g["compute_s"]
+        out.append(
+            f"    GPU {g['index']}: pid {g['rank_pid']} {g['comm']}"
+            + (f" + {len(workers)} worker(s) {','.join(workers)}" if workers else "")
+            + f"; {len(g['steps'])} steps ({g['step_signal']}), "
+            + (f"compute {c * 1e3:.1f} ms/step, " if c is not None else "")
+            + f"{_size(g['bytes_per_step'])}/step, {g['samples_per_step']:.1f} samples/step"
+            + (
+                f", needs {g['required_mib_s']:.1f} MiB/s"
+                if g["required_mib_s"] is not None
+                else ""
+            )
+            + (f", AU {g['au_recorded'] * 100:.1f}%" if g["au_recorded"] is not None else "")
+        )
+    for x in m["left_out"]:
+        out.append(f"    left out: pid {x['pid']} {x['comm']} {_size(x['bytes'])}: {x['why']}")
+    if m["incomplete"]:
+        out.append(f"  INCOMPLETE   {m['incomplete']}")
+    for w in m["warnings"]:
+        out.append(f"  note         {w}")
+    return out

@@ -163,6 +163,10 @@ pub struct GpuModel {
     pub interval_p50_s: Option<f64>,
     pub interval_p90_s: Option<f64>,
     pub wait_s: f64,
+    /// GPU-side time per step spent taking a batch that is not waiting for storage: the
+    /// rank receiving a batch from its workers (unpickling, shared-memory handles), or
+    /// the loader's own CPU time between a rank's reads. The replay spends it too.
+    pub handoff_s: f64,
     pub bytes_per_step: f64,
     pub samples_per_step: f64,
     pub required_mib_s: Option<f64>,
@@ -187,6 +191,10 @@ pub struct Coverage {
     pub comm: String,
     pub block_read_bytes: u64,
     pub file_read_bytes: u64,
+    /// The process belongs to a GPU; then the two figures from its GPU's first data read on.
+    pub in_gpu: bool,
+    pub block_read_bytes_training: u64,
+    pub file_read_bytes_training: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -213,10 +221,19 @@ pub struct Input {
     pub file: Vec<OwnedRow>,
     pub proc_rows: Vec<OwnedRow>,
     pub ipc: Vec<OwnedRow>,
-    /// Block-layer bytes read, by the pid in whose context each request was issued.
-    pub block_read_bytes: HashMap<u32, u64>,
+    /// Block-layer bytes read, by the pid in whose context each request was issued and
+    /// the second (issue_ns / 1e9) it was issued in.
+    pub block_reads: HashMap<(u32, i64), u64>,
     pub has_block: bool,
 }
+
+impl Input {
+    pub fn add_block_read(&mut self, pid: u32, issue_ns: i64, bytes: u64) {
+        *self.block_reads.entry((pid, issue_ns.div_euclid(NS_PER_S))).or_default() += bytes;
+    }
+}
+
+const NS_PER_S: i64 = 1_000_000_000;
 
 /// Reads what the model needs from a trace: its file, proc and ipc rows, and the block
 /// layer summed per process (streamed: a block layer of 100 M rows is never held).
@@ -233,7 +250,7 @@ pub fn load_input(trace: &Path) -> Result<Input, String> {
                 Layer::Block => {
                     input.has_block = true;
                     if &*r.op == "read" {
-                        *input.block_read_bytes.entry(r.pid).or_default() += r.bytes.max(0) as u64;
+                        input.add_block_read(r.pid, r.issue_ns, r.bytes.max(0) as u64);
                     }
                 }
                 Layer::Nfs => {}
@@ -261,7 +278,7 @@ fn block_sums(seg: &Path, input: &mut Input) -> Result<(), String> {
     let b = ParquetRecordBatchReaderBuilder::try_new(f)
         .map_err(|e| format!("{}: not Parquet: {e}", seg.display()))?;
     let schema = b.parquet_schema();
-    let want = ["layer", "op", "pid", "bytes"];
+    let want = ["layer", "op", "pid", "bytes", "issue_ns"];
     let idx: Vec<usize> = (0..schema.num_columns())
         .filter(|&i| want.contains(&schema.column(i).name()))
         .collect();
@@ -283,6 +300,8 @@ fn block_sums(seg: &Path, input: &mut Input) -> Result<(), String> {
         let op = col("op", &DataType::Utf8)?;
         let pid = col("pid", &DataType::Int64)?;
         let bytes = col("bytes", &DataType::Int64)?;
+        let issue = col("issue_ns", &DataType::Int64)?;
+        let issue = issue.as_any().downcast_ref::<Int64Array>().unwrap();
         let layer = layer.as_any().downcast_ref::<StringArray>().unwrap();
         let op = op.as_any().downcast_ref::<StringArray>().unwrap();
         let pid = pid.as_any().downcast_ref::<Int64Array>().unwrap();
@@ -293,7 +312,7 @@ fn block_sums(seg: &Path, input: &mut Input) -> Result<(), String> {
             }
             input.has_block = true;
             if !op.is_null(i) && op.value(i) == "read" {
-                *input.block_read_bytes.entry(pid.value(i) as u32).or_default() += bytes.value(i).max(0) as u64;
+                input.add_block_read(pid.value(i) as u32, issue.value(i), bytes.value(i).max(0) as u64);
             }
         }
     }
@@ -436,54 +455,6 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     for r in &data_reads {
         *reader_bytes.entry(r.pid).or_default() += r.bytes as u64;
         reader_comm.entry(r.pid).or_insert_with(|| r.comm.to_string());
-    }
-
-    // Coverage: block bytes each traced process caused against its file-layer reads.
-    let traced: HashSet<u32> = input
-        .file
-        .iter()
-        .chain(input.proc_rows.iter())
-        .chain(input.ipc.iter())
-        .map(|r| r.pid)
-        .collect();
-    let mut file_bytes_by_pid: HashMap<u32, u64> = HashMap::new();
-    for r in input.file.iter().filter(|r| &*r.op == "read" && r.bytes > 0) {
-        *file_bytes_by_pid.entry(r.pid).or_default() += r.bytes as u64;
-    }
-    let mut coverage: Vec<Coverage> = input
-        .block_read_bytes
-        .iter()
-        .filter(|(pid, b)| traced.contains(pid) && **b > 0)
-        .map(|(&pid, &b)| Coverage {
-            pid,
-            comm: comm_of(pid, "?"),
-            block_read_bytes: b,
-            file_read_bytes: file_bytes_by_pid.get(&pid).copied().unwrap_or(0),
-        })
-        .collect();
-    coverage.sort_by(|a, b| b.block_read_bytes.cmp(&a.block_read_bytes).then(a.pid.cmp(&b.pid)));
-    let block_total: u64 = coverage.iter().map(|c| c.block_read_bytes).sum();
-    let unseen: u64 = coverage.iter().map(|c| c.block_read_bytes.saturating_sub(c.file_read_bytes)).sum();
-    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    let incomplete = if input.has_block && unseen >= INCOMPLETE_MIN_BYTES && unseen as f64 > INCOMPLETE_SHARE * block_total as f64 {
-        let top = coverage
-            .iter()
-            .max_by_key(|c| c.block_read_bytes.saturating_sub(c.file_read_bytes))
-            .expect("coverage has the bytes");
-        Some(format!(
-            "the file layer saw {:.1} MiB of reads but the traced processes' block reads were {:.1} MiB: pid {} ({}) caused {:.1} MiB of block reads with {:.1} MiB of read syscalls, so it likely reads through mmap or io_uring, which the file layer does not see",
-            mib(block_total - unseen.min(block_total)),
-            mib(block_total),
-            top.pid,
-            top.comm,
-            mib(top.block_read_bytes),
-            mib(top.file_read_bytes),
-        ))
-    } else {
-        None
-    };
-    if !input.has_block && !data_reads.is_empty() {
-        warnings.push("no block layer in the trace: cannot check that the file layer saw every read (mmap, io_uring)".into());
     }
 
     // Handoff edges: pipes and sockets written by one process and read or polled by another.
@@ -641,6 +612,89 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         let gpu = build_gpu(gpus.len(), *rank, &ws, members, input, &data_reads, opts, &on_dev, &mut warnings);
         gpus.push(gpu);
     }
+    // Coverage: the block reads each GPU's processes caused from their first data read
+    // on, against their read syscalls in the same time. Reads through mmap or io_uring
+    // reach the block layer but not the file layer. Earlier block reads (an interpreter
+    // faulting in its libraries at import) and other processes' are only noted.
+    let traced: HashSet<u32> = input
+        .file
+        .iter()
+        .chain(input.proc_rows.iter())
+        .chain(input.ipc.iter())
+        .map(|r| r.pid)
+        .collect();
+    let mut block_by_pid: HashMap<u32, u64> = HashMap::new();
+    for (&(pid, _), &b) in &input.block_reads {
+        *block_by_pid.entry(pid).or_default() += b;
+    }
+    let file_reads: Vec<&OwnedRow> = input.file.iter().filter(|r| &*r.op == "read" && r.bytes > 0).collect();
+    let mut file_by_pid: HashMap<u32, u64> = HashMap::new();
+    for r in &file_reads {
+        *file_by_pid.entry(r.pid).or_default() += r.bytes as u64;
+    }
+    let mut coverage: Vec<Coverage> = block_by_pid
+        .iter()
+        .filter(|(pid, b)| traced.contains(pid) && **b > 0)
+        .map(|(&pid, &b)| Coverage {
+            pid,
+            comm: comm_of(pid, "?"),
+            block_read_bytes: b,
+            file_read_bytes: file_by_pid.get(&pid).copied().unwrap_or(0),
+            in_gpu: false,
+            block_read_bytes_training: 0,
+            file_read_bytes_training: 0,
+        })
+        .collect();
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    for g in &gpus {
+        let members: Vec<u32> = g.members.iter().map(|m| m.pid).collect();
+        let start = data_reads.iter().filter(|r| members.contains(&r.pid)).map(|r| r.issue_ns).min().unwrap_or(i64::MAX);
+        let sec0 = start.div_euclid(NS_PER_S);
+        for c in coverage.iter_mut().filter(|c| members.contains(&c.pid)) {
+            c.in_gpu = true;
+            c.block_read_bytes_training = input
+                .block_reads
+                .iter()
+                .filter(|((p, sec), _)| *p == c.pid && *sec >= sec0)
+                .map(|(_, b)| *b)
+                .sum();
+            c.file_read_bytes_training = file_reads
+                .iter()
+                .filter(|r| r.pid == c.pid && r.issue_ns >= sec0 * NS_PER_S)
+                .map(|r| r.bytes as u64)
+                .sum();
+        }
+    }
+    coverage.sort_by(|a, b| b.block_read_bytes.cmp(&a.block_read_bytes).then(a.pid.cmp(&b.pid)));
+    let unseen = |c: &Coverage| c.block_read_bytes_training.saturating_sub(c.file_read_bytes_training);
+    let gpu_block: u64 = coverage.iter().filter(|c| c.in_gpu).map(|c| c.block_read_bytes_training).sum();
+    let gpu_unseen: u64 = coverage.iter().filter(|c| c.in_gpu).map(unseen).sum();
+    let incomplete = if input.has_block && gpu_unseen >= INCOMPLETE_MIN_BYTES && gpu_unseen as f64 > INCOMPLETE_SHARE * gpu_block as f64 {
+        let top = coverage.iter().filter(|c| c.in_gpu).max_by_key(|c| unseen(c)).expect("a GPU process has the bytes");
+        Some(format!(
+            "while they trained, the GPUs' processes read {:.1} MiB through read syscalls but caused {:.1} MiB of block reads: pid {} ({}) caused {:.1} MiB of block reads with {:.1} MiB of read syscalls, so it likely reads through mmap or io_uring, which the file layer does not see",
+            mib(gpu_block - gpu_unseen.min(gpu_block)),
+            mib(gpu_block),
+            top.pid,
+            top.comm,
+            mib(top.block_read_bytes_training),
+            mib(top.file_read_bytes_training),
+        ))
+    } else {
+        None
+    };
+    for c in coverage.iter().filter(|c| !c.in_gpu) {
+        let u = c.block_read_bytes.saturating_sub(c.file_read_bytes);
+        if u >= INCOMPLETE_MIN_BYTES {
+            warnings.push(format!(
+                "pid {} ({}) caused {:.1} MiB of block reads beyond its read syscalls (mmap'd libraries, io_uring); it is part of no GPU and is not replayed",
+                c.pid, c.comm, mib(u)
+            ));
+        }
+    }
+    if !input.has_block && !data_reads.is_empty() {
+        warnings.push("no block layer in the trace: cannot check that the file layer saw every read (mmap, io_uring)".into());
+    }
     left_out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
 
     let computes: Vec<f64> = gpus.iter().filter_map(|g| g.compute_s).collect();
@@ -684,44 +738,75 @@ fn build_gpu(
 ) -> GpuModel {
     let comm = members[0].comm.clone();
     let mut files = Files::new();
+    // The data files: those the GPU's processes read from the data device. Opens and
+    // closes count only on them (an open row carries no device).
+    let mut pids: Vec<u32> = vec![rank];
+    pids.extend_from_slice(workers);
+    let data_paths: HashSet<&str> = data_reads
+        .iter()
+        .filter(|r| pids.contains(&r.pid))
+        .filter_map(|r| r.file.as_deref())
+        .collect();
+    let is_data_file = |r: &OwnedRow| r.file.as_deref().is_some_and(|f| data_paths.contains(f));
     let opens: Vec<(u32, i64)> = input
         .file
         .iter()
-        .filter(|r| &*r.op == "open" && r.error == 0 && on_dev(r))
+        .filter(|r| &*r.op == "open" && r.error == 0 && is_data_file(r))
         .map(|r| (r.pid, r.issue_ns))
         .collect();
-    let mut pids: Vec<u32> = vec![rank];
-    pids.extend_from_slice(workers);
     // The worker pipe(s): written by this GPU's workers, read by its rank.
     let mut data_pipes: HashSet<&str> = HashSet::new();
+    let mut index_pipes: HashSet<&str> = HashSet::new();
     if !workers.is_empty() {
-        let mut w_of: HashMap<&str, bool> = HashMap::new();
-        let mut r_of: HashMap<&str, bool> = HashMap::new();
+        let mut w_of: HashSet<&str> = HashSet::new();
+        let mut r_of: HashSet<&str> = HashSet::new();
+        let mut rank_w: HashSet<&str> = HashSet::new();
+        let mut worker_r: HashSet<&str> = HashSet::new();
         for r in &input.ipc {
             let Some(f) = r.file.as_deref() else { continue };
-            if &*r.op == "write" && r.bytes > 0 && workers.contains(&r.pid) {
-                w_of.insert(f, true);
-            }
-            if &*r.op == "read" && r.bytes > 0 && r.pid == rank {
-                r_of.insert(f, true);
+            match &*r.op {
+                "write" if r.bytes > 0 && workers.contains(&r.pid) => {
+                    w_of.insert(f);
+                }
+                "write" if r.bytes > 0 && r.pid == rank => {
+                    rank_w.insert(f);
+                }
+                "read" if r.bytes > 0 && r.pid == rank => {
+                    r_of.insert(f);
+                }
+                "read" if r.bytes > 0 && workers.contains(&r.pid) => {
+                    worker_r.insert(f);
+                }
+                _ => {}
             }
         }
-        data_pipes = w_of.keys().filter(|f| r_of.contains_key(*f)).copied().collect();
+        data_pipes = w_of.intersection(&r_of).copied().collect();
+        // The workers' index queues: written by the rank, read by a worker (one batch
+        // index per batch the rank takes).
+        index_pipes = rank_w.intersection(&worker_r).copied().collect();
     }
     let mut steps: Vec<Step> = Vec::new();
     let mut unfinished_bytes = 0u64;
     let step_signal;
     let readers;
     let synchronous;
+    let mut samples_override: Option<Vec<f64>> = None;
+    let handoff_s: f64;
     if !data_pipes.is_empty() {
         step_signal = "handoff";
         synchronous = false;
+        // Workers in the order they were started: PyTorch's worker ids. Batch b goes to
+        // worker b mod W, so a worker's s-th batch is batch s*W + w.
+        let fork_at: HashMap<u32, i64> = input
+            .proc_rows
+            .iter()
+            .filter(|r| &*r.op == "fork")
+            .map(|r| (r.pid, r.issue_ns))
+            .collect();
+        let mut order: Vec<usize> = (0..workers.len()).collect();
+        order.sort_by_key(|&i| (fork_at.get(&workers[i]).copied().unwrap_or(i64::MAX), i));
         // Messages: each worker's writes on the pipe, merged when back to back.
-        struct Msg {
-            at: i64,
-            worker: usize,
-        }
-        let mut msgs: Vec<Msg> = Vec::new();
+        let mut per_worker_msgs: Vec<Vec<i64>> = vec![Vec::new(); workers.len()];
         for (wi, &w) in workers.iter().enumerate() {
             let mut ws: Vec<&OwnedRow> = input
                 .ipc
@@ -735,11 +820,10 @@ fn build_gpu(
                     last_end = r.complete_ns;
                     continue;
                 }
-                msgs.push(Msg { at: r.issue_ns, worker: wi });
+                per_worker_msgs[wi].push(r.issue_ns);
                 last_end = r.complete_ns;
             }
         }
-        msgs.sort_by_key(|m| (m.at, m.worker));
         // A worker's batch: its data reads since its previous message.
         let mut per_worker: Vec<Vec<&OwnedRow>> = vec![Vec::new(); workers.len()];
         for r in data_reads.iter().filter(|r| workers.contains(&r.pid)) {
@@ -749,92 +833,108 @@ fn build_gpu(
         for v in &mut per_worker {
             v.sort_by_key(|r| (r.issue_ns, r.complete_ns));
         }
-        let mut cursor = vec![0usize; workers.len()];
-        let mut prev_msg = vec![i64::MIN; workers.len()];
-        let rank_reads: Vec<&&OwnedRow> = data_reads.iter().filter(|r| r.pid == rank).collect();
-        let mut rank_cursor = 0usize;
-        for m in &msgs {
-            let wi = m.worker;
+        let nw = workers.len();
+        let mut batches: Vec<(usize, Step)> = Vec::new();
+        for (rank_of_worker, &wi) in order.iter().enumerate() {
             let list = &per_worker[wi];
-            let mut reads = Vec::new();
-            let mut first = i64::MAX;
-            while cursor[wi] < list.len() && list[cursor[wi]].complete_ns <= m.at {
-                let r = list[cursor[wi]];
-                let mut rd = files.add(r);
-                rd.reader = wi as u32;
-                first = first.min(r.issue_ns);
-                reads.push(rd);
-                cursor[wi] += 1;
+            let mut cursor = 0usize;
+            let mut prev = i64::MIN;
+            let mut seq = 0usize;
+            for &at in &per_worker_msgs[wi] {
+                let mut reads = Vec::new();
+                let mut first = i64::MAX;
+                while cursor < list.len() && list[cursor].complete_ns <= at {
+                    let r = list[cursor];
+                    let mut rd = files.add(r);
+                    rd.reader = rank_of_worker as u32;
+                    first = first.min(r.issue_ns);
+                    reads.push(rd);
+                    cursor += 1;
+                }
+                let samples = opens_between(&opens, &[workers[wi]], prev, at);
+                prev = at;
+                if reads.is_empty() {
+                    continue; // a message that carried no batch (a status, the end)
+                }
+                let bytes = reads.iter().map(|r| r.len).sum();
+                let samples = if samples > 0 { samples } else { distinct_files(&reads) };
+                batches.push((
+                    seq * nw + rank_of_worker,
+                    Step { reads, bytes, samples, first_read_ns: first, ready_ns: at, interval_s: None, wait_s: 0.0 },
+                ));
+                seq += 1;
             }
-            // The rank's own data reads go with the batch being handed over then.
-            while rank_cursor < rank_reads.len() && rank_reads[rank_cursor].complete_ns <= m.at {
-                let mut rd = files.add(rank_reads[rank_cursor]);
-                rd.reader = workers.len() as u32;
-                reads.push(rd);
-                rank_cursor += 1;
-            }
-            let samples = opens_between(&opens, &[workers[wi]], prev_msg[wi], m.at);
-            prev_msg[wi] = m.at;
-            if reads.is_empty() {
-                continue; // a message that carried no batch (a status, the end)
-            }
-            let bytes = reads.iter().map(|r| r.len).sum();
-            let samples = if samples > 0 { samples } else { distinct_files(&reads) };
-            steps.push(Step { reads, bytes, samples, first_read_ns: first, ready_ns: m.at, interval_s: None, wait_s: 0.0 });
+            unfinished_bytes += list[cursor..].iter().map(|r| r.bytes as u64).sum::<u64>();
         }
-        for (wi, list) in per_worker.iter().enumerate() {
-            unfinished_bytes += list[cursor[wi]..].iter().map(|r| r.bytes as u64).sum::<u64>();
+        batches.sort_by_key(|(b, s)| (*b, s.ready_ns));
+        steps = batches.into_iter().map(|(_, s)| s).collect();
+        readers = nw;
+        // The rank's own data reads (a rank that also reads) are not replayed: say so.
+        let own: u64 = data_reads.iter().filter(|r| r.pid == rank).map(|r| r.bytes as u64).sum();
+        if own > 0 {
+            warnings.push(format!(
+                "GPU {index} (pid {rank}): the rank's own {:.1} MiB of data reads are left out of its steps (its workers read the batches)",
+                own as f64 / (1u64 << 20) as f64
+            ));
         }
-        let rank_reads_used = rank_cursor > 0;
-        readers = workers.len() + usize::from(rank_reads_used);
-        // The rank's gets off the pipe: polls and reads, merged when back to back.
-        let mut rows: Vec<&OwnedRow> = input
+        // The rank's time outside getting data. It takes a batch, then writes the next
+        // batch index to a worker's index queue: one write per step. From there to its
+        // next poll or read of the worker pipe (or to the next index write, when the
+        // batch came from the batches it already holds) it computes.
+        let mut pipe_events: Vec<(i64, i64, bool)> = input
             .ipc
             .iter()
             .filter(|r| r.pid == rank && r.file.as_deref().is_some_and(|f| data_pipes.contains(f)) && (&*r.op == "wait" || (&*r.op == "read" && r.bytes > 0)))
+            .map(|r| (r.issue_ns, r.complete_ns, &*r.op == "wait"))
             .collect();
-        rows.sort_by_key(|r| (r.issue_ns, r.complete_ns));
-        struct Get {
-            start: i64,
-            end: Option<i64>,
-            wait: i64,
-        }
-        let mut gets: Vec<Get> = Vec::new();
-        for r in rows {
-            let wait = &*r.op == "wait";
-            let new = match gets.last() {
-                None => true,
-                Some(g) => g.end.is_some_and(|e| r.issue_ns - e >= GET_MERGE_NS),
+        pipe_events.sort_unstable();
+        let first_get = pipe_events.first().map(|e| e.0).unwrap_or(i64::MAX);
+        let mut marks: Vec<i64> = input
+            .ipc
+            .iter()
+            .filter(|r| r.pid == rank && &*r.op == "write" && r.bytes > 0 && r.file.as_deref().is_some_and(|f| index_pipes.contains(f)))
+            .map(|r| r.issue_ns)
+            .filter(|&t| t > first_get)
+            .collect();
+        marks.sort_unstable();
+        // Index writes back to back (the loader's shutdown, one per worker) are one mark.
+        marks.dedup_by(|b, a| *b - *a < GET_MERGE_NS);
+        let mut computes = Vec::new();
+        let mut waits = Vec::new();
+        let mut costs = Vec::new();
+        for w in marks.windows(2) {
+            let (t, next) = (w[0], w[1]);
+            let k = pipe_events.partition_point(|e| e.0 <= t);
+            let end = match pipe_events.get(k) {
+                Some(e) if e.0 < next => e.0,
+                _ => next,
             };
-            if new {
-                gets.push(Get { start: r.issue_ns, end: None, wait: 0 });
-            }
-            let g = gets.last_mut().unwrap();
-            if wait {
-                g.wait += r.complete_ns - r.issue_ns;
-            } else {
-                g.end = Some(r.complete_ns);
-            }
-        }
-        gets.retain(|g| g.end.is_some());
-        // Steps take their ready time and wait from the gets, in order.
-        for (k, step) in steps.iter_mut().enumerate() {
-            if let Some(g) = gets.get(k) {
-                step.ready_ns = g.end.unwrap();
-                step.wait_s = g.wait as f64 / 1e9;
+            computes.push((end - t) as f64 / 1e9);
+            let waited: i64 = pipe_events[k..]
+                .iter()
+                .take_while(|e| e.0 < next)
+                .filter(|e| e.2)
+                .map(|e| e.1 - e.0)
+                .sum();
+            waits.push(waited as f64 / 1e9);
+            if end < next {
+                costs.push(((next - end) - waited).max(0) as f64 / 1e9);
             }
         }
-        let intervals: Vec<f64> = gets.windows(2).map(|w| (w[1].start - w[0].end.unwrap()).max(0) as f64 / 1e9).collect();
-        for (k, step) in steps.iter_mut().enumerate() {
-            step.interval_s = intervals.get(k).copied();
-        }
-        if gets.len() + 1 < steps.len() || steps.len() + 1 < gets.len() {
+        // The median step that got a batch off the pipe: a step served from batches the
+        // rank already held costs nothing here, its batch's unpickling was paid when it
+        // was read; the windows at the loader's end hold several steps.
+        handoff_s = quantile(&costs, 0.5).unwrap_or(0.0);
+        if computes.is_empty() {
             warnings.push(format!(
-                "GPU {index} (pid {rank}): {} batches handed off but {} gets off the worker pipe",
-                steps.len(),
-                gets.len()
+                "GPU {index} (pid {rank}): no batch index written to its workers after the first batch: compute time unknown"
             ));
         }
+        for (k, step) in steps.iter_mut().enumerate() {
+            step.interval_s = computes.get(k).copied();
+            step.wait_s = waits.get(k).copied().unwrap_or(0.0);
+        }
+        samples_override = Some(computes);
     } else {
         step_signal = "bursts";
         if !workers.is_empty() {
@@ -846,7 +946,7 @@ fn build_gpu(
         let mut act: Vec<&OwnedRow> = input
             .file
             .iter()
-            .filter(|r| pids.contains(&r.pid) && on_dev(r) && matches!(&*r.op, "read" | "open" | "close"))
+            .filter(|r| pids.contains(&r.pid) && (is_data_read(r) && on_dev(r) || matches!(&*r.op, "open" | "close") && is_data_file(r)))
             .collect();
         act.sort_by_key(|r| (r.issue_ns, r.complete_ns));
         let mut gaps = Vec::new();
@@ -873,13 +973,33 @@ fn build_gpu(
         let mut busy = i64::MIN;
         let mut cur: Option<Step> = None;
         let mut open_count = 0u32;
+        // Per burst: time inside read syscalls (their union), to tell I/O from the
+        // loader's own CPU time in the burst.
+        let mut io_ns = 0i64;
+        let mut io_end = i64::MIN;
+        let mut cpu: Vec<f64> = Vec::new();
+        let close_burst = |s: &Step, io: i64, cpu: &mut Vec<f64>| {
+            if !s.reads.is_empty() {
+                cpu.push(((s.ready_ns - s.first_read_ns) - io).max(0) as f64 / 1e9);
+            }
+        };
         for r in &act {
             if busy != i64::MIN && r.issue_ns - busy >= gap_ns {
                 if let Some(mut s) = cur.take() {
                     s.interval_s = Some((r.issue_ns - busy) as f64 / 1e9);
+                    close_burst(&s, io_ns, &mut cpu);
                     finish_burst(&mut s, open_count, &mut steps);
                 }
                 open_count = 0;
+                io_ns = 0;
+                io_end = i64::MIN;
+            }
+            if &*r.op == "read" {
+                let from = r.issue_ns.max(io_end);
+                if r.complete_ns > from {
+                    io_ns += r.complete_ns - from;
+                }
+                io_end = io_end.max(r.complete_ns);
             }
             busy = busy.max(r.complete_ns);
             let s = cur.get_or_insert_with(|| Step {
@@ -906,8 +1026,10 @@ fn build_gpu(
             }
         }
         if let Some(mut s) = cur.take() {
+            close_burst(&s, io_ns, &mut cpu);
             finish_burst(&mut s, open_count, &mut steps);
         }
+        handoff_s = if cpu.is_empty() { 0.0 } else { cpu.iter().sum::<f64>() / cpu.len() as f64 };
         for s in &mut steps {
             s.wait_s = (s.ready_ns - s.first_read_ns).max(0) as f64 / 1e9;
         }
@@ -917,7 +1039,10 @@ fn build_gpu(
     for f in &mut files.list {
         f.1 = f.1.max(1).div_ceil(4096) * 4096;
     }
-    let intervals: Vec<f64> = steps.iter().filter_map(|s| s.interval_s).collect();
+    let intervals: Vec<f64> = match samples_override {
+        Some(v) => v,
+        None => steps.iter().filter_map(|s| s.interval_s).collect(),
+    };
     let compute_s = quantile(&intervals, COMPUTE_QUANTILE);
     let bytes: u64 = steps.iter().map(|s| s.bytes).sum();
     let samples: u64 = steps.iter().map(|s| s.samples as u64).sum();
@@ -952,6 +1077,7 @@ fn build_gpu(
         interval_p50_s: quantile(&intervals, 0.5),
         interval_p90_s: quantile(&intervals, 0.9),
         wait_s: steps.iter().map(|s| s.wait_s).sum(),
+        handoff_s,
         bytes_per_step,
         samples_per_step: samples as f64 / n,
         required_mib_s,

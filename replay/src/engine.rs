@@ -70,6 +70,12 @@ pub trait Program {
     fn synchronous(&self, _gpu: usize) -> bool {
         false
     }
+    /// Seconds the GPU spends taking a batch once it is read, before it computes (a rank
+    /// receiving a batch from its workers, a loader's own CPU time): waiting for data, not
+    /// compute.
+    fn handoff_seconds(&self, _gpu: usize) -> f64 {
+        0.0
+    }
     /// Recorded mode: batch `step` is not started before this many ns after the GPU
     /// entered the epoch (the recorded time of its first read), so a replay on the same
     /// storage issues its reads when the recording did, without drift. None: no pacing.
@@ -827,8 +833,10 @@ impl<'a, P: Program> Engine<'a, P> {
         // fio's rule: overshoot of the previous sleep is taken off this one, not lost.
         let sleep = want.saturating_sub(gpu.carry_ns);
         gpu.carry_ns -= want - sleep;
-        gpu.state = State::Computing { start: now };
-        self.timers.push(Reverse((now + sleep, g)));
+        let handoff = (self.program.handoff_seconds(g) * 1e9) as u64;
+        gpu.stats.io_wait_s += handoff as f64 / 1e9;
+        gpu.state = State::Computing { start: now + handoff };
+        self.timers.push(Reverse((now + handoff + sleep, g)));
         self.fill(g)
     }
 

@@ -49,6 +49,8 @@ pub struct Template {
     pub prefetch: usize,
     pub bytes: u64,
     pub compute_s: f64,
+    /// Time the GPU spends taking each batch (model's handoff_s).
+    pub handoff_s: f64,
     /// The data device (`MAJ:MIN`) whose reads were kept, when the trace names devices.
     pub dev: Option<String>,
 }
@@ -108,6 +110,7 @@ pub fn load_templates(
                 prefetch: g.prefetch_batches.max(1),
                 bytes: g.bytes,
                 compute_s: compute,
+                handoff_s: g.handoff_s,
                 dev: model.data_dev.clone(),
             }
         })
@@ -266,6 +269,13 @@ impl Program for TraceProgram {
     fn prefetch_size(&self, gpu: usize) -> usize {
         self.prefetch_override
             .unwrap_or(self.templates[self.local[gpu].0].prefetch)
+    }
+
+    fn handoff_seconds(&self, gpu: usize) -> f64 {
+        if self.compute_override.is_some() {
+            return 0.0;
+        }
+        self.templates[self.local[gpu].0].handoff_s
     }
 
     fn synchronous(&self, gpu: usize) -> bool {
