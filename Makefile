@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # the interpreter pyo3 builds the analyzer's extension for (analysis/native)
 export PYO3_PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: all deps build venv test test-fast bench-tracer bench-file bench-encode bench-analysis bench-replay bench-fidelity demo clean
+.PHONY: all deps build venv test test-fast bench-tracer bench-file bench-encode bench-analysis bench-replay bench-fidelity bench-realjob demo clean
 
 all: build venv
 
@@ -56,6 +56,12 @@ bench-replay: all
 # scores (throughput ratio, AU, queue-depth W1, request sizes). Needs root.
 bench-fidelity: all
 	$(PY) tests/bench/bench_fidelity.py
+
+# A real PyTorch job (DataLoader workers, npz/raw, buffered/O_DIRECT) compute- and
+# storage-bound: the job model inferred from its trace and its replay against the job's
+# own figures (issue #18). Needs root.
+bench-realjob: all
+	$(PY) tests/bench/bench_realjob.py
 
 # README command one: a loop device, a recorded emulated training, analysis, report,
 # replay at 16 GPUs, fidelity and a sweep. Needs root.

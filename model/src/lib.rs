@@ -125,6 +125,9 @@ pub struct Step {
     pub interval_s: Option<f64>,
     /// Time the GPU waited for this batch (polling its workers' pipe, or reading the burst).
     pub wait_s: f64,
+    /// Loader threads that read ahead (`GpuModel::paced`): from this burst's first read to
+    /// the next one's, the recorded step period (the last step: the median).
+    pub period_s: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -149,6 +152,11 @@ pub struct GpuModel {
     pub readers: usize,
     /// The rank reads its batches itself, then computes (no worker reads ahead).
     pub synchronous: bool,
+    /// Reads come from threads other than the one that computes (a loader thread pool, or
+    /// worker processes whose handoff is not in the trace): steps are bursts that the
+    /// threads read ahead, compute per step is the recorded step period, and the replay
+    /// starts each burst no earlier than its recorded time.
+    pub paced: bool,
     /// Batches a GPU's workers may have started but it has not taken (PyTorch's
     /// prefetch_factor 2 × workers).
     pub prefetch_batches: usize,
@@ -683,6 +691,17 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     } else {
         None
     };
+    let incomplete = incomplete.or_else(|| {
+        // No GPU at all, yet the traced processes read from storage: none of it was a
+        // read syscall.
+        let other: u64 = coverage.iter().map(|c| c.block_read_bytes.saturating_sub(c.file_read_bytes)).sum();
+        (gpus.is_empty() && input.has_block && other >= INCOMPLETE_MIN_BYTES).then(|| {
+            format!(
+                "the traced processes caused {:.1} MiB of block reads but the file layer holds no data read: they likely read through mmap or io_uring, which the file layer does not see",
+                mib(other)
+            )
+        })
+    });
     for c in coverage.iter().filter(|c| !c.in_gpu) {
         let u = c.block_read_bytes.saturating_sub(c.file_read_bytes);
         if u >= INCOMPLETE_MIN_BYTES {
@@ -860,7 +879,7 @@ fn build_gpu(
                 let samples = if samples > 0 { samples } else { distinct_files(&reads) };
                 batches.push((
                     seq * nw + rank_of_worker,
-                    Step { reads, bytes, samples, first_read_ns: first, ready_ns: at, interval_s: None, wait_s: 0.0 },
+                    Step { reads, bytes, samples, first_read_ns: first, ready_ns: at, interval_s: None, wait_s: 0.0, period_s: None },
                 ));
                 seq += 1;
             }
@@ -1010,6 +1029,7 @@ fn build_gpu(
                 ready_ns: r.complete_ns,
                 interval_s: None,
                 wait_s: 0.0,
+                period_s: None,
             });
             s.ready_ns = s.ready_ns.max(r.complete_ns);
             match &*r.op {
@@ -1029,12 +1049,26 @@ fn build_gpu(
             close_burst(&s, io_ns, &mut cpu);
             finish_burst(&mut s, open_count, &mut steps);
         }
-        handoff_s = if cpu.is_empty() { 0.0 } else { cpu.iter().sum::<f64>() / cpu.len() as f64 };
+        let mut handoff = if cpu.is_empty() { 0.0 } else { cpu.iter().sum::<f64>() / cpu.len() as f64 };
         for s in &mut steps {
             s.wait_s = (s.ready_ns - s.first_read_ns).max(0) as f64 / 1e9;
         }
         readers = tids.len().max(1);
-        synchronous = workers.is_empty();
+        // The thread that computes is the process's main thread: if it read every batch
+        // itself, the job read, then computed. Otherwise other threads read ahead.
+        let inline = data_reads.iter().filter(|r| pids.contains(&r.pid)).all(|r| r.tid == r.pid);
+        synchronous = workers.is_empty() && inline;
+        if !synchronous {
+            let starts: Vec<i64> = steps.iter().map(|s| s.first_read_ns).collect();
+            let periods: Vec<f64> = starts.windows(2).map(|w| (w[1] - w[0]) as f64 / 1e9).collect();
+            let median = quantile(&periods, 0.5);
+            for (k, st) in steps.iter_mut().enumerate() {
+                st.period_s = periods.get(k).copied().or(median);
+            }
+            samples_override = Some(periods);
+            handoff = 0.0;
+        }
+        handoff_s = handoff;
     }
     for f in &mut files.list {
         f.1 = f.1.max(1).div_ceil(4096) * 4096;
@@ -1043,7 +1077,10 @@ fn build_gpu(
         Some(v) => v,
         None => steps.iter().filter_map(|s| s.interval_s).collect(),
     };
-    let compute_s = quantile(&intervals, COMPUTE_QUANTILE);
+    let paced = step_signal == "bursts" && !synchronous;
+    // A step period is the compute when loader threads keep ahead; a gap or a time to
+    // the next get can only be longer than the compute (COMPUTE_QUANTILE).
+    let compute_s = quantile(&intervals, if paced { 0.5 } else { COMPUTE_QUANTILE });
     let bytes: u64 = steps.iter().map(|s| s.bytes).sum();
     let samples: u64 = steps.iter().map(|s| s.samples as u64).sum();
     let n = steps.len().max(1) as f64;
@@ -1068,7 +1105,14 @@ fn build_gpu(
         members,
         readers,
         synchronous,
-        prefetch_batches: if workers.is_empty() { 1 } else { 2 * workers.len() },
+        paced,
+        prefetch_batches: if !workers.is_empty() && step_signal == "handoff" {
+            2 * workers.len()
+        } else if paced {
+            2
+        } else {
+            1
+        },
         step_signal,
         files: files.list,
         bytes,
@@ -1099,7 +1143,7 @@ fn finish_burst(s: &mut Step, opens: u32, steps: &mut Vec<Step>) {
     s.samples = if opens > 0 { opens } else { distinct_files(&s.reads) };
     steps.push(std::mem::replace(
         s,
-        Step { reads: Vec::new(), bytes: 0, samples: 0, first_read_ns: 0, ready_ns: 0, interval_s: None, wait_s: 0.0 },
+        Step { reads: Vec::new(), bytes: 0, samples: 0, first_read_ns: 0, ready_ns: 0, interval_s: None, wait_s: 0.0, period_s: None },
     ));
 }
 

@@ -367,7 +367,7 @@ impl Job {
                             .iter()
                             .map(|t| serde_json::json!({
                                 "pid": t.pid, "comm": t.comm, "files": t.files.len(), "steps": t.steps.len(),
-                                "readers": t.concurrency, "workers": t.workers, "synchronous": t.synchronous,
+                                "readers": t.concurrency, "workers": t.workers, "synchronous": t.synchronous, "paced": t.paced,
                                 "prefetch": t.prefetch, "compute_s": t.compute_s, "handoff_s": t.handoff_s, "bytes": t.bytes, "dev": t.dev,
                             }))
                             .collect(),

@@ -30,6 +30,9 @@ pub struct TemplateStep {
     pub streams: Vec<u32>,
     pub samples: u32,
     pub compute_s: f64,
+    /// Paced templates: when the burst's first read was issued, ns after the first read
+    /// of the trace (of any template).
+    pub start_ns: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -45,6 +48,8 @@ pub struct Template {
     pub workers: usize,
     /// The rank reads each batch itself when it asks for it (no worker reads ahead).
     pub synchronous: bool,
+    /// Loader threads read ahead: bursts start no earlier than their recorded times.
+    pub paced: bool,
     /// Batches the workers may have started that the GPU has not taken.
     pub prefetch: usize,
     pub bytes: u64,
@@ -80,6 +85,13 @@ pub fn load_templates(
             trace.display()
         ));
     }
+    // One time origin for every template: their bursts keep their offsets to each other.
+    let origin = model
+        .gpus
+        .iter()
+        .flat_map(|g| g.steps.iter().map(|s| s.first_read_ns))
+        .min()
+        .unwrap_or(0);
     let templates = model
         .gpus
         .iter()
@@ -101,12 +113,14 @@ pub fn load_templates(
                             .collect(),
                         streams: s.reads.iter().map(|r| r.reader % MAX_READERS as u32).collect(),
                         samples: s.samples,
-                        compute_s: compute,
+                        compute_s: if g.paced { s.period_s.unwrap_or(compute) } else { compute },
+                        start_ns: (s.first_read_ns - origin).max(0) as u64,
                     })
                     .collect(),
                 concurrency: g.readers.clamp(1, MAX_READERS),
                 workers: g.workers,
                 synchronous: g.synchronous,
+                paced: g.paced,
                 prefetch: g.prefetch_batches.max(1),
                 bytes: g.bytes,
                 compute_s: compute,
@@ -289,6 +303,18 @@ impl Program for TraceProgram {
     fn recorded(&self) -> bool {
         true
     }
+
+    /// Paced templates (loader threads that read ahead): a burst starts at its recorded
+    /// time after the epoch's start (or later, when the GPU is behind), so a replay on the
+    /// same storage reads when the recording did; not with --computation-time, which
+    /// replaces the recorded pace.
+    fn not_before_ns(&self, gpu: usize, _epoch: u64, step: u64) -> Option<u64> {
+        let t = &self.templates[self.local[gpu].0];
+        if self.compute_override.is_some() || !t.paced {
+            return None;
+        }
+        t.steps.get(step as usize).map(|s| s.start_ns)
+    }
 }
 
 #[cfg(test)]
@@ -381,14 +407,16 @@ mod tests {
         assert_eq!(t.comm, "train", "named by its main thread");
         assert_eq!(t.files.len(), 2, "the library read on 254:0 is left out");
         assert_eq!(t.concurrency, 2, "two threads read");
-        assert!(t.synchronous, "a process that reads its batches itself");
+        assert!(!t.synchronous && t.paced, "loader threads, not the main thread, read");
         assert_eq!(t.steps.len(), 2);
         // tid 11 is reader 0 (first to read), tid 12 reader 1; order kept.
         assert_eq!(t.steps[0].streams, vec![0, 1, 0]);
         assert_eq!(t.steps[1].streams, vec![1]);
-        // The gap after the first burst (4 ms of reads, next at 50 ms) is the compute,
-        // and every step gets the GPU's compute time.
-        assert!((t.steps[0].compute_s - 0.046).abs() < 1e-9, "{}", t.steps[0].compute_s);
-        assert!((t.steps[1].compute_s - 0.046).abs() < 1e-9);
+        // Threads that read ahead: the step period (burst start to burst start), not the
+        // 46 ms idle gap; the last step gets the median period.
+        assert!((t.steps[0].compute_s - 0.050).abs() < 1e-9, "{}", t.steps[0].compute_s);
+        assert!((t.steps[1].compute_s - 0.050).abs() < 1e-9);
+        assert_eq!(t.steps[0].start_ns, 0);
+        assert_eq!(t.steps[1].start_ns, 50 * MS as u64);
     }
 }

@@ -1,0 +1,91 @@
+"""Reads the file layer cannot see: a process that reads its data through io_uring (fio)
+or mmap (numpy's memmap) leaves block requests but no read syscalls of its data.
+
+The job model must say so (`analyze --json`: job_model.incomplete names the process and
+the likely cause) and `replay --trace` must refuse to replay the few reads it did see
+(exit 2, one line), unless told --allow-incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainio_testlib import ROOT, mounted_loop_fs, run, trainio  # noqa: E402
+
+MiB = 1 << 20
+SIZE_MB = 64
+PY = str(ROOT / ".venv" / "bin" / "python")
+
+MMAP_READER = """
+import sys, numpy as np
+a = np.memmap(sys.argv[1], dtype=np.uint8, mode="r")
+print(int(a[::4096].astype(np.uint64).sum()))
+"""
+
+
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def data_file():
+    if os.geteuid() != 0:
+        pytest.skip("needs root (loop devices, BPF)")
+    with mounted_loop_fs(SIZE_MB * 3) as (_dev, _mm, mnt):
+        f = mnt / "data.bin"
+        with open(f, "wb") as out:
+            out.write(os.urandom(SIZE_MB * MiB))
+        yield mnt, f
+
+
+READERS = {
+    "io_uring": lambda f: ["fio", "--name=uring", "--ioengine=io_uring", "--rw=read", "--bs=1M",
+                           f"--filename={f}", f"--size={SIZE_MB}M", "--direct=0", "--output=/dev/null"],
+    "mmap": lambda f: [PY, "-c", MMAP_READER, str(f)],
+}
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.parametrize("how", sorted(READERS))
+def test_reads_the_file_layer_cannot_see_are_reported_and_not_replayed(data_file, tmp_path, how):
+    mnt, f = data_file
+    _evict(f)
+    trace = tmp_path / "trace"
+    rec = trainio("record", "-o", trace, "--", *READERS[how](f), timeout=300)
+    assert rec.returncode == 0, rec.stderr
+    a = trainio("analyze", trace, "--json", timeout=300)
+    assert a.returncode == 0, a.stderr
+    model = json.loads(a.stdout)["job_model"]
+    why = model["incomplete"]
+    assert why is not None, model
+    assert "mmap or io_uring" in why, why
+    # the block layer did see the data
+    blocks = sum(c["block_read_bytes"] for c in model["coverage"])
+    assert blocks >= SIZE_MB * MiB * 0.9, model["coverage"]
+    human = trainio("analyze", trace, timeout=300)
+    assert "INCOMPLETE" in human.stdout, human.stdout
+    data_dir = mnt / "replay"
+    r = trainio("replay", "--trace", trace, "--data-dir", data_dir, "--gpus", "1", "--generate", "-q",
+                timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "--allow-incomplete" in lines[0] and str(trace) in lines[0], r.stderr
+    assert not data_dir.exists(), "nothing written when the replay is refused"
+    if model["gpus"]:
+        ok = trainio("replay", "--trace", trace, "--data-dir", data_dir, "--gpus", "1", "--generate",
+                     "--allow-incomplete", "-q", timeout=300)
+        assert ok.returncode == 0, ok.stderr
+    run(["rm", "-rf", str(data_dir)])

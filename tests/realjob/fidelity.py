@@ -1,0 +1,126 @@
+"""The real job, its trace's job model, and its replay, side by side.
+
+run_scenario() records the real PyTorch job (job.py through harness.run_job) on a
+throttled or unthrottled loop device, asks `trainio analyze --json` for the job model,
+replays the trace with `trainio replay --trace` at the recorded GPU count on the same
+storage under the same throttle (and, when asked, at twice the GPUs), and returns every
+figure: what the job says about itself, what the model infers, what the replay measures.
+tests/realjob/test_model_replay.py asserts on them; tests/bench/bench_realjob.py prints
+them as a table (`make bench-realjob`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+from harness import device_of, drop_caches, run_job, throttled_cgroup
+from trainio_testlib import TRAINIO
+
+MiB = 1 << 20
+
+
+@dataclasses.dataclass
+class Scenario:
+    name: str
+    regime: str                 # compute-bound | storage-bound
+    workers: int
+    fmt: str                    # npz | raw
+    sample_bytes: int
+    throttle_mib: int | None
+    ranks: int = 2
+    batch: int = 4
+    compute_ms: float = 50.0
+    steps: int = 40
+    odirect: bool = False
+    realtime: bool = False
+    double: bool = False        # also replay at 2x the GPUs
+
+    @property
+    def files(self) -> int:
+        return self.ranks * self.batch * (self.steps + 2)
+
+
+def _replay(trace: Path, data_dir: Path, gpus: int, sc: Scenario, majmin: str, out: Path) -> dict:
+    cmd = [str(TRAINIO), "replay", "--trace", str(trace), "--data-dir", str(data_dir),
+           "--gpus", str(gpus), "--json", str(out), "-q"]
+    if sc.odirect:
+        cmd.append("--odirect")
+    if sc.realtime:
+        cmd.append("--realtime")
+    gen = [str(TRAINIO), "datagen", "--trace", str(trace), "--data-dir", str(data_dir),
+           "--gpus", str(gpus), "--force"]
+    g = subprocess.run(gen, capture_output=True, text=True, timeout=300)
+    if g.returncode != 0:
+        raise RuntimeError(f"datagen failed ({g.returncode}): {g.stderr[-3000:]}")
+    drop_caches(data_dir)
+    bps = sc.throttle_mib * MiB if sc.throttle_mib else None
+    with throttled_cgroup(majmin, bps) as th:
+        p = subprocess.run(th.wrap(cmd), capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(f"replay failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-3000:]}")
+    r = json.loads(out.read_text())
+    r["_stderr"] = p.stderr
+    return r
+
+
+def _steady_mib_s(r: dict) -> float:
+    """The replay's MiB/s over steps 2..n of each epoch, as job.py measures its own."""
+    total_b, total_t = 0.0, 0.0
+    for e in r["per_epoch"]:
+        steps = r["steps"]
+        frac = (steps - 1) / steps if steps > 1 else 1.0
+        total_b += e["bytes_read"] * frac
+        total_t += e["duration_s"] - e["first_step_s_max"]
+    return total_b / MiB / total_t if total_t > 0 else 0.0
+
+
+def run_scenario(sc: Scenario, mnt: Path) -> dict:
+    """Runs one scenario on the file system mounted at `mnt` (data set in mnt/<sc.name>)."""
+    data = mnt / sc.name
+    majmin = device_of(data)
+    with tempfile.TemporaryDirectory(prefix="trainio-fidelity-") as tmp:
+        tmp = Path(tmp)
+        trace = tmp / "trace"
+        run = run_job(data, ranks=sc.ranks, workers=sc.workers, batch=sc.batch,
+                      compute_ms=sc.compute_ms, fmt=sc.fmt, odirect=sc.odirect,
+                      throttle_bps=sc.throttle_mib * MiB if sc.throttle_mib else None,
+                      record_dir=trace, steps=sc.steps, realtime=sc.realtime)
+        job = run.job
+        a = subprocess.run([str(TRAINIO), "analyze", str(trace), "--layer", "file", "--json"],
+                           capture_output=True, text=True, timeout=300)
+        if a.returncode != 0:
+            raise RuntimeError(f"analyze failed: {a.stderr}")
+        analysis = json.loads(a.stdout)
+        model = analysis["job_model"]
+        replay_dir = mnt / f"{sc.name}-replay"
+        rep = _replay(trace, replay_dir, sc.ranks, sc, majmin, tmp / "replay.json")
+        rep2 = None
+        if sc.double:
+            rep2 = _replay(trace, replay_dir, 2 * sc.ranks, sc, majmin, tmp / "replay2.json")
+        subprocess.run(["rm", "-rf", str(replay_dir)], check=True)
+    record = job["record_bytes"]
+    want_req = record * sc.batch / (sc.compute_ms / 1000) / MiB
+    gpus = model["gpus"]
+    return {
+        "scenario": sc,
+        "job": job,
+        "model": model,
+        "analysis_steps": analysis["steps"],
+        "replay": rep,
+        "replay2": rep2,
+        "gpus_found": len(gpus),
+        "compute_ms": [g["compute_s"] * 1e3 if g["compute_s"] is not None else None for g in gpus],
+        "required_mib_s": [g["required_mib_s"] for g in gpus],
+        "required_true_mib_s": want_req,
+        "job_mib_s": job["mib_per_s"],
+        "job_au_percent": job["au"] * 100,
+        "replay_mib_s": _steady_mib_s(rep),
+        "replay_au_percent": rep["au_percent"],
+        "replay_bytes": rep["bytes_read"],
+        "replay2_bytes": rep2["bytes_read"] if rep2 else None,
+        "recorded_bytes": sum(g["bytes"] for g in gpus),
+    }

@@ -1,0 +1,79 @@
+"""From the trace of a real PyTorch job to the right job model and a faithful replay.
+
+Each scenario records job.py (2 ranks under torchrun, gloo all-reduce per step, batch 4,
+50 ms compute per step, DataLoader with 0 or 2 worker processes) on ext4 over a loop
+device, compute-bound (no throttle) or storage-bound (reads throttled by a cgroup), then:
+
+- the job model (`trainio analyze --json`, the same code `replay --trace` uses) finds
+  exactly the ranks as GPUs, each rank's workers inside its GPU, the compute time per step
+  within 5 % of the configured 50 ms, and the throughput one GPU needs within 10 % of
+  record size x batch / compute;
+- `trainio replay --trace` at the recorded GPU count, on the same device under the same
+  throttle, reads every GPU's whole data at the job's throughput (within 5 %) and AU
+  (within 2 points, 3 for the compute-bound runs whose per-step loop overhead the job
+  counts as lost but a trace cannot tell from compute); at twice the GPUs, twice the bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fidelity import MiB, Scenario, run_scenario  # noqa: E402
+from harness import dataset_fs  # noqa: E402
+
+SCENARIOS = [
+    Scenario("compute-w2", "compute-bound", 2, "npz", MiB, None, realtime=True),
+    Scenario("storage-w2", "storage-bound", 2, "npz", MiB, 100, double=True),
+    Scenario("compute-w0", "compute-bound", 0, "raw", 256 << 10, None, realtime=True),
+    Scenario("storage-w0", "storage-bound", 0, "npz", MiB, 60),
+    Scenario("storage-w2-odirect", "storage-bound", 2, "raw", MiB, 100, odirect=True),
+]
+
+
+@pytest.fixture(scope="module")
+def fs():
+    if os.geteuid() != 0:
+        pytest.skip("needs root (loop devices, cgroups, BPF)")
+    sets = {sc.name: (sc.files, sc.sample_bytes, sc.fmt) for sc in SCENARIOS}
+    # room for each replay's copies: the recorded bytes at twice the GPUs
+    slack = max(3 * sc.files * (sc.sample_bytes + 8192) // MiB for sc in SCENARIOS) + 64
+    with dataset_fs(sets, slack_mb=slack) as (_dev, _mm, mnt):
+        yield mnt
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.parametrize("sc", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_model_and_replay_of_a_real_job(fs, sc: Scenario) -> None:
+    r = run_scenario(sc, fs)
+    model, job = r["model"], r["job"]
+    print(f"\n{sc.name}: job AU {r['job_au_percent']:.1f}% {r['job_mib_s']:.1f} MiB/s; "
+          f"model compute {r['compute_ms']} ms, needs {r['required_mib_s']} MiB/s "
+          f"(true {r['required_true_mib_s']:.1f}); replay AU {r['replay_au_percent']:.1f}% "
+          f"{r['replay_mib_s']:.1f} MiB/s")
+    assert model["incomplete"] is None
+    # GPUs found = ranks, exactly; each with its workers.
+    assert r["gpus_found"] == sc.ranks, model
+    for g in model["gpus"]:
+        assert g["workers"] == sc.workers, g["members"]
+        assert g["step_signal"] == ("handoff" if sc.workers else "bursts")
+        assert abs(len(g["steps"]) - sc.steps) <= 1, len(g["steps"])
+        assert g["samples_per_step"] == pytest.approx(sc.batch, rel=0.05)
+    for c in r["compute_ms"]:
+        assert c == pytest.approx(sc.compute_ms, rel=0.05)
+    for req in r["required_mib_s"]:
+        assert req == pytest.approx(r["required_true_mib_s"], rel=0.10)
+    # The replay reads every GPU's whole data, at the job's pace.
+    assert r["replay_bytes"] == r["recorded_bytes"]
+    assert r["replay_mib_s"] == pytest.approx(r["job_mib_s"], rel=0.05)
+    au_tol = 3.0 if sc.regime == "compute-bound" else 2.0
+    assert abs(r["replay_au_percent"] - r["job_au_percent"]) <= au_tol
+    if sc.double:
+        assert r["replay2_bytes"] == 2 * r["replay_bytes"]
+    assert job["world_size"] == sc.ranks
