@@ -19,7 +19,7 @@
 //!    workers, from the end of one batch's read off the pipe to the start of the next
 //!    get (its poll on the pipe, or the read itself), so waiting for a late batch is not
 //!    counted; without workers, the gap between bursts. The GPU's compute time is the
-//!    25th percentile of these intervals: an interval can only be longer than the compute
+//!    10th percentile of these intervals: an interval can only be longer than the compute
 //!    (a collective waiting for a slower rank, the end of an epoch), rarely shorter.
 //! 4. **Throughput one GPU needs**: bytes per step / compute time per step.
 //! 5. **Whether the file layer saw the data**: the block-layer bytes each traced process
@@ -51,7 +51,7 @@ const MIN_GAP_RATIO: f64 = 3.0;
 /// Default step gap when the gaps show no clear jump.
 pub const DEFAULT_BURST_GAP_MS: f64 = 10.0;
 /// Quantile of a GPU's step intervals taken as its compute time.
-const COMPUTE_QUANTILE: f64 = 0.25;
+const COMPUTE_QUANTILE: f64 = 0.10;
 /// A trace is incomplete when more than this share of its traced processes' block reads
 /// has no file-layer read behind it (and that is at least INCOMPLETE_MIN_BYTES).
 const INCOMPLETE_SHARE: f64 = 0.5;
