@@ -118,6 +118,9 @@ def run_scenario(sc: Scenario, mnt: Path) -> dict:
         "required_true_mib_s": want_req,
         "job_mib_s": job["mib_per_s"],
         "job_au_percent": job["au"] * 100,
+        # the model's view of the recording: DLIO's AU over the recorded steps with the
+        # inferred compute (what the trace says the job's AU was)
+        "model_au_percent": 100 * sum(g["au_recorded"] or 0 for g in gpus) / max(len(gpus), 1),
         "replay_mib_s": _steady_mib_s(rep),
         "replay_au_percent": rep["au_percent"],
         "replay_bytes": rep["bytes_read"],
