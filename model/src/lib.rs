@@ -654,9 +654,23 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         })
         .collect();
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    // A GPU's processes: its rank, its workers, and whatever else descends from the rank
+    // (a child that reads for it through io_uring, say).
+    let rank_of_gpu: HashMap<u32, usize> = gpus.iter().map(|g| (g.rank_pid, g.index)).collect();
+    let descends_from = |pid: u32| -> Option<usize> {
+        let mut cur = pid;
+        for _ in 0..64 {
+            if let Some(&g) = rank_of_gpu.get(&cur) {
+                return Some(g);
+            }
+            cur = procs.get(&cur).and_then(|p| p.ppid)?;
+        }
+        None
+    };
     for g in &gpus {
-        let members: Vec<u32> = g.members.iter().map(|m| m.pid).collect();
+        let mut members: Vec<u32> = g.members.iter().map(|m| m.pid).collect();
         let start = data_reads.iter().filter(|r| members.contains(&r.pid)).map(|r| r.issue_ns).min().unwrap_or(i64::MAX);
+        members.extend(coverage.iter().map(|c| c.pid).filter(|&p| descends_from(p) == Some(g.index)));
         let sec0 = start.div_euclid(NS_PER_S);
         for c in coverage.iter_mut().filter(|c| members.contains(&c.pid)) {
             c.in_gpu = true;

@@ -263,6 +263,16 @@ fn block_reads_the_file_layer_did_not_see_make_the_trace_incomplete() {
     let msg = m.incomplete.expect("incomplete");
     assert!(msg.contains("pid 500") && msg.contains("mmap or io_uring"), "{msg}");
     assert_eq!(m.coverage.len(), 1, "only traced processes count");
+    // fio forks its job: the child reads through io_uring, the parent only its libraries
+    let mut input = Input::default();
+    input.has_block = true;
+    input.proc_rows.push(proc_row("start", 600, 1, "fio", 0));
+    input.proc_rows.push(proc_row("fork", 601, 600, "fio", 2 * MS));
+    input.file.push(OwnedRow { dev: Some(Arc::from("254:0")), ..file_read(600, "fio", "/lib/libaio.so", 0, 60 << 10, MS, MS) });
+    input.add_block_read(601, 3 * MS, 64 * MIB);
+    let m = infer(&input, &Options::default()).unwrap();
+    let msg = m.incomplete.expect("the child's reads are the GPU's");
+    assert!(msg.contains("pid 601"), "{msg}");
     // buffered reads the file layer saw are complete
     let mut input = Input::default();
     input.has_block = true;
