@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -268,7 +269,12 @@ def write_report(
     bin_s: float = 1.0,
     burst_gap_ms: float = 10.0,
 ) -> Path:
-    """Analyze each trace and write the HTML report atomically; returns its path."""
+    """Analyze each trace and write the HTML report atomically; returns its path.
+
+    `output` must be a regular file or a new name in an existing directory: a device, a
+    directory, a FIFO or a symbolic link is refused before any trace is read (the
+    report is renamed into place, which would replace the node or the link itself)."""
+    _check_output(Path(output))
     opts = {"dev": dev, "pid": pid, "bin_s": bin_s, "burst_gap_ms": burst_gap_ms}
     results = []
     files = []
@@ -299,9 +305,35 @@ def write_report(
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(tmp, 0o644)
+        _check_output(out)  # again: it may have changed while the traces were read
         os.replace(tmp, out)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         msg = f"{out}: cannot write ({exc.strerror})"
         raise TrainioError(msg) from None
+    except TrainioError:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return out
+
+
+def _check_output(out: Path) -> None:
+    """Refuses an output path that is not a regular file or a new name in an existing
+    directory (one line, naming it)."""
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        parent = out.parent if str(out.parent) else Path(".")
+        if not parent.is_dir():
+            msg = f"{out}: directory {parent} does not exist"
+            raise TrainioError(msg) from None
+        return
+    except OSError as exc:
+        msg = f"{out}: cannot write ({exc.strerror})"
+        raise TrainioError(msg) from None
+    if stat.S_ISLNK(st.st_mode):
+        msg = f"{out}: is a symbolic link; give the path of a regular file"
+        raise TrainioError(msg)
+    if not stat.S_ISREG(st.st_mode):
+        msg = f"{out}: not a regular file (a device, directory or FIFO); give a file path"
+        raise TrainioError(msg)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -125,3 +127,37 @@ def test_block_only_traces_get_per_device_streams(tmp_path: Path) -> None:
     text = out.read_text()
     assert "Per-dev streams: utilization (no file layer recorded)" in text
     assert '"x":["8:0","8:16"]' in text.replace(" ", "")
+
+
+@pytest.mark.parametrize("kind", ["devnull", "symlink", "directory", "missing_dir"])
+def test_report_refuses_outputs_it_would_replace(tmp_path: Path, kind: str) -> None:
+    """-o must name a regular file or a new name in an existing directory: the report is
+    renamed into place, which would replace a device node or a link with a file."""
+    a = _job(tmp_path / "gpu1", 1)
+    target = tmp_path / "target.html"
+    target.write_text("keep me")
+    if kind == "devnull":
+        # a device node of our own, like /dev/null (char 1:3): never the real one, which
+        # a report writer with the bug would replace with a file
+        if os.geteuid() != 0:
+            pytest.skip("mknod of a device node needs root")
+        os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    out = {
+        "devnull": tmp_path / "null",
+        "symlink": tmp_path / "link.html",
+        "directory": tmp_path,
+        "missing_dir": tmp_path / "nowhere" / "report.html",
+    }[kind]
+    if kind == "symlink":
+        out.symlink_to(target)
+    before = out.lstat() if out.exists() or out.is_symlink() else None
+    res = run_cli("report", str(a), "-o", str(out))
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(out) in lines[0], res.stderr
+    if before is not None:
+        after = out.lstat()
+        assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
+    assert target.read_text() == "keep me"
+    assert not list(tmp_path.glob(".*.tmp")), "no temporary file left"
+    assert not (tmp_path / "nowhere").exists()
