@@ -317,6 +317,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     out = tmp_path / "o"
     _one_line_exit_2(trainio("record", "-o", out, "--dev", "nosuchdisk0", "--", "true"), "nosuchdisk0")
     _one_line_exit_2(trainio("record", "-o", out, "--", "no-such-command-xyz"), "no-such-command-xyz")
+    # a file that is not executable, named by path: refused before anything is written
+    _one_line_exit_2(trainio("record", "-o", out, "--", "/etc/passwd"), "/etc/passwd", "not an executable")
     _one_line_exit_2(trainio("record", "-o", out, "--layers", "block,tape", "--", "true"), "tape")
     _one_line_exit_2(trainio("record", "-o", out, "--pid", "999999999"), "999999999")
     assert not out.exists(), "nothing is written on bad input"

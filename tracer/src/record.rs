@@ -124,11 +124,18 @@ enum Subject {
 fn find_program(name: &OsString) -> Option<PathBuf> {
     let p = Path::new(name);
     if p.components().count() > 1 {
-        return p.is_file().then(|| p.to_path_buf());
+        return is_executable(p).then(|| p.to_path_buf());
     }
     std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).map(|d| d.join(p)).find(|c| c.is_file()))
+        .map(|paths| std::env::split_paths(&paths).map(|d| d.join(p)).find(|c| is_executable(c)))
         .unwrap_or(None)
+}
+
+/// A regular file that exec may run, as execvp searches PATH for one.
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else { return false };
+    p.is_file() && unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0
 }
 
 struct Checked {
@@ -180,7 +187,11 @@ fn preflight(args: &Args) -> Result<Checked> {
     }
     let (subject, target) = if !args.command.is_empty() {
         if find_program(&args.command[0]).is_none() {
-            usage!("command not found: {}", args.command[0].to_string_lossy());
+            let name = args.command[0].to_string_lossy();
+            if Path::new(&args.command[0]).components().count() > 1 && Path::new(&args.command[0]).exists() {
+                usage!("{name}: not an executable file");
+            }
+            usage!("command not found: {name}");
         }
         (Subject::Command(args.command.clone()), Target::Tgids)
     } else if let Some(pid) = args.pid {
