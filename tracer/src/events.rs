@@ -403,27 +403,8 @@ impl Collector {
     /// A `start` row: a traced process that existed when the recording started, as /proc
     /// described it then (user space, not a probe, reports these).
     pub fn proc_start(&mut self, p: &ProcInfo, ns: i64) {
-        self.batch.push(&Row {
-            layer: Layer::Proc,
-            op: "start",
-            issue_ns: ns,
-            complete_ns: ns,
-            insert_ns: None,
-            dev: None,
-            offset: None,
-            bytes: 0,
-            bytes_requested: 0,
-            queue_depth: 0,
-            pid: p.pid,
-            tid: p.pid,
-            comm: &p.comm,
-            fd: None,
-            file: (!p.cmdline.is_empty()).then_some(p.cmdline.as_str()),
-            error: 0,
-            flags: 0,
-            ppid: Some(p.ppid),
-        });
-        self.count(Layer::Proc, 0, 0, 0);
+        let file = (!p.cmdline.is_empty()).then_some(p.cmdline.as_str());
+        self.push_proc("start", ns, (p.pid, p.pid, p.ppid), &p.comm, file, 0);
     }
 
     fn proc(&mut self, e: &process_event) {
@@ -437,25 +418,32 @@ impl Collector {
         let raw: &[u8] = unsafe { &*(&e.file[..] as *const [i8] as *const [u8]) };
         let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
         let file = (op == "exec").then(|| String::from_utf8_lossy(&raw[..end]));
+        let code = if op == "exit" { e.exit_code } else { 0 };
+        self.push_proc(op, e.ns as i64, (e.pid, e.tid, e.ppid), comm_str(&e.comm), file.as_deref(), code);
+    }
+
+    /// One proc-layer row: an instant, `ids` = (pid, tid, ppid), `error` the exit status.
+    fn push_proc(&mut self, op: &str, ns: i64, ids: (u32, u32, u32), comm: &str, file: Option<&str>, error: i32) {
+        let (pid, tid, ppid) = ids;
         self.batch.push(&Row {
             layer: Layer::Proc,
             op,
-            issue_ns: e.ns as i64,
-            complete_ns: e.ns as i64,
+            issue_ns: ns,
+            complete_ns: ns,
             insert_ns: None,
             dev: None,
             offset: None,
             bytes: 0,
             bytes_requested: 0,
             queue_depth: 0,
-            pid: e.pid,
-            tid: e.tid,
-            comm: comm_str(&e.comm),
+            pid,
+            tid,
+            comm,
             fd: None,
-            file: file.as_deref(),
-            error: if op == "exit" { e.exit_code } else { 0 },
+            file,
+            error,
             flags: 0,
-            ppid: Some(e.ppid),
+            ppid: Some(ppid),
         });
         self.count(Layer::Proc, 0, 0, 0);
     }

@@ -144,18 +144,13 @@ pub fn describe_devices<'a>(devs: impl IntoIterator<Item = &'a str>) -> Vec<Devi
     out.into_values().collect()
 }
 
-/// Where the syscall tracepoints are described; mounts tracefs if nothing has (libbpf
-/// looks tracepoint ids up there).
 /// The processes descended from `root` now (children, their children, …), parents before
 /// their children, from each process's parent in /proc/PID/stat. `root` itself is not in it.
 pub fn descendants(root: u32) -> Vec<u32> {
     let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
-    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        // "PID (COMM) STATE PPID …": COMM may hold spaces and parentheses, so split after the last ')'.
-        let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else { continue };
-        let ppid = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().nth(1)?.parse::<u32>().ok());
-        if let Some(ppid) = ppid {
+    for pid in all_pids() {
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        if let Some((ppid, _)) = parse_stat(&stat) {
             children.entry(ppid).or_default().push(pid);
         }
     }
@@ -240,6 +235,8 @@ pub fn cgroup_pids(path: &Path) -> Vec<u32> {
     pids
 }
 
+/// Where the syscall tracepoints are described; mounts tracefs if nothing has (libbpf
+/// looks tracepoint ids up there).
 pub fn tracefs() -> Result<PathBuf> {
     for p in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
         if Path::new(p).join("events").is_dir() {

@@ -187,8 +187,8 @@ fn preflight(args: &Args) -> Result<Checked> {
     }
     let (subject, target) = if !args.command.is_empty() {
         if find_program(&args.command[0]).is_none() {
-            let name = args.command[0].to_string_lossy();
-            if Path::new(&args.command[0]).components().count() > 1 && Path::new(&args.command[0]).exists() {
+            let (name, path) = (args.command[0].to_string_lossy(), Path::new(&args.command[0]));
+            if path.components().count() > 1 && path.exists() {
                 usage!("{name}: not an executable file");
             }
             usage!("command not found: {name}");
