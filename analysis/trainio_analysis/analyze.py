@@ -128,9 +128,6 @@ def _np(column: pa.ChunkedArray) -> np.ndarray:
 
 
 class _Analyzer:
-    # the job model's step gap (analyze(step_gap_ms=...)); None: found from the gaps
-    step_gap_ms: float | None = None
-
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -138,8 +135,12 @@ class _Analyzer:
         bin_s: float,
         burst_gap_ms: float,
         workers: int,
+        with_model: bool = True,
+        step_gap_ms: float | None = None,
     ) -> None:
         self.path = Path(path)
+        self.with_model = with_model
+        self.step_gap_ms = step_gap_ms
         self.segments = tr.open_trace(path)
         self.meta = tr.read_metadata(path)
         self.bin_ns = int(round(bin_s * 1e9))
@@ -800,7 +801,7 @@ class _Analyzer:
                 "bursts": _bursts(state, self.burst_gap_ms, None),
             }
         out["groups"] = per_group
-        if "file" in self.layers_present:
+        if self.with_model and "file" in self.layers_present:
             out["job_model"] = job_model(self.path, step_gap_ms=self.step_gap_ms)
         if self.layer == "file":
             out["steps"] = _steps(out.get("job_model"))
@@ -1059,6 +1060,7 @@ def analyze(
     burst_gap_ms: float = DEFAULT_BURST_GAP_MS,
     workers: int = 2,
     step_gap_ms: float | None = None,
+    with_model: bool = True,
 ) -> dict[str, Any]:
     """Analyze one layer of a trace; returns the JSON-ready result.
 
@@ -1077,8 +1079,9 @@ def analyze(
     step_gap_ms
         The job model's gap between the batches of a rank that reads them itself; None:
         found from the gaps.
+    with_model
+        Infer the job model (``job_model``, ``steps``, each process's GPU); callers that
+        use none of them (report, compare) skip reading the trace once more for it.
     """
     sel = Selection(layer=layer, dev=dev, pid=pid)
-    a = _Analyzer(path, sel, bin_s, burst_gap_ms, workers)
-    a.step_gap_ms = step_gap_ms
-    return a.run()
+    return _Analyzer(path, sel, bin_s, burst_gap_ms, workers, with_model, step_gap_ms).run()

@@ -79,9 +79,9 @@ def compare(
 
     When no layer is given, B is analyzed at the layer chosen for A.
     """
-    ra = analyze(a, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms)
+    ra = analyze(a, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms, with_model=False)
     layer = layer or ra["selection"]["layer"]
-    rb = analyze(b, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms)
+    rb = analyze(b, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms, with_model=False)
     return {"a": str(a), "b": str(b), "layer": layer, **scores(ra, rb)}
 
 

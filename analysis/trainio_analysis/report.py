@@ -275,7 +275,7 @@ def write_report(
     directory, a FIFO or a symbolic link is refused before any trace is read (the
     report is renamed into place, which would replace the node or the link itself)."""
     _check_output(Path(output))
-    opts = {"dev": dev, "pid": pid, "bin_s": bin_s, "burst_gap_ms": burst_gap_ms}
+    opts = {"dev": dev, "pid": pid, "bin_s": bin_s, "burst_gap_ms": burst_gap_ms, "with_model": False}
     results = []
     files = []
     for t in traces:
