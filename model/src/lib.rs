@@ -575,6 +575,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         reader_bytes.get(&rank).copied().unwrap_or(0) + ws.iter().map(|w| reader_bytes[w]).sum::<u64>()
     };
     let largest = groups.iter().map(|(r, ws)| group_bytes(*r, ws)).max().unwrap_or(0);
+    let ix = ByPid::new(input, &data_reads);
     let mut gpus = Vec::new();
     for (rank, ws) in &groups {
         let bytes = group_bytes(*rank, ws);
@@ -617,7 +618,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
                 bytes: reader_bytes[w],
             });
         }
-        let gpu = build_gpu(gpus.len(), *rank, &ws, members, input, &data_reads, opts, &on_dev, &mut warnings);
+        let gpu = build_gpu(gpus.len(), *rank, &ws, members, input, &ix, opts, &on_dev, &mut warnings);
         gpus.push(gpu);
     }
     // Coverage: the block reads each GPU's processes caused from their first data read
@@ -635,9 +636,8 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     for (&(pid, _), &b) in &input.block_reads {
         *block_by_pid.entry(pid).or_default() += b;
     }
-    let file_reads: Vec<&OwnedRow> = input.file.iter().filter(|r| &*r.op == "read" && r.bytes > 0).collect();
     let mut file_by_pid: HashMap<u32, u64> = HashMap::new();
-    for r in &file_reads {
+    for r in input.file.iter().filter(|r| &*r.op == "read" && r.bytes > 0) {
         *file_by_pid.entry(r.pid).or_default() += r.bytes as u64;
     }
     let mut coverage: Vec<Coverage> = block_by_pid
@@ -669,20 +669,16 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     };
     for g in &gpus {
         let mut members: Vec<u32> = g.members.iter().map(|m| m.pid).collect();
-        let start = data_reads.iter().filter(|r| members.contains(&r.pid)).map(|r| r.issue_ns).min().unwrap_or(i64::MAX);
+        let start = members.iter().flat_map(|&p| rows_of(&ix.data, p)).map(|r| r.issue_ns).min().unwrap_or(i64::MAX);
         members.extend(coverage.iter().map(|c| c.pid).filter(|&p| descends_from(p) == Some(g.index)));
         let sec0 = start.div_euclid(NS_PER_S);
         for c in coverage.iter_mut().filter(|c| members.contains(&c.pid)) {
             c.in_gpu = true;
-            c.block_read_bytes_training = input
-                .block_reads
+            c.block_read_bytes_training =
+                ix.block.get(&c.pid).into_iter().flatten().filter(|(sec, _)| *sec >= sec0).map(|(_, b)| *b).sum();
+            c.file_read_bytes_training = rows_of(&ix.file, c.pid)
                 .iter()
-                .filter(|((p, sec), _)| *p == c.pid && *sec >= sec0)
-                .map(|(_, b)| *b)
-                .sum();
-            c.file_read_bytes_training = file_reads
-                .iter()
-                .filter(|r| r.pid == c.pid && r.issue_ns >= sec0 * NS_PER_S)
+                .filter(|r| &*r.op == "read" && r.bytes > 0 && r.issue_ns >= sec0 * NS_PER_S)
                 .map(|r| r.bytes as u64)
                 .sum();
         }
@@ -751,6 +747,44 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     })
 }
 
+/// The rows of each process, indexed once: a GPU's inference and its coverage read only
+/// their own processes' rows, not the whole trace per GPU and per worker.
+struct ByPid<'a> {
+    file: HashMap<u32, Vec<&'a OwnedRow>>,
+    ipc: HashMap<u32, Vec<&'a OwnedRow>>,
+    /// Data reads (`is_data_read`, on the data device).
+    data: HashMap<u32, Vec<&'a OwnedRow>>,
+    /// Block read bytes by second.
+    block: HashMap<u32, Vec<(i64, u64)>>,
+}
+
+impl<'a> ByPid<'a> {
+    fn new(input: &'a Input, data_reads: &[&'a OwnedRow]) -> Self {
+        let group = |rows: &mut dyn Iterator<Item = &'a OwnedRow>| {
+            let mut m: HashMap<u32, Vec<&'a OwnedRow>> = HashMap::new();
+            for r in rows {
+                m.entry(r.pid).or_default().push(r);
+            }
+            m
+        };
+        let mut block: HashMap<u32, Vec<(i64, u64)>> = HashMap::new();
+        for (&(pid, sec), &b) in &input.block_reads {
+            block.entry(pid).or_default().push((sec, b));
+        }
+        ByPid {
+            file: group(&mut input.file.iter()),
+            ipc: group(&mut input.ipc.iter()),
+            data: group(&mut data_reads.iter().copied()),
+            block,
+        }
+    }
+}
+
+/// The rows of `pid` in one of ByPid's maps.
+fn rows_of<'m, 'a>(m: &'m HashMap<u32, Vec<&'a OwnedRow>>, pid: u32) -> &'m [&'a OwnedRow] {
+    m.get(&pid).map(Vec::as_slice).unwrap_or(&[])
+}
+
 /// Counts the opens of data files per (pid, time window): the samples of a batch, one
 /// `__getitem__` opening one file.
 fn opens_between(opens: &[(u32, i64)], pids: &[u32], from: i64, to: i64) -> u32 {
@@ -764,7 +798,7 @@ fn build_gpu(
     workers: &[u32],
     members: Vec<Member>,
     input: &Input,
-    data_reads: &[&OwnedRow],
+    ix: &ByPid,
     opts: &Options,
     on_dev: &dyn Fn(&OwnedRow) -> bool,
     warnings: &mut Vec<String>,
@@ -775,15 +809,12 @@ fn build_gpu(
     // closes count only on them (an open row carries no device).
     let mut pids: Vec<u32> = vec![rank];
     pids.extend_from_slice(workers);
-    let data_paths: HashSet<&str> = data_reads
-        .iter()
-        .filter(|r| pids.contains(&r.pid))
-        .filter_map(|r| r.file.as_deref())
-        .collect();
+    let data_paths: HashSet<&str> =
+        pids.iter().flat_map(|&p| rows_of(&ix.data, p)).filter_map(|r| r.file.as_deref()).collect();
     let is_data_file = |r: &OwnedRow| r.file.as_deref().is_some_and(|f| data_paths.contains(f));
-    let opens: Vec<(u32, i64)> = input
-        .file
+    let opens: Vec<(u32, i64)> = pids
         .iter()
+        .flat_map(|&p| rows_of(&ix.file, p))
         .filter(|r| &*r.op == "open" && r.error == 0 && is_data_file(r))
         .map(|r| (r.pid, r.issue_ns))
         .collect();
@@ -795,7 +826,7 @@ fn build_gpu(
         let mut r_of: HashSet<&str> = HashSet::new();
         let mut rank_w: HashSet<&str> = HashSet::new();
         let mut worker_r: HashSet<&str> = HashSet::new();
-        for r in &input.ipc {
+        for r in pids.iter().flat_map(|&p| rows_of(&ix.ipc, p)) {
             let Some(f) = r.file.as_deref() else { continue };
             match &*r.op {
                 "write" if r.bytes > 0 && workers.contains(&r.pid) => {
@@ -823,7 +854,7 @@ fn build_gpu(
     let step_signal;
     let readers;
     let synchronous;
-    let mut samples_override: Option<Vec<f64>> = None;
+    let mut intervals_override: Option<Vec<f64>> = None;
     let handoff_s: f64;
     if !data_pipes.is_empty() {
         step_signal = "handoff";
@@ -841,10 +872,10 @@ fn build_gpu(
         // Messages: each worker's writes on the pipe, merged when back to back.
         let mut per_worker_msgs: Vec<Vec<i64>> = vec![Vec::new(); workers.len()];
         for (wi, &w) in workers.iter().enumerate() {
-            let mut ws: Vec<&OwnedRow> = input
-                .ipc
+            let mut ws: Vec<&OwnedRow> = rows_of(&ix.ipc, w)
                 .iter()
-                .filter(|r| r.pid == w && &*r.op == "write" && r.bytes > 0 && r.file.as_deref().is_some_and(|f| data_pipes.contains(f)))
+                .copied()
+                .filter(|r| &*r.op == "write" && r.bytes > 0 && r.file.as_deref().is_some_and(|f| data_pipes.contains(f)))
                 .collect();
             ws.sort_by_key(|r| r.issue_ns);
             let mut last_end = i64::MIN;
@@ -858,11 +889,7 @@ fn build_gpu(
             }
         }
         // A worker's batch: its data reads since its previous message.
-        let mut per_worker: Vec<Vec<&OwnedRow>> = vec![Vec::new(); workers.len()];
-        for r in data_reads.iter().filter(|r| workers.contains(&r.pid)) {
-            let wi = workers.iter().position(|&w| w == r.pid).unwrap();
-            per_worker[wi].push(r);
-        }
+        let mut per_worker: Vec<Vec<&OwnedRow>> = workers.iter().map(|&w| rows_of(&ix.data, w).to_vec()).collect();
         for v in &mut per_worker {
             v.sort_by_key(|r| (r.issue_ns, r.complete_ns));
         }
@@ -903,7 +930,7 @@ fn build_gpu(
         steps = batches.into_iter().map(|(_, s)| s).collect();
         readers = nw;
         // The rank's own data reads (a rank that also reads) are not replayed: say so.
-        let own: u64 = data_reads.iter().filter(|r| r.pid == rank).map(|r| r.bytes as u64).sum();
+        let own: u64 = rows_of(&ix.data, rank).iter().map(|r| r.bytes as u64).sum();
         if own > 0 {
             warnings.push(format!(
                 "GPU {index} (pid {rank}): the rank's own {:.1} MiB of data reads are left out of its steps (its workers read the batches)",
@@ -914,18 +941,16 @@ fn build_gpu(
         // batch index to a worker's index queue: one write per step. From there to its
         // next poll or read of the worker pipe (or to the next index write, when the
         // batch came from the batches it already holds) it computes.
-        let mut pipe_events: Vec<(i64, i64, bool)> = input
-            .ipc
+        let mut pipe_events: Vec<(i64, i64, bool)> = rows_of(&ix.ipc, rank)
             .iter()
-            .filter(|r| r.pid == rank && r.file.as_deref().is_some_and(|f| data_pipes.contains(f)) && (&*r.op == "wait" || (&*r.op == "read" && r.bytes > 0)))
+            .filter(|r| r.file.as_deref().is_some_and(|f| data_pipes.contains(f)) && (&*r.op == "wait" || (&*r.op == "read" && r.bytes > 0)))
             .map(|r| (r.issue_ns, r.complete_ns, &*r.op == "wait"))
             .collect();
         pipe_events.sort_unstable();
         let first_get = pipe_events.first().map(|e| e.0).unwrap_or(i64::MAX);
-        let mut marks: Vec<i64> = input
-            .ipc
+        let mut marks: Vec<i64> = rows_of(&ix.ipc, rank)
             .iter()
-            .filter(|r| r.pid == rank && &*r.op == "write" && r.bytes > 0 && r.file.as_deref().is_some_and(|f| index_pipes.contains(f)))
+            .filter(|r| &*r.op == "write" && r.bytes > 0 && r.file.as_deref().is_some_and(|f| index_pipes.contains(f)))
             .map(|r| r.issue_ns)
             .filter(|&t| t > first_get)
             .collect();
@@ -967,7 +992,7 @@ fn build_gpu(
             step.interval_s = computes.get(k).copied();
             step.wait_s = waits.get(k).copied().unwrap_or(0.0);
         }
-        samples_override = Some(computes);
+        intervals_override = Some(computes);
     } else {
         step_signal = "bursts";
         if !workers.is_empty() {
@@ -976,10 +1001,11 @@ fn build_gpu(
             ));
         }
         // Activity on data files of the group: reads, opens, closes.
-        let mut act: Vec<&OwnedRow> = input
-            .file
+        let mut act: Vec<&OwnedRow> = pids
             .iter()
-            .filter(|r| pids.contains(&r.pid) && (is_data_read(r) && on_dev(r) || matches!(&*r.op, "open" | "close") && is_data_file(r)))
+            .flat_map(|&p| rows_of(&ix.file, p))
+            .copied()
+            .filter(|r| is_data_read(r) && on_dev(r) || matches!(&*r.op, "open" | "close") && is_data_file(r))
             .collect();
         act.sort_by_key(|r| (r.issue_ns, r.complete_ns));
         let mut gaps = Vec::new();
@@ -1070,7 +1096,7 @@ fn build_gpu(
         readers = tids.len().max(1);
         // The thread that computes is the process's main thread: if it read every batch
         // itself, the job read, then computed. Otherwise other threads read ahead.
-        let inline = data_reads.iter().filter(|r| pids.contains(&r.pid)).all(|r| r.tid == r.pid);
+        let inline = pids.iter().flat_map(|&p| rows_of(&ix.data, p)).all(|r| r.tid == r.pid);
         synchronous = workers.is_empty() && inline;
         if !synchronous {
             let starts: Vec<i64> = steps.iter().map(|s| s.first_read_ns).collect();
@@ -1079,7 +1105,7 @@ fn build_gpu(
             for (k, st) in steps.iter_mut().enumerate() {
                 st.period_s = periods.get(k).copied().or(median);
             }
-            samples_override = Some(periods);
+            intervals_override = Some(periods);
             handoff = 0.0;
         }
         handoff_s = handoff;
@@ -1087,7 +1113,7 @@ fn build_gpu(
     for f in &mut files.list {
         f.1 = f.1.max(1).div_ceil(4096) * 4096;
     }
-    let intervals: Vec<f64> = match samples_override {
+    let intervals: Vec<f64> = match intervals_override {
         Some(v) => v,
         None => steps.iter().filter_map(|s| s.interval_s).collect(),
     };
