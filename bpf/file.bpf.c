@@ -285,6 +285,29 @@ static __always_inline void leave_flight(__u32 tgid)
 		__sync_fetch_and_add(n, -1);
 }
 
+/* The calling thread's syscall state, created on first use; counted as lost if it cannot be. */
+static __always_inline struct pending_io *pending_of(struct task_struct *task)
+{
+	struct pending_io *p = bpf_task_storage_get(&pending, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+
+	if (!p)
+		count_lost(TRAINIO_LOST_FILE_MAP);
+	return p;
+}
+
+/* An ipc syscall's entry (a read, write or wait on a pipe or socket): no offset, no depth. */
+static __always_inline void begin_ipc(struct pending_io *p, __u32 ipc, __u32 op, int fd, __u64 requested,
+				      struct file_bits *fb)
+{
+	p->ipc = ipc;
+	p->op = op;
+	p->fd = fd;
+	p->requested = requested;
+	p->dev = fb->dev;
+	p->ino = fb->ino;
+	p->enter_ns = bpf_ktime_get_ns();
+}
+
 /* offset < 0: use the file position at entry. */
 static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 offset)
 {
@@ -307,23 +330,16 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 		if (!ipc)
 			return 0; /* neither storage nor ipc */
 	}
-	p = bpf_task_storage_get(&pending, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!p) {
-		count_lost(TRAINIO_LOST_FILE_MAP);
+	p = pending_of(task);
+	if (!p)
 		return 0;
-	}
-	p->ipc = ipc;
 	if (ipc) {
-		/* Not counted in the process's read concurrency: no offset, no queue depth. */
-		p->op = op == TRAINIO_FOP_WRITE || op == TRAINIO_FOP_PWRITE64 ? TRAINIO_IPC_WRITE
-									       : TRAINIO_IPC_READ;
-		p->fd = fd;
-		p->requested = requested;
-		p->dev = fb.dev;
-		p->ino = fb.ino;
-		p->enter_ns = bpf_ktime_get_ns();
+		/* Not counted in the process's read concurrency. */
+		begin_ipc(p, ipc, op == TRAINIO_FOP_WRITE || op == TRAINIO_FOP_PWRITE64 ? TRAINIO_IPC_WRITE : TRAINIO_IPC_READ,
+			  fd, requested, &fb);
 		return 0;
 	}
+	p->ipc = 0;
 	p->op = op;
 	p->fd = fd;
 	p->requested = requested;
@@ -497,18 +513,9 @@ static __always_inline int enter_wait(__u64 ufds, __u64 nfds)
 	ipc = ipc_type(read_identity(&fb));
 	if (!ipc)
 		return 0;
-	p = bpf_task_storage_get(&pending, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!p) {
-		count_lost(TRAINIO_LOST_FILE_MAP);
-		return 0;
-	}
-	p->ipc = ipc;
-	p->op = TRAINIO_IPC_WAIT;
-	p->fd = pfd.fd;
-	p->requested = nfds;
-	p->dev = fb.dev;
-	p->ino = fb.ino;
-	p->enter_ns = bpf_ktime_get_ns();
+	p = pending_of(task);
+	if (p)
+		begin_ipc(p, ipc, TRAINIO_IPC_WAIT, pfd.fd, nfds, &fb);
 	return 0;
 }
 
@@ -620,11 +627,9 @@ static __always_inline int enter_open(int dirfd, __u64 path_ptr, __u32 flags)
 
 	if (!is_traced(task->tgid, &count))
 		return 0;
-	p = bpf_task_storage_get(&pending, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!p) {
-		count_lost(TRAINIO_LOST_FILE_MAP);
+	p = pending_of(task);
+	if (!p)
 		return 0;
-	}
 	p->op = 0; /* an open */
 	p->ipc = 0;
 	p->fd = dirfd;
