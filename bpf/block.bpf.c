@@ -138,28 +138,43 @@ struct {
 	__type(value, struct block_pending);
 } pending SEC(".maps");
 
-#define barrier() __asm__ __volatile__("" ::: "memory")
 
 /*
  * The verifier forbids arithmetic on the trusted request pointer. Storing it in a map
  * value and loading it back yields a plain number (privileged programs may do this).
+ * Each program has a word of its own: the kernel never runs a tracing program inside
+ * itself on one CPU, but insert, issue and complete do interrupt each other (a
+ * completion in a softirq on the way out of an interrupt that hit the issue probe), and
+ * a shared word could be overwritten between one program's store and its load.
  */
+enum scratch_word { W_INSERT, W_ISSUE, W_REQUEUE, W_COMPLETE, W_NWORDS };
+
+struct cpu_state {
+	__u64 scratch[W_NWORDS];
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64);
-} scratch SEC(".maps");
+	__type(value, struct cpu_state);
+} cpu SEC(".maps");
 
-static __always_inline __u64 rq_key(struct request *rq)
+static __always_inline struct cpu_state *cpu_state(void)
 {
 	__u32 zero = 0;
-	__u64 *v = bpf_map_lookup_elem(&scratch, &zero);
 
-	if (!v)
+	return bpf_map_lookup_elem(&cpu, &zero);
+}
+
+static __always_inline __u64 rq_key(enum scratch_word word, struct request *rq)
+{
+	struct cpu_state *c = cpu_state();
+
+	if (!c || word >= W_NWORDS)
 		return 0;
-	*v = (__u64)rq;
-	return *(volatile __u64 *)v;
+	c->scratch[word] = (__u64)rq;
+	return *(volatile __u64 *)&c->scratch[word];
 }
 
 static __always_inline __u32 slot_of(__u64 rq)
@@ -215,10 +230,17 @@ static __always_inline void release_req(struct req_state *s, __u64 rq)
 	__u32 i = slot_of(rq);
 	struct req_state *slot = bpf_map_lookup_elem(&slots, &i);
 
-	if (slot == s)
+	if (slot == s) {
 		__sync_fetch_and_and(&s->rq, 0); /* after every read of s: a full barrier */
-	else
+	} else {
+		/*
+		 * A hash map refuses a delete (-EBUSY) that interrupts another update of it on
+		 * this CPU: the entry then stays, and must not look issued to the request's
+		 * next life.
+		 */
+		s->issue_ns = 0;
 		bpf_map_delete_elem(&overflow, &rq);
+	}
 }
 
 /* tp_btf arguments are trusted BTF pointers: direct loads, no probe-read helper calls. */
@@ -271,27 +293,47 @@ static __always_inline void note_task(struct req_state *s)
 	task_comm(s->comm, task);
 }
 
-SEC("tp_btf/block_rq_insert")
-int BPF_PROG(tio_rq_insert, struct request *rq)
+static __always_inline void leave_flight(__u32 dev)
+{
+	struct dev_state *d = dev_state(dev);
+
+	if (d)
+		__sync_fetch_and_add(&d->inflight, -1);
+}
+
+/*
+ * A state still marked issued when its request is inserted or issued anew belongs to an
+ * earlier life of the request whose completion the probe never saw: take it out of
+ * flight (or every later request would meet one more in flight) and count the
+ * completion as lost. docs/recorder.md says when the kernel skips the probe.
+ */
+static __always_inline void drop_unseen(struct req_state *s)
+{
+	leave_flight(s->dev);
+	s->issue_ns = 0;
+	count_lost(TRAINIO_LOST_BLOCK_UNSEEN);
+}
+
+static __always_inline void on_insert(struct request *rq, __u64 key)
 {
 	__u32 dev = request_dev(rq);
 	struct req_state *s;
 	bool fresh;
 
 	if (!dev_state(dev))
-		return 0;
-	s = claim_req(rq_key(rq), &fresh);
+		return;
+	s = claim_req(key, &fresh);
 	if (!s)
-		return 0;
+		return;
+	if (!fresh && s->issue_ns)
+		drop_unseen(s); /* a requeue clears issue_ns before the request comes back */
 	s->insert_ns = bpf_ktime_get_ns();
 	s->issue_ns = 0;
 	s->dev = dev;
 	note_task(s);
-	return 0;
 }
 
-SEC("tp_btf/block_rq_issue")
-int BPF_PROG(tio_rq_issue, struct request *rq)
+static __always_inline void on_issue(struct request *rq, __u64 key)
 {
 	__u32 dev = request_dev(rq);
 	struct dev_state *d = dev_state(dev);
@@ -299,14 +341,18 @@ int BPF_PROG(tio_rq_issue, struct request *rq)
 	bool fresh;
 
 	if (!d)
-		return 0;
+		return;
 	/* Claim first: most requests are issued without an insert, into a free slot. */
-	s = claim_req(rq_key(rq), &fresh);
+	s = claim_req(key, &fresh);
 	if (!s)
-		return 0;
+		return;
 	if (!fresh) {
-		if (s->issue_ns)
-			return 0; /* issued twice without a requeue: keep the first */
+		if (s->issue_ns) {
+			/* Issued twice without a requeue: keep the first. */
+			if (!rq->start_time_ns || s->issue_ns >= rq->start_time_ns)
+				return;
+			drop_unseen(s); /* issued before this request was allocated */
+		}
 		/*
 		 * Not inserted (a requeue of a directly issued request), or an entry left by an
 		 * earlier life of this request (inserted, then merged away and freed without
@@ -325,21 +371,26 @@ int BPF_PROG(tio_rq_issue, struct request *rq)
 	s->cmd_flags = rq->cmd_flags;
 	s->queue_depth = __sync_fetch_and_add(&d->inflight, 1) + 1;
 	s->issue_ns = bpf_ktime_get_ns();
+}
+
+SEC("tp_btf/block_rq_insert")
+int BPF_PROG(tio_rq_insert, struct request *rq)
+{
+	on_insert(rq, rq_key(W_INSERT, rq));
 	return 0;
 }
 
-static __always_inline void leave_flight(__u32 dev)
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(tio_rq_issue, struct request *rq)
 {
-	struct dev_state *d = dev_state(dev);
-
-	if (d)
-		__sync_fetch_and_add(&d->inflight, -1);
+	on_issue(rq, rq_key(W_ISSUE, rq));
+	return 0;
 }
 
 SEC("tp_btf/block_rq_requeue")
 int BPF_PROG(tio_rq_requeue, struct request *rq)
 {
-	struct req_state *s = find_req(rq_key(rq));
+	struct req_state *s = find_req(rq_key(W_REQUEUE, rq));
 
 	if (s && s->issue_ns) {
 		leave_flight(s->dev);
@@ -421,14 +472,12 @@ static __always_inline void emit(struct req_state *s, __u64 now, unsigned int nr
  * The request is only used as a key here: Linux 6.1's verifier does not treat this
  * tracepoint's argument as a trusted pointer, and everything needed was kept at issue.
  */
-SEC("tp_btf/block_rq_complete")
-int BPF_PROG(tio_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_bytes)
+static __always_inline void on_complete(__u64 key, blk_status_t error, unsigned int nr_bytes)
 {
-	__u64 key = rq_key(rq);
 	struct req_state *s = find_req(key);
 
 	if (!s || !s->issue_ns)
-		return 0; /* issued before we attached, or on a device we do not trace */
+		return; /* issued before we attached, or on a device we do not trace */
 	emit(s, bpf_ktime_get_ns(), nr_bytes, error);
 	if (nr_bytes >= s->remaining) {
 		leave_flight(s->dev);
@@ -437,6 +486,12 @@ int BPF_PROG(tio_rq_complete, struct request *rq, blk_status_t error, unsigned i
 		s->offset += nr_bytes;
 		s->remaining -= nr_bytes;
 	}
+}
+
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(tio_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_bytes)
+{
+	on_complete(rq_key(W_COMPLETE, rq), error, nr_bytes);
 	return 0;
 }
 

@@ -79,7 +79,8 @@ enum trainio_lost {
 	TRAINIO_LOST_RPC_MAP = 8,       /* xprt_transmit / rpc_stats_latency: RPC map full */
 	TRAINIO_LOST_PROC_RINGBUF = 9,  /* sched_process_* / task_rename: ring buffer full */
 	TRAINIO_LOST_IPC_RINGBUF = 10,  /* sys_exit_* of an ipc syscall: ring buffer full */
-	TRAINIO_LOST_MAX = 11,
+	TRAINIO_LOST_BLOCK_UNSEEN = 11, /* block_rq_insert/issue: an earlier life's completion unseen */
+	TRAINIO_LOST_MAX = 12,
 };
 
 struct block_event {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 # trainio_testlib puts analysis/ on the path: it goes first.
-from trainio_testlib import TRAINIO, majmin, run, trainio
+from trainio_testlib import TRAINIO, loop_device, majmin, run, trainio
 
 # isort: split
 from trainio_analysis.trace import read_metadata, scan_trace
@@ -464,3 +465,93 @@ def test_batches_still_held_at_the_end_are_written(tmp_path: Path, loop_dev: str
     assert block["offset"].to_list() == [i * 4096 for i in range(45)]
     assert (block["bytes"] == 4096).all()
     assert (block["complete_ns"] > block["issue_ns"]).all()
+
+
+def _sys_stat(dev: str) -> tuple[int, int]:
+    """(requests completed, bytes) read and written, from /sys/block/NAME/stat."""
+    f = [int(x) for x in Path(f"/sys/block/{Path(dev).name}/stat").read_text().split()]
+    return f[0] + f[4], (f[2] + f[6]) * 512
+
+
+def _max_overlap(starts: list[int], ends: list[int]) -> int:
+    """The most [start, end) intervals open at once."""
+    edges = sorted([(t, 1) for t in starts] + [(t, -1) for t in ends], key=lambda e: (e[0], e[1]))
+    depth = best = 0
+    for _, d in edges:
+        depth += d
+        best = max(best, depth)
+    return best
+
+
+def _start_recorder(out: Path, dev: str) -> subprocess.Popen[str]:
+    """A block-layer recorder of `dev` around `sleep`, returned once it says it records."""
+    p = subprocess.Popen([str(TRAINIO), "record", "-o", str(out), "--layers", "block", "--dev", dev,
+                          "--", "sleep", "600"], stderr=subprocess.PIPE, text=True)
+    assert p.stderr is not None
+    for line in p.stderr:
+        if "recording" in line:
+            return p
+    p.wait(timeout=30)
+    raise AssertionError(f"recorder exited {p.returncode} before recording")
+
+
+def test_two_recorders_account_for_every_request_the_device_counts(tmp_path: Path) -> None:
+    """20 runs, each with two recorders of one device at once while it serves three kinds of
+    load (16 synchronous 4 KiB readers, direct 1 MiB reads, buffered reads with readahead).
+    Every request the device's own counters add up over the recording is in each trace, or
+    is counted by the recorder as a completion it did not see (block_rq_complete:unseen,
+    or still marked in flight at the end): never missing silently. A request whose
+    completion is missed must not stay in flight either: 16 readers never meet a queue
+    deeper than 16."""
+    failures = []
+    missed = 0
+    with loop_device(64, fill=True) as dev:
+        loads = [
+            ["fio", "--name=q", f"--filename={dev}", "--direct=1", "--rw=randread", "--bs=4k",
+             "--ioengine=psync", "--numjobs=16", "--io_size=8M", "--size=64M", "--norandommap",
+             "--output=/dev/stdout"],
+            ["dd", f"if={dev}", "bs=1M", "count=48", "iflag=direct", "of=/dev/zero", "status=none"],
+            ["dd", f"if={dev}", "bs=4M", "count=12", "of=/dev/zero", "status=none"],
+        ]
+        for run_no in range(20):
+            Path("/proc/sys/vm/drop_caches").write_text("1")
+            traces = [tmp_path / f"r{run_no}-{k}" for k in (0, 1)]
+            recorders = [_start_recorder(t, dev) for t in traces]
+            try:
+                before = _sys_stat(dev)
+                for load in loads:
+                    run(load, check=True)
+                after = _sys_stat(dev)
+            finally:
+                for p in recorders:
+                    p.send_signal(signal.SIGINT)
+                errs = [p.communicate(timeout=60)[1] for p in recorders]
+            device = after[0] - before[0]
+            for t, err in zip(traces, errs):
+                b = rows(t, layer="block")
+                lost = read_metadata(t)["lost_events"]
+                assert set(lost) <= {"block_rq_complete:unseen"} or not any(
+                    n for k, n in lost.items() if k != "block_rq_complete:unseen"), lost
+                unseen = lost.get("block_rq_complete:unseen", 0)
+                m = re.search(r"in flight at the end \(issued, no completion recorded\): (\d+)", err)
+                in_flight = int(m.group(1)) if m else 0
+                missed += unseen + in_flight
+                if b.height + unseen + in_flight != device:
+                    failures.append(f"run {run_no}: {t.name} has {b.height} requests, "
+                                    f"{unseen} unseen, {in_flight} in flight; device {device}")
+                if not unseen and not in_flight and int(b["bytes"].sum()) != after[1] - before[1]:
+                    failures.append(f"run {run_no}: {t.name} bytes {int(b['bytes'].sum())}, "
+                                    f"device {after[1] - before[1]}")
+                small = b.filter(pl.col("bytes") == 4096)
+                # A missed completion keeps its request in the kernel's in-flight count until
+                # the request is issued again: at most one more per unseen completion. The
+                # trace's own intervals never overlap more than 16 deep.
+                qd = small["queue_depth"].max()
+                if qd > 16 + unseen:
+                    failures.append(f"run {run_no}: {t.name} has queue depth {qd} among 16 readers "
+                                    f"with {unseen} unseen completions")
+                overlap = _max_overlap(small["issue_ns"].to_list(), small["complete_ns"].to_list())
+                if overlap > 16:
+                    failures.append(f"run {run_no}: {t.name} has {overlap} requests overlapping")
+    print(f"completions the recorders reported unseen over 40 traces: {missed}")
+    assert not failures, failures

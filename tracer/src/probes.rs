@@ -35,7 +35,7 @@ pub struct Settings {
 }
 
 /// Names of the lost-event counters, by index (enum trainio_lost in bpf/trainio.h).
-const LOST_NAMES: [&str; 11] = [
+const LOST_NAMES: [&str; 12] = [
     "block_rq_complete:ringbuf_full",
     "block_rq_issue:map_full",
     "file_syscall_exit:ringbuf_full",
@@ -47,6 +47,7 @@ const LOST_NAMES: [&str; 11] = [
     "rpc_join:map_full",
     "proc:ringbuf_full",
     "ipc_syscall_exit:ringbuf_full",
+    "block_rq_complete:unseen",
 ];
 
 #[derive(Serialize, Clone, Debug)]
@@ -448,6 +449,7 @@ impl<'o> Probes<'o> {
         };
         if let Some(b) = &self.block {
             add(&b.maps.lost, 0..2);
+            add(&b.maps.lost, 11..12);
         }
         if let Some(f) = &self.file {
             add(&f.maps.lost, 2..6);
@@ -456,7 +458,50 @@ impl<'o> Probes<'o> {
         if let Some(n) = &self.nfs {
             add(&n.maps.lost, 6..9);
         }
+        for (prog, n) in self.recursion_lost() {
+            out.insert(format!("{prog}:recursion"), n);
+        }
         out
+    }
+
+    /// Events each program missed because it was already running on the CPU: the kernel
+    /// skips a tracing program that an interrupt re-enters and counts a recursion miss.
+    fn recursion_lost(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for p in self.programs() {
+            let mut info: libbpf_sys::bpf_prog_info = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+            // SAFETY: info is a zeroed bpf_prog_info of the size we pass.
+            let rc = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(p.as_fd().as_raw_fd(), &mut info, &mut len) };
+            if rc == 0 && info.recursion_misses > 0 {
+                out.insert(p.name().to_string_lossy().into_owned(), info.recursion_misses);
+            }
+        }
+        out
+    }
+
+    /// Block requests issued while recording whose completion the trace lacks: in flight
+    /// when the probes were detached, or completed where the kernel did not run the
+    /// completion probe and not issued again since (which block_rq_complete:unseen counts).
+    /// Read after detaching.
+    pub fn block_in_flight(&self) -> u64 {
+        let Some(b) = &self.block else { return 0 };
+        // A live entry (rq set: a freed slot keeps its other fields) marked issued.
+        let word = |v: &[u8], at: usize| v.get(at..at + 8).map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap()));
+        let (rq_at, issue_at) =
+            (std::mem::offset_of!(crate::bpf::req_state, rq), std::mem::offset_of!(crate::bpf::req_state, issue_ns));
+        let issued = |v: &[u8]| word(v, rq_at) != 0 && word(v, issue_at) != 0;
+        let slots = &b.maps.slots;
+        let n_slots = slots.max_entries();
+        let in_slots = (0..n_slots)
+            .filter(|i| slots.lookup(&i.to_ne_bytes(), MapFlags::ANY).ok().flatten().is_some_and(|v| issued(&v)))
+            .count();
+        let overflow = &b.maps.overflow;
+        let in_overflow = overflow
+            .keys()
+            .filter(|k| overflow.lookup(k, MapFlags::ANY).ok().flatten().is_some_and(|v| issued(&v)))
+            .count();
+        (in_slots + in_overflow) as u64
     }
 
     /// Turns the kernel's BPF run-time statistics on or off. They cost two clock reads

@@ -615,10 +615,16 @@ fn print_summary(dir: &Path, writer: &TraceWriter, coll: &Collector, probes: &Pr
     if total == 0 {
         eprintln!("  lost events: 0");
     } else {
-        eprintln!("  WARNING: {total} EVENTS LOST, the trace is incomplete: raise --ringbuf-mb");
+        let full = lost.iter().any(|(probe, n)| *n > 0 && probe.ends_with("ringbuf_full"));
+        let hint = if full { ": raise --ringbuf-mb" } else { "" };
+        eprintln!("  WARNING: {total} EVENTS LOST, the trace is incomplete{hint}");
         for (probe, n) in lost.iter().filter(|(_, n)| **n > 0) {
             eprintln!("    {probe}: {n}");
         }
+    }
+    let in_flight = probes.block_in_flight();
+    if in_flight > 0 {
+        eprintln!("  block requests in flight at the end (issued, no completion recorded): {in_flight}");
     }
 }
 
