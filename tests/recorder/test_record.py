@@ -555,3 +555,45 @@ def test_two_recorders_account_for_every_request_the_device_counts(tmp_path: Pat
                     failures.append(f"run {run_no}: {t.name} has {overlap} requests overlapping")
     print(f"completions the recorders reported unseen over 40 traces: {missed}")
     assert not failures, failures
+
+
+def test_a_second_signal_stops_recording_a_command_that_ignores_signals(tmp_path: Path) -> None:
+    """The first SIGINT goes to the command; one that ignores it keeps running, and the
+    second SIGINT ends the recording: the trace is written, the recorder exits 130 and
+    names the command still running (which it leaves alone)."""
+    out = tmp_path / "t"
+    tracer = subprocess.Popen([str(TRAINIO), "record", "-o", str(out), "--layers", "file", "--",
+                               "bash", "-c", "trap '' INT TERM; echo ready; exec sleep 120 >/dev/null 2>&1"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    left = None
+    try:
+        assert tracer.stdout is not None and tracer.stdout.readline().strip() == "ready"
+        tracer.send_signal(signal.SIGINT)
+        with pytest.raises(subprocess.TimeoutExpired):
+            tracer.wait(timeout=1.0)  # the command ignored it: still recording
+        tracer.send_signal(signal.SIGINT)
+        _, err = tracer.communicate(timeout=30)
+        m = re.search(r"the command \(pid (\d+)\) is still running", err)
+        assert m, err
+        left = int(m.group(1))
+        assert Path(f"/proc/{left}/cmdline").read_bytes().split(b"\0")[0] == b"sleep"
+    finally:
+        tracer.kill()
+        if left:
+            os.kill(left, signal.SIGKILL)
+    assert tracer.returncode == 128 + signal.SIGINT, err
+    assert not list(out.glob("*.partial")) and list(out.glob("seg-*.parquet"))
+    assert rows(out, layer="proc").filter(pl.col("op") == "exec").height >= 1
+
+
+def test_output_on_a_read_only_mount_is_bad_input(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    run(["mount", "-t", "tmpfs", "-o", "ro,size=1M", "none", str(ro)], check=True)
+    try:
+        res = trainio("record", "-o", str(ro / "t"), "--", "true")
+    finally:
+        run(["umount", str(ro)])
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not writable" in lines[0] and str(ro) in lines[0], res.stderr

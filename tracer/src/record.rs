@@ -9,7 +9,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -96,9 +96,12 @@ impl StatsSampler {
 }
 
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+/// Signals received: the first is forwarded to the command, a later one stops recording.
+static SIGNALS: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
     SIGNALLED.store(sig, Ordering::SeqCst);
+    SIGNALS.fetch_add(1, Ordering::SeqCst);
 }
 
 fn install_signal_handlers() {
@@ -183,6 +186,16 @@ fn preflight(args: &Args) -> Result<Checked> {
         }
         if std::fs::read_dir(out)?.next().is_some() {
             usage!("--output {}: directory is not empty (a trace is never written over another)", out.display());
+        }
+    }
+    // The nearest directory that exists must take new entries (a read-only mount does not,
+    // even for root): said now rather than after the probes are loaded.
+    let cwd = Path::new(".");
+    if let Some(dir) = out.ancestors().map(|a| if a.as_os_str().is_empty() { cwd } else { a }).find(|a| a.is_dir()) {
+        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap_or_default();
+        // SAFETY: c is a NUL-terminated path.
+        if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
+            usage!("--output {}: {} is not writable: {}", out.display(), dir.display(), std::io::Error::last_os_error());
         }
     }
     let (subject, target) = if !args.command.is_empty() {
@@ -393,7 +406,9 @@ fn segment_metadata(
 
 pub fn run(args: Args) -> Result<i32> {
     let checked = preflight(&args)?;
-    std::fs::create_dir_all(&args.output).with_context(|| format!("creating {}", args.output.display()))?;
+    std::fs::create_dir_all(&args.output)
+        .with_context(|| format!("creating {}", args.output.display()))
+        .map_err(as_usage)?;
     let note = |msg: &str| {
         if !args.quiet {
             eprintln!("trainio record: {msg}");
@@ -477,7 +492,8 @@ pub fn run(args: Args) -> Result<i32> {
     note(&format!("recording {} into {}", st.layers.join("+"), args.output.display()));
 
     let mut exit_status = None;
-    let mut forwarded = false;
+    let mut forwarded = None; // the signal count when the command was sent one
+    let mut abandoned = false;
     let mut last_flush = Instant::now();
     let mut last_batch_flush = Instant::now();
     let mut poll = POLL;
@@ -516,15 +532,25 @@ pub fn run(args: Args) -> Result<i32> {
         }
         let sig = SIGNALLED.load(Ordering::SeqCst);
         if sig != 0 {
-            match child.as_ref() {
+            let count = SIGNALS.load(Ordering::SeqCst);
+            match (child.as_ref(), forwarded) {
                 // Let the command end as it would without us, and record its exit.
-                Some(c) if !forwarded => {
+                (Some(c), None) => {
                     // SAFETY: sending a signal to our own child.
                     unsafe { libc::kill(c.id() as i32, sig) };
-                    forwarded = true;
+                    forwarded = Some(count);
                 }
-                Some(_) => {}
-                None => break,
+                // A command that ignores the signal: the next one stops the recording.
+                (Some(c), Some(at)) if count > at => {
+                    note(&format!(
+                        "signalled again: recording stopped; the command (pid {}) is still running, untraced",
+                        c.id()
+                    ));
+                    abandoned = true;
+                    break;
+                }
+                (Some(_), Some(_)) => {}
+                (None, _) => break,
             }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -566,11 +592,37 @@ pub fn run(args: Args) -> Result<i32> {
 
     // A --duration that ended before the command: the command is the user's job, so wait.
     let code = match (exit_status, child.as_mut()) {
+        (_, Some(_)) if abandoned => 128 + SIGNALLED.load(Ordering::SeqCst),
         (Some(status), _) => exit_code(status),
-        (None, Some(c)) => exit_code(c.wait()?),
+        (None, Some(c)) => wait_command(c, forwarded)?,
         (None, None) => 0,
     };
     Ok(code)
+}
+
+/// Waits for the command after the trace is written (a --duration that ended first): a
+/// signal is forwarded to it, and a later one stops the wait with the command running.
+fn wait_command(c: &mut std::process::Child, mut forwarded: Option<u32>) -> Result<i32> {
+    loop {
+        if let Some(status) = c.try_wait()? {
+            return Ok(exit_code(status));
+        }
+        let count = SIGNALS.load(Ordering::SeqCst);
+        let sig = SIGNALLED.load(Ordering::SeqCst);
+        match forwarded {
+            None if count > 0 => {
+                // SAFETY: sending a signal to our own child.
+                unsafe { libc::kill(c.id() as i32, sig) };
+                forwarded = Some(count);
+            }
+            Some(at) if count > at => {
+                eprintln!("trainio record: signalled again: the command (pid {}) is still running", c.id());
+                return Ok(128 + sig);
+            }
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// `cpu_ns`: the drain's and the encoder's CPU time while recording.
