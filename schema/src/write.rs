@@ -411,6 +411,7 @@ struct OpenSegment {
     partial: PathBuf,
     done: PathBuf,
     opened: Instant,
+    rows: u64,
 }
 
 /// Writes a trace directory segment by segment.
@@ -420,6 +421,7 @@ pub struct TraceWriter {
     next_index: u32,
     current: Option<OpenSegment>,
     finished: Vec<PathBuf>,
+    lost_rows: u64,
 }
 
 impl TraceWriter {
@@ -431,6 +433,7 @@ impl TraceWriter {
             next_index: 0,
             current: None,
             finished: Vec::new(),
+            lost_rows: 0,
         }
     }
 
@@ -453,9 +456,26 @@ impl TraceWriter {
         }
         self.open()?;
         let seg = self.current.as_mut().expect("segment open");
+        seg.rows += batch.num_rows() as u64;
         seg.writer
             .write(batch)
             .with_context(|| format!("writing {}", seg.partial.display()))
+    }
+
+    /// Gives up the open segment after a failed write (a full disk): its file is removed,
+    /// its index is reused by the next segment, and the rows it held count as lost.
+    /// Finished segments stay as they are. A failed close_segment does the same.
+    pub fn abandon_segment(&mut self) {
+        if let Some(seg) = self.current.take() {
+            self.lost_rows += seg.rows;
+            drop(seg.writer);
+            let _ = fs::remove_file(&seg.partial);
+        }
+    }
+
+    /// Rows given up with their segments (abandon_segment, a failed close_segment).
+    pub fn lost_rows(&self) -> u64 {
+        self.lost_rows
     }
 
     /// Starts a segment unless one is open, so that even a trace without rows has one
@@ -469,7 +489,7 @@ impl TraceWriter {
                 .with_context(|| format!("creating {}", partial.display()))?;
             let writer = SegmentFile::new(file, arrow_schema(), writer_properties())
                 .context("starting a Parquet segment")?;
-            self.current = Some(OpenSegment { writer, partial, done, opened: Instant::now() });
+            self.current = Some(OpenSegment { writer, partial, done, opened: Instant::now(), rows: 0 });
         }
         Ok(())
     }
@@ -491,11 +511,18 @@ impl TraceWriter {
         for (k, v) in metadata {
             seg.writer.append_key_value_metadata(KeyValue::new(k.clone(), v.clone()));
         }
-        seg.writer
+        let (partial, rows) = (seg.partial.clone(), seg.rows);
+        let closed = seg
+            .writer
             .close()
-            .with_context(|| format!("closing {}", seg.partial.display()))?;
-        fs::rename(&seg.partial, &seg.done)
-            .with_context(|| format!("renaming {} into place", seg.partial.display()))?;
+            .with_context(|| format!("closing {}", partial.display()))
+            .and_then(|_| fs::rename(&partial, &seg.done).with_context(|| format!("renaming {} into place", partial.display())));
+        if let Err(e) = closed {
+            // A segment that cannot be closed (a full disk) is given up as abandon_segment does.
+            let _ = fs::remove_file(&partial);
+            self.lost_rows += rows;
+            return Err(e);
+        }
         self.next_index += 1;
         self.finished.push(seg.done.clone());
         Ok(Some(seg.done))

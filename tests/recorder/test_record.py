@@ -597,3 +597,34 @@ def test_output_on_a_read_only_mount_is_bad_input(tmp_path: Path) -> None:
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "not writable" in lines[0] and str(ro) in lines[0], res.stderr
+
+
+def test_a_full_disk_keeps_finished_segments_and_counts_what_it_lost(tmp_path: Path, loop_dev: str) -> None:
+    """The trace's file system fills up while recording: the command runs to its end
+    (exit 0), the segments finished before stay readable, no .partial is left, and every
+    request the device served is either a row or counted as lost to the failed writes
+    (in the last segment's metadata and in the summary)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    run(["mount", "-t", "tmpfs", "-o", "size=600k", "none", str(small)], check=True)
+    try:
+        before = _sys_stat(loop_dev)
+        res = trainio("record", "-o", str(small / "t"), "--layers", "block", "--dev", loop_dev,
+                      "--segment-s", "0.3", "--",
+                      *fio(loop_dev, "--ioengine=psync", "--numjobs=4", runtime=4, size="64M"))
+        after = _sys_stat(loop_dev)
+        assert res.returncode == 0, res.stderr
+        assert "No space left on device" in res.stderr and "finished segments are intact" in res.stderr
+        t = small / "t"
+        assert not list(t.glob("*.partial")), list(t.iterdir())
+        lost = read_metadata(t)["lost_events"]
+        assert lost["segment_write_failed"] > 0, lost
+        b = rows(t, layer="block")
+        assert b.height > 0
+        accounted = b.height + lost["segment_write_failed"] + lost.get("block_rq_complete:unseen", 0)
+        assert accounted == after[0] - before[0], (b.height, lost, after[0] - before[0])
+        a = trainio("analyze", "--json", str(t))
+        assert a.returncode == 0, a.stderr
+        assert json.loads(a.stdout)["lost_events"]["total"] >= lost["segment_write_failed"]
+    finally:
+        run(["umount", str(small)])

@@ -54,7 +54,16 @@ struct Shared {
     full: AtomicI32,
     /// The encoder thread's CPU time, as of its last message.
     cpu_ns: AtomicU64,
+    /// Rows lost to failed writes (a full disk): in abandoned segments, or dropped while
+    /// waiting to try again.
+    lost_rows: AtomicU64,
+    /// The first write error, as text.
+    write_error: std::sync::Mutex<Option<String>>,
 }
+
+/// After a failed write, batches are dropped (and counted) for this long before a new
+/// segment is tried, so that a full disk is not hammered with files that fail at once.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// CPU time of the calling thread, in ns.
 pub fn thread_cpu_ns() -> u64 {
@@ -62,6 +71,15 @@ pub fn thread_cpu_ns() -> u64 {
     // SAFETY: clock_gettime writes the timespec it is given.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// What the encoder leaves when it has written everything sent.
+pub struct Finished {
+    pub writer: TraceWriter,
+    pub cpu_ns: u64,
+    /// Rows dropped while waiting to retry after a failed write (not in writer.lost_rows()).
+    pub dropped_rows: u64,
+    pub write_error: Option<String>,
 }
 
 pub struct Encoder {
@@ -97,10 +115,24 @@ fn run(mut writer: TraceWriter, rx: Receiver<Msg>, shared: Arc<Shared>) -> Resul
     if shared.boosted.load(Ordering::SeqCst) == 0 {
         set_policy(0, true);
     }
+    let mut failed_at: Option<Instant> = None;
+    let mut dropped = 0u64;
+    let fail = |e: anyhow::Error, at: &mut Option<Instant>| {
+        *at = Some(Instant::now());
+        let mut first = shared.write_error.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert_with(|| format!("{e:#}"));
+    };
     for msg in rx {
         match msg {
             Msg::Batch(seq, batch) => {
-                writer.write(&batch)?;
+                if failed_at.is_some_and(|t| t.elapsed() < RETRY_AFTER) {
+                    dropped += batch.num_rows() as u64;
+                } else if let Err(e) = writer.write(&batch) {
+                    // A full disk: give the segment up (finished ones stay) and go on.
+                    writer.abandon_segment();
+                    fail(e, &mut failed_at);
+                }
+                shared.lost_rows.store(writer.lost_rows() + dropped, Ordering::SeqCst);
                 if writer.segment_full() {
                     let _ = shared.full.compare_exchange(FULL_NO, FULL_YES, Ordering::SeqCst, Ordering::SeqCst);
                 }
@@ -113,7 +145,10 @@ fn run(mut writer: TraceWriter, rx: Receiver<Msg>, shared: Arc<Shared>) -> Resul
                 }
             }
             Msg::Close(meta) => {
-                writer.close_segment(&with_segment(&meta, writer.segment_index()))?;
+                if let Err(e) = writer.close_segment(&with_segment(&meta, writer.segment_index())) {
+                    fail(e, &mut failed_at);
+                }
+                shared.lost_rows.store(writer.lost_rows() + dropped, Ordering::SeqCst);
                 shared.full.store(FULL_NO, Ordering::SeqCst);
             }
         }
@@ -135,6 +170,8 @@ impl Encoder {
             boosted: AtomicI32::new(0),
             full: AtomicI32::new(FULL_NO),
             cpu_ns: AtomicU64::new(0),
+            lost_rows: AtomicU64::new(0),
+            write_error: std::sync::Mutex::new(None),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -201,6 +238,12 @@ impl Encoder {
         }
     }
 
+    /// Rows lost to failed segment writes so far, and the first failure.
+    pub fn write_losses(&self) -> (u64, Option<String>) {
+        let e = self.shared.write_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (self.shared.lost_rows.load(Ordering::SeqCst), e)
+    }
+
     /// The encoder thread's CPU time so far (as of the last batch it wrote).
     pub fn cpu_ns(&self) -> u64 {
         self.shared.cpu_ns.load(Ordering::SeqCst)
@@ -208,14 +251,17 @@ impl Encoder {
 
     /// Waits until everything sent is written (at normal priority), and returns the
     /// writer, so that the caller can close the last segment, and the thread's CPU time.
-    pub fn finish(mut self) -> Result<(TraceWriter, u64)> {
+    /// Also returns the rows dropped (not written to any segment, beyond the writer's own
+    /// lost_rows) and the first write error.
+    pub fn finish(mut self) -> Result<Finished> {
         self.shared.boosted.store(2, Ordering::SeqCst);
         let tid = self.shared.tid.load(Ordering::SeqCst);
         if tid != 0 {
             set_policy(tid, false);
         }
         let writer = self.join()?;
-        Ok((writer, self.cpu_ns()))
+        let (lost, write_error) = self.write_losses();
+        Ok(Finished { dropped_rows: lost - writer.lost_rows(), writer, cpu_ns: self.cpu_ns(), write_error })
     }
 
     fn join(&mut self) -> Result<TraceWriter> {

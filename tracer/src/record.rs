@@ -95,6 +95,9 @@ impl StatsSampler {
     }
 }
 
+/// lost_events key: rows lost because a segment could not be written (a full disk).
+const WRITE_LOST: &str = "segment_write_failed";
+
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
 /// Signals received: the first is forwarded to the command, a later one stops recording.
 static SIGNALS: AtomicU32 = AtomicU32::new(0);
@@ -360,6 +363,7 @@ fn segment_metadata(
     probes: &Probes,
     segment: u32,
     recorder_cpu_ns: (u64, u64),
+    write_lost: u64,
 ) -> Vec<(String, String)> {
     let mut devs: Vec<&str> = coll.devices().collect();
     devs.extend(st.selected_devs.iter().map(String::as_str));
@@ -372,6 +376,9 @@ fn segment_metadata(
     let mut lost = probes.lost();
     if coll.undecodable > 0 {
         lost.insert("undecodable_records".into(), coll.undecodable);
+    }
+    if write_lost > 0 {
+        lost.insert(WRITE_LOST.into(), write_lost);
     }
     vec![
         (keys::SCHEMA_VERSION.into(), SCHEMA_VERSION.into()),
@@ -520,7 +527,8 @@ pub fn run(args: Args) -> Result<i32> {
         }
         if encoder.segment_full() {
             // The segment index is the encoder's to fill in.
-            let meta = segment_metadata(&st, &collector.borrow(), &probes, 0, (st.drain_cpu_ns(), encoder.cpu_ns()));
+            let cpu = (st.drain_cpu_ns(), encoder.cpu_ns());
+            let meta = segment_metadata(&st, &collector.borrow(), &probes, 0, cpu, encoder.write_losses().0);
             encoder.close_segment(meta)?;
         }
         encoder.regulate();
@@ -580,15 +588,35 @@ pub fn run(args: Args) -> Result<i32> {
     }
     let batch = collector.borrow_mut().batch.finish();
     encoder.send(batch)?;
-    let (mut writer, encoder_cpu_ns) = encoder.finish()?;
-    writer.open()?;
-    let cpu_ns = (st.drain_cpu_ns(), encoder_cpu_ns);
-    let meta = segment_metadata(&st, &collector.borrow(), &probes, writer.segment_index(), cpu_ns);
-    writer.close_segment(&meta)?;
+    let fin = encoder.finish()?;
+    let (mut writer, mut write_error) = (fin.writer, fin.write_error);
+    let cpu_ns = (st.drain_cpu_ns(), fin.cpu_ns);
+    // The last segment carries the trace's final metadata. On a full disk it is tried with
+    // its rows, then (those rows counted as lost) empty, so that the loss is in the trace.
+    let mut last = Ok(None);
+    for _ in 0..2 {
+        let lost = writer.lost_rows() + fin.dropped_rows;
+        let meta = segment_metadata(&st, &collector.borrow(), &probes, writer.segment_index(), cpu_ns, lost);
+        last = writer.open().and_then(|_| writer.close_segment(&meta));
+        match &last {
+            Ok(_) => break,
+            Err(e) => {
+                writer.abandon_segment();
+                write_error.get_or_insert_with(|| format!("{e:#}"));
+            }
+        }
+    }
     let elapsed = started.elapsed();
     drop(ring);
 
-    print_summary(&args.output, &writer, &collector.borrow(), &probes, elapsed, cpu_ns);
+    let write_lost = writer.lost_rows() + fin.dropped_rows;
+    print_summary(&args.output, &writer, &collector.borrow(), &probes, elapsed, cpu_ns, write_lost);
+    if let Some(e) = &write_error {
+        eprintln!("  writing the trace failed ({e}): the finished segments are intact");
+        if last.is_err() {
+            eprintln!("  WARNING: the last segment could not be written: the trace's metadata does not count these");
+        }
+    }
 
     // A --duration that ended before the command: the command is the user's job, so wait.
     let code = match (exit_status, child.as_mut()) {
@@ -626,7 +654,15 @@ fn wait_command(c: &mut std::process::Child, mut forwarded: Option<u32>) -> Resu
 }
 
 /// `cpu_ns`: the drain's and the encoder's CPU time while recording.
-fn print_summary(dir: &Path, writer: &TraceWriter, coll: &Collector, probes: &Probes, elapsed: Duration, cpu_ns: (u64, u64)) {
+fn print_summary(
+    dir: &Path,
+    writer: &TraceWriter,
+    coll: &Collector,
+    probes: &Probes,
+    elapsed: Duration,
+    cpu_ns: (u64, u64),
+    write_lost: u64,
+) {
     let size: u64 = writer.finished_segments().iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
     let mib = |b: u64| b as f64 / 1048576.0;
     eprintln!(
@@ -662,7 +698,10 @@ fn print_summary(dir: &Path, writer: &TraceWriter, coll: &Collector, probes: &Pr
         cpu_ns.1 as f64 / 1e9,
         (cpu_ns.0 + cpu_ns.1) as f64 / events.max(1) as f64
     );
-    let lost = probes.lost();
+    let mut lost = probes.lost();
+    if write_lost > 0 {
+        lost.insert(WRITE_LOST.into(), write_lost);
+    }
     let total: u64 = lost.values().sum::<u64>() + coll.undecodable;
     if total == 0 {
         eprintln!("  lost events: 0");
