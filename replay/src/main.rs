@@ -1,6 +1,7 @@
 #![recursion_limit = "256"]
 //! trainio-replay: `trainio replay|datagen|sweep`. See docs/replay.md.
 
+mod checkpoint;
 mod cli;
 mod cluster;
 mod dataset;
