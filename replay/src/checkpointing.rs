@@ -321,3 +321,37 @@ pub fn human_summary(j: &serde_json::Value) -> String {
     out += &human(&j["checkpoint"]);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(extra: &str) -> CheckpointSpec {
+        let y = format!("model:\n  name: m\n  model_size_bytes: 4096\ncheckpoint:\n  checkpoint_folder: ck\n{extra}");
+        let root: serde_yaml::Value = serde_yaml::from_str(&y).unwrap();
+        CheckpointSpec::from_root(&root, "m").unwrap()
+    }
+
+    /// DLIO's main loop: the epoch rule (after epoch A, then every E epochs, at the
+    /// epoch's end) unless steps_between_checkpoints is set (every S steps of an epoch).
+    #[test]
+    fn due_follows_dlio_main_loop() {
+        let s = spec("  checkpoint_after_epoch: 5\n  epochs_between_checkpoints: 2\n");
+        let epochs: Vec<u64> = (1..=10).filter(|&e| due(&s, e, 7, 7)).collect();
+        assert_eq!(epochs, vec![5, 7, 9]);
+        assert!(!due(&s, 5, 6, 7), "only at the epoch's last step");
+        let s = spec("  steps_between_checkpoints: 3\n  checkpoint_after_epoch: 5\n");
+        let steps: Vec<u64> = (1..=10).filter(|&st| due(&s, 1, st, 10)).collect();
+        assert_eq!(steps, vec![3, 6, 9], "the step rule replaces the epoch rule");
+        let s = spec("");
+        assert!((1..=3).all(|e| due(&s, e, 4, 4)), "DLIO's defaults: after every epoch");
+    }
+
+    /// The unet3d files' model (not a transformer, ZeRO 0): GPU 0 alone writes model_size bytes.
+    #[test]
+    fn a_cnn_model_is_written_by_the_first_gpu() {
+        let plan = Plan::new(&spec(""), 4).unwrap();
+        assert_eq!((0..4).map(|r| plan.rank_bytes(r)).collect::<Vec<_>>(), vec![4096, 0, 0, 0]);
+        assert_eq!(plan.files[0][0].name, "model_states-0.pt");
+    }
+}

@@ -393,9 +393,10 @@ impl Job {
                     nominal_sample_bytes: w.record_length,
                     dataset_files: used.len() as u64,
                     dataset_bytes: used_bytes,
+                    params: w.params.clone(),
                     templates: None,
                 };
-                self.execute(cluster, &program, &local, used_bytes, settings)
+                self.execute(cluster, &program, &local, gpus, used_bytes, settings)
             }
             Some(templates) => {
                 let program = TraceProgram::new(
@@ -456,6 +457,7 @@ impl Job {
                     nominal_sample_bytes: if samples > 0 { bytes as f64 / samples as f64 } else { 0.0 },
                     dataset_files: used.len() as u64,
                     dataset_bytes: used_bytes,
+                    params: Vec::new(),
                     templates: Some(
                         program
                             .templates()
@@ -468,7 +470,7 @@ impl Job {
                             .collect(),
                     ),
                 };
-                self.execute(cluster, &program, &local, used_bytes, settings)
+                self.execute(cluster, &program, &local, gpus, used_bytes, settings)
             }
         }
     }
@@ -478,6 +480,7 @@ impl Job {
         cluster: &Cluster,
         program: &P,
         local: &[u64],
+        gpus: u64,
         used_bytes: u64,
         settings: Settings,
     ) -> Result<Option<serde_json::Value>> {
@@ -515,6 +518,11 @@ impl Job {
             realtime: self.realtime,
             psync: self.psync,
         };
+        // Checkpoints go into the dataset's directory, which the dataset marker makes ours.
+        let checkpointer = match &self.templates {
+            None => self.checkpointer(cluster, gpus)?,
+            Some(_) => None,
+        };
         let engine = Engine::new(
             program,
             local,
@@ -522,7 +530,8 @@ impl Job {
             cluster,
             options,
             self.workload.seed,
-        )?;
+        )?
+        .with_checkpoints(checkpointer.as_ref());
         cluster.barrier();
         let cpu0 = cpu_seconds();
         let run = engine.run()?;
@@ -540,11 +549,12 @@ impl Job {
             .map(|b| serde_json::from_slice(b))
             .collect::<Result<_, _>>()
             .context("decoding rank results")?;
-        Ok(Some(results::summarize(
-            &reports,
-            &settings,
-            self.threshold_percent,
-        )))
+        let mut summary = results::summarize(&reports, &settings, self.threshold_percent);
+        if let Some(c) = &checkpointer {
+            let per_rank: Vec<_> = reports.iter().map(|r| r.run.checkpoints.clone()).collect();
+            summary["checkpoint"] = checkpointing::with_ios(checkpointing::plan_json(&c.spec, &c.plan), &per_rank);
+        }
+        Ok(Some(summary))
     }
 }
 

@@ -207,10 +207,6 @@ fn apply_param(root: &mut Value, param: &str) -> Result<()> {
 }
 
 impl Workload {
-    pub fn from_file(path: &Path) -> Result<Workload> {
-        Workload::from_file_with(path, &[])
-    }
-
     /// Reads the file with `--param KEY=VALUE` overrides applied first.
     pub fn from_file_with(path: &Path, params: &[String]) -> Result<Workload> {
         let text = std::fs::read_to_string(path)
@@ -559,7 +555,7 @@ mod tests {
     #[test]
     fn shipped_configs_have_the_published_numbers() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
-        let load = |n: &str| Workload::from_file(&dir.join(n)).unwrap();
+        let load = |n: &str| Workload::from_file_with(&dir.join(n), &[]).unwrap();
         for (gpu, ct) in [("a100", 0.636), ("h100", 0.323)] {
             let w = load(&format!("unet3d_{gpu}.yaml"));
             assert_eq!(
