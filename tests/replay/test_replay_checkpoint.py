@@ -278,3 +278,36 @@ def test_refuses_a_foreign_directory(tmp_path):
                     *params(SCALE[3:]), "--param", "model.num_layers=1", check=False)
     assert p.returncode == 2 and "not empty" in p.stderr
     assert os.listdir(d) == ["precious"]
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_recorded_checkpoint_holds_the_planned_writes(tmp_path, loop_fs):
+    """`--record` traces the checkpoint run: at the file layer every checkpoint file is
+    written with exactly its planned bytes and read back in full."""
+    import polars as pl
+    from trainio_analysis.trace import scan_trace
+
+    if not (ROOT / "target" / "release" / "trainio-record").exists():
+        pytest.fail("the recorder is not built: run 'make'")
+    _dev, _majmin, mnt = loop_fs
+    data, trace, out = mnt / "data", tmp_path / "trace", tmp_path / "r.json"
+    run_trainio("replay", "--workload", ROOT / "configs" / "llama3_405b.yaml", "--gpus", 8, "--data-dir", data,
+                *params(SCALE), "--record", trace, "--json", out, "-q", timeout=300)
+    c = load_json(out)["checkpoint"]
+    rows = (
+        scan_trace(trace)
+        .filter((pl.col("layer") == "file") & pl.col("file").str.starts_with(str(data) + "/"))
+        .group_by("file", "op")
+        .agg(pl.col("bytes").sum())
+        .collect()
+    )
+    by = {(r["file"], r["op"]): r["bytes"] for r in rows.iter_rows(named=True)}
+    ckpt_dir = data / "checkpoints" / "llama_405b" / "global_epoch1_step1"
+    files = sorted(ckpt_dir.iterdir())
+    assert len(files) == c["files"]
+    for f in files:
+        assert by.get((str(f), "write")) == f.stat().st_size, f
+        assert by.get((str(f), "read")) == f.stat().st_size, f
+    in_ckpt = [v for (f, op), v in by.items() if op == "write" and f.startswith(str(ckpt_dir) + "/")]
+    assert sum(in_ckpt) == c["planned_bytes"]
