@@ -14,6 +14,11 @@
 //! hands it over in step order; a GPU may have `window` batches started but not consumed
 //! (`read_threads × ceil(prefetch_size / read_threads)`, DLIO's prefetch_factor rule).
 //! A new epoch's reading starts when the GPU enters that epoch (a new DataLoader iterator).
+//!
+//! Checkpoints (a workload's `checkpoint` section): when one is due after a step, the
+//! loop writes it between the step barrier and the next step, so every simulated GPU of
+//! the job stands still meanwhile, and its time is left out of AU as DLIO leaves it out
+//! (checkpointing.rs, docs/replay.md).
 
 use crate::cluster::{Cluster, PendingBarrier};
 use anyhow::{bail, Context, Result};
