@@ -21,8 +21,8 @@
 //!   three of 5·h, with N = P / (DP·TP·PP) under ZeRO ≥ 1 and P / (TP·PP) under ZeRO 0,
 //!   P being the whole model's parameter count;
 //! - under ZeRO 0 only ranks below TP·PP checkpoint at all; a model that is not a
-//!   transformer writes `model.model_size_bytes` (MLPerf's files spell it `model_size`)
-//!   from those ranks.
+//!   transformer writes `model.model_size_bytes` (MLPerf's files spell it
+//!   `model.model_size`, v1.0's `checkpoint.model_size`) from those ranks.
 //!
 //! Tensor bytes are written as they are: torch.save's zip and pickle framing (a few KiB
 //! per file) is not emulated.
@@ -118,13 +118,13 @@ impl CheckpointSpec {
             Some(Value::String(s)) => s.clone(),
             _ => string(model, "name").unwrap_or_else(|| fallback_name.to_string()),
         };
-        let parallelism = model.get("parallelism").unwrap_or(&empty);
-        let transformer = model.get("transformer").unwrap_or(&empty);
         let ckpt = match root.get("checkpoint") {
             Some(c @ Value::Mapping(_)) => c,
             Some(Value::Null) | None => &empty,
             Some(_) => bail!("section 'checkpoint' must be a mapping"),
         };
+        let parallelism = model.get("parallelism").unwrap_or(&empty);
+        let transformer = model.get("transformer").unwrap_or(&empty);
         let num_layers = match int_key(model, "model", "num_layers")? {
             None => 0,
             Some(v) if v >= 1 => v as u64,
@@ -149,9 +149,13 @@ impl CheckpointSpec {
             Some(v) if v >= 1 => Some(v as u64),
             Some(v) => bail!("model.parallelism.data must be at least 1, got {v}"),
         };
+        // DLIO's spelling, MLPerf v2.0's, then MLPerf v1.0's (in the checkpoint section).
         let model_size_bytes = match number(model, "model", "model_size_bytes")? {
             Some(v) => Some(("model.model_size_bytes", v)),
-            None => number(model, "model", "model_size")?.map(|v| ("model.model_size", v)),
+            None => match number(model, "model", "model_size")? {
+                Some(v) => Some(("model.model_size", v)),
+                None => number(ckpt, "checkpoint", "model_size")?.map(|v| ("checkpoint.model_size", v)),
+            },
         };
         let model_size_bytes = match model_size_bytes {
             None => 10240, // DLIO's default
@@ -774,6 +778,22 @@ mod tests {
             assert_eq!(sub.files[r], full.files[r as usize]);
         }
         assert!(Plan::new(&spec, 513).is_err());
+    }
+
+    /// unet3d's 499,153,191-byte model in each spelling: DLIO's, MLPerf v2.0's, v1.0's.
+    #[test]
+    fn model_size_spellings() {
+        for y in [
+            "model:\n  name: unet3d\n  type: cnn\n  model_size_bytes: 499153191\n",
+            "model:\n  name: unet3d\n  type: cnn\n  model_size: 499153191\n",
+            "model: unet3d\ncheckpoint:\n  model_size: 499153191\n",
+        ] {
+            let root: Value = serde_yaml::from_str(y).unwrap();
+            let spec = CheckpointSpec::from_root(&root, "x").unwrap();
+            assert_eq!(spec.model_size_bytes, 499_153_191, "{y}");
+            let plan = Plan::new(&spec, 8).unwrap();
+            assert_eq!(plan.total_bytes(), 499_153_191, "GPU 0 alone (ZeRO 0, TP×PP 1)");
+        }
     }
 
     #[test]

@@ -167,6 +167,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "checkpoint.checkpoint_after_epoch",
     "checkpoint.epochs_between_checkpoints",
     "checkpoint.steps_between_checkpoints",
+    "checkpoint.model_size",
 ];
 
 /// Sets `KEY=VALUE` (a dotted key of KNOWN_KEYS, a YAML scalar) in the workload tree, so
