@@ -224,6 +224,20 @@ pub fn human(c: &serde_json::Value) -> String {
         c["bytes_per_gpu"].as_array().map(|a| a.len()).unwrap_or(0),
         c["bytes_per_gpu_max"].as_f64().unwrap_or(0.0) / GIB,
     );
+    if let Some(per_gpu) = c["bytes_per_gpu"].as_array() {
+        // Distinct per-GPU sizes with how many GPUs write each, largest first.
+        let mut counts = std::collections::BTreeMap::new();
+        for b in per_gpu.iter().filter_map(|b| b.as_u64()) {
+            *counts.entry(std::cmp::Reverse(b)).or_insert(0u64) += 1;
+        }
+        let groups: Vec<String> = counts
+            .iter()
+            .take(6)
+            .map(|(std::cmp::Reverse(b), n)| format!("{:.3} GiB × {n}", *b as f64 / GIB))
+            .collect();
+        let more = if counts.len() > 6 { format!(", {} other sizes", counts.len() - 6) } else { String::new() };
+        out += &format!("              per GPU {}{more}\n", groups.join(", "));
+    }
     if c["mode"] == "subset" {
         out += &format!("              subset of a {:.2} GiB checkpoint of {} GPUs\n", f("full_checkpoint_gib"), c["world"]);
     }
@@ -231,7 +245,7 @@ pub fn human(c: &serde_json::Value) -> String {
         if let Some(list) = c[key].as_array() {
             for x in list {
                 out += &format!(
-                    "  {phase:<5} {:<4}  {:.3} s, {:.3} GB/s = {:.3} GiB/s ({:.1} MiB/s), {:.3} GiB (epoch {}, step {})\n",
+                    "  {phase:<5} {}  {:.3} s, {:.3} GB/s = {:.3} GiB/s ({:.1} MiB/s), {:.3} GiB (epoch {}, step {})\n",
                     x["index"],
                     x["duration_s"].as_f64().unwrap_or(0.0),
                     x["throughput_gb_s"].as_f64().unwrap_or(0.0),
