@@ -80,7 +80,8 @@ fn datatype_bytes(name: &str) -> Option<u64> {
     }
 }
 
-/// A whole number ≥ `min` (DLIO's -1 "unset" is read by the callers that allow it).
+/// A whole number, if the key is there; each caller decides which values it allows
+/// (DLIO's -1 "unset" is allowed by some).
 fn int_key(sec: &Value, sec_name: &str, key: &str) -> Result<Option<i64>> {
     match number(sec, sec_name, key)? {
         None => Ok(None),
@@ -476,7 +477,7 @@ pub fn checkpoint_dir(root: &Path, spec: &CheckpointSpec, epoch: u64, step: u64)
         .join(format!("global_epoch{epoch}_step{step}"))
 }
 
-/// Bytes and seconds one rank spent on one checkpoint.
+/// What one rank wrote or read of one checkpoint.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RankIo {
     pub bytes: u64,
