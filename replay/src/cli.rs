@@ -81,6 +81,15 @@ pub struct SourceArgs {
     /// Override train.seed.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Set a workload key before the file is read, e.g. `--param model.num_layers=2`
+    /// (dotted key as in the YAML; repeatable; checked like the file's own keys).
+    #[arg(long = "param", value_name = "KEY=VALUE")]
+    pub params: Vec<String>,
+    /// MLPerf Storage's checkpoint mode (`checkpoint.mode`): `default` writes the whole
+    /// checkpoint over --gpus = TP×PP×DP simulated GPUs; `subset` has --gpus write their
+    /// share of the checkpoint of TP×PP×model.parallelism.data GPUs.
+    #[arg(long, value_name = "default|subset")]
+    pub checkpoint_mode: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -138,6 +147,10 @@ pub struct ReplayArgs {
     /// Trace the replay itself with `trainio record` into DIR.
     #[arg(long, value_name = "DIR")]
     pub record: Option<PathBuf>,
+    /// Print (and with --json save) the workload's checkpoint plan, the bytes every
+    /// simulated GPU would write, and exit without touching --data-dir.
+    #[arg(long)]
+    pub plan_only: bool,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -14,6 +14,11 @@
 //! hands it over in step order; a GPU may have `window` batches started but not consumed
 //! (`read_threads × ceil(prefetch_size / read_threads)`, DLIO's prefetch_factor rule).
 //! A new epoch's reading starts when the GPU enters that epoch (a new DataLoader iterator).
+//!
+//! Checkpoints (a workload's `checkpoint` section): when one is due after a step, the
+//! loop writes it between the step barrier and the next step, so every simulated GPU of
+//! the job stands still meanwhile, and its time is left out of AU as DLIO leaves it out
+//! (checkpointing.rs, docs/replay.md).
 
 use crate::cluster::{Cluster, PendingBarrier};
 use anyhow::{bail, Context, Result};
@@ -103,9 +108,17 @@ pub struct EpochStats {
     pub bytes: u64,
     pub duration_s: f64,
     pub first_step_s: f64,
-    /// Σ measured compute of steps 2..n of this epoch.
+    /// Σ measured compute of steps 2..n of this epoch, without the first step after
+    /// each checkpoint.
     pub compute_after_first_s: f64,
     pub au: f64,
+    /// Time the GPU stood still for checkpoints in this epoch.
+    #[serde(default)]
+    pub checkpoint_s: f64,
+    /// Time after the first step left out of AU: checkpoints, and the first step after
+    /// each mid-epoch checkpoint (DLIO starts a new block there).
+    #[serde(default)]
+    pub excluded_s: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -131,6 +144,9 @@ pub struct RankRun {
     pub wall_s: f64,
     /// Sleep overshoot histogram: (µs, count), sparse.
     pub overshoot_us: Vec<(u64, u64)>,
+    /// This rank's part of every checkpoint the job wrote.
+    #[serde(default)]
+    pub checkpoints: Vec<crate::checkpointing::CheckpointIo>,
 }
 
 const ALIGN: u64 = 4096;
@@ -240,6 +256,8 @@ struct Gpu {
     rng: StdRng,
     epoch_start: u64,
     first_step_end: Option<u64>,
+    /// The step being run is the first after a mid-epoch checkpoint, which began at this time.
+    block_start: Option<u64>,
     cur: EpochStats,
     stats: GpuStats,
 }
@@ -272,6 +290,9 @@ pub struct Engine<'a, P: Program> {
     open_files: std::collections::HashMap<u32, i32>,
     overshoot: BTreeMap<u64, u64>,
     bar: ProgressBar,
+    /// The workload's checkpoints, written between steps.
+    checkpointer: Option<&'a crate::checkpointing::Checkpointer>,
+    checkpoints: Vec<crate::checkpointing::CheckpointIo>,
 }
 
 impl<'a, P: Program> Engine<'a, P> {
@@ -327,6 +348,7 @@ impl<'a, P: Program> Engine<'a, P> {
                 rng: StdRng::seed_from_u64(seed ^ global.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                 epoch_start: 0,
                 first_step_end: None,
+                block_start: None,
                 cur: EpochStats::default(),
                 stats: GpuStats {
                     gpu: global,
@@ -389,7 +411,16 @@ impl<'a, P: Program> Engine<'a, P> {
             open_files: std::collections::HashMap::new(),
             overshoot: BTreeMap::new(),
             bar,
+            checkpointer: None,
+            checkpoints: Vec::new(),
         })
+    }
+
+    /// Has every simulated GPU stop and write the workload's checkpoints when they are
+    /// due (with the step barrier on: all GPUs of the job stop at the same step).
+    pub fn with_checkpoints(mut self, checkpointer: Option<&'a crate::checkpointing::Checkpointer>) -> Self {
+        self.checkpointer = checkpointer;
+        self
     }
 
     fn now(&self) -> u64 {
@@ -497,6 +528,7 @@ impl<'a, P: Program> Engine<'a, P> {
             gpus: self.gpus.into_iter().map(|g| g.stats).collect(),
             wall_s,
             overshoot_us: self.overshoot.into_iter().collect(),
+            checkpoints: self.checkpoints,
         })
     }
 
@@ -850,7 +882,7 @@ impl<'a, P: Program> Engine<'a, P> {
         gpu.carry_ns += over;
         let compute = (now - start) as f64 / 1e9;
         gpu.stats.compute_s += compute;
-        if gpu.first_step_end.is_some() {
+        if gpu.first_step_end.is_some() && gpu.block_start.is_none() {
             gpu.cur.compute_after_first_s += compute;
         }
         if self.options.barrier {
@@ -867,12 +899,44 @@ impl<'a, P: Program> Engine<'a, P> {
     }
 
     fn release_barrier(&mut self) -> Result<()> {
-        let now = self.now();
+        let mut now = self.now();
+        let mut block_start = None;
         self.at_barrier = 0;
         for g in 0..self.gpus.len() {
             if let State::AtBarrier { since } = self.gpus[g].state {
                 self.gpus[g].stats.barrier_wait_s += (now - since) as f64 / 1e9;
+            }
+        }
+        if let Some(c) = self.checkpointer {
+            // Under the barrier every GPU of the job has just finished the same step.
+            let (epoch, step) = (self.gpus[0].epoch + 1, self.gpus[0].step + 1);
+            let spe = self.program.steps_per_epoch();
+            if c.due(epoch, step, spe) {
+                let index = self.checkpoints.len() as u64 + 1;
+                let io = c.write(self.cluster, index, epoch, step)?;
+                let end = self.now();
+                let stood = (end - now) as f64 / 1e9;
+                for gpu in &mut self.gpus {
+                    gpu.cur.checkpoint_s += stood;
+                    // A checkpoint inside the epoch's first step is left out with that step.
+                    if gpu.first_step_end.is_some() {
+                        gpu.cur.excluded_s += stood;
+                    }
+                }
+                if step < spe {
+                    block_start = Some(end);
+                }
+                self.checkpoints.push(io);
+                now = end;
+            }
+        }
+        for g in 0..self.gpus.len() {
+            if let State::AtBarrier { .. } = self.gpus[g].state {
                 self.end_step(g, now)?;
+                // Set after the step ends: it marks the next step as the block's first.
+                if block_start.is_some() {
+                    self.gpus[g].block_start = block_start;
+                }
             }
         }
         Ok(())
@@ -887,6 +951,9 @@ impl<'a, P: Program> Engine<'a, P> {
         gpu.step += 1;
         if gpu.first_step_end.is_none() {
             gpu.first_step_end = Some(now);
+        } else if let Some(start) = gpu.block_start.take() {
+            // DLIO's new block after a checkpoint: its first step is left out of AU too.
+            gpu.cur.excluded_s += (now - start) as f64 / 1e9;
         }
         if g == 0 {
             self.bar.inc(1);
@@ -898,7 +965,7 @@ impl<'a, P: Program> Engine<'a, P> {
             e.epoch = gpu.epoch;
             e.duration_s = (now - gpu.epoch_start) as f64 / 1e9;
             e.first_step_s = (first_end - gpu.epoch_start) as f64 / 1e9;
-            let rest = (now - first_end) as f64 / 1e9;
+            let rest = (now - first_end) as f64 / 1e9 - e.excluded_s;
             e.au = if rest > 0.0 {
                 e.compute_after_first_s / rest
             } else {
@@ -916,7 +983,7 @@ impl<'a, P: Program> Engine<'a, P> {
                 let (c, t): (f64, f64) = gpu.stats.epochs.iter().fold((0.0, 0.0), |(c, t), e| {
                     (
                         c + e.compute_after_first_s,
-                        t + e.duration_s - e.first_step_s,
+                        t + e.duration_s - e.first_step_s - e.excluded_s,
                     )
                 });
                 // With one step per epoch nothing is left after excluding it: fall back to

@@ -1,6 +1,8 @@
 #![recursion_limit = "256"]
 //! trainio-replay: `trainio replay|datagen|sweep`. See docs/replay.md.
 
+mod checkpoint;
+mod checkpointing;
 mod cli;
 mod cluster;
 mod dataset;
@@ -75,6 +77,35 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                     "--gpus {} is fewer than the {} MPI ranks: give every rank at least one simulated GPU",
                     args.run.source.gpus, cluster.size
                 )));
+            }
+            if args.plan_only {
+                let summary = job.plan_only(cluster, args.run.source.gpus)?;
+                if cluster.is_root() {
+                    print!("{}", checkpointing::human_summary(&summary));
+                    if let Some(path) = &args.json {
+                        std::fs::write(path, serde_json::to_vec_pretty(&summary)?)
+                            .with_context(|| format!("writing {}", path.display()))?;
+                    }
+                }
+                return Ok(());
+            }
+            if !job.workload.train {
+                let recorder = match &args.record {
+                    Some(dir) if cluster.is_root() => Some(record::Recorder::start(dir)?),
+                    _ => None,
+                };
+                let result = job.run_checkpoint_only(cluster, args.run.source.gpus);
+                if let Some(r) = recorder {
+                    r.stop()?;
+                }
+                if let Some(summary) = result? {
+                    print!("{}", checkpointing::human_summary(&summary));
+                    if let Some(path) = &args.json {
+                        std::fs::write(path, serde_json::to_vec_pretty(&summary)?)
+                            .with_context(|| format!("writing {}", path.display()))?;
+                    }
+                }
+                return Ok(());
             }
             // Generate first: the recording is of the replay, not of datagen's writes.
             if job.generate {

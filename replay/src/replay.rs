@@ -1,6 +1,8 @@
 //! One replay job: arguments → validated configuration → dataset → engine → results.
 
 use crate::cli::RunArgs;
+use crate::checkpoint::Plan;
+use crate::checkpointing::{self, Checkpointer};
 use crate::cluster::Cluster;
 use crate::dataset::{self, Layout};
 use crate::engine::Program;
@@ -87,11 +89,26 @@ impl Job {
         let src = &args.source;
         let (mut w, templates, path) = match (&src.workload, &src.trace) {
             (Some(path), _) => {
-                let w = Workload::from_file(path)
+                let mut params = src.params.clone();
+                if let Some(mode) = &src.checkpoint_mode {
+                    params.push(format!("checkpoint.mode={mode}"));
+                }
+                let w = Workload::from_file_with(path, &params)
                     .map_err(|e| InputError(format!("{e:#}").replace('\n', " ")))?;
+                if w.train && w.checkpoint.is_some() && args.no_barrier {
+                    bail!(InputError(format!(
+                        "{}: checkpoints inside training stop every simulated GPU at a step barrier: drop --no-barrier (or pass --param workflow.checkpoint=false)",
+                        path.display()
+                    )));
+                }
                 (w, None, path.clone())
             }
             (None, Some(trace)) => {
+                if !src.params.is_empty() || src.checkpoint_mode.is_some() {
+                    bail!(InputError(
+                        "--param and --checkpoint-mode set workload keys: they go with --workload, not --trace".into()
+                    ));
+                }
                 if let Some(gap) = args.burst_gap_ms {
                     if gap.is_nan() || gap <= 0.0 {
                         bail!(InputError(format!(
@@ -199,8 +216,86 @@ impl Job {
         }
     }
 
+    /// The checkpoints of this rank's simulated GPUs, when the workload checkpoints.
+    pub fn checkpointer(&self, cluster: &Cluster, gpus: u64) -> Result<Option<Checkpointer>> {
+        let Some(spec) = &self.workload.checkpoint else {
+            return Ok(None);
+        };
+        let plan = Plan::new(spec, gpus).map_err(|e| InputError(format!("{}: {e:#}", self.source)))?;
+        Ok(Some(Checkpointer {
+            spec: spec.clone(),
+            plan,
+            root: self.data_dir.clone(),
+            local: split(gpus, cluster.size, cluster.rank),
+            transfer: self.transfer_size,
+            odirect: self.odirect,
+        }))
+    }
+
+    /// What a checkpoint-only run echoes as its settings.
+    fn checkpoint_settings(&self) -> serde_json::Value {
+        serde_json::json!({
+            "mode": "checkpoint",
+            "source": self.source,
+            "name": self.workload.name,
+            "data_dir": self.data_dir.display().to_string(),
+            "params": self.workload.params,
+            "transfer_size": self.transfer_size,
+            "odirect": self.odirect,
+            "train": self.workload.train,
+        })
+    }
+
+    /// The checkpoint plan for `gpus` simulated GPUs, computed without writing anything.
+    pub fn plan_only(&self, cluster: &Cluster, gpus: u64) -> Result<serde_json::Value> {
+        let Some(ckpt) = self.checkpointer(cluster, gpus)? else {
+            bail!(InputError(format!(
+                "{}: --plan-only plans checkpoints, and this workload has none (workflow.checkpoint is not true)",
+                self.source
+            )));
+        };
+        Ok(serde_json::json!({
+            "tool": "trainio replay",
+            "version": env!("CARGO_PKG_VERSION"),
+            "plan_only": true,
+            "gpus": gpus,
+            "ranks": cluster.size,
+            "hosts": 1,
+            "checkpoint": checkpointing::plan_json(&ckpt.spec, &ckpt.plan),
+            "settings": self.checkpoint_settings(),
+        }))
+    }
+
+    /// A checkpoint-only workload (MLPerf Storage's llama3 files): writes, then reads back.
+    pub fn run_checkpoint_only(&self, cluster: &Cluster, gpus: u64) -> Result<Option<serde_json::Value>> {
+        let ckpt = self.checkpointer(cluster, gpus)?.expect("a checkpoint-only workload has a checkpoint spec");
+        if ckpt.spec.num_checkpoints_write == 0 && ckpt.spec.num_checkpoints_read == 0 {
+            bail!(InputError(format!(
+                "{}: checkpoint.num_checkpoints_write and num_checkpoints_read are both 0: nothing to run",
+                self.source
+            )));
+        }
+        if ckpt.spec.num_checkpoints_write > 0 && cluster.is_root() {
+            dataset::claim_directory(&self.data_dir, self.force)?;
+            dataset::write_marker(&Layout {
+                root: self.data_dir.clone(),
+                files: Vec::new(),
+                samples_per_file: 1,
+                description: format!("checkpoints of {}", self.workload.name),
+            })?;
+        }
+        cluster.barrier();
+        checkpointing::run_checkpoint_only(&ckpt, cluster, self.checkpoint_settings(), self.progress)
+    }
+
     /// Generates the dataset for `gpus`, every rank writing its share of the files.
     pub fn datagen(&self, cluster: &Cluster, gpus: u64) -> Result<()> {
+        if !self.workload.train {
+            bail!(InputError(format!(
+                "{}: a checkpoint-only workload has no dataset to generate (run 'trainio replay' with it)",
+                self.source
+            )));
+        }
         let layout = self.layout(gpus);
         if cluster.is_root() {
             dataset::claim_directory(&self.data_dir, self.force)?;
@@ -298,9 +393,10 @@ impl Job {
                     nominal_sample_bytes: w.record_length,
                     dataset_files: used.len() as u64,
                     dataset_bytes: used_bytes,
+                    params: w.params.clone(),
                     templates: None,
                 };
-                self.execute(cluster, &program, &local, used_bytes, settings)
+                self.execute(cluster, &program, &local, gpus, used_bytes, settings)
             }
             Some(templates) => {
                 let program = TraceProgram::new(
@@ -361,6 +457,7 @@ impl Job {
                     nominal_sample_bytes: if samples > 0 { bytes as f64 / samples as f64 } else { 0.0 },
                     dataset_files: used.len() as u64,
                     dataset_bytes: used_bytes,
+                    params: Vec::new(),
                     templates: Some(
                         program
                             .templates()
@@ -373,7 +470,7 @@ impl Job {
                             .collect(),
                     ),
                 };
-                self.execute(cluster, &program, &local, used_bytes, settings)
+                self.execute(cluster, &program, &local, gpus, used_bytes, settings)
             }
         }
     }
@@ -383,6 +480,7 @@ impl Job {
         cluster: &Cluster,
         program: &P,
         local: &[u64],
+        gpus: u64,
         used_bytes: u64,
         settings: Settings,
     ) -> Result<Option<serde_json::Value>> {
@@ -420,6 +518,11 @@ impl Job {
             realtime: self.realtime,
             psync: self.psync,
         };
+        // Checkpoints go into the dataset's directory, which the dataset marker makes ours.
+        let checkpointer = match &self.templates {
+            None => self.checkpointer(cluster, gpus)?,
+            Some(_) => None,
+        };
         let engine = Engine::new(
             program,
             local,
@@ -427,7 +530,8 @@ impl Job {
             cluster,
             options,
             self.workload.seed,
-        )?;
+        )?
+        .with_checkpoints(checkpointer.as_ref());
         cluster.barrier();
         let cpu0 = cpu_seconds();
         let run = engine.run()?;
@@ -445,11 +549,12 @@ impl Job {
             .map(|b| serde_json::from_slice(b))
             .collect::<Result<_, _>>()
             .context("decoding rank results")?;
-        Ok(Some(results::summarize(
-            &reports,
-            &settings,
-            self.threshold_percent,
-        )))
+        let mut summary = results::summarize(&reports, &settings, self.threshold_percent);
+        if let Some(c) = &checkpointer {
+            let per_rank: Vec<_> = reports.iter().map(|r| r.run.checkpoints.clone()).collect();
+            summary["checkpoint"] = checkpointing::with_ios(checkpointing::plan_json(&c.spec, &c.plan), &per_rank);
+        }
+        Ok(Some(summary))
     }
 }
 

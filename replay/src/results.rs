@@ -41,6 +41,8 @@ pub struct Settings {
     pub nominal_sample_bytes: f64,
     pub dataset_files: u64,
     pub dataset_bytes: u64,
+    /// `--param KEY=VALUE` overrides applied to the workload file.
+    pub params: Vec<String>,
     /// Trace mode: the recorded processes used as templates.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub templates: Option<Vec<serde_json::Value>>,
@@ -118,6 +120,7 @@ pub fn summarize(
                 "samples_per_s": s as f64 / duration,
                 "throughput_mib_s": b as f64 / duration / 1048576.0,
                 "first_step_s_max": es.iter().map(|x| x.first_step_s).fold(0.0, f64::max),
+                "checkpoint_s": es.iter().map(|x| x.checkpoint_s).fold(0.0, f64::max),
             })
         })
         .collect();
@@ -212,6 +215,9 @@ pub fn human(j: &serde_json::Value) -> String {
         j["sleep_overshoot_us_p99"],
         f("cpu_us_per_gpu_step")
     );
+    if j["checkpoint"].is_object() {
+        out += &crate::checkpointing::human(&j["checkpoint"]);
+    }
     if let Some(epochs) = j["per_epoch"].as_array() {
         if epochs.len() > 1 {
             for e in epochs {

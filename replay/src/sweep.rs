@@ -17,6 +17,12 @@ struct Point {
 
 pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
     let job = Job::prepare(&args.run)?;
+    if !job.workload.train {
+        bail!(crate::replay::InputError(format!(
+            "{}: a checkpoint-only workload has no AU to sweep: run 'trainio replay' with it",
+            job.source
+        )));
+    }
     let start = args.run.source.gpus.max(cluster.size as u64);
     if start > args.max_gpus {
         bail!(crate::replay::InputError(format!(

@@ -6,6 +6,7 @@
 //! files and a mapping in others; numbers are sometimes quoted; `computation_time` is a
 //! scalar or a distribution. Keys we do not use are ignored, as DLIO ignores them.
 
+use crate::checkpoint::CheckpointSpec;
 use anyhow::{bail, Context, Result};
 use rand::Rng;
 use rand_distr::{Distribution, Exp, Gamma, Normal, Poisson};
@@ -107,28 +108,162 @@ pub struct Workload {
     pub seed: u64,
     /// Accelerator-utilization threshold in percent (metric.au × 100).
     pub au_threshold_percent: f64,
+    /// `workflow.checkpoint: true`: the model and checkpoint keys.
+    pub checkpoint: Option<CheckpointSpec>,
+    /// False for a checkpoint-only workload (`workflow.train: false`, or no `dataset`
+    /// section, with `workflow.checkpoint: true`): MLPerf Storage's llama3 files.
+    pub train: bool,
+    /// `--param KEY=VALUE` overrides applied to the file, in order.
+    pub params: Vec<String>,
+}
+
+/// Every key trainio reads from a workload file: what `--param` may set.
+pub const KNOWN_KEYS: &[&str] = &[
+    "dataset.format",
+    "dataset.num_files_train",
+    "dataset.num_samples_per_file",
+    "dataset.num_subfolders_train",
+    "dataset.record_length_bytes",
+    "dataset.record_length",
+    "dataset.record_length_bytes_stdev",
+    "dataset.record_length_stdev",
+    "reader.data_loader",
+    "reader.batch_size",
+    "reader.read_threads",
+    "reader.prefetch_size",
+    "reader.transfer_size",
+    "reader.odirect",
+    "reader.file_shuffle",
+    "reader.sample_shuffle",
+    "train.epochs",
+    "train.computation_time",
+    "train.computation_time_stdev",
+    "train.seed",
+    "metric.au",
+    "workflow.train",
+    "workflow.checkpoint",
+    "model.name",
+    "model.type",
+    "model.num_layers",
+    "model.model_datatype",
+    "model.optimizer_datatype",
+    "model.model_size_bytes",
+    "model.model_size",
+    "model.parallelism.tensor",
+    "model.parallelism.pipeline",
+    "model.parallelism.data",
+    "model.parallelism.zero_stage",
+    "model.transformer.vocab_size",
+    "model.transformer.hidden_size",
+    "model.transformer.ffn_hidden_size",
+    "model.transformer.num_attention_heads",
+    "model.transformer.num_kv_heads",
+    "checkpoint.checkpoint_folder",
+    "checkpoint.num_checkpoints_write",
+    "checkpoint.num_checkpoints_read",
+    "checkpoint.time_between_checkpoints",
+    "checkpoint.fsync",
+    "checkpoint.mode",
+    "checkpoint.checkpoint_after_epoch",
+    "checkpoint.epochs_between_checkpoints",
+    "checkpoint.steps_between_checkpoints",
+    "checkpoint.model_size",
+];
+
+/// Sets `KEY=VALUE` (a dotted key of KNOWN_KEYS, a YAML scalar) in the workload tree, so
+/// the value is then read and checked exactly as the file's own would be.
+fn apply_param(root: &mut Value, param: &str) -> Result<()> {
+    let Some((key, value)) = param.split_once('=') else {
+        bail!("--param {param}: expected KEY=VALUE, e.g. model.num_layers=2");
+    };
+    let key = key.trim();
+    if !KNOWN_KEYS.contains(&key) {
+        bail!("--param {key}: not a workload key trainio reads (see docs/replay.md, Inputs)");
+    }
+    let value: Value = serde_yaml::from_str(value)
+        .with_context(|| format!("--param {key}: '{value}' is not a YAML scalar"))?;
+    if value.is_mapping() || value.is_sequence() {
+        bail!("--param {key}: give one value, not a mapping or a list");
+    }
+    let mut node = root;
+    let parts: Vec<&str> = key.split('.').collect();
+    for (i, part) in parts.iter().enumerate() {
+        if !node.is_mapping() {
+            // v1.0's `model: unet3d` becomes `model: {name: unet3d}` to take sub-keys.
+            let name = node.as_str().map(str::to_string);
+            let mut m = serde_yaml::Mapping::new();
+            if let Some(n) = name {
+                m.insert("name".into(), n.into());
+            }
+            *node = Value::Mapping(m);
+        }
+        let map = node.as_mapping_mut().expect("made a mapping above");
+        if i + 1 == parts.len() {
+            map.insert((*part).into(), value);
+            return Ok(());
+        }
+        node = map.entry((*part).into()).or_insert(Value::Null);
+    }
+    Ok(())
 }
 
 impl Workload {
-    pub fn from_file(path: &Path) -> Result<Workload> {
+    /// Reads the file with `--param KEY=VALUE` overrides applied first.
+    pub fn from_file_with(path: &Path, params: &[String]) -> Result<Workload> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read the workload file", path.display()))?;
         let fallback = path
             .file_stem()
             .and_then(|s| s.to_str())
             .unwrap_or("workload");
-        Workload::from_yaml(&text, fallback)
+        Workload::from_yaml_with(&text, fallback, params)
             .with_context(|| format!("{}: bad workload", path.display()))
     }
 
     pub fn from_yaml(text: &str, fallback_name: &str) -> Result<Workload> {
-        let root: Value = serde_yaml::from_str(text).context("not valid YAML")?;
+        Workload::from_yaml_with(text, fallback_name, &[])
+    }
+
+    pub fn from_yaml_with(text: &str, fallback_name: &str, params: &[String]) -> Result<Workload> {
+        let mut root: Value = serde_yaml::from_str(text).context("not valid YAML")?;
         if !root.is_mapping() {
             bail!("expected a mapping with the DLIO sections (dataset, reader, train)");
         }
-        let dataset = section(&root, "dataset")?;
-        let reader = section(&root, "reader")?;
-        let train = section(&root, "train")?;
+        for p in params {
+            apply_param(&mut root, p)?;
+        }
+        let empty = Value::Mapping(Default::default());
+        let workflow = root.get("workflow").unwrap_or(&empty);
+        let do_checkpoint = boolean(workflow, "workflow", "checkpoint")?.unwrap_or(false);
+        let do_train = boolean(workflow, "workflow", "train")?.unwrap_or(true);
+        let checkpoint = if do_checkpoint {
+            Some(CheckpointSpec::from_root(&root, fallback_name)?)
+        } else {
+            None
+        };
+        // MLPerf's llama3 files: checkpointing only, no dataset to read.
+        let train = !(do_checkpoint && (!do_train || root.get("dataset").is_none()));
+        let (dataset, reader, train_sec) = if train {
+            (
+                section(&root, "dataset")?,
+                section(&root, "reader")?,
+                section(&root, "train")?,
+            )
+        } else {
+            (
+                root.get("dataset")
+                    .filter(|v| v.is_mapping())
+                    .unwrap_or(&empty),
+                root.get("reader")
+                    .filter(|v| v.is_mapping())
+                    .unwrap_or(&empty),
+                root.get("train")
+                    .filter(|v| v.is_mapping())
+                    .unwrap_or(&empty),
+            )
+        };
+        let train_flag = train;
+        let train = train_sec;
         let metric = root.get("metric");
 
         let name = match root.get("model") {
@@ -145,6 +280,7 @@ impl Workload {
             "dataset",
             &["record_length_bytes", "record_length"],
         )?
+        .or((!train_flag).then_some(1.0))
         .context("dataset.record_length_bytes (or v1.0's record_length) is required")?;
         if record_length <= 0.0 {
             bail!("dataset.record_length_bytes must be positive, got {record_length}");
@@ -191,6 +327,9 @@ impl Workload {
             au_threshold_percent: au
                 .map(|a| if a <= 1.0 { a * 100.0 } else { a })
                 .unwrap_or(90.0),
+            checkpoint,
+            train: train_flag,
+            params: params.to_vec(),
         };
         workload.validate()?;
         Ok(workload)
@@ -218,7 +357,7 @@ impl Workload {
     }
 }
 
-fn section<'a>(root: &'a Value, name: &str) -> Result<&'a Value> {
+pub(crate) fn section<'a>(root: &'a Value, name: &str) -> Result<&'a Value> {
     match root.get(name) {
         Some(v @ Value::Mapping(_)) => Ok(v),
         Some(_) => bail!("section '{name}' must be a mapping"),
@@ -226,7 +365,7 @@ fn section<'a>(root: &'a Value, name: &str) -> Result<&'a Value> {
     }
 }
 
-fn to_f64(v: &Value) -> Option<f64> {
+pub(crate) fn to_f64(v: &Value) -> Option<f64> {
     match v {
         Value::Number(n) => n.as_f64(),
         Value::String(s) => s.trim().parse().ok(),
@@ -234,7 +373,7 @@ fn to_f64(v: &Value) -> Option<f64> {
     }
 }
 
-fn number(sec: &Value, sec_name: &str, key: &str) -> Result<Option<f64>> {
+pub(crate) fn number(sec: &Value, sec_name: &str, key: &str) -> Result<Option<f64>> {
     match sec.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => to_f64(v)
@@ -243,7 +382,7 @@ fn number(sec: &Value, sec_name: &str, key: &str) -> Result<Option<f64>> {
     }
 }
 
-fn first_number(sec: &Value, sec_name: &str, keys: &[&str]) -> Result<Option<f64>> {
+pub(crate) fn first_number(sec: &Value, sec_name: &str, keys: &[&str]) -> Result<Option<f64>> {
     for key in keys {
         if let Some(v) = number(sec, sec_name, key)? {
             return Ok(Some(v));
@@ -252,7 +391,7 @@ fn first_number(sec: &Value, sec_name: &str, keys: &[&str]) -> Result<Option<f64
     Ok(None)
 }
 
-fn uint(sec: &Value, sec_name: &str, key: &str) -> Result<Option<u64>> {
+pub(crate) fn uint(sec: &Value, sec_name: &str, key: &str) -> Result<Option<u64>> {
     match number(sec, sec_name, key)? {
         None => Ok(None),
         Some(v) if v >= 0.0 && v.fract() == 0.0 => Ok(Some(v as u64)),
@@ -260,7 +399,7 @@ fn uint(sec: &Value, sec_name: &str, key: &str) -> Result<Option<u64>> {
     }
 }
 
-fn boolean(sec: &Value, sec_name: &str, key: &str) -> Result<Option<bool>> {
+pub(crate) fn boolean(sec: &Value, sec_name: &str, key: &str) -> Result<Option<bool>> {
     match sec.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -270,7 +409,7 @@ fn boolean(sec: &Value, sec_name: &str, key: &str) -> Result<Option<bool>> {
     }
 }
 
-fn string(sec: &Value, key: &str) -> Option<String> {
+pub(crate) fn string(sec: &Value, key: &str) -> Option<String> {
     sec.get(key).and_then(|v| match v {
         Value::String(s) => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),
@@ -336,7 +475,7 @@ fn compute_time(train: &Value) -> Result<ComputeTime> {
     Ok(ct)
 }
 
-fn short(v: &Value) -> String {
+pub(crate) fn short(v: &Value) -> String {
     let s = serde_yaml::to_string(v).unwrap_or_default();
     let s = s.trim();
     if s.len() > 40 {
@@ -417,7 +556,7 @@ mod tests {
     #[test]
     fn shipped_configs_have_the_published_numbers() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
-        let load = |n: &str| Workload::from_file(&dir.join(n)).unwrap();
+        let load = |n: &str| Workload::from_file_with(&dir.join(n), &[]).unwrap();
         for (gpu, ct) in [("a100", 0.636), ("h100", 0.323)] {
             let w = load(&format!("unet3d_{gpu}.yaml"));
             assert_eq!(
