@@ -15,7 +15,10 @@ from replay_helpers import ROOT, in_cgroup, load_json, run_trainio
 
 MIB = 1 << 20
 GIB = 1 << 30
+# The real files, unchanged: the repository's copies (tests/replay/data/dlio-configs,
+# from ../shared/dlio-configs), checked against the originals where those are present.
 SHARED = ROOT.parent / "shared" / "dlio-configs"
+COPIES = Path(__file__).resolve().parent / "data" / "dlio-configs"
 
 # MLPerf Storage submission guidelines §2.2.1 Table 2, keyed by hidden size: processes
 # (TP×PP×DP) and checkpoint size in DLIO's GB (2^30 bytes). For 1T the table says 18 TB,
@@ -43,9 +46,13 @@ def params(items):
 
 
 def llama_files():
-    files = sorted(SHARED.glob("*/llama*.yaml"))
+    files = sorted(COPIES.glob("*/llama*.yaml"))
     if not files:
-        pytest.fail(f"no llama checkpoint files under {SHARED}: the real MLPerf/DLIO files are needed")
+        pytest.fail(f"no llama checkpoint files under {COPIES}: the real MLPerf/DLIO files are needed")
+    for f in files:
+        original = SHARED / f.parent.name / f.name
+        if original.exists():
+            assert original.read_bytes() == f.read_bytes(), f"{f} differs from {original}"
     return files
 
 
