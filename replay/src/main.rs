@@ -7,6 +7,7 @@ mod cli;
 mod cluster;
 mod dataset;
 mod engine;
+mod output;
 mod pool;
 mod program;
 mod record;
@@ -16,7 +17,7 @@ mod sweep;
 mod trace_input;
 mod workload;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use cli::{Cli, Command};
 use cluster::Cluster;
@@ -71,6 +72,10 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
             job.datagen(cluster, args.source.gpus)
         }
         Command::Replay(args) => {
+            // Checked before any work: the results of a run must have somewhere to go.
+            if let (Some(path), true) = (&args.json, cluster.is_root()) {
+                output::check(path, "--json")?;
+            }
             let job = Job::prepare(&args.run)?;
             if args.run.source.gpus < cluster.size as u64 {
                 anyhow::bail!(replay::InputError(format!(
@@ -83,49 +88,45 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                 if cluster.is_root() {
                     print!("{}", checkpointing::human_summary(&summary));
                     if let Some(path) = &args.json {
-                        std::fs::write(path, serde_json::to_vec_pretty(&summary)?)
-                            .with_context(|| format!("writing {}", path.display()))?;
-                    }
-                }
-                return Ok(());
-            }
-            if !job.workload.train {
-                let recorder = match &args.record {
-                    Some(dir) if cluster.is_root() => Some(record::Recorder::start(dir)?),
-                    _ => None,
-                };
-                let result = job.run_checkpoint_only(cluster, args.run.source.gpus);
-                if let Some(r) = recorder {
-                    r.stop()?;
-                }
-                if let Some(summary) = result? {
-                    print!("{}", checkpointing::human_summary(&summary));
-                    if let Some(path) = &args.json {
-                        std::fs::write(path, serde_json::to_vec_pretty(&summary)?)
-                            .with_context(|| format!("writing {}", path.display()))?;
+                        output::save_json(path, &summary)?;
                     }
                 }
                 return Ok(());
             }
             // Generate first: the recording is of the replay, not of datagen's writes.
-            if job.generate {
+            if job.workload.train && job.generate {
                 job.datagen(cluster, args.run.source.gpus)?;
             }
             let recorder = match &args.record {
                 Some(dir) if cluster.is_root() => Some(record::Recorder::start(dir)?),
                 _ => None,
             };
-            let result = job.run_generated(cluster, args.run.source.gpus);
-            if let Some(r) = recorder {
-                r.stop()?;
-            }
-            if let Some(summary) = result? {
-                print!("{}", results::human(&summary));
-                if let Some(path) = &args.json {
-                    std::fs::write(path, serde_json::to_vec_pretty(&summary)?)
-                        .with_context(|| format!("writing {}", path.display()))?;
+            // The results are shown and saved before the recorder is stopped: a recording
+            // that fails does not take the finished replay's results with it.
+            let saved = if job.workload.train {
+                let result = job.run_generated(cluster, args.run.source.gpus);
+                match result {
+                    Ok(Some(summary)) => {
+                        print!("{}", results::human(&summary));
+                        Ok(args.json.as_deref().map(|p| output::save_json(p, &summary)).transpose())
+                    }
+                    Ok(None) => Ok(Ok(None)),
+                    Err(e) => Err(e),
                 }
-            }
+            } else {
+                let result = job.run_checkpoint_only(cluster, args.run.source.gpus);
+                match result {
+                    Ok(Some(summary)) => {
+                        print!("{}", checkpointing::human_summary(&summary));
+                        Ok(args.json.as_deref().map(|p| output::save_json(p, &summary)).transpose())
+                    }
+                    Ok(None) => Ok(Ok(None)),
+                    Err(e) => Err(e),
+                }
+            };
+            let recorded = recorder.map(|r| r.stop()).transpose();
+            saved??;
+            recorded.map_err(|e| e.context("the replay's results above stand"))?;
             Ok(())
         }
         Command::Sweep(args) => sweep::sweep(&args, cluster),

@@ -16,6 +16,9 @@ struct Point {
 }
 
 pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
+    if cluster.is_root() {
+        crate::output::check(&args.json, "--json")?;
+    }
     let job = Job::prepare(&args.run)?;
     if !job.workload.train {
         bail!(crate::replay::InputError(format!(
@@ -137,8 +140,7 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
         })).collect::<Vec<_>>(),
         "runs": curve.iter().map(|p| &p.summary).collect::<Vec<_>>(),
     });
-    std::fs::write(&args.json, serde_json::to_vec_pretty(&out)?)
-        .with_context(|| format!("writing {}", args.json.display()))?;
+    crate::output::save_json(&args.json, &out)?;
     println!("curve saved to {}", args.json.display());
     Ok(())
 }

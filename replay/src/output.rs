@@ -1,0 +1,80 @@
+//! Result files (`--json`): checked before the run, written atomically after it, and
+//! never lost: when the file cannot be written, the results go to standard output.
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context, Result};
+
+use crate::replay::InputError;
+
+/// Refuses, before any work, a result path that could not be written at the end: its
+/// directory missing, not a directory, or not writable (a read-only mount), or the path
+/// itself something other than a regular file (a directory, a device, a FIFO, a
+/// symlink: the atomic rename would replace the link or the node rather than write
+/// through it).
+pub fn check(path: &Path, option: &str) -> Result<()> {
+    let bad = |why: String| anyhow!(InputError(format!("{option} {}: {why}", path.display())));
+    if let Ok(m) = fs::symlink_metadata(path) {
+        if m.file_type().is_symlink() {
+            return Err(bad("is a symbolic link: give the file it points to".into()));
+        }
+        if !m.is_file() {
+            return Err(bad("exists and is not a regular file".into()));
+        }
+    }
+    let dir = parent(path);
+    match fs::metadata(&dir) {
+        Err(e) => return Err(bad(format!("directory {} is missing ({e})", dir.display()))),
+        Ok(m) if !m.is_dir() => return Err(bad(format!("{} is not a directory", dir.display()))),
+        Ok(_) => {}
+    }
+    let c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| bad("contains a NUL byte".into()))?;
+    // SAFETY: c is a NUL-terminated path.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
+        return Err(bad(format!("directory {} is not writable: {}", dir.display(), std::io::Error::last_os_error())));
+    }
+    Ok(())
+}
+
+fn parent(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory, synced and
+/// renamed into place: a reader sees the old file or the whole new one, and a full disk
+/// leaves no truncated file behind.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path.file_name().ok_or_else(|| anyhow!("{}: not a file name", path.display()))?;
+    let tmp = parent(path).join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+    let written = (|| -> Result<()> {
+        let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        f.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
+        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+        fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Saves a run's results as JSON. If the file cannot be written (checked before the run,
+/// so only a fault since, such as a full disk), the results are printed on standard
+/// output instead and the error says so: the run is never lost.
+pub fn save_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(value)?;
+    if let Err(e) = write_atomic(path, &bytes) {
+        println!("{}", String::from_utf8_lossy(&bytes));
+        return Err(e.context(format!(
+            "the results could not be saved to {} and are printed above instead",
+            path.display()
+        )));
+    }
+    Ok(())
+}
