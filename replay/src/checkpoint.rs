@@ -490,11 +490,15 @@ pub struct RankIo {
 pub fn write_shards(
     plan: &Plan,
     ranks: &[u64],
+    root: &Path,
     dir: &Path,
     transfer: u64,
     fsync: bool,
 ) -> Result<RankIo> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Every file operation stays beneath the data directory (beneath.rs).
+    let beneath = crate::beneath::Beneath::new(root)?;
+    beneath.create_dirs(dir)?;
+    let beneath = &beneath;
     let results: Vec<Result<RankIo>> = std::thread::scope(|s| {
         let handles: Vec<_> = ranks
             .iter()
@@ -505,8 +509,7 @@ pub fn write_shards(
                     let mut io = RankIo::default();
                     for (k, f) in plan.files[r as usize].iter().enumerate() {
                         let path = dir.join(&f.name);
-                        let mut file = std::fs::File::create(&path)
-                            .with_context(|| format!("creating {}", path.display()))?;
+                        let mut file = beneath.create(&path)?;
                         let mut left = f.bytes;
                         let mut chunk = 0u64;
                         while left > 0 {
@@ -550,16 +553,17 @@ pub fn write_shards(
 /// Makes the files of `ranks` in `dir` durable and drops them from the page cache, so
 /// reading them back measures storage (not timed: it is the "clear the cache" step of an
 /// MLPerf submission). Checks that each file has its planned size.
-pub fn settle_shards(plan: &Plan, ranks: &[u64], dir: &Path) -> Result<()> {
+pub fn settle_shards(plan: &Plan, ranks: &[u64], root: &Path, dir: &Path) -> Result<()> {
+    let beneath = crate::beneath::Beneath::new(root)?;
     for &r in ranks {
         for f in &plan.files[r as usize] {
             let path = dir.join(&f.name);
-            let file = std::fs::File::open(&path).with_context(|| {
+            let file = std::fs::File::from(beneath.open(&path, libc::O_RDONLY, 0).with_context(|| {
                 format!(
                     "{}: missing: write the checkpoint first (checkpoint.num_checkpoints_write)",
                     path.display()
                 )
-            })?;
+            })?);
             let len = file.metadata()?.len();
             if len != f.bytes {
                 bail!(
@@ -588,10 +592,13 @@ pub fn settle_shards(plan: &Plan, ranks: &[u64], dir: &Path) -> Result<()> {
 pub fn read_shards(
     plan: &Plan,
     ranks: &[u64],
+    root: &Path,
     dir: &Path,
     transfer: u64,
     odirect: bool,
 ) -> Result<RankIo> {
+    let beneath = crate::beneath::Beneath::new(root)?;
+    let beneath = &beneath;
     let results: Vec<Result<RankIo>> = std::thread::scope(|s| {
         let handles: Vec<_> = ranks
             .iter()
@@ -606,19 +613,8 @@ pub fn read_shards(
                     let mut io = RankIo::default();
                     for f in &plan.files[r as usize] {
                         let path = dir.join(&f.name);
-                        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-                            .context("file name with a NUL byte")?;
-                        let flags = libc::O_RDONLY
-                            | libc::O_CLOEXEC
-                            | if odirect { libc::O_DIRECT } else { 0 };
-                        let fd = unsafe { libc::open(c.as_ptr(), flags) };
-                        if fd < 0 {
-                            bail!(
-                                "opening {}: {}",
-                                path.display(),
-                                std::io::Error::last_os_error()
-                            );
-                        }
+                        let flags = libc::O_RDONLY | if odirect { libc::O_DIRECT } else { 0 };
+                        let fd = std::os::fd::IntoRawFd::into_raw_fd(beneath.open(&path, flags, 0)?);
                         let mut pos = 0u64;
                         loop {
                             let n = unsafe {

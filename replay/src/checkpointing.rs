@@ -53,7 +53,7 @@ impl Checkpointer {
         let dir = checkpoint::checkpoint_dir(&self.root, &self.spec, epoch, step);
         cluster.barrier();
         let t0 = Instant::now();
-        let io = checkpoint::write_shards(&self.plan, &self.local, &dir, self.transfer, self.spec.fsync)?;
+        let io = checkpoint::write_shards(&self.plan, &self.local, &self.root, &dir, self.transfer, self.spec.fsync)?;
         let duration_s = t0.elapsed().as_secs_f64();
         cluster.barrier();
         Ok(CheckpointIo {
@@ -73,7 +73,7 @@ impl Checkpointer {
         let dir = checkpoint::checkpoint_dir(&self.root, &self.spec, epoch, step);
         cluster.barrier();
         let t0 = Instant::now();
-        let io = checkpoint::read_shards(&self.plan, &self.local, &dir, self.transfer, self.odirect)?;
+        let io = checkpoint::read_shards(&self.plan, &self.local, &self.root, &dir, self.transfer, self.odirect)?;
         let duration_s = t0.elapsed().as_secs_f64();
         cluster.barrier();
         Ok(CheckpointIo {
@@ -287,7 +287,7 @@ pub fn run_checkpoint_only(
         // MLPerf's "clear the cache" between write and read, for these files only.
         for i in 1..=spec.num_checkpoints_read {
             let dir = checkpoint::checkpoint_dir(&ckpt.root, spec, 1, i);
-            checkpoint::settle_shards(&ckpt.plan, &ckpt.local, &dir)?;
+            checkpoint::settle_shards(&ckpt.plan, &ckpt.local, &ckpt.root, &dir)?;
         }
     }
     for i in 1..=spec.num_checkpoints_read {

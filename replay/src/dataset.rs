@@ -187,21 +187,22 @@ pub fn write_marker(layout: &Layout) -> Result<()> {
         bytes: layout.total_bytes(),
     };
     let p = layout.root.join(MARKER);
-    std::fs::write(&p, serde_json::to_vec_pretty(&marker)?)
+    let mut f = crate::beneath::Beneath::new(&layout.root)?.create(&p)?;
+    f.write_all(&serde_json::to_vec_pretty(&marker)?)
         .with_context(|| format!("writing {}", p.display()))
 }
 
 /// Materializes the files of `layout` whose index ≡ `part` (mod `parts`), skipping files
 /// that already exist with the right size. Returns the bytes written.
 pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool) -> Result<u64> {
-    let todo: Vec<usize> = (0..layout.files.len())
-        .filter(|i| i % parts == part)
-        .filter(|&i| {
-            std::fs::metadata(layout.path(i))
-                .map(|m| m.len() != layout.files[i].size)
-                .unwrap_or(true)
-        })
-        .collect();
+    // Every file operation stays beneath the data directory (beneath.rs).
+    let beneath = crate::beneath::Beneath::new(&layout.root)?;
+    let mut todo = Vec::new();
+    for i in (0..layout.files.len()).filter(|i| i % parts == part) {
+        if beneath.file_size(&layout.path(i))? != Some(layout.files[i].size) {
+            todo.push(i);
+        }
+    }
     let bytes: u64 = todo.iter().map(|&i| layout.files[i].size).sum();
     let bar = if show_progress {
         ProgressBar::new(bytes)
@@ -218,11 +219,10 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
     rand::rngs::StdRng::seed_from_u64(0x0074_7261_696e_696f).fill(&mut block[..]);
     for &i in &todo {
         let path = layout.path(i);
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        if let Some(dir) = path.parent().filter(|d| *d != layout.root) {
+            beneath.create_dirs(dir)?;
         }
-        let file =
-            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let file = beneath.create(&path)?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
         let mut left = layout.files[i].size;
         let mut chunk_no = 0u64;

@@ -28,8 +28,6 @@ use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -59,6 +57,8 @@ pub trait Program {
     fn batch(&self, gpu: usize, epoch: u64, step: u64) -> Batch;
     fn compute_seconds(&self, gpu: usize, epoch: u64, step: u64, rng: &mut StdRng) -> f64;
     fn path(&self, file: u32) -> PathBuf;
+    /// The data directory: every path() is inside it, and opened beneath it.
+    fn root(&self) -> &std::path::Path;
     fn read_threads(&self, gpu: usize) -> usize;
     fn prefetch_size(&self, gpu: usize) -> usize;
     /// Largest single read request, bytes.
@@ -288,6 +288,8 @@ pub struct Engine<'a, P: Program> {
     eventfd_buf: Box<u64>,
     /// Recorded mode: open file descriptors by file index, closed at the end.
     open_files: std::collections::HashMap<u32, i32>,
+    /// Opens the data files beneath the data directory, never through a link.
+    beneath: crate::beneath::Beneath,
     overshoot: BTreeMap<u64, u64>,
     bar: ProgressBar,
     /// The workload's checkpoints, written between steps.
@@ -409,6 +411,7 @@ impl<'a, P: Program> Engine<'a, P> {
             pool: None,
             eventfd_buf: Box::new(0),
             open_files: std::collections::HashMap::new(),
+            beneath: crate::beneath::Beneath::new(program.root())?,
             overshoot: BTreeMap::new(),
             bar,
             checkpointer: None,
@@ -696,20 +699,8 @@ impl<'a, P: Program> Engine<'a, P> {
         let fd = match self.open_files.get(&read.file) {
             Some(&fd) => fd,
             None => {
-                let c = CString::new(path.as_os_str().as_bytes())
-                    .context("file name with a NUL byte")?;
-                let flags = libc::O_RDONLY
-                    | libc::O_CLOEXEC
-                    | if self.options.odirect {
-                        libc::O_DIRECT
-                    } else {
-                        0
-                    };
-                let fd = unsafe { libc::open(c.as_ptr(), flags) };
-                if fd < 0 {
-                    let e = std::io::Error::last_os_error();
-                    bail!("opening {}: {e}", path.display());
-                }
+                let flags = libc::O_RDONLY | if self.options.odirect { libc::O_DIRECT } else { 0 };
+                let fd = std::os::fd::IntoRawFd::into_raw_fd(self.beneath.open(&path, flags, 0)?);
                 if self.recorded {
                     self.open_files.insert(read.file, fd);
                 }

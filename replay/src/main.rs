@@ -1,6 +1,7 @@
 #![recursion_limit = "256"]
 //! trainio-replay: `trainio replay|datagen|sweep`. See docs/replay.md.
 
+mod beneath;
 mod checkpoint;
 mod checkpointing;
 mod cli;

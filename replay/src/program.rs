@@ -144,6 +144,10 @@ impl Program for WorkloadProgram {
         self.layout.path(file as usize)
     }
 
+    fn root(&self) -> &std::path::Path {
+        &self.layout.root
+    }
+
     fn read_threads(&self, _gpu: usize) -> usize {
         self.read_threads
     }

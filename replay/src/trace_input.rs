@@ -276,6 +276,10 @@ impl Program for TraceProgram {
         self.layout.path(file as usize)
     }
 
+    fn root(&self) -> &std::path::Path {
+        &self.layout.root
+    }
+
     fn read_threads(&self, gpu: usize) -> usize {
         self.templates[self.local[gpu].0].concurrency
     }
