@@ -1,4 +1,4 @@
-"""Command line: ``python -m trainio_analysis analyze|report|compare ...``.
+"""Command line: ``python -m trainio_analysis analyze|report|compare|export ...``.
 
 Every expected failure (bad trace, empty selection, unwritable output) is one line on
 stderr naming the file and the problem, exit status 2. A closed stdout pipe is not an
@@ -92,6 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("b", help="candidate trace (e.g. its replay)")
     _add_selection(c)
     c.add_argument("--json", action="store_true", help="print one JSON object")
+
+    e = sub.add_parser("export", help="write a trace in another tool's format")
+    e.add_argument("--fio", metavar="TRACE", required=True,
+                   help="trace to export as fio iologs (version 3), one per process")
+    e.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write (absent or empty)")
+    e.add_argument("--layer", choices=("block", "file"), default="block",
+                   help="block: device offsets, for replay_redirect onto a device (default); "
+                   "file: file offsets on the recorded paths")
+    e.add_argument("--dev", help="only this device: MAJ:MIN or its name")
+    e.add_argument("--pid", type=int, help="only this process (tgid)")
+    e.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
     return parser
 
 
@@ -136,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
 
             result = compare(args.a, args.b, **_selection(args))
             print(dumps(result) if args.json else format_compare(result))
+        elif args.command == "export":
+            from trainio_analysis.export_fio import export_fio, format_export
+
+            result = export_fio(args.fio, args.output, layer=args.layer, dev=args.dev, pid=args.pid)
+            print(dumps(result) if args.json else format_export(result, args.output))
         else:
             from trainio_analysis.report import write_report
 

@@ -1,0 +1,36 @@
+"""Helpers of the interop tests (trainio export / import against the real tools)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+
+from trainio_testlib import trainio
+from trainio_analysis.trace import scan_trace
+
+
+def ok(*args, timeout: float = 300, **kw) -> str:
+    p = trainio(*args, timeout=timeout, **kw)
+    assert p.returncode == 0, f"trainio {' '.join(map(str, args))} exited {p.returncode}:\n{p.stderr[-3000:]}"
+    return p.stdout
+
+
+def analyze_json(trace: Path, *sel: str) -> dict:
+    return json.loads(ok("analyze", trace, *sel, "--json"))
+
+
+def block_requests(trace: Path, dev: str) -> pl.DataFrame:
+    """The data requests (read/write) of one device, a request completed in parts summed
+    into one, in issue order."""
+    df = (
+        scan_trace(trace)
+        .filter((pl.col("layer") == "block") & (pl.col("dev") == dev) & pl.col("op").is_in(["read", "write"]))
+        .collect()
+    )
+    return (
+        df.group_by(["op", "issue_ns", "queue_depth", "pid", "tid"])
+        .agg(pl.col("offset").min(), pl.col("bytes").sum(), pl.col("complete_ns").max())
+        .sort("issue_ns")
+    )

@@ -1,0 +1,103 @@
+"""`trainio export --fio`: real fio replays the export of a recorded fio job onto a second
+loop device, recorded too; the replay's block trace is the original's."""
+
+from __future__ import annotations
+
+import collections
+import os
+from pathlib import Path
+
+import pytest
+
+from interop_helpers import analyze_json, block_requests, ok
+from trainio_testlib import loop_device, majmin, trainio
+
+
+def fio_job(dev: str, *extra: str) -> list[str]:
+    """A bursty mixed job: a training step's reads, 32 random requests of three sizes at QD 4, then
+    100 ms of compute."""
+    return ["fio", "--name=job", f"--filename={dev}", "--rw=randrw", "--rwmixread=70",
+            "--bssplit=4k/40:64k/30:256k/30", "--ioengine=libaio", "--direct=1", "--iodepth=4",
+            "--thinktime=100ms", "--thinktime_blocks=32", "--number_ios=640", "--randrepeat=0",
+            "--output-format=terse", *extra]
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_fio_replays_the_export_with_the_same_requests_and_throughput(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root (loop devices, BPF): run it as root")
+    with loop_device(256) as original_dev, loop_device(256) as replay_dev:
+        ok("record", "-q", "--layers", "block", "--dev", original_dev, "-o", tmp_path / "original", "--",
+           *fio_job(original_dev))
+        out = ok("export", "--fio", tmp_path / "original", "-o", tmp_path / "fio")
+        logs = sorted((tmp_path / "fio").glob("*.iolog"))
+        assert len(logs) == 1, out  # one fio process issued every request
+        lines = logs[0].read_text().splitlines()
+        assert lines[0] == "fio version 3 iolog"
+        ok("record", "-q", "--layers", "block", "--dev", replay_dev, "-o", tmp_path / "replay", "--",
+           "fio", f"--replay_redirect={replay_dev}", "--output-format=terse", "replay.fio",
+           cwd=tmp_path / "fio")
+
+        a_mm, b_mm = majmin(original_dev), majmin(replay_dev)
+        a, b = block_requests(tmp_path / "original", a_mm), block_requests(tmp_path / "replay", b_mm)
+        # exactly the same requests: count, bytes, sizes, and where they went
+        assert b.height == a.height == 640
+        assert collections.Counter(zip(b["op"], b["offset"], b["bytes"], strict=True)) == collections.Counter(
+            zip(a["op"], a["offset"], a["bytes"], strict=True))
+        ra, rb = analyze_json(tmp_path / "original", "--dev", a_mm), analyze_json(tmp_path / "replay", "--dev", b_mm)
+        for key in ("reads", "writes", "bytes_read", "bytes_written", "size_counts"):
+            assert rb[key] == ra[key], key
+        # the recorded timing: throughput from first issue to last completion within 5 %
+        ratio = rb["throughput_active_mib_s"] / ra["throughput_active_mib_s"]
+        print(f"\nfio replay of the export: {a.height} requests, throughput original "
+              f"{ra['throughput_active_mib_s']:.2f} MiB/s over {ra['active_s']:.3f} s, replay "
+              f"{rb['throughput_active_mib_s']:.2f} MiB/s over {rb['active_s']:.3f} s: x{ratio:.3f}; "
+              f"QD mean per issue {ra['qd_mean_issue']:.2f} / {rb['qd_mean_issue']:.2f}")
+        assert ratio == pytest.approx(1.0, abs=0.05)
+
+
+def test_export_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    not_a_trace = tmp_path / "notes.txt"
+    not_a_trace.write_text("hello\n")
+    p = trainio("export", "--fio", not_a_trace, "-o", tmp_path / "out")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert str(not_a_trace) in p.stderr
+    assert not (tmp_path / "out").exists()
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "keep").write_text("x")
+    from trainio_analysis.trace import write_trace
+
+    write_trace(tmp_path / "t", [{"layer": "block", "op": "read", "issue_ns": 0, "complete_ns": 10,
+                                 "dev": "7:0", "offset": 0, "bytes": 4096, "queue_depth": 1, "pid": 1}])
+    p = trainio("export", "--fio", tmp_path / "t", "-o", busy)
+    assert p.returncode == 2 and "not empty" in p.stderr and str(busy) in p.stderr
+    assert sorted(x.name for x in busy.iterdir()) == ["keep"]
+    p = trainio("export", "--fio", tmp_path / "t", "-o", tmp_path / "f", "--layer", "file")
+    assert p.returncode == 2 and "no file-layer requests" in p.stderr
+    assert not (tmp_path / "f").exists()
+
+
+def test_iolog_timing_is_microseconds_from_the_first_request(tmp_path: Path) -> None:
+    from trainio_analysis.trace import write_trace
+
+    rows = [
+        {"layer": "block", "op": op, "issue_ns": t, "complete_ns": t + 50_000, "dev": "7:0",
+         "offset": off, "bytes": n, "queue_depth": 1, "pid": pid, "comm": "job"}
+        for op, t, off, n, pid in [("read", 5_000_000_000, 4096, 4096, 10), ("write", 5_000_250_700, 0, 8192, 10),
+                                   ("read", 5_001_000_000, 1 << 20, 65536, 11)]
+    ]
+    rows.append({"layer": "block", "op": "flush", "issue_ns": 5_002_000_000, "complete_ns": 5_002_000_100,
+                 "dev": "7:0", "bytes": 0, "queue_depth": 1, "pid": 10, "comm": "job"})
+    write_trace(tmp_path / "t", rows, {"devices": [{"dev": "7:0", "name": "loop0"}]})
+    ok("export", "--fio", tmp_path / "t", "-o", tmp_path / "x")
+    log10 = (tmp_path / "x" / "pid-10-job.iolog").read_text().splitlines()
+    log11 = (tmp_path / "x" / "pid-11-job.iolog").read_text().splitlines()
+    assert log10[:3] == ["fio version 3 iolog", "1 /dev/loop0 add", "1 /dev/loop0 open"]
+    assert log10[3:6] == ["1 /dev/loop0 read 4096 4096", "251 /dev/loop0 write 0 8192", "2001 /dev/loop0 sync 0 0"]
+    # the second process counts from the same origin
+    assert log11[3] == "1001 /dev/loop0 read 1048576 65536"
+    job = (tmp_path / "x" / "replay.fio").read_text()
+    assert "read_iolog=pid-10-job.iolog" in job and "read_iolog=pid-11-job.iolog" in job
+    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["pid-10-job.iolog", "pid-11-job.iolog", "replay.fio"]
