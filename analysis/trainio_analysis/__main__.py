@@ -1,4 +1,4 @@
-"""Command line: ``python -m trainio_analysis analyze|report|compare|export ...``.
+"""Command line: ``python -m trainio_analysis analyze|report|compare|export|import ...``.
 
 Every expected failure (bad trace, empty selection, unwritable output) is one line on
 stderr naming the file and the problem, exit status 2. A closed stdout pipe is not an
@@ -104,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--pid", type=int, help="only this process (tgid)")
     e.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
+    i = sub.add_parser("import", help="turn another tool's trace into a trainio trace")
+    src = i.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dftracer", metavar="FILE", nargs="+",
+                     help="dftracer trace(s) (.pfw or .pfw.gz, JSON lines) into the file layer")
+    src.add_argument("--blktrace", metavar="FILE",
+                     help="blkparse text output, or blktrace's binary (NAME.blktrace.N or NAME), into the block layer")
+    i.add_argument("-o", "--output", required=True, metavar="DIR", help="trace directory to write (absent or empty)")
+    i.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     return parser
 
 
@@ -153,6 +161,14 @@ def main(argv: list[str] | None = None) -> int:
 
             result = export_fio(args.fio, args.output, layer=args.layer, dev=args.dev, pid=args.pid)
             print(dumps(result) if args.json else format_export(result, args.output))
+        elif args.command == "import":
+            from trainio_analysis.import_trace import format_import, import_blktrace, import_dftracer
+
+            if args.dftracer:
+                result = import_dftracer(args.dftracer, args.output)
+            else:
+                result = import_blktrace(args.blktrace, args.output)
+            print(dumps(result) if args.json else format_import(result, args.output))
         else:
             from trainio_analysis.report import write_report
 
