@@ -34,3 +34,12 @@ def block_requests(trace: Path, dev: str) -> pl.DataFrame:
         .agg(pl.col("offset").min(), pl.col("bytes").sum(), pl.col("complete_ns").max())
         .sort("issue_ns")
     )
+
+
+def fio_job(dev: str, *extra: str) -> list[str]:
+    """A bursty job, shaped like training steps: 32 random reads and writes (70/30) of three
+    sizes at QD 4, then 100 ms without I/O; 640 requests."""
+    return ["fio", "--name=job", f"--filename={dev}", "--rw=randrw", "--rwmixread=70",
+            "--bssplit=4k/40:64k/30:256k/30", "--ioengine=libaio", "--direct=1", "--iodepth=4",
+            "--thinktime=100ms", "--thinktime_blocks=32", "--number_ios=640", "--randrepeat=0",
+            "--output-format=terse", *extra]

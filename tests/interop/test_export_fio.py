@@ -9,17 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from interop_helpers import analyze_json, block_requests, ok
+from interop_helpers import analyze_json, block_requests, fio_job, ok
 from trainio_testlib import loop_device, majmin, trainio
-
-
-def fio_job(dev: str, *extra: str) -> list[str]:
-    """A bursty mixed job: a training step's reads, 32 random requests of three sizes at QD 4, then
-    100 ms of compute."""
-    return ["fio", "--name=job", f"--filename={dev}", "--rw=randrw", "--rwmixread=70",
-            "--bssplit=4k/40:64k/30:256k/30", "--ioengine=libaio", "--direct=1", "--iodepth=4",
-            "--thinktime=100ms", "--thinktime_blocks=32", "--number_ios=640", "--randrepeat=0",
-            "--output-format=terse", *extra]
 
 
 @pytest.mark.root
