@@ -3,8 +3,10 @@ with the recorded timing, and a job file that replays them all (docs/interop.md)
 
 The block layer is exported by default: its requests are what the device saw, one fio
 I/O each with ``direct=1``, so ``fio --replay_redirect=DEV`` puts the same requests on
-another device. The file layer (``--layer file``) gives the syscalls' file offsets and
-sizes on the recorded paths instead, for replay through a file system.
+another device. The file layer (``--layer file``) gives the read syscalls' file offsets
+and sizes on the recorded paths instead, for replay through a file system where those
+files exist (``--under DIR``: only the files under DIR, e.g. the dataset). Its writes
+are left out: replayed on the recorded paths they would overwrite the job's files.
 
 Timing. fio's version 3 iolog stamps each line with microseconds since the start of the
 job and waits the difference to the previous line before issuing, without waiting for
@@ -30,7 +32,7 @@ IOLOG_HEADER = "fio version 3 iolog"
 #: trainio op -> fio iolog action, per layer; other ops have no fio equivalent.
 FIO_ACTIONS = {
     "block": {"read": "read", "write": "write", "discard": "trim", "flush": "sync"},
-    "file": {"read": "read", "write": "write"},
+    "file": {"read": "read"},
 }
 # fio reads file names with sscanf("%256s"): no blanks, at most 256 bytes.
 _FIO_NAME = re.compile(r"^\S{1,256}$")
@@ -40,10 +42,12 @@ def _device_names(meta: dict[str, Any]) -> dict[str, str]:
     return {d["dev"]: d.get("name") or "" for d in meta.get("devices", []) if d.get("dev")}
 
 
-def _requests(trace: str, layer: str, dev: str | None, pid: int | None) -> pl.DataFrame:
+def _requests(trace: str, layer: str, dev: str | None, pid: int | None, under: str | None) -> pl.DataFrame:
     lf = scan_trace(trace).filter(
         (pl.col("layer") == layer) & pl.col("op").is_in(list(FIO_ACTIONS[layer]))
     )
+    if under is not None:
+        lf = lf.filter(pl.col("file").str.starts_with(under.rstrip("/") + "/"))
     if dev is not None:
         lf = lf.filter(pl.col("dev") == dev)
     if pid is not None:
@@ -64,8 +68,9 @@ def _requests(trace: str, layer: str, dev: str | None, pid: int | None) -> pl.Da
         )
         df = df.with_columns(pl.col("offset").fill_null(0))
     else:
-        # a read past the end returns 0 bytes: replay what was asked, where it was asked
-        df = df.filter(pl.col("offset").is_not_null())
+        # what the file system returned, where it was read; a read at the end of a file
+        # (0 bytes) has nothing to replay
+        df = df.filter(pl.col("offset").is_not_null() & (pl.col("bytes") > 0))
     return df.sort(["issue_ns", "tid"], maintain_order=True)
 
 
@@ -83,6 +88,7 @@ def export_fio(
     layer: str = "block",
     dev: str | None = None,
     pid: int | None = None,
+    under: str | None = None,
 ) -> dict[str, Any]:
     """Write DIR/pid-PID-COMM.iolog per process and DIR/replay.fio; returns a summary
     ``{"layer", "origin_ns", "jobs": [{"iolog", "pid", "comm", "requests", "bytes",
@@ -93,10 +99,13 @@ def export_fio(
         msg = f"{trace}: no device {dev!r} in trainio.devices"
         raise InputError(msg)
     dev_id = next((k for k, v in devices.items() if v == dev), dev)
-    df = _requests(trace, layer, dev_id, pid)
+    if under is not None and layer != "file":
+        msg = f"{trace}: --under selects files: it needs --layer file"
+        raise InputError(msg)
+    df = _requests(trace, layer, dev_id, pid, under)
     if df.is_empty():
         msg = f"{trace}: no {layer}-layer requests to export" + (
-            " in this selection" if dev or pid is not None else ""
+            " in this selection" if dev or pid is not None or under else ""
         )
         raise InputError(msg)
     skipped = (
@@ -127,9 +136,9 @@ def export_fio(
                 body.append(f"{stamp} {target} {FIO_ACTIONS[layer][op]} {off} {nbytes}")
             head = [IOLOG_HEADER]
             head += [f"1 {t} add" for t in targets] + [f"1 {t} open" for t in targets]
-            last = (int(rows["complete_ns"].max()) - origin) // 1000 + 1
-            tail = [f"{last} {t} close" for t in targets]
-            write_text_atomically(out / f"{name}.iolog", "\n".join(head + body + tail) + "\n")
+            # No close lines: fio closes a file at once, dropping what is still in
+            # flight on it; at the end of the job it waits for the I/O, then closes.
+            write_text_atomically(out / f"{name}.iolog", "\n".join(head + body) + "\n")
             jobs.append({
                 "iolog": f"{name}.iolog",
                 "pid": int(job_pid),
@@ -166,12 +175,17 @@ def _job_file(trace: str, layer: str, jobs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _names(targets: list[str], shown: int = 3) -> str:
+    more = f" and {len(targets) - shown} more" if len(targets) > shown else ""
+    return ", ".join(targets[:shown]) + more
+
+
 def format_export(summary: dict[str, Any], output: str) -> str:
     lines = [f"trainio export: {len(summary['jobs'])} fio iolog(s) of the {summary['layer']} layer in {output}"]
     for job in summary["jobs"]:
         lines.append(
             f"  {job['iolog']}: {job['requests']} requests, {job['bytes'] / 2**20:.2f} MiB, "
-            f"iodepth {job['iodepth']}, {', '.join(job['targets'])}"
+            f"iodepth {job['iodepth']}, {_names(job['targets'])}"
         )
     if summary["skipped_ops"]:
         skipped = ", ".join(f"{op} {n}" for op, n in sorted(summary["skipped_ops"].items()))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import collections
 import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,39 @@ def test_iolog_timing_is_microseconds_from_the_first_request(tmp_path: Path) -> 
     job = (tmp_path / "x" / "replay.fio").read_text()
     assert "read_iolog=pid-10-job.iolog" in job and "read_iolog=pid-11-job.iolog" in job
     assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["pid-10-job.iolog", "pid-11-job.iolog", "replay.fio"]
+
+
+def test_file_layer_export_replays_the_reads_under_a_directory_with_real_fio(tmp_path: Path) -> None:
+    from trainio_analysis.trace import write_trace
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("a", "b"):
+        (data / name).write_bytes(os.urandom(1 << 20))
+    rows = [
+        {"layer": "file", "op": op, "issue_ns": 1_000_000 * i, "complete_ns": 1_000_000 * i + 5000,
+         "offset": off, "bytes": n, "bytes_requested": asked, "queue_depth": 1, "pid": 5, "comm": "reader",
+         "file": f}
+        for i, (op, f, off, n, asked) in enumerate([
+            ("read", str(data / "a"), 0, 65536, 65536),
+            ("read", str(data / "b"), 4096, 131072, 131072),
+            ("write", str(data / "a"), 0, 4096, 4096),        # would overwrite the dataset
+            ("read", "/etc/hostname", 0, 10, 4096),            # not under the directory
+            ("read", str(data / "a"), 1 << 20, 0, 65536),     # at the end: nothing read
+            ("read", str(data / "a"), 65536, 65536, 65536),
+        ])
+    ]
+    write_trace(tmp_path / "t", rows)
+    ok("export", "--fio", tmp_path / "t", "--layer", "file", "--under", data, "-o", tmp_path / "x")
+    lines = (tmp_path / "x" / "pid-5-reader.iolog").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in lines[5:8]] == [
+        f"{data / 'a'} read 0 65536", f"{data / 'b'} read 4096 131072", f"{data / 'a'} read 65536 65536"]
+    assert len(lines) == 8  # header, 2 add, 2 open, 3 reads
+    # what fio says it queued (its I/O debug log) is the exported reads
+    res = subprocess.run(["fio", "--debug=io", "replay.fio"], cwd=tmp_path / "x",
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    queued = [(m["file"], "read", str(int(m["off"], 16)), str(int(m["len"], 16)))
+              for m in re.finditer(r"queue: io_u \S+ off=0x(?P<off>[0-9a-f]+),len=0x(?P<len>[0-9a-f]+),"
+                                   r"ddir=0,file=(?P<file>\S+)", res.stdout)]
+    assert queued == [tuple(line.split()[1:]) for line in lines[5:]]
