@@ -190,5 +190,8 @@ def format_export(summary: dict[str, Any], output: str) -> str:
     if summary["skipped_ops"]:
         skipped = ", ".join(f"{op} {n}" for op, n in sorted(summary["skipped_ops"].items()))
         lines.append(f"  not exported (no fio action): {skipped}")
-    lines.append(f"  replay: cd {output} && fio replay.fio --replay_redirect=DEVICE")
+    if summary["layer"] == "block":
+        lines.append(f"  replay: cd {output} && fio replay.fio --replay_redirect=DEVICE")
+    else:
+        lines.append(f"  replay: cd {output} && fio replay.fio (reads the recorded files)")
     return "\n".join(lines)

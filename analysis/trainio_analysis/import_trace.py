@@ -13,7 +13,7 @@ wall clock) in ns; ``trainio.clock_offset_ns`` is 0. ``queue_depth`` is computed
 process from the intervals.
 
 blktrace (``--blktrace``) becomes the **block** layer: each request from its dispatch to
-the driver (``D``) to its completion (``C``), with the scheduler insertion (``I``) as
+the driver (``D``; after a requeue ``R``, the next ``D``) to its completion (``C``), with the scheduler insertion (``I``) as
 ``insert_ns`` when it was seen; ``queue_depth`` is computed per device from the D/C
 intervals. Input is blkparse's default text output, or blktrace's binary files, which
 are handed to ``blkparse``. Times are blkparse's, seconds since the trace started.
@@ -305,7 +305,7 @@ def import_blktrace(source: str | os.PathLike[str], output: str | os.PathLike[st
         dev = f"{maj}:{mnr}"
         t = int(sec) * 1_000_000_000 + int(nsec)
         s = _SECTORS.match(rest)
-        if action not in ("I", "D", "C"):
+        if action not in ("I", "D", "R", "C"):
             continue
         devs.add(dev)
         if s is None:
@@ -323,6 +323,12 @@ def import_blktrace(source: str | os.PathLike[str], output: str | os.PathLike[st
         elif action == "D":
             insert_ns = inserted[key].popleft() if inserted[key] else None
             dispatched[key].append([t, insert_ns, int(pid), bracket or "?", rwbs])
+        elif action == "R":
+            # requeued by the driver: its next D is its issue
+            if dispatched[key]:
+                requeued = dispatched[key].pop()
+                if requeued[1] is not None:
+                    inserted[key].appendleft(requeued[1])
         elif dispatched[key]:
             emit(dev, dispatched[key].popleft(), t, sector, count * 512, -abs(_int(bracket) or 0))
         else:

@@ -89,7 +89,7 @@ def test_imported_blktrace_has_trainios_requests_and_queue_depths(tmp_path: Path
 
 def test_blkparse_lines_with_and_without_sequence_numbers(tmp_path: Path) -> None:
     """blkparse's default output and the blk tracer's blk_classic output are both read;
-    a flush, a request inserted into the scheduler, and blkparse's summary."""
+    a flush, a request inserted into the scheduler, a requeued one, and blkparse's summary."""
     text = """\
   8,0    1        1     0.000001000  4242  I  WS 2048 + 16 [job]
   8,0    1        2     0.000002000  4242  D  WS 2048 + 16 [job]
@@ -98,25 +98,31 @@ def test_blkparse_lines_with_and_without_sequence_numbers(tmp_path: Path) -> Non
   8,0    1        5     0.000012000     0  C  WS 2048 + 16 [0]
   8,0    1        6     0.000020000   77  D  FN [kworker/1:1H]
   8,0    1        7     0.000030000     0  C  FN [0]
+  8,0    0        8     0.000040000  4242  D   R 500 + 8 [job]
+  8,0    0        9     0.000041000  4242  R   R 500 + 8 [0]
+  8,0    0       10     0.000050000  4242  D   R 500 + 8 [job]
+  8,0    0       11     0.000060000     0  C   R 500 + 8 [0]
 CPU0 (8,0):
  Reads Queued:           0,        0KiB\t Writes Queued:           1,        8KiB
 Total (8,0):
 """
     (tmp_path / "a.txt").write_text(text)
     classic = "\n".join(
-        " ".join(f for i, f in enumerate(line.split()) if i != 2) for line in text.splitlines()[:7]
+        " ".join(f for i, f in enumerate(line.split()) if i != 2) for line in text.splitlines()[:11]
     )
     (tmp_path / "b.txt").write_text("# tracer: blk\n#\n" + classic + "\n")
     for name in ("a", "b"):
         ok("import", "--blktrace", tmp_path / f"{name}.txt", "-o", tmp_path / name)
         df = scan_trace(tmp_path / name).sort("issue_ns").collect()
-        assert df["op"].to_list() == ["write", "read", "flush"]
-        assert df["offset"].to_list() == [2048 * 512, 100 * 512, None]
-        assert df["bytes"].to_list() == [16 * 512, 8 * 512, 0]
-        assert df["issue_ns"].to_list() == [2000, 3000, 20000]
-        assert df["complete_ns"].to_list() == [12000, 10000, 30000]
-        assert df["insert_ns"].to_list() == [1000, None, None]
+        assert df["op"].to_list() == ["write", "read", "flush", "read"]
+        assert df["offset"].to_list() == [2048 * 512, 100 * 512, None, 500 * 512]
+        assert df["bytes"].to_list() == [16 * 512, 8 * 512, 0, 8 * 512]
+        assert df["issue_ns"].to_list() == [2000, 3000, 20000, 50000]
+        assert df["complete_ns"].to_list() == [12000, 10000, 30000, 60000]
+        assert df["insert_ns"].to_list() == [1000, None, None, None]
         # the read is issued while the write is in flight
-        assert df["queue_depth"].to_list() == [1, 2, 1]
-        assert df["comm"].to_list() == ["job", "job", "kworker/1:1H"]
+        assert df["queue_depth"].to_list() == [1, 2, 1, 1]
+        assert df["comm"].to_list() == ["job", "job", "kworker/1:1H", "job"]
+        assert read_metadata(tmp_path / name)["lost_events"] == {
+            "blktrace:completion_unseen": 0, "blktrace:dispatch_unseen": 0}
         assert df.filter(pl.col("op") == "flush")["pid"].to_list() == [77]
