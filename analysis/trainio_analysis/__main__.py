@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dev", help="only this device: MAJ:MIN or its name")
     e.add_argument("--pid", type=int, help="only this process (tgid)")
     e.add_argument("--under", metavar="DIR", help="file layer: only the files under DIR (e.g. the dataset)")
+    e.add_argument("--by", choices=("process", "gpu"), default="process",
+                   help="one iolog per process (default) or per GPU of the job model (needs the file layer)")
     e.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
     i = sub.add_parser("import", help="turn another tool's trace into a trainio trace")
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             from trainio_analysis.export_fio import export_fio, format_export
 
             result = export_fio(args.fio, args.output, layer=args.layer, dev=args.dev, pid=args.pid,
-                                under=args.under)
+                                under=args.under, by=args.by)
             print(dumps(result) if args.json else format_export(result, args.output))
         elif args.command == "import":
             from trainio_analysis.import_trace import format_import, import_blktrace, import_dftracer

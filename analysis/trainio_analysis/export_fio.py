@@ -1,5 +1,7 @@
 """``trainio export --fio TRACE -o DIR``: one fio iolog (version 3) per process of a trace,
-with the recorded timing, and a job file that replays them all (docs/interop.md).
+or per GPU of its job model (``--by gpu``: a rank and its DataLoader workers, the
+analyzer's job model from the file, proc and ipc layers), with the recorded timing, and
+a job file that replays them all (docs/interop.md).
 
 The block layer is exported by default: its requests are what the device saw, one fio
 I/O each with ``direct=1``, so ``fio --replay_redirect=DEV`` puts the same requests on
@@ -89,6 +91,7 @@ def export_fio(
     dev: str | None = None,
     pid: int | None = None,
     under: str | None = None,
+    by: str = "process",
 ) -> dict[str, Any]:
     """Write DIR/pid-PID-COMM.iolog per process and DIR/replay.fio; returns a summary
     ``{"layer", "origin_ns", "jobs": [{"iolog", "pid", "comm", "requests", "bytes",
@@ -115,12 +118,25 @@ def export_fio(
         .len()
         .collect()
     )
+    left_out = 0
+    if by == "gpu":
+        gpu_of = _gpu_of(trace)
+        grouped = df.with_columns(
+            pl.col("pid").replace_strict(gpu_of, default=None, return_dtype=pl.Int64).alias("job")
+        )
+        left_out = int(grouped["job"].null_count())
+        df = grouped.filter(pl.col("job").is_not_null())
+        if df.is_empty():
+            msg = f"{trace}: no {layer}-layer request of a GPU's processes to export"
+            raise InputError(msg)
+    else:
+        df = df.with_columns(pl.col("pid").cast(pl.Int64).alias("job"))
     origin = int(df["issue_ns"].min())
     jobs = []
     with output_directory(output) as out:
-        for (job_pid,), rows in df.group_by(["pid"], maintain_order=True):
+        for (job,), rows in df.sort("job", maintain_order=True).group_by(["job"], maintain_order=True):
             comm = re.sub(r"[^A-Za-z0-9_.-]", "_", rows["comm"][0] or "?")
-            name = f"pid-{job_pid}-{comm}"
+            name = f"gpu-{job}" if by == "gpu" else f"pid-{job}-{comm}"
             targets: list[str] = []
             body: list[str] = []
             for op, t, d, f, off, nbytes in zip(
@@ -141,7 +157,8 @@ def export_fio(
             write_text_atomically(out / f"{name}.iolog", "\n".join(head + body) + "\n")
             jobs.append({
                 "iolog": f"{name}.iolog",
-                "pid": int(job_pid),
+                "gpu" if by == "gpu" else "pid": int(job),
+                "pids": sorted(set(rows["pid"].to_list())),
                 "comm": rows["comm"][0],
                 "requests": rows.height,
                 "bytes": int(rows["bytes"].sum()),
@@ -153,15 +170,30 @@ def export_fio(
         write_text_atomically(out / "replay.fio", _job_file(trace, layer, jobs))
     return {
         "layer": layer,
+        "by": by,
+        "left_out_requests": left_out,
         "origin_ns": origin,
         "jobs": jobs,
         "skipped_ops": dict(zip(skipped["op"].to_list(), skipped["len"].to_list(), strict=True)),
     }
 
 
+def _gpu_of(trace: str) -> dict[int, int]:
+    """pid -> GPU index of the trace's job model (the analyzer's, from the file layer)."""
+    from trainio_analysis.analyze import analyze
+    from trainio_analysis.errors import SelectionError
+
+    try:
+        model = analyze(trace, layer="file").get("job_model") or {}
+    except SelectionError:
+        msg = f"{trace}: --by gpu needs the file layer, where the job model comes from"
+        raise InputError(msg) from None
+    return {int(m["pid"]): int(g["index"]) for g in model.get("gpus", []) for m in g["members"]}
+
+
 def _job_file(trace: str, layer: str, jobs: list[dict[str, Any]]) -> str:
     lines = [
-        f"# trainio export --fio of {Path(trace).resolve()} ({layer} layer): one job per process.",
+        f"# trainio export --fio of {Path(trace).resolve()} ({layer} layer): one job per process or GPU.",
         "# Run from this directory: fio replay.fio; add replay_redirect=DEVICE under [global]",
         "# (or pass --replay_redirect=DEVICE) to send every request to DEVICE.",
         "[global]",
@@ -181,12 +213,15 @@ def _names(targets: list[str], shown: int = 3) -> str:
 
 
 def format_export(summary: dict[str, Any], output: str) -> str:
-    lines = [f"trainio export: {len(summary['jobs'])} fio iolog(s) of the {summary['layer']} layer in {output}"]
+    lines = [f"trainio export: {len(summary['jobs'])} fio iolog(s) of the {summary['layer']} layer in {output}, "
+             f"one per {summary['by']}"]
     for job in summary["jobs"]:
         lines.append(
             f"  {job['iolog']}: {job['requests']} requests, {job['bytes'] / 2**20:.2f} MiB, "
             f"iodepth {job['iodepth']}, {_names(job['targets'])}"
         )
+    if summary["left_out_requests"]:
+        lines.append(f"  not exported: {summary['left_out_requests']} requests of processes in no GPU")
     if summary["skipped_ops"]:
         skipped = ", ".join(f"{op} {n}" for op, n in sorted(summary["skipped_ops"].items()))
         lines.append(f"  not exported (no fio action): {skipped}")

@@ -4,6 +4,7 @@ loop device, recorded too; the replay's block trace is the original's."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import subprocess
@@ -130,3 +131,43 @@ def test_file_layer_export_replays_the_reads_under_a_directory_with_real_fio(tmp
               for m in re.finditer(r"queue: io_u \S+ off=0x(?P<off>[0-9a-f]+),len=0x(?P<len>[0-9a-f]+),"
                                    r"ddir=0,file=(?P<file>\S+)", res.stdout)]
     assert queued == [tuple(line.split()[1:]) for line in lines[5:]]
+
+
+def test_by_gpu_puts_a_rank_and_its_workers_in_one_iolog(tmp_path: Path) -> None:
+    """Two ranks (pids 4100 and 4200) under a launcher (4000); 4100 has a DataLoader worker
+    (4101, renamed pt_data_worker). The job model makes them two GPUs; the block requests
+    of a kworker (pid 99) belong to none."""
+    from trainio_analysis.trace import write_trace
+
+    def proc(op, t, pid, ppid, comm):
+        return {"layer": "proc", "op": op, "issue_ns": t, "complete_ns": t, "bytes": 0, "queue_depth": 0,
+                "pid": pid, "ppid": ppid, "comm": comm}
+
+    rows = [proc("start", 0, 4000, 1, "launcher"), proc("fork", 10, 4100, 4000, "python"),
+            proc("fork", 20, 4200, 4000, "python"), proc("fork", 30, 4101, 4100, "python"),
+            proc("comm", 40, 4101, 4100, "pt_data_worker")]
+    t = 1_000_000
+    for step in range(6):
+        for pid, comm in ((4101, "pt_data_worker"), (4100, "python"), (4200, "python")):
+            off = (step * 3 + pid % 7) << 20
+            rows.append({"layer": "file", "op": "read", "issue_ns": t, "complete_ns": t + 400_000, "bytes": 1 << 20,
+                         "offset": off, "queue_depth": 1, "pid": pid, "comm": comm, "file": f"/d/{pid}", "fd": 3,
+                         "dev": "7:0"})
+            rows.append({"layer": "block", "op": "read", "issue_ns": t + 1000, "complete_ns": t + 300_000,
+                         "bytes": 1 << 20, "offset": off + (64 << 20), "queue_depth": 1, "pid": pid, "comm": comm,
+                         "dev": "7:0"})
+            t += 500_000
+        rows.append({"layer": "block", "op": "write", "issue_ns": t, "complete_ns": t + 50_000, "bytes": 4096,
+                     "offset": 8192, "queue_depth": 1, "pid": 99, "comm": "kworker/0:1", "dev": "7:0"})
+        t += 50_000_000
+    write_trace(tmp_path / "t", rows, {"devices": [{"dev": "7:0", "name": "loop0"}]})
+    summary = json.loads(ok("export", "--fio", tmp_path / "t", "--by", "gpu", "-o", tmp_path / "x", "--json"))
+    by_pids = {tuple(job["pids"]): job for job in summary["jobs"]}
+    assert sorted(by_pids) == [(4100, 4101), (4200,)]
+    assert summary["left_out_requests"] == 6  # the kworker's writes
+    for pids, job in by_pids.items():
+        log = (tmp_path / "x" / job["iolog"]).read_text().splitlines()
+        offsets = [int(line.split()[3]) for line in log if " read " in line]
+        want = sorted(((s * 3 + p % 7) << 20) + (64 << 20) for s in range(6) for p in pids)
+        assert sorted(offsets) == want
+        assert job["requests"] == 6 * len(pids)
