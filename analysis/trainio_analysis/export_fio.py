@@ -152,8 +152,9 @@ def export_fio(
                 body.append(f"{stamp} {target} {FIO_ACTIONS[layer][op]} {off} {nbytes}")
             head = [IOLOG_HEADER]
             head += [f"1 {t} add" for t in targets] + [f"1 {t} open" for t in targets]
-            # No close lines: fio closes a file at once, dropping what is still in
-            # flight on it; at the end of the job it waits for the I/O, then closes.
+            # No close lines: fio closes a file when it reaches the line, and an I/O
+            # still in flight on it goes missing from its counts; at the end of the job
+            # it reaps the I/O, then closes.
             write_text_atomically(out / f"{name}.iolog", "\n".join(head + body) + "\n")
             jobs.append({
                 "iolog": f"{name}.iolog",
