@@ -10,6 +10,8 @@ packages=(
   clang llvm libelf-dev zlib1g-dev pkg-config make bpftool
   # tests and benchmarks: real workloads, iostat, bpftrace for comparison
   fio sysstat bpftrace util-linux coreutils
+  # trainio import --blktrace: blkparse turns blktrace's binary files into text
+  blktrace
   # replay: OpenMPI through the mpi crate (rsmpi needs libclang)
   openmpi-bin libopenmpi-dev libclang-dev
   # report test: headless Chromium renders the HTML report
@@ -48,4 +50,11 @@ if ! cmp -s tests/realjob/requirements.txt .venv/.requirements-realjob; then
   echo "install-deps: installing tests/realjob/requirements.txt (torch) into .venv"
   .venv/bin/pip install --quiet -r tests/realjob/requirements.txt
   cp tests/realjob/requirements.txt .venv/.requirements-realjob
+fi
+# dftracer, the tracer whose traces `trainio import --dftracer` reads: tests/interop records
+# a real run with it (its POSIX tracer is an LD_PRELOAD library inside the wheel).
+if ! cmp -s tests/interop/requirements.txt .venv/.requirements-interop; then
+  echo "install-deps: installing tests/interop/requirements.txt (dftracer) into .venv"
+  .venv/bin/pip install --quiet -r tests/interop/requirements.txt
+  cp tests/interop/requirements.txt .venv/.requirements-interop
 fi

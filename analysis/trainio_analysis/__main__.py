@@ -1,4 +1,4 @@
-"""Command line: ``python -m trainio_analysis analyze|report|compare ...``.
+"""Command line: ``python -m trainio_analysis analyze|report|compare|export|import ...``.
 
 Every expected failure (bad trace, empty selection, unwritable output) is one line on
 stderr naming the file and the problem, exit status 2. A closed stdout pipe is not an
@@ -92,6 +92,29 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("b", help="candidate trace (e.g. its replay)")
     _add_selection(c)
     c.add_argument("--json", action="store_true", help="print one JSON object")
+
+    e = sub.add_parser("export", help="write a trace in another tool's format")
+    e.add_argument("--fio", metavar="TRACE", required=True,
+                   help="trace to export as fio iologs (version 3), one per process")
+    e.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write (absent or empty)")
+    e.add_argument("--layer", choices=("block", "file"), default="block",
+                   help="block: device offsets, for replay_redirect onto a device (default); "
+                   "file: file offsets on the recorded paths")
+    e.add_argument("--dev", help="only this device: MAJ:MIN or its name")
+    e.add_argument("--pid", type=int, help="only this process (tgid)")
+    e.add_argument("--under", metavar="DIR", help="file layer: only the files under DIR (e.g. the dataset)")
+    e.add_argument("--by", choices=("process", "gpu"), default="process",
+                   help="one iolog per process (default) or per GPU of the job model (needs the file layer)")
+    e.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+    i = sub.add_parser("import", help="turn another tool's trace into a trainio trace")
+    src = i.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dftracer", metavar="FILE", nargs="+",
+                     help="dftracer trace(s) (.pfw or .pfw.gz, JSON lines) into the file layer")
+    src.add_argument("--blktrace", metavar="FILE",
+                     help="blkparse text output, or blktrace's binary (NAME.blktrace.N or NAME), into the block layer")
+    i.add_argument("-o", "--output", required=True, metavar="DIR", help="trace directory to write (absent or empty)")
+    i.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     return parser
 
 
@@ -136,6 +159,20 @@ def main(argv: list[str] | None = None) -> int:
 
             result = compare(args.a, args.b, **_selection(args))
             print(dumps(result) if args.json else format_compare(result))
+        elif args.command == "export":
+            from trainio_analysis.export_fio import export_fio, format_export
+
+            result = export_fio(args.fio, args.output, layer=args.layer, dev=args.dev, pid=args.pid,
+                                under=args.under, by=args.by)
+            print(dumps(result) if args.json else format_export(result, args.output))
+        elif args.command == "import":
+            from trainio_analysis.import_trace import format_import, import_blktrace, import_dftracer
+
+            if args.dftracer:
+                result = import_dftracer(args.dftracer, args.output)
+            else:
+                result = import_blktrace(args.blktrace, args.output)
+            print(dumps(result) if args.json else format_import(result, args.output))
         else:
             from trainio_analysis.report import write_report
 

@@ -1,4 +1,4 @@
-"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.3).
+"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.4).
 
 This is the only Python module that knows column names, Arrow types and metadata keys;
 everything else imports the names from here. A trace is a directory of
@@ -38,7 +38,7 @@ from trainio_analysis.errors import TraceError
 
 SCHEMA_VERSION = 1
 #: ``trainio.schema_minor`` written; any minor of a known version is read (absent = 0).
-SCHEMA_MINOR = 3
+SCHEMA_MINOR = 4
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
 META_PREFIX = "trainio."
 SEGMENT_GLOB = "seg-*.parquet"
@@ -115,6 +115,7 @@ JSON_META_DEFAULTS: dict[str, Any] = {
     "events": None,  # filled from the rows
     "nfs_mounts": [],
     "recorder_cpu_ns": {},  # 1.2: only trainio record fills it in
+    "source": {},  # 1.4: only trainio import fills it in
 }
 INT_META_KEYS = ("clock_offset_ns", "start_ns", "end_ns", "segment", "schema_version", "schema_minor")
 
