@@ -353,6 +353,25 @@ impl Workload {
         if self.transfer_size == Some(0) {
             bail!("reader.transfer_size must be positive");
         }
+        // The dataset's size is a product of keys: it must stay addressable (an overflow
+        // made 0-byte files that a replay then read at 0 MiB/s and called a pass).
+        if self.train {
+            const MAX_SAMPLE: f64 = (1u64 << 40) as f64;
+            const MAX_DATASET: f64 = (1u64 << 60) as f64;
+            let sample = self.record_length + 3.0 * self.record_length_stdev;
+            if sample > MAX_SAMPLE {
+                bail!("dataset.record_length_bytes {} is beyond 1 TiB per sample", self.record_length);
+            }
+            if self.record_length_stdev < 0.0 {
+                bail!("dataset.record_length_bytes_stdev must not be negative");
+            }
+            let total = self.num_files_train as f64 * self.num_samples_per_file as f64 * self.record_length;
+            if total > MAX_DATASET {
+                bail!(
+                    "the dataset would hold {total:.3e} bytes (num_files_train × num_samples_per_file × record_length_bytes): beyond 1 EiB"
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -376,11 +395,17 @@ pub(crate) fn to_f64(v: &Value) -> Option<f64> {
 pub(crate) fn number(sec: &Value, sec_name: &str, key: &str) -> Result<Option<f64>> {
     match sec.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => to_f64(v)
-            .map(Some)
-            .with_context(|| format!("{sec_name}.{key} must be a number, got {}", short(v))),
+        Some(v) => match to_f64(v) {
+            Some(x) if x.is_finite() => Ok(Some(x)),
+            Some(x) => bail!("{sec_name}.{key} must be a finite number, got {x}"),
+            None => bail!("{sec_name}.{key} must be a number, got {}", short(v)),
+        },
     }
 }
+
+/// The largest whole number a workload key may hold: every integer below it is exact in
+/// a YAML float, and products of a few of them stay far from u64's end.
+const MAX_WHOLE: f64 = (1u64 << 48) as f64;
 
 pub(crate) fn first_number(sec: &Value, sec_name: &str, keys: &[&str]) -> Result<Option<f64>> {
     for key in keys {
@@ -394,6 +419,7 @@ pub(crate) fn first_number(sec: &Value, sec_name: &str, keys: &[&str]) -> Result
 pub(crate) fn uint(sec: &Value, sec_name: &str, key: &str) -> Result<Option<u64>> {
     match number(sec, sec_name, key)? {
         None => Ok(None),
+        Some(v) if v > MAX_WHOLE => bail!("{sec_name}.{key} is too large: {v} (at most {MAX_WHOLE})"),
         Some(v) if v >= 0.0 && v.fract() == 0.0 => Ok(Some(v as u64)),
         Some(v) => bail!("{sec_name}.{key} must be a whole number ≥ 0, got {v}"),
     }
@@ -440,6 +466,9 @@ fn compute_time(train: &Value) -> Result<ComputeTime> {
         Some(v) => v,
     };
     if let Some(s) = to_f64(spec) {
+        if !s.is_finite() {
+            bail!("train.computation_time must be a finite number, got {s}");
+        }
         return Ok(if stdev > 0.0 {
             ComputeTime::Normal { mean: s, stdev }
         } else {
@@ -502,6 +531,23 @@ mod tests {
         assert_eq!(w.computation_time, ComputeTime::Fixed(0.636));
         assert_eq!(w.file_shuffle, Shuffle::Seed);
         assert!((w.au_threshold_percent - 90.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn values_that_would_size_the_dataset_wrongly_are_refused() {
+        for (from, to, says) in [
+            ("record_length_bytes: 146600628", "record_length_bytes: 1e30", "beyond 1 TiB"),
+            ("record_length_bytes: 146600628", "record_length_bytes: .nan", "finite"),
+            ("record_length_bytes: 146600628", "record_length_bytes: nan", "finite"),
+            ("computation_time: 0.636", "computation_time: .inf", "finite"),
+            ("num_files_train: 168", "num_files_train: 1e20", "too large"),
+            ("num_files_train: 168", "num_files_train: 1000000000000", "beyond 1 EiB"),
+        ] {
+            assert!(V2.contains(from), "{from}");
+            let e = Workload::from_yaml(&V2.replace(from, to), "x").unwrap_err();
+            let e = format!("{e:#}");
+            assert!(e.contains(says), "{to}: {e}");
+        }
     }
 
     #[test]
