@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute
 import pyarrow.parquet as pq
 
+from trainio_analysis import footer
 from trainio_analysis.errors import TraceError
 
 SCHEMA_VERSION = 1
@@ -176,6 +177,11 @@ def first_line(exc: BaseException) -> str:
 
 def _open_segment(path: Path) -> pq.ParquetFile:
     try:
+        # pyarrow aborts the process on some corrupt footers: check them first
+        wrong = footer.check_file(path)
+        if wrong is not None:
+            msg = f"{path}: not a readable Parquet file ({wrong})"
+            raise TraceError(msg)
         pf = pq.ParquetFile(path)
         pf.schema_arrow  # noqa: B018 (decodes the footer's Arrow schema: fail here, not later)
     except (pa.ArrowException, OSError, ValueError) as exc:

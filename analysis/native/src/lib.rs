@@ -528,6 +528,9 @@ fn job_model(py: Python<'_>, path: &str, grouping: &str, step_gap_ms: Option<f64
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // the trace reader turns a Parquet decoder's panic on a corrupt file into the file's
+    // one-line error (a ValueError here): no panic message on stderr besides
+    trainio_schema::quiet_decoder_panics();
     m.add_function(wrap_pyfunction!(job_model, m)?)?;
     m.add_function(wrap_pyfunction!(event_keys_sorted, m)?)?;
     m.add_function(wrap_pyfunction!(equal_issue_neighbours, m)?)?;
