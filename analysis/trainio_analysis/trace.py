@@ -488,6 +488,10 @@ def _check_layers_ops(
 ) -> None:
     names = table.column_names
     n = table.num_rows
+    if n and "layer" not in names and "op" not in names:
+        table = pa.table({"layer": pa.array([layer]), "op": pa.array([op])})  # one row stands for all
+        names, n = table.column_names, 1
+        layer = op = None
     if "layer" in names:
         lcode, lvalues = dictionary_codes(table.column("layer"))
     else:
