@@ -322,7 +322,9 @@ def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
 
     String columns come back as ``pl.String``; ``layer``/``op`` comparisons push down
     into the Parquet reader, so ``scan_trace(t).filter(pl.col("layer") == "block")``
-    reads only what it needs.
+    reads only what it needs. The footers are checked (:func:`open_trace`), the rows
+    are not: :func:`read_rows` and :func:`read_row_group` check them as SCHEMA.md's
+    *Readers* section says, and are what the analyzer reads through.
     """
     lf = scan_segments(open_trace(path))
     return lf.with_columns(pl.col(sorted(STRING_COLUMNS)).cast(pl.String))
@@ -489,7 +491,9 @@ def _check_layers_ops(
     names = table.column_names
     n = table.num_rows
     if n and "layer" not in names and "op" not in names:
-        table = pa.table({"layer": pa.array([layer]), "op": pa.array([op])})  # one row stands for all
+        # one row stands for all: the op too when known, else only the layer is checked
+        known = {"layer": pa.array([layer])} | ({} if op is None else {"op": pa.array([op])})
+        table = pa.table(known)
         names, n = table.column_names, 1
         layer = op = None
     if "layer" in names:
