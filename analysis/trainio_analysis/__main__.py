@@ -18,6 +18,12 @@ from typing import Any
 from trainio_analysis.errors import TrainioError
 
 
+def one_line(text: str) -> str:
+    """A message as one printable line: a name read from a corrupt file may hold line
+    breaks or control characters, which are escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "item"):
         return obj.item()
@@ -179,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             path = write_report(args.traces, args.output, **_selection(args))
             print(f"wrote {path}")
     except TrainioError as exc:
-        print(f"trainio {args.command}: {exc}", file=sys.stderr)
+        print(f"trainio {args.command}: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away: not an error

@@ -169,9 +169,18 @@ class _Analyzer:
     def _layers_present(self) -> dict[str, int]:
         events = self.meta.get("events")
         if isinstance(events, dict) and events:
-            return {k: int(v) for k, v in events.items() if int(v) > 0}
-        counts = tr.scan_trace(self.path).group_by("layer").len().collect(engine="streaming")
-        return dict(zip(counts["layer"].to_list(), counts["len"].to_list(), strict=True))
+            if not all(isinstance(v, int) and v >= 0 for v in events.values()):
+                msg = f"{self.segments[-1].path}: metadata trainio.events is not a count per layer"
+                raise TraceError(msg)
+            return {str(k): v for k, v in events.items() if v > 0}
+        counts: dict[str, int] = {}
+        for seg in self.segments:
+            for i in range(len(seg.row_groups)):
+                codes, values = tr.dictionary_codes(tr.read_row_group(seg, i, ["layer"])["layer"])
+                for code, n in enumerate(np.bincount(codes, minlength=len(values)).tolist()):
+                    if n and values[code] is not None:
+                        counts[values[code]] = counts.get(values[code], 0) + n
+        return counts
 
     def _choose_layer(self, layer: str | None) -> str:
         if layer is not None:
@@ -222,7 +231,8 @@ class _Analyzer:
         nbins = self.window // self.bin_ns + 1
         if nbins > MAX_TIMELINE_BINS:
             msg = (
-                f"--bin-s {self.bin_s} gives {nbins} bins over {self.window / 1e9:.0f} s: raise it"
+                f"{self.path}: --bin-s {self.bin_s} gives {nbins} bins over "
+                f"{self.window / 1e9:.0f} s (from the row groups' statistics): raise it"
             )
             raise SelectionError(msg)
         self.nbins = int(nbins)
@@ -255,19 +265,7 @@ class _Analyzer:
         """The selection's devices or processes, so group ids are stable from the start."""
         keys = self._groups_from_stats()
         if keys is None:
-            lf = tr.scan_segments(self.segments).filter(pl.col("layer") == self.layer)
-            found = (
-                self._filter_lazy(lf)
-                .group_by(self.group_col)
-                .agg(pl.len())
-                .sort(self.group_col)
-                .collect(engine="streaming")
-            )
-            keys = (
-                found[self.group_col]
-                .cast(pl.String if self.group_col == "dev" else pl.Int64)
-                .to_list()
-            )
+            keys = self._groups_from_rows()
         if not keys:
             what = [f"--layer {self.layer}"]
             if self.sel.dev is not None:
@@ -283,6 +281,38 @@ class _Analyzer:
         else:
             self.pid_lookup = np.array(keys, dtype=np.int64)
 
+    def _groups_from_rows(self) -> list[Any]:
+        """The selection's groups (sorted, None for a null device) from the rows: the
+        layer and group columns of every row group, read through trace.py (which checks
+        them) on the worker threads."""
+        dev = self._dev_filter_value()
+        cols = ["layer", self.group_col]
+        if dev is not None and self.group_col != "dev":
+            cols.append("dev")
+        if self.sel.pid is not None and self.group_col != "pid":
+            cols.append("pid")
+
+        def groups_of(unit: tuple[tr.Segment, int, int, int]) -> set[Any]:
+            seg, index, _, _ = unit
+            t = tr.read_row_group(seg, index, cols)
+            mask = _codes(t["layer"], {self.layer: 1}, 0) == 1
+            if dev is not None:
+                mask &= _codes(t["dev"], {dev: 1}, 0) == 1
+            if self.sel.pid is not None:
+                mask &= _np(t["pid"]) == self.sel.pid
+            if not mask.any():
+                return set()
+            if self.group_col == "pid":
+                return set(np.unique(_np(t["pid"])[mask]).tolist())
+            codes, values = tr.dictionary_codes(t["dev"])
+            return {values[i] for i in np.flatnonzero(np.bincount(codes[mask]))}
+
+        found: set[Any] = set()
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            for part in pool.map(groups_of, self.units):
+                found |= part
+        return sorted(found, key=lambda k: (k is not None, k))  # a null device first
+
     def _dev_filter_value(self) -> str | None:
         dev = self.sel.dev
         if dev is None or ":" in dev:
@@ -293,14 +323,6 @@ class _Analyzer:
                 return str(d["dev"])
         msg = f"{self.path}: no device {dev!r} in trainio.devices (give MAJ:MIN)"
         raise SelectionError(msg)
-
-    def _filter_lazy(self, lf: pl.LazyFrame) -> pl.LazyFrame:
-        dev = self._dev_filter_value()
-        if dev is not None:
-            lf = lf.filter(pl.col("dev") == dev)
-        if self.sel.pid is not None:
-            lf = lf.filter(pl.col("pid") == self.sel.pid)
-        return lf
 
     # ------------------------------------------------------------------ per chunk
 
@@ -321,10 +343,12 @@ class _Analyzer:
         ``merge_partials``: fold the rows of a block request that completed in parts (same
         device, ``issue_ns`` and ``queue_depth``) into one request (see :func:`_merge_partials`).
         """
-        seg, index, _, _ = unit
+        seg, index, lo, hi = unit
         const = self._constants(seg, index)
         dev = self._dev_filter_value()
         c = _Chunk()
+        if "layer" in const:
+            tr.check_constants(seg, index, const["layer"], const.get("op"))
         if const.get("layer", self.layer) != self.layer or (
             dev is not None and const.get("dev", dev) != dev
         ):
@@ -337,8 +361,9 @@ class _Analyzer:
             cols.append("pid")
         if self.layer == "file":
             cols.append("file")
-        t = tr.read_row_group(seg, index, cols)
+        t = tr.read_row_group(seg, index, cols, layer=const.get("layer"), op=const.get("op"))
         n = t.num_rows
+        _check_statistics(seg, index, t, lo, hi)
         ops = tr.OPS[self.layer]
         op_lookup = {op: i for i, op in enumerate(ops)}
         mask: np.ndarray | None = None  # None: every row is selected
@@ -879,6 +904,22 @@ class _ProcessTotals:
 # ---------------------------------------------------------------------- helpers
 
 
+def _check_statistics(seg: tr.Segment, index: int, t: pa.Table, lo: int, hi: int) -> None:
+    """The plan (window, watermarks) comes from the row groups' statistics: rows outside
+    them would break the streaming sweep's order, so a row group that contradicts its
+    statistics is refused."""
+    if t.num_rows == 0:
+        return
+    first = int(pa.compute.min(t["issue_ns"]).as_py())
+    last = int(pa.compute.max(t["complete_ns"]).as_py())
+    if first < lo or last > hi:
+        msg = (
+            f"{seg.path}: row group {index}: rows span issue_ns {first} to complete_ns {last}, "
+            f"outside the statistics' {lo} to {hi} (corrupt file)"
+        )
+        raise TraceError(msg)
+
+
 def _equal_neighbours(per_group: dict[int, np.ndarray]) -> bool:
     """Whether two issues of one group share a nanosecond (sorted keys repeat)."""
     nat = kernels.native()
@@ -1084,4 +1125,9 @@ def analyze(
         use none of them (report, compare) skip reading the trace once more for it.
     """
     sel = Selection(layer=layer, dev=dev, pid=pid)
-    return _Analyzer(path, sel, bin_s, burst_gap_ms, workers, with_model, step_gap_ms).run()
+    try:
+        return _Analyzer(path, sel, bin_s, burst_gap_ms, workers, with_model, step_gap_ms).run()
+    except (pa.ArrowException, pl.exceptions.PolarsError) as exc:
+        # every read goes through trace.py, which names the file; this is the net
+        msg = f"{path}: unreadable ({tr.first_line(exc)})"
+        raise TraceError(msg) from None

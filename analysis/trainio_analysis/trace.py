@@ -29,11 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute
 import pyarrow.parquet as pq
 
+from trainio_analysis import footer
 from trainio_analysis.errors import TraceError
 
 SCHEMA_VERSION = 1
@@ -80,6 +82,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool], ...] = (
 OPTIONAL_COLUMNS = ("rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans", "ppid")
 SCHEMA = pa.schema([pa.field(n, t, nullable=null) for n, t, null in COLUMNS])
 COLUMN_TYPES = {n: t for n, t, _ in COLUMNS}
+_NULLABLE = {n: null for n, _, null in COLUMNS}
+#: (min, max) of each integer column's SCHEMA.md type: a value outside is refused
+_INT_RANGE = {
+    n: (int(np.iinfo(t.to_pandas_dtype()).min), int(np.iinfo(t.to_pandas_dtype()).max))
+    for n, t, _ in COLUMNS
+    if pa.types.is_integer(t)
+}
 STRING_COLUMNS = frozenset(n for n, t, _ in COLUMNS if pa.types.is_dictionary(t))
 
 LAYERS = ("block", "file", "nfs", "proc", "ipc")
@@ -133,6 +142,8 @@ class Segment:
     row_groups: tuple[int, ...]
     footer: pq.FileMetaData | None = None
     arrow_schema: pa.Schema | None = None
+    #: ``trainio.schema_minor`` of the segment (0 when absent)
+    minor: int = 0
 
     def column_stats(self, index: int, column: str) -> Any:
         """Parquet statistics of ``column`` in row group ``index`` (None if absent)."""
@@ -159,25 +170,66 @@ def list_segments(path: str | os.PathLike[str]) -> list[Path]:
     raise TraceError(msg)
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (a library's may run to several)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _open_segment(path: Path) -> pq.ParquetFile:
     try:
-        return pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        msg = f"{path}: not a readable Parquet file ({first})"
+        # pyarrow aborts the process on some corrupt footers: check them first
+        wrong = footer.check_file(path)
+        if wrong is not None:
+            msg = f"{path}: not a readable Parquet file ({wrong})"
+            raise TraceError(msg)
+        pf = pq.ParquetFile(path)
+        pf.schema_arrow  # noqa: B018 (decodes the footer's Arrow schema: fail here, not later)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        msg = f"{path}: not a readable Parquet file ({first_line(exc)})"
         raise TraceError(msg) from None
+    return pf
 
 
 def _raw_metadata(pf: pq.ParquetFile) -> dict[str, str]:
     kv = pf.metadata.metadata or {}
     return {
-        k.decode(): v.decode("utf-8", "replace")
+        k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
         for k, v in kv.items()
         if k.startswith(META_PREFIX.encode())
     }
 
 
-def _check_segment(path: Path, pf: pq.ParquetFile) -> None:
+def _is_string_type(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _type_ok(name: str, got: pa.DataType) -> bool:
+    """SCHEMA.md: any dictionary key width or plain UTF-8 for the string columns, any
+    integer width for the integer columns."""
+    if name in STRING_COLUMNS:
+        return _is_string_type(got) or (
+            pa.types.is_dictionary(got) and _is_string_type(got.value_type)
+        )
+    return pa.types.is_integer(got)
+
+
+def _segment_minor(path: Path, meta: Mapping[str, str]) -> int:
+    raw = meta.get(META_PREFIX + "schema_minor")
+    if raw is None:
+        return 0
+    try:
+        minor = int(raw)
+    except ValueError:
+        minor = -1
+    if minor < 0:
+        msg = f"{path}: trainio.schema_minor {raw[:20]!r} is not a version number"
+        raise TraceError(msg)
+    return minor
+
+
+def _check_segment(path: Path, pf: pq.ParquetFile) -> int:
+    """Checks a segment's footer against SCHEMA.md; returns its schema minor."""
     meta = _raw_metadata(pf)
     version = meta.get(META_PREFIX + "schema_version")
     if version is None:
@@ -189,10 +241,11 @@ def _check_segment(path: Path, pf: pq.ParquetFile) -> None:
         known = False
     if not known:
         msg = (
-            f"{path}: unknown trainio.schema_version {version!r} "
+            f"{path}: unknown trainio.schema_version {version[:20]!r} "
             f"(this reader knows {sorted(KNOWN_SCHEMA_VERSIONS)})"
         )
         raise TraceError(msg)
+    minor = _segment_minor(path, meta)
     schema = pf.schema_arrow
     missing = [n for n, _, _ in COLUMNS if n not in schema.names and n not in OPTIONAL_COLUMNS]
     if missing:
@@ -202,15 +255,11 @@ def _check_segment(path: Path, pf: pq.ParquetFile) -> None:
         if name not in schema.names:
             continue
         got = schema.field(name).type
-        if name in STRING_COLUMNS:
-            ok = got in (pa.string(), pa.large_string()) or (
-                pa.types.is_dictionary(got) and got.value_type in (pa.string(), pa.large_string())
-            )
-        else:
-            ok = got == want
-        if not ok:
-            msg = f"{path}: column {name} has type {got}, expected {want}"
+        if not _type_ok(name, got):
+            kind = "UTF-8 strings" if name in STRING_COLUMNS else "an integer type"
+            msg = f"{path}: column {name} has type {got}, expected {kind} (written as {want})"
             raise TraceError(msg)
+    return minor
 
 
 def open_trace(path: str | os.PathLike[str]) -> list[Segment]:
@@ -228,10 +277,10 @@ def open_trace(path: str | os.PathLike[str]) -> list[Segment]:
     segments = []
     for f in files:
         pf = _open_segment(f)
-        _check_segment(f, pf)
+        minor = _check_segment(f, pf)
         md = pf.metadata
         groups = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
-        segments.append(Segment(f, md.num_rows, groups, md, pf.schema_arrow))
+        segments.append(Segment(f, md.num_rows, groups, md, pf.schema_arrow, minor))
     if sum(s.rows for s in segments) == 0:
         msg = f"{path}: empty trace (no rows)"
         raise TraceError(msg)
@@ -274,7 +323,9 @@ def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
 
     String columns come back as ``pl.String``; ``layer``/``op`` comparisons push down
     into the Parquet reader, so ``scan_trace(t).filter(pl.col("layer") == "block")``
-    reads only what it needs.
+    reads only what it needs. The footers are checked (:func:`open_trace`), the rows
+    are not: :func:`read_rows` and :func:`read_row_group` check them as SCHEMA.md's
+    *Readers* section says, and are what the analyzer reads through.
     """
     lf = scan_segments(open_trace(path))
     return lf.with_columns(pl.col(sorted(STRING_COLUMNS)).cast(pl.String))
@@ -314,13 +365,20 @@ def iter_row_groups(
 ) -> Iterator[tuple[Segment, int, pa.Table]]:
     """Yield (segment, row-group index, table of ``columns``) one row group at a time."""
     for seg in segments:
-        pf = _open_segment(seg.path)
         for i in range(len(seg.row_groups)):
-            yield seg, i, pf.read_row_group(i, columns=list(columns))
+            yield seg, i, read_row_group(seg, i, columns)
 
 
-def read_row_group(segment: Segment, index: int, columns: Sequence[str]) -> pa.Table:
-    """One row group of a segment, only ``columns``."""
+def read_row_group(
+    segment: Segment,
+    index: int,
+    columns: Sequence[str],
+    *,
+    layer: str | None = None,
+    op: str | None = None,
+) -> pa.Table:
+    """One row group of a segment, only ``columns``, checked (:func:`check_rows`) and with
+    the integer columns in their SCHEMA.md types whatever width the writer used."""
     try:
         # one thread: callers read several row groups in parallel themselves
         pf = (
@@ -328,20 +386,190 @@ def read_row_group(segment: Segment, index: int, columns: Sequence[str]) -> pa.T
             if segment.footer is not None
             else _open_segment(segment.path)
         )
-        return pf.read_row_group(index, columns=list(columns), use_threads=False)
-    except (pa.ArrowException, OSError) as exc:
-        msg = f"{segment.path}: row group {index} unreadable ({str(exc).splitlines()[0]})"
+        table = pf.read_row_group(index, columns=list(columns), use_threads=False)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        msg = f"{segment.path}: row group {index} unreadable ({first_line(exc)})"
         raise TraceError(msg) from None
+    return check_rows(segment, index, table, layer=layer, op=op)
 
 
-def _row_group_stat(segment: Segment, index: int, column: str, which: str) -> int | None:
-    pf = _open_segment(segment.path)
-    rg = pf.metadata.row_group(index)
-    # the Arrow field index equals the Parquet leaf index in this flat schema
-    stats = rg.column(pf.schema_arrow.get_field_index(column)).statistics
-    if stats is None or not stats.has_min_max:
+def check_constants(segment: Segment, index: int, layer: str, op: str | None) -> None:
+    """:func:`check_rows` for a row group whose statistics show one layer (and op) in it,
+    for a caller that skips reading it."""
+    check_rows(segment, index, pa.table({"issue_ns": pa.array([0], pa.int64())}), layer=layer, op=op)
+
+
+def _where(segment: Segment, index: int, row: int | None = None) -> str:
+    at = f"{segment.path}: row group {index}"
+    return at if row is None else f"{at}, row {row}"
+
+
+def _first_true(mask: Any) -> int:
+    if isinstance(mask, (pa.Array, pa.ChunkedArray)):
+        mask = mask.to_numpy(zero_copy_only=False)
+    return int(np.argmax(mask))
+
+
+def check_rows(
+    segment: Segment, index: int, table: pa.Table, *, layer: str | None = None, op: str | None = None
+) -> pa.Table:
+    """Checks one row group's rows against SCHEMA.md; returns it with the integer columns
+    in their SCHEMA.md types.
+
+    Refused, with a TraceError naming the file, row group and row: a null in a column
+    that is never null, an integer that does not fit its column's type,
+    ``complete_ns < issue_ns``, and a layer or op that is not in SCHEMA.md's tables in
+    a segment of a schema minor this reader knows (in a later one, :func:`known_rows`
+    tells which rows to skip). ``layer``, ``op``: the column's value when the caller
+    knows it from the row group's statistics and did not read the column.
+    """
+    cols = []
+    for name in table.column_names:
+        col = table.column(name)
+        want = COLUMN_TYPES.get(name)
+        if want is None:
+            cols.append(col)
+            continue
+        if col.null_count and not _NULLABLE[name]:
+            row = _first_true(col.is_null())
+            msg = f"{_where(segment, index, row)}: null in column {name}, which is never null"
+            raise TraceError(msg)
+        if name in STRING_COLUMNS:
+            # pyarrow does not check decoded dictionary indices or UTF-8: a corrupt page
+            # can hold an index past its dictionary
+            try:
+                for chunk in col.chunks:
+                    chunk.validate(full=True)
+            except pa.ArrowInvalid as exc:
+                msg = f"{_where(segment, index)}: column {name} corrupt ({first_line(exc)})"
+                raise TraceError(msg) from None
+        elif col.type != want:
+            try:
+                col = col.cast(want)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                lo, hi = _INT_RANGE[name]
+                bad = pa.compute.or_(pa.compute.less(col, lo), pa.compute.greater(col, hi))
+                row = _first_true(pa.compute.fill_null(bad, False))
+                msg = (
+                    f"{_where(segment, index, row)}: column {name} value {col[row].as_py()} "
+                    f"does not fit its type {want}"
+                )
+                raise TraceError(msg) from None
+        cols.append(col)
+    table = pa.table(cols, names=table.column_names)
+    if "issue_ns" in table.column_names and "complete_ns" in table.column_names:
+        issue = table.column("issue_ns").to_numpy()
+        complete = table.column("complete_ns").to_numpy()
+        early = complete < issue
+        if early.any():
+            row = _first_true(early)
+            msg = (
+                f"{_where(segment, index, row)}: complete_ns {complete[row]} < "
+                f"issue_ns {issue[row]}"
+            )
+            raise TraceError(msg)
+    if "layer" in table.column_names or layer is not None:
+        _check_layers_ops(segment, index, table, layer, op)
+    return table
+
+
+def dictionary_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
+    """(code per row, its values) of a string column; the last value is None, the code
+    of a null."""
+    if column.num_chunks == 0:
+        return np.zeros(0, np.int64), [None]
+    array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    values = [*array.dictionary.to_pylist(), None]
+    codes = array.indices.fill_null(len(values) - 1).to_numpy(zero_copy_only=False)
+    return codes.astype(np.int64), values
+
+
+def _check_layers_ops(
+    segment: Segment, index: int, table: pa.Table, layer: str | None, op: str | None
+) -> None:
+    names = table.column_names
+    n = table.num_rows
+    if n and "layer" not in names and "op" not in names:
+        # one row stands for all: the op too when known, else only the layer is checked
+        known = {"layer": pa.array([layer])} | ({} if op is None else {"op": pa.array([op])})
+        table = pa.table(known)
+        names, n = table.column_names, 1
+        layer = op = None
+    if "layer" in names:
+        lcode, lvalues = dictionary_codes(table.column("layer"))
+    else:
+        lcode, lvalues = np.zeros(n, np.int64), [layer]
+    if "op" in names:
+        ocode, ovalues = dictionary_codes(table.column("op"))
+    elif op is not None:
+        ocode, ovalues = np.zeros(n, np.int64), [op]
+    else:
+        ocode, ovalues = None, [None]
+    width = len(ovalues)
+    pairs = lcode * width + (ocode if ocode is not None else 0)
+    # which (layer, op) pairs occur: the dictionaries are small, so count codes
+    seen = np.flatnonzero(np.bincount(pairs, minlength=1)) if n else np.zeros(0, np.int64)
+    for pair in seen.tolist():
+        lv = lvalues[pair // width]
+        ov = ovalues[pair % width]
+        if lv in OPS and (ocode is None or ov in OPS[lv]):
+            continue
+        if segment.minor > SCHEMA_MINOR:
+            continue  # a later minor may add layers and ops: known_rows skips them
+        row = _first_true(pairs == pair)
+        what = f"layer {lv!r}" if lv not in OPS else f"op {ov!r} of layer {lv!r}"
+        msg = (
+            f"{_where(segment, index, row)}: unknown {what} in a schema 1.{segment.minor} "
+            f"segment (SCHEMA.md lists the layers and ops)"
+        )
+        raise TraceError(msg)
+
+
+def known_rows(table: pa.Table) -> pa.Array | None:
+    """Which rows have a layer and op of SCHEMA.md's tables (None: all of them).
+
+    Only a segment of a later schema minor than this reader's may hold others
+    (:func:`check_rows` refuses them in any other); readers skip those rows.
+    """
+    layer = table["layer"].cast(pa.string())
+    op = table["op"].cast(pa.string())
+    known = None
+    for lv, ops in OPS.items():
+        m = pa.compute.and_(pa.compute.equal(layer, lv), pa.compute.is_in(op, pa.array(ops)))
+        known = m if known is None else pa.compute.or_(known, m)
+    if known is None or pa.compute.all(known).as_py() is not False:
         return None
-    return int(getattr(stats, which))
+    return known
+
+
+def read_rows(path: str | os.PathLike[str]) -> pa.Table:
+    """Every row of a trace in :data:`SCHEMA`, checked as the analyzer checks what it reads.
+
+    Rows of layers or ops that a later schema minor added are left out; columns a
+    segment lacks (an earlier minor) are null. For traces that fit in memory (tests,
+    small tools); the analyzer streams row groups instead.
+    """
+    parts = []
+    for seg in open_trace(path):
+        names = (seg.arrow_schema or SCHEMA).names
+        present = [n for n, _, _ in COLUMNS if n in names]
+        for i in range(len(seg.row_groups)):
+            t = read_row_group(seg, i, present)
+            keep = known_rows(t)
+            if keep is not None:
+                t = t.filter(keep)
+            cols = []
+            for name, typ, _ in COLUMNS:
+                if name not in t.column_names:
+                    cols.append(pa.nulls(t.num_rows, typ))
+                elif name in STRING_COLUMNS:
+                    cols.append(t.column(name).cast(pa.string()).dictionary_encode().cast(typ))
+                else:
+                    cols.append(t.column(name))
+            parts.append(pa.table(cols, schema=SCHEMA))
+    return pa.concat_tables(parts) if parts else SCHEMA.empty_table()
 
 
 def row_group_constant(segment: Segment, index: int, column: str) -> str | int | None:

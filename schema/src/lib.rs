@@ -10,7 +10,10 @@ mod read;
 mod segment;
 mod write;
 
-pub use read::{read_metadata, read_rows, segment_paths, OwnedRow, TraceError};
+pub use read::{
+    guard_decoder, is_segment_name, one_line, quiet_decoder_panics, read_metadata, read_rows, segment_paths, OwnedRow,
+    TraceError,
+};
 pub use write::{BatchBuilder, RowKeys, SegmentLimits, TraceWriter};
 
 use std::sync::Arc;
@@ -77,6 +80,17 @@ impl Layer {
 
     pub fn parse(s: &str) -> Option<Layer> {
         Layer::ALL.into_iter().find(|l| l.as_str() == s)
+    }
+
+    /// The ops a row of this layer may have (SCHEMA.md, *ops*).
+    pub fn ops(self) -> &'static [&'static str] {
+        match self {
+            Layer::Block => &["read", "write", "flush", "discard", "write_zeroes", "other"],
+            Layer::File => &["read", "write", "open", "close"],
+            Layer::Nfs => &["read", "write", "commit"],
+            Layer::Proc => &["start", "fork", "exec", "comm", "exit"],
+            Layer::Ipc => &["read", "write", "wait"],
+        }
     }
 }
 

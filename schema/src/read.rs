@@ -1,17 +1,22 @@
 //! Reading: a trace directory (or one segment file) → rows and metadata.
+//!
+//! What a reader accepts and refuses is SCHEMA.md's *Readers* section; the Python reader
+//! (analysis/trainio_analysis/trace.py) keeps to the same, and tests/analysis run one table
+//! of cases through both.
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_cast::cast;
-use arrow_schema::DataType;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use arrow_schema::{DataType, Schema};
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
-use crate::{keys, Layer, Rpc, OPTIONAL_COLUMNS, SCHEMA_VERSION};
+use crate::{arrow_schema, keys, Layer, Rpc, OPTIONAL_COLUMNS, SCHEMA_MINOR, SCHEMA_VERSION};
 
 /// A trace that cannot be read: the message names the file and what is wrong.
 #[derive(Debug)]
@@ -26,7 +31,22 @@ impl fmt::Display for TraceError {
 impl std::error::Error for TraceError {}
 
 fn bad(path: &Path, what: impl fmt::Display) -> TraceError {
-    TraceError(format!("{}: {what}", path.display()))
+    // one line: a decoder's message may hold several
+    let what = what.to_string();
+    let what = what.lines().next().unwrap_or("").trim_end();
+    TraceError(one_line(&format!("{}: {what}", path.display())))
+}
+
+/// A message as one printable line: a name read from a corrupt file may hold line breaks
+/// or control characters, which are escaped.
+pub fn one_line(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
+/// Whether a file of a trace directory is one of its segments (SCHEMA.md: `seg-*.parquet`;
+/// other files, `*.partial` segments among them, are not part of the trace).
+pub fn is_segment_name(name: &str) -> bool {
+    name.starts_with("seg-") && name.ends_with(".parquet")
 }
 
 /// The finished segments of a trace in order (a single `.parquet` file is a trace of one).
@@ -34,28 +54,92 @@ pub fn segment_paths(path: &Path) -> Result<Vec<PathBuf>, TraceError> {
     if path.is_file() {
         return Ok(vec![path.to_path_buf()]);
     }
+    if !path.is_dir() {
+        return Err(bad(path, "no such trace (neither a directory nor a file)"));
+    }
     let entries = std::fs::read_dir(path).map_err(|e| bad(path, format!("cannot read: {e}")))?;
     let mut segs: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(is_segment_name))
         .collect();
     segs.sort();
     if segs.is_empty() {
-        return Err(bad(path, "no trace segments (*.parquet) in this directory"));
+        return Err(bad(path, "empty trace (no seg-*.parquet segments)"));
     }
     Ok(segs)
 }
 
+/// Installs (once) a panic hook that prints nothing for panics inside [`guard_decoder`],
+/// which turns them into the file's one-line error, and hands every other panic to the
+/// hook that was there. For programs that promise one line on bad
+/// input (the analyzer's extension, `trainio-trace-rows`).
+pub fn quiet_decoder_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !IN_DECODER.with(|d| d.get()) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+thread_local! {
+    /// Whether this thread is inside [`guard_decoder`], which turns a panic into an error.
+    static IN_DECODER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs a Parquet decoding step that may panic on a corrupt file (the decoder trusts
+/// some lengths and offsets it reads), turning a panic into the file's error.
+pub fn guard_decoder<T>(seg: &Path, step: impl FnOnce() -> Result<T, TraceError>) -> Result<T, TraceError> {
+    let outer = IN_DECODER.with(|d| d.replace(true));
+    let result = catch_unwind(AssertUnwindSafe(step));
+    IN_DECODER.with(|d| d.set(outer));
+    match result {
+        Ok(r) => r,
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("decoder panicked");
+            Err(bad(seg, format!("corrupt (the Parquet decoder failed: {why})")))
+        }
+    }
+}
+
+/// The schema minor of a segment's metadata (absent: 0, a 1.0 trace).
+fn segment_minor(seg: &Path, meta: &HashMap<String, String>) -> Result<u32, TraceError> {
+    match meta.get(keys::SCHEMA_MINOR) {
+        None => Ok(0),
+        Some(v) => v.trim().parse::<u32>().map_err(|_| {
+            bad(seg, format!("{} {:?} is not a version number", keys::SCHEMA_MINOR, v.chars().take(20).collect::<String>()))
+        }),
+    }
+}
+
 fn file_metadata(seg: &Path) -> Result<HashMap<String, String>, TraceError> {
     let file = File::open(seg).map_err(|e| bad(seg, format!("cannot open: {e}")))?;
-    let reader = SerializedFileReader::new(file).map_err(|e| bad(seg, format!("not Parquet: {e}")))?;
+    let reader = guard_decoder(seg, || {
+        SerializedFileReader::new(file).map_err(|e| bad(seg, format!("not a readable Parquet file ({e})")))
+    })?;
     let kv = reader.metadata().file_metadata().key_value_metadata().cloned().unwrap_or_default();
     let meta: HashMap<String, String> =
         kv.into_iter().filter_map(|kv| kv.value.map(|v| (kv.key, v))).collect();
-    match meta.get(keys::SCHEMA_VERSION).map(String::as_str) {
-        Some(SCHEMA_VERSION) => Ok(meta),
-        Some(v) => Err(bad(seg, format!("trace schema version {v} is not supported (this build reads {SCHEMA_VERSION})"))),
-        None => Err(bad(seg, format!("not a trainio trace: no {} metadata", keys::SCHEMA_VERSION))),
+    match meta.get(keys::SCHEMA_VERSION) {
+        Some(v) if v.trim().parse::<u64>().ok().map(|v| v.to_string()).as_deref() == Some(SCHEMA_VERSION) => {
+            segment_minor(seg, &meta)?;
+            Ok(meta)
+        }
+        Some(v) => Err(bad(
+            seg,
+            format!(
+                "unknown trainio.schema_version {:?} (this reader knows {SCHEMA_VERSION})",
+                v.chars().take(20).collect::<String>()
+            ),
+        )),
+        None => Err(bad(seg, format!("not a trainio trace (no {} metadata)", keys::SCHEMA_VERSION))),
     }
 }
 
@@ -105,47 +189,148 @@ const INT_COLS: [&str; 12] = [
     "queue_depth", "pid", "tid", "fd", "error", "flags",
 ];
 
-fn columns(seg: &Path, batch: &RecordBatch) -> Result<Columns, TraceError> {
-    let get = |name: &str| -> Result<ArrayRef, TraceError> {
-        batch.column_by_name(name).cloned().ok_or_else(|| bad(seg, format!("missing column `{name}`")))
-    };
-    let mut strings = HashMap::new();
-    for name in STRING_COLS {
-        let col = cast(&get(name)?, &DataType::Utf8).map_err(|e| bad(seg, format!("column `{name}`: {e}")))?;
-        strings.insert(name, col.as_any().downcast_ref::<StringArray>().expect("utf8").clone());
+fn is_utf8(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
+
+/// SCHEMA.md: any dictionary key width or plain UTF-8 for the string columns, any integer
+/// width for the integer columns; every column but the minor versions' present.
+fn check_schema(seg: &Path, schema: &Schema) -> Result<(), TraceError> {
+    let want = arrow_schema();
+    let missing: Vec<&str> = want
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .filter(|n| schema.field_with_name(n).is_err() && !OPTIONAL_COLUMNS.contains(n))
+        .collect();
+    if !missing.is_empty() {
+        return Err(bad(seg, format!("missing column(s) {}", missing.join(", "))));
     }
-    let mut ints = HashMap::new();
-    for name in INT_COLS {
-        let col = cast(&get(name)?, &DataType::Int64).map_err(|e| bad(seg, format!("column `{name}`: {e}")))?;
-        ints.insert(name, col.as_any().downcast_ref::<Int64Array>().expect("int64").clone());
-    }
-    // Added by minor versions: a trace written before them has all-null columns.
-    for name in OPTIONAL_COLUMNS {
-        let col = match batch.column_by_name(name) {
-            Some(c) => cast(c, &DataType::Int64).map_err(|e| bad(seg, format!("column `{name}`: {e}")))?,
-            None => arrow_array::new_null_array(&DataType::Int64, batch.num_rows()),
+    for want in want.fields() {
+        let Ok(got) = schema.field_with_name(want.name()) else { continue };
+        let (ok, kind) = if STRING_COLS.contains(&want.name().as_str()) {
+            let ok = is_utf8(got.data_type())
+                || matches!(got.data_type(), DataType::Dictionary(_, v) if is_utf8(v));
+            (ok, "UTF-8 strings")
+        } else {
+            (got.data_type().is_integer(), "an integer type")
         };
-        ints.insert(name, col.as_any().downcast_ref::<Int64Array>().expect("int64").clone());
+        if !ok {
+            return Err(bad(
+                seg,
+                format!("column {} has type {}, expected {kind} (written as {})", want.name(), got.data_type(), want.data_type()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Where a row of a segment is: its row group and its row within it.
+struct Positions {
+    /// the first row of each row group, in the segment
+    starts: Vec<usize>,
+}
+
+impl Positions {
+    fn at(&self, seg: &Path, row: usize) -> String {
+        let g = self.starts.partition_point(|&s| s <= row).saturating_sub(1);
+        format!("{}: row group {g}, row {}", seg.display(), row - self.starts.get(g).copied().unwrap_or(0))
+    }
+}
+
+/// The (min, max) a value of an integer column may take: that of its SCHEMA.md type.
+fn int_range(t: &DataType) -> (i64, i64) {
+    match t {
+        DataType::UInt32 => (0, u32::MAX as i64),
+        DataType::Int32 => (i32::MIN as i64, i32::MAX as i64),
+        _ => (i64::MIN, i64::MAX),
+    }
+}
+
+fn columns(seg: &Path, batch: &RecordBatch, pos: &Positions, first_row: usize) -> Result<Columns, TraceError> {
+    let schema = arrow_schema();
+    let mut strings = HashMap::new();
+    let mut ints = HashMap::new();
+    for field in schema.fields() {
+        let name: &'static str = STRING_COLS
+            .iter()
+            .chain(INT_COLS.iter())
+            .chain(OPTIONAL_COLUMNS.iter())
+            .find(|n| **n == field.name())
+            .copied()
+            .expect("every column is a string, integer or optional column");
+        let Some(col) = batch.column_by_name(name) else {
+            // added by a minor version: a trace written before it reads as all null
+            ints.insert(name, Int64Array::from(vec![None::<i64>; batch.num_rows()]));
+            continue;
+        };
+        if !field.is_nullable() && col.null_count() > 0 {
+            let row = (0..col.len()).find(|&i| col.is_null(i)).unwrap_or(0);
+            return Err(TraceError(format!("{}: null in column {name}, which is never null", pos.at(seg, first_row + row))));
+        }
+        if STRING_COLS.contains(&name) {
+            let c = cast(col, &DataType::Utf8).map_err(|e| bad(seg, format!("column {name}: {e}")))?;
+            strings.insert(name, c.as_any().downcast_ref::<StringArray>().expect("utf8").clone());
+            continue;
+        }
+        // a safe cast: a value that does not fit Int64 (a large uint64) becomes null
+        let c: ArrayRef = cast(col, &DataType::Int64).map_err(|e| bad(seg, format!("column {name}: {e}")))?;
+        let c = c.as_any().downcast_ref::<Int64Array>().expect("int64").clone();
+        let (lo, hi) = int_range(field.data_type());
+        let misfit = (0..c.len()).find(|&i| {
+            (c.is_null(i) && !col.is_null(i)) || (!c.is_null(i) && !(lo..=hi).contains(&c.value(i)))
+        });
+        if let Some(row) = misfit {
+            let value = if c.is_null(row) { "above 2^63".to_string() } else { c.value(row).to_string() };
+            return Err(TraceError(format!(
+                "{}: column {name} value {value} does not fit its type {}",
+                pos.at(seg, first_row + row),
+                field.data_type()
+            )));
+        }
+        ints.insert(name, c);
     }
     Ok(Columns { strings, ints })
 }
 
 /// Reads every row of a trace, or only those of `layer`.
+///
+/// Refused with the file, row group and row (SCHEMA.md, *Readers*): a null in a column
+/// that is never null, an integer outside its column's type, `complete_ns < issue_ns`,
+/// and a layer or op not in SCHEMA.md's tables in a segment of a minor this reader
+/// knows; in a segment of a later minor such rows are skipped.
 pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, TraceError> {
     let mut rows = Vec::new();
     let mut interned: HashMap<String, Arc<str>> = HashMap::new();
     let mut intern = |s: &str| -> Arc<str> {
         interned.entry(s.to_string()).or_insert_with(|| Arc::from(s)).clone()
     };
+    let known_minor: u32 = SCHEMA_MINOR.parse().expect("SCHEMA_MINOR is a number");
     for seg in segment_paths(path)? {
-        file_metadata(&seg)?;
+        let meta = file_metadata(&seg)?;
+        let later_minor = segment_minor(&seg, &meta)? > known_minor;
         let file = File::open(&seg).map_err(|e| bad(&seg, format!("cannot open: {e}")))?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-            .and_then(|b| b.with_batch_size(65536).build())
-            .map_err(|e| bad(&seg, format!("not Parquet: {e}")))?;
-        for batch in reader {
-            let batch = batch.map_err(|e| bad(&seg, format!("corrupt: {e}")))?;
-            let c = columns(&seg, &batch)?;
+        let (reader, pos): (ParquetRecordBatchReader, Positions) = guard_decoder(&seg, || {
+            let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+                .map_err(|e| bad(&seg, format!("not a readable Parquet file ({e})")))?;
+            check_schema(&seg, builder.schema())?;
+            let mut starts = Vec::new();
+            let mut at = 0usize;
+            for g in builder.metadata().row_groups() {
+                starts.push(at);
+                at += usize::try_from(g.num_rows()).unwrap_or(0);
+            }
+            let reader = builder
+                .with_batch_size(65536)
+                .build()
+                .map_err(|e| bad(&seg, format!("not a readable Parquet file ({e})")))?;
+            Ok((reader, Positions { starts }))
+        })?;
+        let mut reader = reader;
+        let mut first_row = 0usize;
+        while let Some(batch) = guard_decoder(&seg, || Ok(reader.next()))? {
+            let batch = batch.map_err(|e| bad(&seg, format!("corrupt ({e})")))?;
+            let c = guard_decoder(&seg, || columns(&seg, &batch, &pos, first_row))?;
             let s = |n: &str, i: usize| {
                 let a = &c.strings[n];
                 (!a.is_null(i)).then(|| a.value(i))
@@ -155,17 +340,38 @@ pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, Tra
                 (!a.is_null(i)).then(|| a.value(i))
             };
             for i in 0..batch.num_rows() {
+                let (issue_ns, complete_ns) = (n("issue_ns", i).unwrap_or(0), n("complete_ns", i).unwrap_or(0));
+                if complete_ns < issue_ns {
+                    return Err(TraceError(format!(
+                        "{}: complete_ns {complete_ns} < issue_ns {issue_ns}",
+                        pos.at(&seg, first_row + i)
+                    )));
+                }
                 let layer_name = s("layer", i).unwrap_or("");
-                let row_layer = Layer::parse(layer_name)
-                    .ok_or_else(|| bad(&seg, format!("row {i}: unknown layer `{layer_name}`")))?;
+                let op = s("op", i).unwrap_or("");
+                let row_layer = Layer::parse(layer_name);
+                let Some(row_layer) = row_layer.filter(|l| l.ops().contains(&op)) else {
+                    if later_minor {
+                        continue; // a later minor may add layers and ops: skip its rows
+                    }
+                    let what = match row_layer {
+                        None => format!("layer {layer_name:?}"),
+                        Some(_) => format!("op {op:?} of layer {layer_name:?}"),
+                    };
+                    return Err(TraceError(format!(
+                        "{}: unknown {what} in a schema 1.{} segment (SCHEMA.md lists the layers and ops)",
+                        pos.at(&seg, first_row + i),
+                        segment_minor(&seg, &meta)?
+                    )));
+                };
                 if layer.is_some_and(|l| l != row_layer) {
                     continue;
                 }
                 rows.push(OwnedRow {
                     layer: row_layer,
-                    op: intern(s("op", i).unwrap_or("")),
-                    issue_ns: n("issue_ns", i).unwrap_or(0),
-                    complete_ns: n("complete_ns", i).unwrap_or(0),
+                    op: intern(op),
+                    issue_ns,
+                    complete_ns,
                     insert_ns: n("insert_ns", i),
                     dev: s("dev", i).map(&mut intern),
                     offset: n("offset", i),
@@ -189,6 +395,7 @@ pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, Tra
                     ppid: n("ppid", i).map(|p| p as u32),
                 });
             }
+            first_row += batch.num_rows();
         }
     }
     Ok(rows)

@@ -72,3 +72,38 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         check=False,
         timeout=300,
     )
+
+
+def schema_md_columns() -> list[tuple[str, str, bool]]:
+    """traces/SCHEMA.md's column table: (column, Arrow type as pyarrow prints it, nullable)."""
+    import re
+
+    import pyarrow as pa
+
+    def arrow(md_type: str) -> str:
+        m = re.fullmatch(r"dictionary<(\w+), utf8>", md_type)
+        if m:
+            return str(pa.dictionary(getattr(pa, m.group(1))(), pa.string()))
+        return str(getattr(pa, md_type)())
+
+    text = (ROOT / "traces/SCHEMA.md").read_text()
+    table = text.split("## Columns", 1)[1].split("\n\n", 2)[1]
+    out = []
+    for line in table.splitlines()[2:]:  # after the header and its rule
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        out.append((cells[0].strip("`"), arrow(cells[1]), {"yes": True, "no": False}[cells[2]]))
+    return out
+
+
+def schema_md_ops() -> dict[str, list[str]]:
+    """traces/SCHEMA.md's ops table: layer → its ops, in order."""
+    import re
+
+    text = (ROOT / "traces/SCHEMA.md").read_text()
+    table = text.split("### ops", 1)[1].split("\n\n", 2)[1]
+    out = {}
+    for line in table.splitlines()[2:]:
+        layer, ops = (c.strip() for c in line.strip("|").split("|"))
+        # the ops are the backquoted words outside parentheses (those name syscalls and fields)
+        out[layer] = re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", ops))
+    return out

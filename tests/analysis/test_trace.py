@@ -9,38 +9,15 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from analysis_helpers import block, fread
+from analysis_helpers import block, fread, schema_md_columns
 
 from trainio_analysis import trace as tr
 from trainio_analysis.errors import TraceError, TrainioError
 
-SCHEMA_MD_TYPES = {
-    "layer": "dictionary<values=string, indices=int8, ordered=0>",
-    "op": "dictionary<values=string, indices=int8, ordered=0>",
-    "issue_ns": "int64",
-    "complete_ns": "int64",
-    "insert_ns": "int64",
-    "dev": "dictionary<values=string, indices=int16, ordered=0>",
-    "offset": "int64",
-    "bytes": "int64",
-    "bytes_requested": "int64",
-    "queue_depth": "uint32",
-    "pid": "uint32",
-    "tid": "uint32",
-    "comm": "dictionary<values=string, indices=int32, ordered=0>",
-    "fd": "int32",
-    "file": "dictionary<values=string, indices=int32, ordered=0>",
-    "error": "int32",
-    "flags": "uint32",
-    "rpc_xid": "uint32",
-    "rpc_backlog_ns": "int64",
-    "rpc_rtt_ns": "int64",
-    "rpc_execute_ns": "int64",
-    "rpc_retrans": "uint32",
-    "ppid": "uint32",
-}
+# the column table of traces/SCHEMA.md (test_schema_agreement.py checks the readers against it)
+SCHEMA_MD_TYPES = {name: typ for name, typ, _ in schema_md_columns()}
 RPC_COLUMNS = ["rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans"]
-NULLABLE = {"insert_ns", "dev", "offset", "fd", "file", *RPC_COLUMNS, "ppid"}
+NULLABLE = {name for name, _, nullable in schema_md_columns() if nullable}
 SAMPLES = Path(__file__).resolve().parents[2] / "traces"
 
 

@@ -526,9 +526,53 @@ fn job_model(py: Python<'_>, path: &str, grouping: &str, step_gap_ms: Option<f64
         .map_err(PyValueError::new_err)
 }
 
+/// An Arrow type as pyarrow prints it (`str(pa.DataType)`), for the types of the trace schema.
+fn pyarrow_type_name(t: &arrow_schema::DataType) -> String {
+    use arrow_schema::DataType as T;
+    match t {
+        T::Dictionary(k, v) => format!("dictionary<values={}, indices={}, ordered=0>", pyarrow_type_name(v), pyarrow_type_name(k)),
+        T::Utf8 => "string".into(),
+        T::Int8 => "int8".into(),
+        T::Int16 => "int16".into(),
+        T::Int32 => "int32".into(),
+        T::Int64 => "int64".into(),
+        T::UInt8 => "uint8".into(),
+        T::UInt16 => "uint16".into(),
+        T::UInt32 => "uint32".into(),
+        T::UInt64 => "uint64".into(),
+        other => format!("{other}"),
+    }
+}
+
+/// The Rust writer's Arrow schema (`trainio_schema::arrow_schema()`): (column, type as
+/// pyarrow prints it, nullable) in column order, for the test that the Python reader,
+/// the Rust writer and SCHEMA.md agree.
+#[pyfunction]
+fn schema_columns() -> Vec<(String, String, bool)> {
+    trainio_schema::arrow_schema()
+        .fields()
+        .iter()
+        .map(|f| (f.name().clone(), pyarrow_type_name(f.data_type()), f.is_nullable()))
+        .collect()
+}
+
+/// The Rust reader's layers and their ops (`trainio_schema::Layer::ops`).
+#[pyfunction]
+fn layer_ops() -> Vec<(String, Vec<String>)> {
+    trainio_schema::Layer::ALL
+        .iter()
+        .map(|l| (l.as_str().to_string(), l.ops().iter().map(|o| o.to_string()).collect()))
+        .collect()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // the trace reader turns a Parquet decoder's panic on a corrupt file into the file's
+    // one-line error (a ValueError here): no panic message on stderr besides
+    trainio_schema::quiet_decoder_panics();
     m.add_function(wrap_pyfunction!(job_model, m)?)?;
+    m.add_function(wrap_pyfunction!(schema_columns, m)?)?;
+    m.add_function(wrap_pyfunction!(layer_ops, m)?)?;
     m.add_function(wrap_pyfunction!(event_keys_sorted, m)?)?;
     m.add_function(wrap_pyfunction!(equal_issue_neighbours, m)?)?;
     m.add_function(wrap_pyfunction!(summarize, m)?)?;
