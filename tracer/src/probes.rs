@@ -65,6 +65,8 @@ pub struct Probes<'o> {
     /// Kernel BPF statistics are on while this fd is open (sampled: see set_stats).
     stats_fd: std::cell::RefCell<Option<OwnedFd>>,
     stats_wanted: bool,
+    /// Set by detach(): from then on lost() counts the requests left in flight.
+    detached: std::cell::Cell<bool>,
     pub skipped: BTreeMap<String, String>,
 }
 
@@ -350,6 +352,7 @@ impl<'o> Probes<'o> {
             links: Default::default(),
             stats_fd: Default::default(),
             stats_wanted: s.bpf_stats,
+            detached: Default::default(),
             skipped,
         };
         probes.set_stats(true);
@@ -461,6 +464,13 @@ impl<'o> Probes<'o> {
         for (prog, n) in self.recursion_lost() {
             out.insert(format!("{prog}:recursion"), n);
         }
+        // Once detached, requests still marked issued have no completion in the trace.
+        if self.detached.get() {
+            let n = self.block_in_flight();
+            if n > 0 {
+                out.insert("block_rq_complete:in_flight_at_end".into(), n);
+            }
+        }
         out
     }
 
@@ -482,8 +492,8 @@ impl<'o> Probes<'o> {
 
     /// Block requests issued while recording whose completion the trace lacks: in flight
     /// when the probes were detached, or completed where the kernel did not run the
-    /// completion probe and not issued again since (which block_rq_complete:unseen counts).
-    /// Read after detaching.
+    /// completion probe and not issued again since (block_rq_complete:unseen counts those
+    /// issued again). Read after detaching.
     pub fn block_in_flight(&self) -> u64 {
         let Some(b) = &self.block else { return 0 };
         // A live entry (rq set: a freed slot keeps its other fields) marked issued.
@@ -597,6 +607,7 @@ impl<'o> Probes<'o> {
     /// (~70 ms here, ~1.4 s for the file layer), but closing them from several threads at
     /// once soft-locked the CPUs of the NFS guest's 6.1 kernel (session 7).
     pub fn detach(&self) {
+        self.detached.set(true);
         self.links.borrow_mut().clear();
     }
 }

@@ -713,10 +713,6 @@ fn print_summary(
             eprintln!("    {probe}: {n}");
         }
     }
-    let in_flight = probes.block_in_flight();
-    if in_flight > 0 {
-        eprintln!("  block requests in flight at the end (issued, no completion recorded): {in_flight}");
-    }
 }
 
 #[cfg(test)]
