@@ -168,7 +168,75 @@ pub const KNOWN_KEYS: &[&str] = &[
     "checkpoint.epochs_between_checkpoints",
     "checkpoint.steps_between_checkpoints",
     "checkpoint.model_size",
+    "storage.storage_type",
+    "dataset.data_folder",
 ];
+
+/// Keys of DLIO's sections that trainio does not read and that do not change the I/O it
+/// emulates: no warning for them.
+const QUIET_KEYS: &[&str] = &[
+    "dataset.record_length_bytes_resize",
+    "dataset.num_files_eval",
+    "dataset.num_subfolders_eval",
+    "dataset.file_prefix",
+    "dataset.compression",
+    "dataset.keep_files",
+    "reader.shuffle_size",
+    "reader.multiprocessing_context",
+    "reader.read_type",
+    "reader.batch_size_eval",
+    "train.total_training_steps",
+    "train.seed_change_epoch",
+    "workflow.generate_data",
+    "workflow.evaluation",
+    "workflow.profiling",
+    "storage.storage_root",
+    "storage.storage_options",
+    "checkpoint.type",
+    "checkpoint.checkpoint_rank_sync",
+    "checkpoint.steps_between_checkpoints",
+];
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// Warnings for keys of the file that trainio does not know but that are close to one it
+/// reads (a typo silently runs with the default otherwise).
+pub fn typo_warnings(root: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(top) = root.as_mapping() else { return out };
+    for (section, body) in top {
+        let (Some(section), Some(body)) = (section.as_str(), body.as_mapping()) else { continue };
+        for key in body.keys().filter_map(Value::as_str) {
+            let dotted = format!("{section}.{key}");
+            if KNOWN_KEYS.contains(&dotted.as_str()) || QUIET_KEYS.contains(&dotted.as_str()) {
+                continue;
+            }
+            let close = KNOWN_KEYS
+                .iter()
+                .filter(|k| k.matches('.').count() == 1)
+                .map(|k| (edit_distance(key, k.rsplit('.').next().unwrap_or(k)), *k))
+                .filter(|(d, _)| *d <= 2)
+                .min();
+            if let Some((_, known)) = close {
+                out.push(format!("{dotted}: not a key trainio reads; did you mean {known}?"));
+            }
+        }
+    }
+    out
+}
 
 /// Sets `KEY=VALUE` (a dotted key of KNOWN_KEYS, a YAML scalar) in the workload tree, so
 /// the value is then read and checked exactly as the file's own would be.
@@ -216,8 +284,18 @@ impl Workload {
             .file_stem()
             .and_then(|s| s.to_str())
             .unwrap_or("workload");
-        Workload::from_yaml_with(&text, fallback, params)
-            .with_context(|| format!("{}: bad workload", path.display()))
+        let w = Workload::from_yaml_with(&text, fallback, params)
+            .with_context(|| format!("{}: bad workload", path.display()))?;
+        // Once per job: every MPI rank reads the file.
+        let rank0 = std::env::var("OMPI_COMM_WORLD_RANK").map_or(true, |r| r == "0");
+        if rank0 {
+            if let Ok(root) = serde_yaml::from_str::<Value>(&text) {
+                for w in typo_warnings(&root) {
+                    eprintln!("trainio: warning: {}: {w}", path.display());
+                }
+            }
+        }
+        Ok(w)
     }
 
     pub fn from_yaml(text: &str, fallback_name: &str) -> Result<Workload> {
@@ -232,6 +310,7 @@ impl Workload {
         for p in params {
             apply_param(&mut root, p)?;
         }
+        refuse_object_storage(&root)?;
         let empty = Value::Mapping(Default::default());
         let workflow = root.get("workflow").unwrap_or(&empty);
         let do_checkpoint = boolean(workflow, "workflow", "checkpoint")?.unwrap_or(false);
@@ -374,6 +453,26 @@ impl Workload {
         }
         Ok(())
     }
+}
+
+/// A workload that reads object storage cannot be honoured by replaying files: refused,
+/// unless the user asks for local files (`--param storage.storage_type=local_fs`).
+fn refuse_object_storage(root: &Value) -> Result<()> {
+    let storage = root.get("storage").and_then(|s| s.get("storage_type")).and_then(Value::as_str);
+    let folder = root.get("dataset").and_then(|d| d.get("data_folder")).and_then(Value::as_str);
+    let local = matches!(storage, None | Some("local_fs"));
+    let remote_folder = folder.filter(|f| f.contains("://"));
+    if !local || (storage.is_none() && remote_folder.is_some()) {
+        let what = match (storage, remote_folder) {
+            (Some(t), _) if t != "local_fs" => format!("storage.storage_type: {t}"),
+            (_, Some(f)) => format!("dataset.data_folder: {f}"),
+            _ => "object storage".into(),
+        };
+        bail!(
+            "reads object storage ({what}), which trainio does not emulate (it replays files under --data-dir); add --param storage.storage_type=local_fs to run it on local files anyway"
+        );
+    }
+    Ok(())
 }
 
 pub(crate) fn section<'a>(root: &'a Value, name: &str) -> Result<&'a Value> {
@@ -548,6 +647,21 @@ mod tests {
             let e = format!("{e:#}");
             assert!(e.contains(says), "{to}: {e}");
         }
+    }
+
+    #[test]
+    fn typos_are_named_and_object_storage_is_refused() {
+        let y: Value = serde_yaml::from_str(&V2.replace("batch_size: 7", "batch_sise: 7")).unwrap();
+        assert_eq!(typo_warnings(&y), ["reader.batch_sise: not a key trainio reads; did you mean reader.batch_size?"]);
+        let clean: Value = serde_yaml::from_str(V2).unwrap();
+        assert!(typo_warnings(&clean).is_empty(), "{:?}", typo_warnings(&clean));
+        let s3 = format!("{V2}storage:\n  storage_type: s3\n");
+        let e = format!("{:#}", Workload::from_yaml(&s3, "x").unwrap_err());
+        assert!(e.contains("storage.storage_type: s3") && e.contains("local_fs"), "{e}");
+        let url = V2.replace("format: npz", "format: npz\n  data_folder: s3://bucket");
+        assert!(Workload::from_yaml(&url, "x").is_err());
+        let local = Workload::from_yaml_with(&s3, "x", &["storage.storage_type=local_fs".into()]);
+        assert!(local.is_ok(), "{local:?}");
     }
 
     #[test]
