@@ -27,3 +27,18 @@ def test_bad_numbers_are_one_line_exit_2(tmpfs_dir: Path, key: str, value: str, 
         err = p.stderr.strip().splitlines()
         assert len(err) == 1 and str(wl) in err[0] and says in err[0], p.stderr
         assert not (tmpfs_dir / "d").exists()
+
+
+def test_a_typo_is_named_and_object_storage_is_refused(tmpfs_dir: Path) -> None:
+    wl = write_workload(tmpfs_dir / "wl.yaml", files=8, record=64 << 10, batch=2)
+    wl.write_text(wl.read_text().replace("batch_size: 2", "batch_sise: 2"))
+    p = run_trainio("datagen", "--workload", wl, "--data-dir", tmpfs_dir / "d")
+    assert f"{wl}: reader.batch_sise: not a key trainio reads; did you mean reader.batch_size?" in p.stderr
+    s3 = tmpfs_dir / "s3.yaml"
+    s3.write_text(wl.read_text() + "storage:\n  storage_type: s3\n")
+    p = run_trainio("replay", "--workload", s3, "--data-dir", tmpfs_dir / "e", check=False)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "storage.storage_type: s3" in p.stderr and not (tmpfs_dir / "e").exists()
+    run_trainio("datagen", "--workload", s3, "--data-dir", tmpfs_dir / "e",
+                "--param", "storage.storage_type=local_fs")
+    assert (tmpfs_dir / "e" / "train").is_dir()
