@@ -155,7 +155,9 @@ impl CheckpointSpec {
             Some(v) => Some(("model.model_size_bytes", v)),
             None => match number(model, "model", "model_size")? {
                 Some(v) => Some(("model.model_size", v)),
-                None => number(ckpt, "checkpoint", "model_size")?.map(|v| ("checkpoint.model_size", v)),
+                None => {
+                    number(ckpt, "checkpoint", "model_size")?.map(|v| ("checkpoint.model_size", v))
+                }
             },
         };
         let model_size_bytes = match model_size_bytes {
@@ -484,6 +486,32 @@ pub struct RankIo {
     pub files: u64,
 }
 
+/// Runs `io` for each of `ranks` on a thread of its own and adds up what they did.
+fn each_rank(
+    ranks: &[u64],
+    what: &str,
+    io: impl Fn(u64) -> Result<RankIo> + Sync,
+) -> Result<RankIo> {
+    let io = &io;
+    let results: Vec<Result<RankIo>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks.iter().map(|&r| s.spawn(move || io(r))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("checkpoint {what} panicked")))
+            })
+            .collect()
+    });
+    let mut total = RankIo::default();
+    for r in results {
+        let r = r?;
+        total.bytes += r.bytes;
+        total.files += r.files;
+    }
+    Ok(total)
+}
+
 /// Writes the files of the simulated GPUs `ranks` (DLIO ranks) into `dir`, one thread
 /// per simulated GPU, `transfer` bytes per write, each file fsynced when `fsync`, then
 /// dropped from the page cache so a later read comes from storage.
@@ -499,55 +527,34 @@ pub fn write_shards(
     let beneath = crate::beneath::Beneath::new(root)?;
     beneath.create_dirs(dir)?;
     let beneath = &beneath;
-    let results: Vec<Result<RankIo>> = std::thread::scope(|s| {
-        let handles: Vec<_> = ranks
-            .iter()
-            .map(|&r| {
-                s.spawn(move || -> Result<RankIo> {
-                    let mut block = vec![0u8; transfer as usize];
-                    rand::rngs::StdRng::seed_from_u64(0x636b_7074 ^ r).fill(&mut block[..]);
-                    let mut io = RankIo::default();
-                    for (k, f) in plan.files[r as usize].iter().enumerate() {
-                        let path = dir.join(&f.name);
-                        let mut file = beneath.create(&path)?;
-                        let mut left = f.bytes;
-                        let mut chunk = 0u64;
-                        while left > 0 {
-                            // A stamp per chunk keeps deduplicating storage from collapsing the data.
-                            block[..8].copy_from_slice(&((r << 20) ^ k as u64).to_le_bytes());
-                            block[8..16].copy_from_slice(&chunk.to_le_bytes());
-                            let n = left.min(transfer) as usize;
-                            file.write_all(&block[..n])
-                                .with_context(|| format!("writing {}", path.display()))?;
-                            left -= n as u64;
-                            chunk += 1;
-                        }
-                        if fsync {
-                            file.sync_all()
-                                .with_context(|| format!("fsync {}", path.display()))?;
-                        }
-                        io.bytes += f.bytes;
-                        io.files += 1;
-                    }
-                    Ok(io)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("checkpoint writer panicked")))
-            })
-            .collect()
-    });
-    let mut total = RankIo::default();
-    for r in results {
-        let r = r?;
-        total.bytes += r.bytes;
-        total.files += r.files;
-    }
-    Ok(total)
+    each_rank(ranks, "writer", |r| {
+        let mut block = vec![0u8; transfer as usize];
+        rand::rngs::StdRng::seed_from_u64(0x636b_7074 ^ r).fill(&mut block[..]);
+        let mut io = RankIo::default();
+        for (k, f) in plan.files[r as usize].iter().enumerate() {
+            let path = dir.join(&f.name);
+            let mut file = beneath.create(&path)?;
+            let mut left = f.bytes;
+            let mut chunk = 0u64;
+            while left > 0 {
+                // A stamp per chunk keeps deduplicating storage from collapsing the data.
+                block[..8].copy_from_slice(&((r << 20) ^ k as u64).to_le_bytes());
+                block[8..16].copy_from_slice(&chunk.to_le_bytes());
+                let n = left.min(transfer) as usize;
+                file.write_all(&block[..n])
+                    .with_context(|| format!("writing {}", path.display()))?;
+                left -= n as u64;
+                chunk += 1;
+            }
+            if fsync {
+                file.sync_all()
+                    .with_context(|| format!("fsync {}", path.display()))?;
+            }
+            io.bytes += f.bytes;
+            io.files += 1;
+        }
+        Ok(io)
+    })
 }
 
 /// Makes the files of `ranks` in `dir` durable and drops them from the page cache, so
@@ -558,12 +565,13 @@ pub fn settle_shards(plan: &Plan, ranks: &[u64], root: &Path, dir: &Path) -> Res
     for &r in ranks {
         for f in &plan.files[r as usize] {
             let path = dir.join(&f.name);
-            let file = std::fs::File::from(beneath.open(&path, libc::O_RDONLY, 0).with_context(|| {
-                format!(
+            let file =
+                std::fs::File::from(beneath.open(&path, libc::O_RDONLY, 0).with_context(|| {
+                    format!(
                     "{}: missing: write the checkpoint first (checkpoint.num_checkpoints_write)",
                     path.display()
                 )
-            })?);
+                })?);
             let len = file.metadata()?.len();
             if len != f.bytes {
                 bail!(
@@ -599,65 +607,44 @@ pub fn read_shards(
 ) -> Result<RankIo> {
     let beneath = crate::beneath::Beneath::new(root)?;
     let beneath = &beneath;
-    let results: Vec<Result<RankIo>> = std::thread::scope(|s| {
-        let handles: Vec<_> = ranks
-            .iter()
-            .map(|&r| {
-                s.spawn(move || -> Result<RankIo> {
-                    let align = 4096usize;
-                    let len = crate::dataset::round_up(transfer, align as u64) as usize;
-                    // An aligned buffer, as O_DIRECT needs.
-                    let mut raw = vec![0u8; len + align];
-                    let off = raw.as_ptr().align_offset(align);
-                    let buf = &mut raw[off..off + len];
-                    let mut io = RankIo::default();
-                    for f in &plan.files[r as usize] {
-                        let path = dir.join(&f.name);
-                        let flags = libc::O_RDONLY | if odirect { libc::O_DIRECT } else { 0 };
-                        let fd = std::os::fd::IntoRawFd::into_raw_fd(beneath.open(&path, flags, 0)?);
-                        let mut pos = 0u64;
-                        loop {
-                            let n = unsafe {
-                                libc::pread(
-                                    fd,
-                                    buf.as_mut_ptr() as *mut libc::c_void,
-                                    len,
-                                    pos as libc::off_t,
-                                )
-                            };
-                            if n < 0 {
-                                let e = std::io::Error::last_os_error();
-                                unsafe { libc::close(fd) };
-                                bail!("reading {} at offset {pos}: {e}", path.display());
-                            }
-                            if n == 0 {
-                                break;
-                            }
-                            pos += n as u64;
-                        }
-                        unsafe { libc::close(fd) };
-                        io.bytes += pos;
-                        io.files += 1;
-                    }
-                    Ok(io)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("checkpoint reader panicked")))
-            })
-            .collect()
-    });
-    let mut total = RankIo::default();
-    for r in results {
-        let r = r?;
-        total.bytes += r.bytes;
-        total.files += r.files;
-    }
-    Ok(total)
+    each_rank(ranks, "reader", |r| {
+        let align = 4096usize;
+        let len = crate::dataset::round_up(transfer, align as u64) as usize;
+        // An aligned buffer, as O_DIRECT needs.
+        let mut raw = vec![0u8; len + align];
+        let off = raw.as_ptr().align_offset(align);
+        let buf = &mut raw[off..off + len];
+        let mut io = RankIo::default();
+        for f in &plan.files[r as usize] {
+            let path = dir.join(&f.name);
+            let flags = libc::O_RDONLY | if odirect { libc::O_DIRECT } else { 0 };
+            let fd = std::os::fd::IntoRawFd::into_raw_fd(beneath.open(&path, flags, 0)?);
+            let mut pos = 0u64;
+            loop {
+                let n = unsafe {
+                    libc::pread(
+                        fd,
+                        buf.as_mut_ptr() as *mut libc::c_void,
+                        len,
+                        pos as libc::off_t,
+                    )
+                };
+                if n < 0 {
+                    let e = std::io::Error::last_os_error();
+                    unsafe { libc::close(fd) };
+                    bail!("reading {} at offset {pos}: {e}", path.display());
+                }
+                if n == 0 {
+                    break;
+                }
+                pos += n as u64;
+            }
+            unsafe { libc::close(fd) };
+            io.bytes += pos;
+            io.files += 1;
+        }
+        Ok(io)
+    })
 }
 
 #[cfg(test)]
@@ -789,7 +776,11 @@ mod tests {
             let spec = CheckpointSpec::from_root(&root, "x").unwrap();
             assert_eq!(spec.model_size_bytes, 499_153_191, "{y}");
             let plan = Plan::new(&spec, 8).unwrap();
-            assert_eq!(plan.total_bytes(), 499_153_191, "GPU 0 alone (ZeRO 0, TP×PP 1)");
+            assert_eq!(
+                plan.total_bytes(),
+                499_153_191,
+                "GPU 0 alone (ZeRO 0, TP×PP 1)"
+            );
         }
     }
 
