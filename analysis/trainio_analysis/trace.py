@@ -38,7 +38,7 @@ from trainio_analysis.errors import TraceError
 
 SCHEMA_VERSION = 1
 #: ``trainio.schema_minor`` written; any minor of a known version is read (absent = 0).
-SCHEMA_MINOR = 3
+SCHEMA_MINOR = 4
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
 META_PREFIX = "trainio."
 SEGMENT_GLOB = "seg-*.parquet"
@@ -88,7 +88,7 @@ LAYERS = ("block", "file", "nfs", "proc", "ipc")
 STORAGE_LAYERS = ("block", "file", "nfs")
 OPS = {
     "block": ("read", "write", "flush", "discard", "write_zeroes", "other"),
-    "file": ("read", "write", "open", "close"),
+    "file": ("read", "write", "open", "close", "fsync", "fdatasync", "sync_file_range"),
     "nfs": ("read", "write", "commit"),
     "proc": ("start", "fork", "exec", "comm", "exit"),
     "ipc": ("read", "write", "wait"),

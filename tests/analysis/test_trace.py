@@ -78,7 +78,7 @@ def test_metadata_keys_values_and_last_segment_wins(trace_dir: Path) -> None:
         if k.startswith(b"trainio.")
     }
     assert first["trainio.schema_version"] == "1"
-    assert first["trainio.schema_minor"] == "3"
+    assert first["trainio.schema_minor"] == "4"
     assert first["trainio.segment"] == "0"
     assert json.loads(first["trainio.events"]) == {"block": 2}  # cumulative as of closing
     for key in (
@@ -219,7 +219,7 @@ def test_a_1_3_trace_has_proc_and_ipc_rows_and_ppid(trace_dir: Path) -> None:
     assert df["layer"].to_list() == ["proc"] * 3 + ["ipc"] * 2 + ["proc", "file"]
     assert df.filter(pl.col("layer") == "ipc")["file"].to_list() == ["pipe:[777]"] * 2
     meta = tr.read_metadata(trace_dir)
-    assert meta["schema_minor"] == 3
+    assert meta["schema_minor"] == 4
     assert meta["events"] == {"file": 1, "ipc": 2, "proc": 4}
     with pytest.raises(TraceError, match="not a proc op"):
         tr.write_trace(trace_dir / "bad", [{**PROC_IPC_ROWS[0], "op": "read"}])
