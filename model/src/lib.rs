@@ -38,6 +38,8 @@ use parquet::arrow::ProjectionMask;
 use serde::Serialize;
 use trainio_schema::{read_rows, segment_paths, Layer, OwnedRow};
 
+pub mod writes;
+
 /// The name PyTorch's DataLoader workers give themselves.
 pub const WORKER_COMM: &str = "pt_data_worker";
 /// Writes of one worker this close together are one message (header and payload).
@@ -183,6 +185,11 @@ pub struct GpuModel {
     pub mib_s_recorded: Option<f64>,
     /// Bytes a worker read after its last handoff (a batch never delivered).
     pub unfinished_bytes: u64,
+    /// The GPU's processes' write bursts (writes::bursts), placed in its steps.
+    pub write_bursts: Vec<writes::WriteBurst>,
+    /// Files the GPU wrote: recorded path and the size a copy needs (largest byte written).
+    #[serde(skip)]
+    pub write_files: Vec<(String, u64)>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -221,6 +228,8 @@ pub struct JobModel {
     /// Set when the file layer lacks most of what the job read: the reason, one line.
     pub incomplete: Option<String>,
     pub warnings: Vec<String>,
+    /// Every traced process's write bursts, the job's checkpoints among them.
+    pub writes: writes::WriteSummary,
 }
 
 /// What the model reads from a trace.
@@ -618,7 +627,11 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
                 bytes: reader_bytes[w],
             });
         }
-        let gpu = build_gpu(gpus.len(), *rank, &ws, members, input, &ix, opts, &on_dev, &mut warnings);
+        let mut gpu = build_gpu(gpus.len(), *rank, &ws, members, input, &ix, opts, &on_dev, &mut warnings);
+        let written: Vec<&OwnedRow> = gpu.members.iter().flat_map(|m| rows_of(&ix.file, m.pid).iter().copied()).collect();
+        gpu.write_bursts = writes::bursts(&written, &mut gpu.write_files);
+        let ready: Vec<i64> = gpu.steps.iter().map(|s| s.ready_ns).collect();
+        writes::place(&mut gpu.write_bursts, &ready);
         gpus.push(gpu);
     }
     // Coverage: the block reads each GPU's processes caused from their first data read
@@ -744,6 +757,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         coverage,
         incomplete,
         warnings,
+        writes: writes::summarize(writes::bursts(&input.file.iter().collect::<Vec<_>>(), &mut Vec::new())),
     })
 }
 
@@ -1169,6 +1183,8 @@ fn build_gpu(
         mib_s_recorded,
         unfinished_bytes,
         steps,
+        write_bursts: Vec::new(),
+        write_files: Vec::new(),
     }
 }
 
@@ -1217,6 +1233,20 @@ pub fn describe(m: &JobModel) -> Vec<String> {
             g.samples_per_step,
             f(g.required_mib_s, 1.0, "MiB/s"),
         ));
+        if !g.write_bursts.is_empty() {
+            let at: Vec<String> = g
+                .write_bursts
+                .iter()
+                .map(|b| b.after_step.map(|k| k.to_string()).unwrap_or_else(|| "start".into()))
+                .collect();
+            out.push(format!(
+                "    writes: {} burst(s) after steps {}, {:.2} MiB, {} sync(s)",
+                g.write_bursts.len(),
+                at.join(","),
+                g.write_bursts.iter().map(|b| b.bytes).sum::<u64>() as f64 / (1u64 << 20) as f64,
+                g.write_bursts.iter().map(|b| b.syncs).sum::<u64>(),
+            ));
+        }
     }
     for l in &m.left_out {
         out.push(format!("  left out: pid {} ({}), {:.2} MiB: {}", l.pid, l.comm, l.bytes as f64 / (1u64 << 20) as f64, l.why));
