@@ -585,6 +585,8 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     };
     let largest = groups.iter().map(|(r, ws)| group_bytes(*r, ws)).max().unwrap_or(0);
     let ix = ByPid::new(input, &data_reads);
+    let job_bursts = writes::bursts(&input.file.iter().collect::<Vec<_>>(), &mut Vec::new());
+    let job_writes: Vec<(i64, i64)> = job_bursts.iter().map(|b| (b.start_ns, b.end_ns)).collect();
     let mut gpus = Vec::new();
     for (rank, ws) in &groups {
         let bytes = group_bytes(*rank, ws);
@@ -627,7 +629,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
                 bytes: reader_bytes[w],
             });
         }
-        let mut gpu = build_gpu(gpus.len(), *rank, &ws, members, input, &ix, opts, &on_dev, &mut warnings);
+        let mut gpu = build_gpu(gpus.len(), *rank, &ws, members, input, &ix, opts, &on_dev, &job_writes, &mut warnings);
         let written: Vec<&OwnedRow> = gpu.members.iter().flat_map(|m| rows_of(&ix.file, m.pid).iter().copied()).collect();
         gpu.write_bursts = writes::bursts(&written, &mut gpu.write_files);
         let ready: Vec<i64> = gpu.steps.iter().map(|s| s.ready_ns).collect();
@@ -757,7 +759,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         coverage,
         incomplete,
         warnings,
-        writes: writes::summarize(writes::bursts(&input.file.iter().collect::<Vec<_>>(), &mut Vec::new())),
+        writes: writes::summarize(job_bursts),
     })
 }
 
@@ -815,6 +817,7 @@ fn build_gpu(
     ix: &ByPid,
     opts: &Options,
     on_dev: &dyn Fn(&OwnedRow) -> bool,
+    job_writes: &[(i64, i64)],
     warnings: &mut Vec<String>,
 ) -> GpuModel {
     let comm = members[0].comm.clone();
@@ -1022,10 +1025,20 @@ fn build_gpu(
             .filter(|r| is_data_read(r) && on_dev(r) || matches!(&*r.op, "open" | "close") && is_data_file(r))
             .collect();
         act.sort_by_key(|r| (r.issue_ns, r.complete_ns));
+        // A gap in which the group wrote a burst (a checkpoint saved between two steps)
+        // separates steps whatever its length. Gaps in which any process of the job
+        // wrote are left out of the gaps that set the step gap: a checkpoint's pause, or
+        // a rank waiting at a collective for another rank's checkpoint, would otherwise
+        // look like the gap between batches, and the compute gaps like gaps inside one.
+        let written: Vec<&OwnedRow> = pids.iter().flat_map(|&p| rows_of(&ix.file, p)).copied().collect();
+        let write_spans: Vec<(i64, i64)> =
+            writes::bursts(&written, &mut Vec::new()).iter().map(|b| (b.start_ns, b.end_ns)).collect();
+        let wrote_in = |from: i64, to: i64| write_spans.iter().any(|&(s, e)| s < to && e > from);
+        let job_wrote_in = |from: i64, to: i64| job_writes.iter().any(|&(s, e)| s < to && e > from);
         let mut gaps = Vec::new();
         let mut busy = i64::MIN;
         for r in &act {
-            if busy != i64::MIN && r.issue_ns > busy {
+            if busy != i64::MIN && r.issue_ns > busy && !wrote_in(busy, r.issue_ns) && !job_wrote_in(busy, r.issue_ns) {
                 gaps.push(r.issue_ns - busy);
             }
             busy = busy.max(r.complete_ns);
@@ -1057,7 +1070,7 @@ fn build_gpu(
             }
         };
         for r in &act {
-            if busy != i64::MIN && r.issue_ns - busy >= gap_ns {
+            if busy != i64::MIN && (r.issue_ns - busy >= gap_ns || r.issue_ns > busy && wrote_in(busy, r.issue_ns)) {
                 if let Some(mut s) = cur.take() {
                     s.interval_s = Some((r.issue_ns - busy) as f64 / 1e9);
                     close_burst(&s, io_ns, &mut cpu);

@@ -14,6 +14,7 @@ mod replay;
 mod results;
 mod sweep;
 mod trace_input;
+mod trace_writes;
 mod workload;
 
 use anyhow::{Context, Result};
