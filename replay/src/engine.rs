@@ -18,7 +18,8 @@
 //! Checkpoints (a workload's `checkpoint` section): when one is due after a step, the
 //! loop writes it between the step barrier and the next step, so every simulated GPU of
 //! the job stands still meanwhile, and its time is left out of AU as DLIO leaves it out
-//! (checkpointing.rs, docs/replay.md).
+//! (checkpointing.rs, docs/replay.md). A trace's write bursts are written the same way
+//! after the step they followed (Program::writes_after, trace_writes.rs).
 
 use crate::cluster::{Cluster, PendingBarrier};
 use anyhow::{bail, Context, Result};
@@ -908,7 +909,7 @@ impl<'a, P: Program> Engine<'a, P> {
     }
 
     /// Trace mode: the write bursts GPUs `gs` made after the step they have just finished
-    /// (trace_writes.rs), one GPU after the other. Every GPU of the rank stands still
+    /// (trace_writes.rs), all at once, one thread each. Every GPU of the rank stands still
     /// meanwhile; the time is a checkpoint's, left out of AU as DLIO leaves checkpoints out.
     /// Returns when they ended, None when there were none.
     fn trace_writes(&mut self, gs: &[usize], now: u64) -> Result<Option<u64>> {
