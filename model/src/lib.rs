@@ -185,7 +185,7 @@ pub struct GpuModel {
     pub mib_s_recorded: Option<f64>,
     /// Bytes a worker read after its last handoff (a batch never delivered).
     pub unfinished_bytes: u64,
-    /// The GPU's processes' write bursts (writes::bursts), placed in its steps.
+    /// The rank's write bursts (writes::bursts), placed in its steps.
     pub write_bursts: Vec<writes::WriteBurst>,
     /// Files the GPU wrote: recorded path and the size a copy needs (largest byte written).
     #[serde(skip)]
@@ -630,8 +630,9 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
             });
         }
         let mut gpu = build_gpu(gpus.len(), *rank, &ws, members, input, &ix, opts, &on_dev, &job_writes, &mut warnings);
-        let written: Vec<&OwnedRow> = gpu.members.iter().flat_map(|m| rows_of(&ix.file, m.pid).iter().copied()).collect();
-        gpu.write_bursts = writes::bursts(&written, &mut gpu.write_files);
+        // The rank's own writes: they stand between its steps (a checkpoint). Its workers
+        // write beside the GPU, not between its steps; they count in the job's bursts.
+        gpu.write_bursts = writes::bursts(rows_of(&ix.file, *rank), &mut gpu.write_files);
         let ready: Vec<i64> = gpu.steps.iter().map(|s| s.ready_ns).collect();
         writes::place(&mut gpu.write_bursts, &ready);
         gpus.push(gpu);
@@ -1025,14 +1026,13 @@ fn build_gpu(
             .filter(|r| is_data_read(r) && on_dev(r) || matches!(&*r.op, "open" | "close") && is_data_file(r))
             .collect();
         act.sort_by_key(|r| (r.issue_ns, r.complete_ns));
-        // A gap in which the group wrote a burst (a checkpoint saved between two steps)
+        // A gap in which the rank wrote a burst (a checkpoint saved between two steps)
         // separates steps whatever its length. Gaps in which any process of the job
         // wrote are left out of the gaps that set the step gap: a checkpoint's pause, or
         // a rank waiting at a collective for another rank's checkpoint, would otherwise
         // look like the gap between batches, and the compute gaps like gaps inside one.
-        let written: Vec<&OwnedRow> = pids.iter().flat_map(|&p| rows_of(&ix.file, p)).copied().collect();
         let write_spans: Vec<(i64, i64)> =
-            writes::bursts(&written, &mut Vec::new()).iter().map(|b| (b.start_ns, b.end_ns)).collect();
+            writes::bursts(rows_of(&ix.file, rank), &mut Vec::new()).iter().map(|b| (b.start_ns, b.end_ns)).collect();
         let wrote_in = |from: i64, to: i64| write_spans.iter().any(|&(s, e)| s < to && e > from);
         let job_wrote_in = |from: i64, to: i64| job_writes.iter().any(|&(s, e)| s < to && e > from);
         let mut gaps = Vec::new();

@@ -4,9 +4,9 @@
 //!
 //! A burst is a run of a process group's writes and syncs in which each one starts less
 //! than `WRITE_GAP_NS` after the previous one ended: a checkpoint is written back to
-//! back, then synced, and the next one comes steps later. Per GPU, a burst is placed in
-//! the step sequence by the batches the GPU had taken when it began (`after_step`), which
-//! is where `trainio replay --trace` writes it again.
+//! back, then synced, and the next one comes steps later. A GPU's rank has its own
+//! bursts, each placed in the step sequence by the batches the GPU had taken when it
+//! began (`after_step`), which is where `trainio replay --trace` writes it again.
 
 use std::collections::HashMap;
 

@@ -910,8 +910,9 @@ impl<'a, P: Program> Engine<'a, P> {
 
     /// Trace mode: the write bursts GPUs `gs` made after the step they have just finished
     /// (trace_writes.rs), all at once, one thread each. Every GPU of the rank stands still
-    /// meanwhile; the time is a checkpoint's, left out of AU as DLIO leaves checkpoints out.
-    /// Returns when they ended, None when there were none.
+    /// meanwhile, and the time counts in AU as time not computing, as it did in the
+    /// recorded job (`checkpoint_s` reports it). Returns when they ended, None when there
+    /// were none.
     fn trace_writes(&mut self, gs: &[usize], now: u64) -> Result<Option<u64>> {
         let mut due = Vec::new();
         let mut bursts = Vec::new();
@@ -929,6 +930,9 @@ impl<'a, P: Program> Engine<'a, P> {
         let done = crate::trace_writes::run_bursts(&bursts, &mut self.write_buf)?;
         let end = self.now();
         let stood = (end - now) as f64 / 1e9;
+        for gpu in &mut self.gpus {
+            gpu.cur.checkpoint_s += stood;
+        }
         for ((epoch, step), (io, took)) in due.into_iter().zip(done) {
             self.checkpoints.push(crate::checkpointing::CheckpointIo {
                 phase: "trace-write".into(),
@@ -940,12 +944,6 @@ impl<'a, P: Program> Engine<'a, P> {
                 bytes: io.bytes,
                 files: io.files,
             });
-        }
-        for gpu in &mut self.gpus {
-            gpu.cur.checkpoint_s += stood;
-            if gpu.first_step_end.is_some() {
-                gpu.cur.excluded_s += stood;
-            }
         }
         Ok(Some(end))
     }
@@ -984,9 +982,6 @@ impl<'a, P: Program> Engine<'a, P> {
         }
         let all: Vec<usize> = (0..self.gpus.len()).collect();
         if let Some(end) = self.trace_writes(&all, now)? {
-            if self.gpus[0].step + 1 < self.program.steps_per_epoch() {
-                block_start = Some(end);
-            }
             now = end;
         }
         for g in 0..self.gpus.len() {
