@@ -308,7 +308,13 @@ static __always_inline void begin_ipc(struct pending_io *p, __u32 ipc, __u32 op,
 	p->enter_ns = bpf_ktime_get_ns();
 }
 
-/* offset < 0: use the file position at entry. */
+/* A read or write: it moves data, has a file position and counts in the read concurrency. */
+static __always_inline bool data_op(__u32 op)
+{
+	return op >= TRAINIO_FOP_READ && op <= TRAINIO_FOP_PWRITE64;
+}
+
+/* offset < 0: a data op uses the file position at entry; other ops have no offset. */
 static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 offset)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
@@ -326,7 +332,7 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 	read_file_bits(f, &fb);
 	mode = read_identity(&fb);
 	if (!storage(mode)) {
-		ipc = op != TRAINIO_FOP_CLOSE ? ipc_type(mode) : 0;
+		ipc = data_op(op) ? ipc_type(mode) : 0;
 		if (!ipc)
 			return 0; /* neither storage nor ipc */
 	}
@@ -346,8 +352,8 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 	p->dev = fb.dev;
 	p->ino = fb.ino;
 	p->flags = fb.flags;
-	p->offset = offset < 0 && op != TRAINIO_FOP_CLOSE ? fb.pos : offset;
-	p->queue_depth = op != TRAINIO_FOP_CLOSE ? enter_flight(tgid, count) : 0;
+	p->offset = offset < 0 && data_op(op) ? fb.pos : offset;
+	p->queue_depth = data_op(op) ? enter_flight(tgid, count) : 0;
 	p->enter_ns = bpf_ktime_get_ns();
 	return 0;
 }
@@ -392,7 +398,7 @@ static __always_inline int exit_io(long ret)
 		return 0;
 	if (p->ipc)
 		return exit_ipc(task, p, ret);
-	if (p->op != TRAINIO_FOP_CLOSE)
+	if (data_op(p->op))
 		leave_flight(tgid);
 	e = bpf_ringbuf_reserve(&file_events, sizeof(*e), 0);
 	if (!e) {
@@ -472,6 +478,26 @@ int tio_close_enter(struct trace_event_raw_sys_enter *ctx)
 	return enter_io(TRAINIO_FOP_CLOSE, ARG(0), 0, -1);
 }
 
+/* The syncs a checkpoint ends with: what a replay must repeat for its writes to be durable. */
+SEC("tracepoint/syscalls/sys_enter_fsync")
+int tio_fsync_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(TRAINIO_FOP_FSYNC, ARG(0), 0, -1);
+}
+
+SEC("tracepoint/syscalls/sys_enter_fdatasync")
+int tio_fdatasync_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(TRAINIO_FOP_FDATASYNC, ARG(0), 0, -1);
+}
+
+/* sync_file_range(fd, offset, nbytes, flags): the range's start and length. */
+SEC("tracepoint/syscalls/sys_enter_sync_file_range")
+int tio_sync_file_range_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(TRAINIO_FOP_SYNC_FILE_RANGE, ARG(0), ARG(2), ARG(1));
+}
+
 #define EXIT_PROG(name, syscall)                                                         \
 	SEC("tracepoint/syscalls/sys_exit_" #syscall)                                    \
 	int name(struct trace_event_raw_sys_exit *ctx)                                   \
@@ -487,6 +513,9 @@ EXIT_PROG(tio_preadv2_exit, preadv2)
 EXIT_PROG(tio_write_exit, write)
 EXIT_PROG(tio_pwrite_exit, pwrite64)
 EXIT_PROG(tio_close_exit, close)
+EXIT_PROG(tio_fsync_exit, fsync)
+EXIT_PROG(tio_fdatasync_exit, fdatasync)
+EXIT_PROG(tio_sync_file_range_exit, sync_file_range)
 
 /*
  * poll/ppoll: a wait on a pipe, FIFO or socket when the first pollfd is one (a data

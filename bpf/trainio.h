@@ -64,6 +64,9 @@ enum trainio_file_op {
 	TRAINIO_FOP_WRITE = 6,
 	TRAINIO_FOP_PWRITE64 = 7,
 	TRAINIO_FOP_CLOSE = 8,
+	TRAINIO_FOP_FSYNC = 9,
+	TRAINIO_FOP_FDATASYNC = 10,
+	TRAINIO_FOP_SYNC_FILE_RANGE = 11,
 };
 
 /* Index of the lost-event counters (a per-CPU array in each object). */
@@ -118,7 +121,7 @@ struct file_event {
 	__u32 op;   /* enum trainio_file_op */
 	__u64 enter_ns;
 	__u64 exit_ns;
-	__s64 offset;    /* -1: no offset (close) */
+	__s64 offset;    /* -1: no offset (close, fsync, fdatasync) */
 	__u64 requested; /* count asked for (iovec lengths summed) */
 	__s64 ret;       /* the syscall's return value */
 	__u64 ino;       /* the file's inode number; 0 for a block device (dev names it) */

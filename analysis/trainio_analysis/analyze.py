@@ -828,6 +828,8 @@ class _Analyzer:
         out["groups"] = per_group
         if self.with_model and "file" in self.layers_present:
             out["job_model"] = job_model(self.path, step_gap_ms=self.step_gap_ms)
+            if out["job_model"] is not None:
+                out["write_bursts"] = out["job_model"]["writes"]
         if self.layer == "file":
             out["steps"] = _steps(out.get("job_model"))
             out["processes"] = self._processes(groups, out.get("job_model"))

@@ -12,6 +12,8 @@ Scores (B against reference A, same layer and selection):
 - ``size_w1_log2``: W1 of the request-size distributions over power-of-two buckets, in
   octaves (1.0 = every request twice or half the size).
 - ``latency_p50_ratio`` / ``latency_p99_ratio``: B / A (1 is perfect).
+- ``writes``: the write bursts of both (file layer, the job model's ``writes``): bytes,
+  bursts, MiB/s while writing, and (B - A) / A of the bytes and of the MiB/s.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import math
 import os
 from typing import Any
 
-from trainio_analysis.analyze import analyze, w1_distance
+from trainio_analysis import trace as tr
+from trainio_analysis.analyze import analyze, job_model, w1_distance
 
 
 def _ratio(b: float | None, a: float | None) -> float | None:
@@ -65,6 +68,31 @@ def scores(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _rel(b: float | None, a: float | None) -> float | None:
+    r = _ratio(b, a)
+    return None if r is None else r - 1.0
+
+
+def write_scores(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    """B's write bursts against A's, from the job models' ``writes``; None when either
+    trace has no file layer."""
+    if a is None or b is None:
+        return None
+    keys = ("count", "bytes", "syncs", "duration_s", "mib_s", "interval_s")
+    return {
+        **{k: {"a": a[k], "b": b[k]} for k in keys},
+        "bytes_rel_error": _rel(b["bytes"], a["bytes"]),
+        "mib_s_rel_error": _rel(b["mib_s"], a["mib_s"]),
+    }
+
+
+def _writes(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    if "file" not in (tr.read_metadata(path).get("layers") or []):
+        return None
+    m = job_model(path)
+    return None if m is None else m["writes"]
+
+
 def compare(
     a: str | os.PathLike[str],
     b: str | os.PathLike[str],
@@ -82,7 +110,7 @@ def compare(
     ra = analyze(a, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms, with_model=False)
     layer = layer or ra["selection"]["layer"]
     rb = analyze(b, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms, with_model=False)
-    return {"a": str(a), "b": str(b), "layer": layer, **scores(ra, rb)}
+    return {"a": str(a), "b": str(b), "layer": layer, **scores(ra, rb), "writes": write_scores(_writes(a), _writes(b))}
 
 
 def format_compare(r: dict[str, Any]) -> str:
@@ -90,6 +118,15 @@ def format_compare(r: dict[str, Any]) -> str:
         return "-" if v is None else format(v, fmt)
 
     tp = r["throughput_mib_s"]
+    w = r.get("writes")
+    write_lines = []
+    if w and (w["bytes"]["a"] or w["bytes"]["b"]):
+        write_lines.append(
+            f"  writes            A {w['bytes']['a'] / 2**20:.2f} MiB in {w['count']['a']} burst(s) at "
+            f"{f(w['mib_s']['a'], '.1f')} MiB/s  B {w['bytes']['b'] / 2**20:.2f} MiB in "
+            f"{w['count']['b']} burst(s) at {f(w['mib_s']['b'], '.1f')} MiB/s  rel. error bytes "
+            f"{f(w['bytes_rel_error'], '+.1%')}, MiB/s {f(w['mib_s_rel_error'], '+.1%')}"
+        )
     return "\n".join(
         [
             f"compare A={r['a']}  B={r['b']}  (layer {r['layer']})",
@@ -100,5 +137,6 @@ def format_compare(r: dict[str, Any]) -> str:
             f"  QD W1 time        {f(r['qd_w1_time'], '.3f')}  (busy-only {f(r['qd_w1_time_busy'], '.3f')})",
             f"  size W1           {f(r['size_w1_log2'], '.3f')} octaves",
             f"  latency B/A       p50 {f(r['latency_p50_ratio'], '.2f')}  p99 {f(r['latency_p99_ratio'], '.2f')}",
+            *write_lines,
         ]
     )

@@ -83,6 +83,7 @@ def format_summary(r: dict[str, Any]) -> str:
             f"{_size(steps['bytes_per_step'])}/step -> needs "
             f"{_opt(steps['required_mib_s_per_gpu'], '.1f')} MiB/s per GPU"
         )
+    lines.extend(_write_lines(r.get("write_bursts")))
     lines.extend(_model_lines(r.get("job_model")))
     for p in r.get("processes", [])[:20]:
         lines.append(
@@ -102,6 +103,20 @@ def format_summary(r: dict[str, Any]) -> str:
         else f"  lost events  {lost['total']:,} INCOMPLETE TRACE: {lost['by_probe']}"
     )
     return "\n".join(lines)
+
+
+def _write_lines(w: dict | None) -> list[str]:
+    """The job's write bursts (file layer: checkpoints, logs), apart from its reads."""
+    if not w or not w["count"]:
+        return []
+    line = (
+        f"  write bursts {w['count']} (gap >= {w['gap_ms']:g} ms): {_size(w['bytes'])}, mean "
+        f"{_size(w['mean_bytes'])} in {w['mean_duration_s'] * 1e3:.1f} ms, "
+        f"{_opt(w['mib_s'], '.1f')} MiB/s while writing, {w['syncs']} sync(s)"
+    )
+    if w["interval_s"] is not None:
+        line += f", every {w['interval_s']:.2f} s"
+    return [line]
 
 
 def _model_lines(m: dict | None) -> list[str]:
@@ -128,6 +143,13 @@ def _model_lines(m: dict | None) -> list[str]:
             )
             + (f", AU {g['au_recorded'] * 100:.1f}%" if g["au_recorded"] is not None else "")
         )
+        bursts = g.get("write_bursts") or []
+        if bursts:
+            at = ",".join("start" if b["after_step"] is None else str(b["after_step"]) for b in bursts)
+            out.append(
+                f"      writes: {len(bursts)} burst(s) after steps {at}, "
+                f"{_size(sum(b['bytes'] for b in bursts))}, {sum(b['syncs'] for b in bursts)} sync(s)"
+            )
     for x in m["left_out"]:
         out.append(f"    left out: pid {x['pid']} {x['comm']} {_size(x['bytes'])}: {x['why']}")
     if m["incomplete"]:

@@ -97,7 +97,7 @@ LAYERS = ("block", "file", "nfs", "proc", "ipc")
 STORAGE_LAYERS = ("block", "file", "nfs")
 OPS = {
     "block": ("read", "write", "flush", "discard", "write_zeroes", "other"),
-    "file": ("read", "write", "open", "close"),
+    "file": ("read", "write", "open", "close", "fsync", "fdatasync", "sync_file_range"),
     "nfs": ("read", "write", "commit"),
     "proc": ("start", "fork", "exec", "comm", "exit"),
     "ipc": ("read", "write", "wait"),

@@ -38,6 +38,8 @@ use parquet::arrow::ProjectionMask;
 use serde::Serialize;
 use trainio_schema::{read_rows, segment_paths, Layer, OwnedRow};
 
+pub mod writes;
+
 /// The name PyTorch's DataLoader workers give themselves.
 pub const WORKER_COMM: &str = "pt_data_worker";
 /// Writes of one worker this close together are one message (header and payload).
@@ -183,6 +185,11 @@ pub struct GpuModel {
     pub mib_s_recorded: Option<f64>,
     /// Bytes a worker read after its last handoff (a batch never delivered).
     pub unfinished_bytes: u64,
+    /// The rank's write bursts (writes::bursts), placed in its steps.
+    pub write_bursts: Vec<writes::WriteBurst>,
+    /// Files the GPU wrote: recorded path and the size a copy needs (largest byte written).
+    #[serde(skip)]
+    pub write_files: Vec<(String, u64)>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -221,6 +228,8 @@ pub struct JobModel {
     /// Set when the file layer lacks most of what the job read: the reason, one line.
     pub incomplete: Option<String>,
     pub warnings: Vec<String>,
+    /// Every traced process's write bursts, the job's checkpoints among them.
+    pub writes: writes::WriteSummary,
 }
 
 /// What the model reads from a trace.
@@ -576,6 +585,8 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     };
     let largest = groups.iter().map(|(r, ws)| group_bytes(*r, ws)).max().unwrap_or(0);
     let ix = ByPid::new(input, &data_reads);
+    let job_bursts = writes::bursts(&input.file.iter().collect::<Vec<_>>(), &mut Vec::new());
+    let job_writes: Vec<(i64, i64)> = job_bursts.iter().map(|b| (b.start_ns, b.end_ns)).collect();
     let mut gpus = Vec::new();
     for (rank, ws) in &groups {
         let bytes = group_bytes(*rank, ws);
@@ -618,7 +629,12 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
                 bytes: reader_bytes[w],
             });
         }
-        let gpu = build_gpu(gpus.len(), *rank, &ws, members, input, &ix, opts, &on_dev, &mut warnings);
+        let mut gpu = build_gpu(gpus.len(), *rank, &ws, members, input, &ix, opts, &on_dev, &job_writes, &mut warnings);
+        // The rank's own writes: they stand between its steps (a checkpoint). Its workers
+        // write beside the GPU, not between its steps; they count in the job's bursts.
+        gpu.write_bursts = writes::bursts(rows_of(&ix.file, *rank), &mut gpu.write_files);
+        let ready: Vec<i64> = gpu.steps.iter().map(|s| s.ready_ns).collect();
+        writes::place(&mut gpu.write_bursts, &ready);
         gpus.push(gpu);
     }
     // Coverage: the block reads each GPU's processes caused from their first data read
@@ -744,6 +760,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         coverage,
         incomplete,
         warnings,
+        writes: writes::summarize(job_bursts),
     })
 }
 
@@ -801,6 +818,7 @@ fn build_gpu(
     ix: &ByPid,
     opts: &Options,
     on_dev: &dyn Fn(&OwnedRow) -> bool,
+    job_writes: &[(i64, i64)],
     warnings: &mut Vec<String>,
 ) -> GpuModel {
     let comm = members[0].comm.clone();
@@ -1008,10 +1026,19 @@ fn build_gpu(
             .filter(|r| is_data_read(r) && on_dev(r) || matches!(&*r.op, "open" | "close") && is_data_file(r))
             .collect();
         act.sort_by_key(|r| (r.issue_ns, r.complete_ns));
+        // A gap in which the rank wrote a burst (a checkpoint saved between two steps)
+        // separates steps whatever its length. Gaps in which any process of the job
+        // wrote are left out of the gaps that set the step gap: a checkpoint's pause, or
+        // a rank waiting at a collective for another rank's checkpoint, would otherwise
+        // look like the gap between batches, and the compute gaps like gaps inside one.
+        let write_spans: Vec<(i64, i64)> =
+            writes::bursts(rows_of(&ix.file, rank), &mut Vec::new()).iter().map(|b| (b.start_ns, b.end_ns)).collect();
+        let wrote_in = |from: i64, to: i64| write_spans.iter().any(|&(s, e)| s < to && e > from);
+        let job_wrote_in = |from: i64, to: i64| job_writes.iter().any(|&(s, e)| s < to && e > from);
         let mut gaps = Vec::new();
         let mut busy = i64::MIN;
         for r in &act {
-            if busy != i64::MIN && r.issue_ns > busy {
+            if busy != i64::MIN && r.issue_ns > busy && !wrote_in(busy, r.issue_ns) && !job_wrote_in(busy, r.issue_ns) {
                 gaps.push(r.issue_ns - busy);
             }
             busy = busy.max(r.complete_ns);
@@ -1043,7 +1070,7 @@ fn build_gpu(
             }
         };
         for r in &act {
-            if busy != i64::MIN && r.issue_ns - busy >= gap_ns {
+            if busy != i64::MIN && (r.issue_ns - busy >= gap_ns || r.issue_ns > busy && wrote_in(busy, r.issue_ns)) {
                 if let Some(mut s) = cur.take() {
                     s.interval_s = Some((r.issue_ns - busy) as f64 / 1e9);
                     close_burst(&s, io_ns, &mut cpu);
@@ -1169,6 +1196,8 @@ fn build_gpu(
         mib_s_recorded,
         unfinished_bytes,
         steps,
+        write_bursts: Vec::new(),
+        write_files: Vec::new(),
     }
 }
 
@@ -1217,6 +1246,20 @@ pub fn describe(m: &JobModel) -> Vec<String> {
             g.samples_per_step,
             f(g.required_mib_s, 1.0, "MiB/s"),
         ));
+        if !g.write_bursts.is_empty() {
+            let at: Vec<String> = g
+                .write_bursts
+                .iter()
+                .map(|b| b.after_step.map(|k| k.to_string()).unwrap_or_else(|| "start".into()))
+                .collect();
+            out.push(format!(
+                "    writes: {} burst(s) after steps {}, {:.2} MiB, {} sync(s)",
+                g.write_bursts.len(),
+                at.join(","),
+                g.write_bursts.iter().map(|b| b.bytes).sum::<u64>() as f64 / (1u64 << 20) as f64,
+                g.write_bursts.iter().map(|b| b.syncs).sum::<u64>(),
+            ));
+        }
     }
     for l in &m.left_out {
         out.push(format!("  left out: pid {} ({}), {:.2} MiB: {}", l.pid, l.comm, l.bytes as f64 / (1u64 << 20) as f64, l.why));

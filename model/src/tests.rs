@@ -298,3 +298,66 @@ fn the_step_gap_is_the_largest_jump() {
     assert!(!found);
     assert_eq!(g, 10 * MS);
 }
+
+fn file_write(pid: u32, file: &str, op: &str, offset: i64, len: i64, issue: i64, dur: i64) -> OwnedRow {
+    OwnedRow {
+        dev: Some(Arc::from("7:3")),
+        offset: (op == "write").then_some(offset),
+        bytes: if op == "write" { len } else { 0 },
+        bytes_requested: len,
+        fd: Some(7),
+        file: Some(Arc::from(file)),
+        ..row(Layer::File, op, pid, pid, "python", issue, issue + dur)
+    }
+}
+
+#[test]
+fn write_bursts_are_placed_after_the_steps_taken_before_them() {
+    let mut input = Input::default();
+    launcher_reads(&mut input, 100);
+    rank_alone(&mut input, 200, 100, 4, 8, 50, 30);
+    let m = infer(&input, &Options::default()).unwrap();
+    let ready: Vec<i64> = m.gpus[0].steps.iter().map(|s| s.ready_ns).collect();
+    // A module cache written before training, a checkpoint of two files after steps 10
+    // and 20 (each 3 × 1 MiB written back to back, then fsync per file), and a log line by
+    // the launcher, which is no GPU.
+    input.file.push(file_write(200, "/app/__pycache__/m.pyc", "write", 0, 5000, 990 * MS, MS / 10));
+    for (n, &after) in [10usize, 20].iter().enumerate() {
+        let mut t = ready[after - 1] + 2 * MS;
+        for f in ["model.pt", "optim.pt"] {
+            let path = format!("/ckpt/{n}/{f}");
+            for k in 0..3 {
+                input.file.push(file_write(200, &path, "write", k * MIB as i64, MIB as i64, t, MS));
+                t += MS + MS / 10;
+            }
+            input.file.push(file_write(200, &path, "fsync", 0, 0, t, 3 * MS));
+            t += 3 * MS + MS / 10;
+        }
+    }
+    input.file.push(file_write(100, "/logs/run.txt", "write", 0, 80, ready[25], MS / 10));
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    assert_eq!(g.steps.len(), 30, "writes do not change the steps");
+    let placed: Vec<(Option<u64>, u64, u64, u32)> =
+        g.write_bursts.iter().map(|b| (b.after_step, b.bytes, b.syncs, b.files)).collect();
+    assert_eq!(placed, vec![(None, 5000, 0, 1), (Some(10), 6 * MIB, 2, 2), (Some(20), 6 * MIB, 2, 2)]);
+    let ops = &g.write_bursts[1].ops;
+    assert_eq!(ops.len(), 8);
+    assert_eq!(ops[3].sync, Some("fsync"));
+    assert_eq!((ops[4].offset, ops[4].len, ops[4].sync), (0, MIB, None));
+    // A copy of each checkpoint file needs its 3 MiB.
+    let sizes: Vec<u64> = g.write_files.iter().filter(|(p, _)| p.starts_with("/ckpt/")).map(|f| f.1).collect();
+    assert_eq!(sizes, vec![3 * MIB; 4]);
+    // The job: every process's bursts, the launcher's log among them.
+    let w = &m.writes;
+    assert_eq!(w.count, 4);
+    assert_eq!(w.bytes, 12 * MIB + 5000 + 80);
+    assert_eq!(w.syncs, 4);
+    let ck = &w.bursts[1];
+    assert!((ck.duration_s - ((ck.end_ns - ck.start_ns) as f64 / 1e9)).abs() < 1e-12);
+    assert!(close(ck.mib_s, 6.0 / ck.duration_s, 1e-9));
+    let starts: Vec<i64> = w.bursts.iter().map(|b| b.start_ns).collect();
+    let interval = (starts[3] - starts[0]) as f64 / 3e9;
+    assert!(close(w.interval_s.unwrap(), interval, 1e-9));
+    assert!(describe(&m).iter().any(|l| l.contains("writes: 3 burst(s) after steps start,10,20")), "{:?}", describe(&m));
+}

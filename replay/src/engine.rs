@@ -18,7 +18,8 @@
 //! Checkpoints (a workload's `checkpoint` section): when one is due after a step, the
 //! loop writes it between the step barrier and the next step, so every simulated GPU of
 //! the job stands still meanwhile, and its time is left out of AU as DLIO leaves it out
-//! (checkpointing.rs, docs/replay.md).
+//! (checkpointing.rs, docs/replay.md). A trace's write bursts are written the same way
+//! after the step they followed (Program::writes_after, trace_writes.rs).
 
 use crate::cluster::{Cluster, PendingBarrier};
 use anyhow::{bail, Context, Result};
@@ -86,6 +87,11 @@ pub trait Program {
     /// storage issues its reads when the recording did, without drift. None: no pacing.
     fn not_before_ns(&self, _gpu: usize, _epoch: u64, _step: u64) -> Option<u64> {
         None
+    }
+    /// Recorded mode: the writes and syncs GPU `gpu` made after `step` steps of the epoch
+    /// (1-based: the step just finished), in order; empty when it made none there.
+    fn writes_after(&self, _gpu: usize, _epoch: u64, _step: u64) -> Vec<crate::trace_writes::WriteCall> {
+        Vec::new()
     }
 }
 
@@ -295,6 +301,8 @@ pub struct Engine<'a, P: Program> {
     /// The workload's checkpoints, written between steps.
     checkpointer: Option<&'a crate::checkpointing::Checkpointer>,
     checkpoints: Vec<crate::checkpointing::CheckpointIo>,
+    /// Trace mode: the bytes its write bursts write.
+    write_buf: Vec<u8>,
 }
 
 impl<'a, P: Program> Engine<'a, P> {
@@ -416,6 +424,7 @@ impl<'a, P: Program> Engine<'a, P> {
             bar,
             checkpointer: None,
             checkpoints: Vec::new(),
+            write_buf: Vec::new(),
         })
     }
 
@@ -885,8 +894,49 @@ impl<'a, P: Program> Engine<'a, P> {
             }
             Ok(())
         } else {
+            let now = self.trace_writes(&[g], now)?.unwrap_or(now);
             self.end_step(g, now)
         }
+    }
+
+    /// Trace mode: the write bursts GPUs `gs` made after the step they have just finished
+    /// (trace_writes.rs), all at once, one thread each. Every GPU of the rank stands still
+    /// meanwhile, and the time counts in AU as time not computing, as it did in the
+    /// recorded job (`checkpoint_s` reports it). Returns when they ended, None when there
+    /// were none.
+    fn trace_writes(&mut self, gs: &[usize], now: u64) -> Result<Option<u64>> {
+        let mut due = Vec::new();
+        let mut bursts = Vec::new();
+        for &g in gs {
+            let (epoch, step) = (self.gpus[g].epoch, self.gpus[g].step + 1);
+            let calls = self.program.writes_after(g, epoch, step);
+            if !calls.is_empty() {
+                due.push((epoch, step));
+                bursts.push(calls);
+            }
+        }
+        if bursts.is_empty() {
+            return Ok(None);
+        }
+        let done = crate::trace_writes::run_bursts(&bursts, &mut self.write_buf)?;
+        let end = self.now();
+        let stood = (end - now) as f64 / 1e9;
+        for gpu in &mut self.gpus {
+            gpu.cur.checkpoint_s += stood;
+        }
+        for ((epoch, step), (io, took)) in due.into_iter().zip(done) {
+            self.checkpoints.push(crate::checkpointing::CheckpointIo {
+                phase: "trace-write".into(),
+                index: self.checkpoints.len() as u64 + 1,
+                epoch: epoch + 1,
+                step,
+                duration_s: took,
+                stall_s: stood,
+                bytes: io.bytes,
+                files: io.files,
+            });
+        }
+        Ok(Some(end))
     }
 
     fn release_barrier(&mut self) -> Result<()> {
@@ -920,6 +970,10 @@ impl<'a, P: Program> Engine<'a, P> {
                 self.checkpoints.push(io);
                 now = end;
             }
+        }
+        let all: Vec<usize> = (0..self.gpus.len()).collect();
+        if let Some(end) = self.trace_writes(&all, now)? {
+            now = end;
         }
         for g in 0..self.gpus.len() {
             if let State::AtBarrier { .. } = self.gpus[g].state {

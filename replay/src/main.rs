@@ -16,6 +16,7 @@ mod replay;
 mod results;
 mod sweep;
 mod trace_input;
+mod trace_writes;
 mod workload;
 
 use anyhow::Result;

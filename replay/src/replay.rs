@@ -466,6 +466,8 @@ impl Job {
                                 "pid": t.pid, "comm": t.comm, "files": t.files.len(), "steps": t.steps.len(),
                                 "readers": t.concurrency, "workers": t.workers, "synchronous": t.synchronous, "paced": t.paced,
                                 "prefetch": t.prefetch, "compute_s": t.compute_s, "handoff_s": t.handoff_s, "bytes": t.bytes, "dev": t.dev,
+                                "write_bursts": t.write_bursts.len(), "write_bytes": t.write_bytes(), "write_files": t.write_files.len(),
+                                "write_after_steps": t.write_bursts.keys().collect::<Vec<_>>(),
                             }))
                             .collect(),
                     ),
@@ -553,6 +555,10 @@ impl Job {
         if let Some(c) = &checkpointer {
             let per_rank: Vec<_> = reports.iter().map(|r| r.run.checkpoints.clone()).collect();
             summary["checkpoint"] = checkpointing::with_ios(checkpointing::plan_json(&c.spec, &c.plan), &per_rank);
+        }
+        if self.templates.is_some() {
+            let per_rank: Vec<_> = reports.iter().map(|r| r.run.checkpoints.clone()).collect();
+            summary["writes"] = crate::trace_writes::summary(&per_rank);
         }
         Ok(Some(summary))
     }

@@ -218,6 +218,9 @@ pub fn human(j: &serde_json::Value) -> String {
     if j["checkpoint"].is_object() {
         out += &crate::checkpointing::human(&j["checkpoint"]);
     }
+    if j["writes"].is_object() {
+        out += &crate::trace_writes::human(&j["writes"]);
+    }
     if let Some(epochs) = j["per_epoch"].as_array() {
         if epochs.len() > 1 {
             for e in epochs {

@@ -15,11 +15,19 @@
 //! template's files, `trace/gpuNNNNN/fNNNNN.dat` under --data-dir, sized to the largest
 //! byte read, so no two simulated GPUs share data: the recorded GPU count replays every
 //! GPU's whole data, twice as many GPUs read twice the bytes.
+//!
+//! A template also carries its GPU's write bursts (the model's `write_bursts` placed in
+//! its steps): simulated GPU g writes them after the same step, to its own copies of the
+//! written files, `trace/gpuNNNNN/wNNNNN.dat` under --data-dir, with the same offsets,
+//! lengths and syncs (trace_writes.rs). Bursts before the GPU's first batch (an
+//! interpreter's caches, set-up) are not replayed.
 
 use crate::dataset::{DataFile, Layout};
 use crate::engine::{Batch, Program, SampleRead};
 use rand::rngs::StdRng;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use trainio_model::writes::WriteOp;
 use trainio_model::{infer_trace, JobModel, Options};
 
 #[derive(Debug, Clone)]
@@ -58,6 +66,16 @@ pub struct Template {
     pub handoff_s: f64,
     /// The data device (`MAJ:MIN`) whose reads were kept, when the trace names devices.
     pub dev: Option<String>,
+    /// Write bursts by the step (1-based) after which they were made.
+    pub write_bursts: BTreeMap<u64, Vec<WriteOp>>,
+    /// Recorded path of each written file (WriteOp::file indexes it).
+    pub write_files: Vec<String>,
+}
+
+impl Template {
+    pub fn write_bytes(&self) -> u64 {
+        self.write_bursts.values().flatten().filter(|o| o.sync.is_none()).map(|o| o.len).sum()
+    }
 }
 
 /// Most readers one simulated GPU gets from a template.
@@ -126,6 +144,15 @@ pub fn load_templates(
                 compute_s: compute,
                 handoff_s: g.handoff_s,
                 dev: model.data_dev.clone(),
+                write_bursts: g
+                    .write_bursts
+                    .iter()
+                    .filter_map(|b| b.after_step.map(|k| (k, b.ops.clone())))
+                    .fold(BTreeMap::new(), |mut m, (k, ops)| {
+                        m.entry(k).or_insert_with(Vec::new).extend(ops);
+                        m
+                    }),
+                write_files: g.write_files.iter().map(|(p, _)| p.clone()).collect(),
             }
         })
         .collect();
@@ -167,6 +194,8 @@ pub struct TraceProgram {
     layout: Layout,
     /// Per local GPU: template index and the index of its first file in the layout.
     local: Vec<(usize, usize)>,
+    /// Per local GPU: the directory of its written files under --data-dir.
+    write_dirs: Vec<PathBuf>,
     pub steps_per_epoch: u64,
     epochs: u64,
     compute_override: Option<f64>,
@@ -215,10 +244,15 @@ impl TraceProgram {
             .flat_map(|t| t.steps.iter().flat_map(|s| s.reads.iter().map(|r| r.len)))
             .max()
             .unwrap_or(1);
+        let write_dirs = local_gpus
+            .iter()
+            .map(|&g| layout.root.join(format!("trace/gpu{g:05}")))
+            .collect();
         TraceProgram {
             templates,
             layout,
             local,
+            write_dirs,
             steps_per_epoch: steps,
             epochs,
             compute_override,
@@ -306,6 +340,21 @@ impl Program for TraceProgram {
 
     fn recorded(&self) -> bool {
         true
+    }
+
+    fn writes_after(&self, gpu: usize, _epoch: u64, step: u64) -> Vec<crate::trace_writes::WriteCall> {
+        let t = &self.templates[self.local[gpu].0];
+        let Some(ops) = t.write_bursts.get(&step) else {
+            return Vec::new();
+        };
+        ops.iter()
+            .map(|o| crate::trace_writes::WriteCall {
+                path: self.write_dirs[gpu].join(format!("w{:05}.dat", o.file)),
+                offset: o.offset,
+                len: o.len,
+                sync: o.sync,
+            })
+            .collect()
     }
 
     /// Paced templates (loader threads that read ahead): a burst starts at its recorded

@@ -24,8 +24,9 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 pub const SCHEMA_VERSION: &str = "1";
 /// Value of `trainio.schema_minor`: additions within version 1 (SCHEMA.md, *Versioning*).
 /// 1: the `rpc_*` columns. 2: `trainio.recorder_cpu_ns`. 3: the `proc` and `ipc` layers
-/// and the `ppid` column. A trace without the key is 1.0; readers accept any minor.
-pub const SCHEMA_MINOR: &str = "3";
+/// and the `ppid` column. 4: the file layer's `fsync`, `fdatasync` and `sync_file_range`
+/// ops. A trace without the key is 1.0; readers accept any minor.
+pub const SCHEMA_MINOR: &str = "4";
 
 /// Columns added by minor versions: a reader takes them as null when a trace lacks them.
 pub const OPTIONAL_COLUMNS: [&str; 6] =

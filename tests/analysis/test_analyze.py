@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from analysis_helpers import block, fread, run_cli
+from analysis_helpers import US, block, fread, run_cli
 
 from trainio_analysis.analyze import analyze, w1_distance
 from trainio_analysis.trace import write_trace
@@ -245,3 +245,50 @@ def test_cli_corrupt_row_group_is_one_line_exit_2(trace_dir: Path) -> None:
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{seg}: row group 3 unreadable" in lines[0], res.stderr
+
+
+def _checkpointing(scale: float = 1.0) -> list[dict]:
+    """_dlio_like's loader, saving a checkpoint after steps 4 and 8: two files of 2 MiB
+    each, written in 1 MiB writes back to back (each `scale` × 2 ms), then fsync (5 ms)."""
+    rows = _dlio_like()
+    ends = sorted(r["complete_ns"] for r in rows)
+    for k, step in enumerate((4, 8)):
+        t = ends[4 * step - 1] // US + 1000
+        for f in ("model", "optim"):
+            path = f"/ckpt/{k}/{f}.pt"
+            for i in range(2):
+                rows.append({**fread(t, t + 2000 * scale, pid=100, file=path), "op": "write",
+                             "offset": i * MIB})
+                t += 2000 * scale + 50
+            rows.append({**fread(t, t + 5000, pid=100, file=path, nbytes=0), "op": "fsync",
+                         "offset": None, "queue_depth": 0})
+            t += 5050
+    return rows
+
+
+def test_write_bursts_apart_from_reads_human_json_and_compare(trace_dir: Path, tmp_path: Path) -> None:
+    write_trace(trace_dir, _checkpointing())
+    res = run_cli("analyze", str(trace_dir), "--json")
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    w = r["write_bursts"]
+    assert (w["count"], w["bytes"], w["syncs"]) == (2, 8 * MIB, 4)
+    # each burst: 4 writes of 2 ms and 2 fsyncs of 5 ms, 50 us apart
+    one = (4 * 2000 + 2 * 5000 + 5 * 50) / 1e6
+    assert w["mean_duration_s"] == pytest.approx(one)
+    assert w["mib_s"] == pytest.approx(4 / one)
+    assert w["interval_s"] == pytest.approx((w["bursts"][1]["start_ns"] - w["bursts"][0]["start_ns"]) / 1e9)
+    assert [b["after_step"] for b in r["job_model"]["gpus"][0]["write_bursts"]] == [4, 8]
+    # the reads are what they were without the writes
+    assert r["steps"]["steps"] == 10 and r["bytes_read"] == 40 * MIB
+    human = run_cli("analyze", str(trace_dir))
+    assert human.returncode == 0, human.stderr
+    assert "write bursts 2 (gap >= 100 ms): 8.0 MiB, mean 4.0 MiB" in human.stdout
+    assert "writes: 2 burst(s) after steps 4,8, 8.0 MiB, 4 sync(s)" in human.stdout
+    # Writes twice as slow: the same bytes at half the MiB/s while writing, bursts longer.
+    slow = tmp_path / "slow"
+    write_trace(slow, _checkpointing(scale=2.0))
+    c = json.loads(run_cli("compare", str(trace_dir), str(slow), "--json").stdout)["writes"]
+    assert c["bytes_rel_error"] == 0
+    slow_one = (4 * 4000 + 2 * 5000 + 5 * 50) / 1e6
+    assert c["mib_s_rel_error"] == pytest.approx(one / slow_one - 1)

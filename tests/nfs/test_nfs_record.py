@@ -40,6 +40,9 @@ for m in nfs41 nfs3; do
   sync; echo 3 > /proc/sys/vm/drop_caches
   rec $m-buffered --layers nfs,file -- dd if=$f of=/dev/null bs=1M
 done
+# A write made durable by fsync, then by fdatasync: the file layer's sync ops (schema 1.4).
+rec nfs41-sync --layers nfs,file -- dd if=/dev/zero of=/mnt/nfs41/sync.bin bs=64k count=16 conv=fsync
+rec nfs41-datasync --layers file -- dd if=/dev/zero of=/mnt/nfs41/sync.bin bs=64k count=16 conv=fdatasync
 # nconnect=2 needs its own NFS client: vers=4.2 does not share vers=4.1's.
 mkdir -p /mnt/nc && mount -t nfs -o vers=4.2,nconnect=2 127.0.0.1:/export /mnt/nc
 rec nc-read --layers nfs -- dd if=/mnt/nc/data.bin of=/dev/null bs=64k count=64 iflag=direct
@@ -288,6 +291,21 @@ def test_nfs_mounts_metadata_has_options_and_transports(guest_run) -> None:
     v3 = _mount_entry(meta, "/mnt/nfs3")
     assert v3["nconnect"] == 1 and "vers=3" in v3["opts"] and len(v3["at_close"]["xprts"]) == 1
     assert v3["dev"] == guest_run.mount("/mnt/nfs3")["dev"]
-    assert meta["schema_minor"] == 3
+    assert meta["schema_minor"] == 4
     # without the nfs layer there is nothing to say about NFS mounts
     assert read_metadata(trace(guest_run, "loop-qd1"))["nfs_mounts"] == []
+
+
+@pytest.mark.nfs
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "op"), [("nfs41-sync", "fsync"), ("nfs41-datasync", "fdatasync")])
+def test_syncs_are_file_rows_on_the_guest_kernel(guest_run, name: str, op: str) -> None:
+    # The sync probes load and fire on 6.1: dd's one sync of the file it wrote, after its
+    # 16 writes, with no bytes of its own.
+    df = scan_trace(trace(guest_run, name)).filter(pl.col("layer") == "file").collect().sort("issue_ns")
+    mine = df.filter(pl.col("file") == "/mnt/nfs41/sync.bin")
+    writes = mine.filter(pl.col("op") == "write")
+    syncs = mine.filter(pl.col("op") == op)
+    assert writes.height == 16 and writes["bytes"].sum() == MiB
+    assert syncs.height == 1 and syncs["bytes"][0] == 0 and syncs["error"][0] == 0
+    assert syncs["issue_ns"][0] >= writes["complete_ns"].max()

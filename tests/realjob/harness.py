@@ -116,6 +116,7 @@ class Throttle:
     version: int            # 1: blkio, 2: io
     majmin: str
     rbps: int               # 0: no cap
+    wbps: int = 0           # 0: no cap
 
     @property
     def procs(self) -> Path:
@@ -158,12 +159,15 @@ def _v1_root() -> Path | None:
 
 
 @contextlib.contextmanager
-def throttled_cgroup(majmin: str, rbps: int | None, *, version: int | None = None) -> Iterator[Throttle]:
-    """A new cgroup whose reads from device `majmin` are capped at `rbps` bytes/s (None: no
-    cap, a group that only keeps track of the processes put in it):
-    cgroup v2 (io.max `MAJ:MIN rbps=N`, +io enabled in the parent's cgroup.subtree_control)
-    where the machine's v2 hierarchy has the io controller, else v1 blkio
-    (blkio.throttle.read_bps_device). `version` forces one. On the way out, whatever is
+def throttled_cgroup(majmin: str, rbps: int | None, *, wbps: int | None = None,
+                     version: int | None = None) -> Iterator[Throttle]:
+    """A new cgroup whose reads from device `majmin` are capped at `rbps` bytes/s and its
+    writes at `wbps` (None: no cap; neither: a group that only keeps track of the
+    processes put in it):
+    cgroup v2 (io.max `MAJ:MIN rbps=N wbps=M`, +io enabled in the parent's
+    cgroup.subtree_control) where the machine's v2 hierarchy has the io controller, else
+    v1 blkio (blkio.throttle.read_bps_device, write_bps_device; v1 caps the writes its
+    processes submit, such as an fsync's, not the kernel's background writeback). `version` forces one. On the way out, whatever is
     still inside is killed (only processes the caller put there), then the group removed,
     even on failure."""
     v2, v1 = _v2_root(), _v1_root()
@@ -178,14 +182,16 @@ def throttled_cgroup(majmin: str, rbps: int | None, *, version: int | None = Non
             ctl.write_text("+io\n")
     path = base / f"trainio-realjob-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     path.mkdir()
-    th = Throttle(path=path, version=version, majmin=majmin, rbps=int(rbps or 0))
+    th = Throttle(path=path, version=version, majmin=majmin, rbps=int(rbps or 0), wbps=int(wbps or 0))
     try:
-        if not rbps:
-            pass
-        elif version == 2:
-            (path / "io.max").write_text(f"{majmin} rbps={int(rbps)}\n")
-        else:
-            (path / "blkio.throttle.read_bps_device").write_text(f"{majmin} {int(rbps)}\n")
+        if version == 2 and (rbps or wbps):
+            caps = " ".join(f"{k}={int(v)}" for k, v in (("rbps", rbps), ("wbps", wbps)) if v)
+            (path / "io.max").write_text(f"{majmin} {caps}\n")
+        elif version == 1:
+            if rbps:
+                (path / "blkio.throttle.read_bps_device").write_text(f"{majmin} {int(rbps)}\n")
+            if wbps:
+                (path / "blkio.throttle.write_bps_device").write_text(f"{majmin} {int(wbps)}\n")
         yield th
     finally:
         _remove_cgroup(th, base)
@@ -239,7 +245,7 @@ def recorder_summary(stderr: str) -> str:
 
 def job_command(data_dir: Path | str, out: Path | str, *, ranks: int, workers: int, batch: int,
                 compute_ms: float, fmt: str, odirect: bool = False, steps: int | None = None,
-                epochs: int = 1) -> list[str]:
+                epochs: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
     """torchrun --standalone --nproc-per-node=RANKS job.py ... (the venv's torchrun)."""
     cmd = [str(TORCHRUN), "--standalone", f"--nproc-per-node={ranks}", str(JOB),
            "--data", str(data_dir), "--format", fmt, "--batch-size", str(batch),
@@ -249,20 +255,22 @@ def job_command(data_dir: Path | str, out: Path | str, *, ranks: int, workers: i
         cmd += ["--steps", str(steps)]
     if odirect:
         cmd.append("--odirect")
-    return cmd
+    return cmd + list(extra)
 
 
 def run_job(data_dir: Path | str, *, ranks: int, workers: int, batch: int, compute_ms: float,
             fmt: str, odirect: bool = False, throttle_bps: int | None = None,
             record_dir: Path | str | None = None, record_args: tuple[str, ...] = (),
             steps: int | None = None, epochs: int = 1, drop_all_caches: bool = False,
-            realtime: bool = False, timeout: float = 180) -> JobRun:
+            realtime: bool = False, timeout: float = 180, extra: tuple[str, ...] = (),
+            throttle_wbps: int | None = None) -> JobRun:
     """Evicts the samples from the page cache (everything with `drop_all_caches`), then
     runs job.py over the samples in `data_dir` with torchrun at `ranks` ranks of `workers`
-    DataLoader workers each (OMP_NUM_THREADS=1).
+    DataLoader workers each (OMP_NUM_THREADS=1), with job.py's `extra` arguments.
 
     torchrun, its ranks and their workers run in a throttled_cgroup() of the device under
-    `data_dir`, capped at `throttle_bps` when given (uncapped otherwise: the group then
+    `data_dir`, reads capped at `throttle_bps` and writes at `throttle_wbps` when given
+    (uncapped otherwise: the group then
     only keeps track of them, since torchrun starts each rank in a session of its own).
     With `record_dir`, under `bin/trainio record -o record_dir [record_args] -- ...`, the
     recorder outside the group. `realtime`: the job at SCHED_FIFO 1 (`chrt`), so that
@@ -274,12 +282,13 @@ def run_job(data_dir: Path | str, *, ranks: int, workers: int, batch: int, compu
     with tempfile.TemporaryDirectory(prefix="trainio-realjob-") as tmp:
         out = Path(tmp) / "job.json"
         cmd = job_command(data_dir, out, ranks=ranks, workers=workers, batch=batch,
-                          compute_ms=compute_ms, fmt=fmt, odirect=odirect, steps=steps, epochs=epochs)
+                          compute_ms=compute_ms, fmt=fmt, odirect=odirect, steps=steps, epochs=epochs,
+                          extra=extra)
         if realtime:
             cmd = ["chrt", "--fifo", "1", *cmd]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         with contextlib.ExitStack() as stack:
-            th = stack.enter_context(throttled_cgroup(device_of(data_dir), throttle_bps))
+            th = stack.enter_context(throttled_cgroup(device_of(data_dir), throttle_bps, wbps=throttle_wbps))
             cmd = th.wrap(cmd)
             if record_dir is not None:
                 cmd = [str(TRAINIO), "record", "-o", str(record_dir), *map(str, record_args), "--", *cmd]

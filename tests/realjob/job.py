@@ -13,6 +13,12 @@ Formats: `npz` (one uncompressed `np.savez` array `x` per file, read with `np.lo
 `raw` (plain bytes, read with open()+read(); with --odirect opened O_DIRECT and read with
 os.preadv into a page-aligned buffer, so file sizes are multiples of 4096).
 
+With --checkpoint-every N, every rank saves a checkpoint after each N-th step of an epoch,
+as a training script does: `torch.save` of a state of --checkpoint-mib MiB (a model's
+tensor and an optimizer's, half each) to --checkpoint-dir/rank<R>-step<S>.pt, then fsync.
+The save stands between the step and the next batch; its time is the rank's, counted in
+neither compute nor waiting for data.
+
 Rank 0 writes one JSON file (atomically: temp file, then rename) with each rank's figures
 and the job's, measured as DLIO measures (REFERENCE.md §3): per step, the wait for the
 batch and the measured sleep; per rank, AU = Σ compute of steps 2..n / (elapsed − step 1),
@@ -102,10 +108,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None, help="at most this many steps per epoch")
     ap.add_argument("--odirect", action="store_true", help="raw format: read with O_DIRECT")
     ap.add_argument("--out", type=Path, required=True, help="the job's JSON (written by rank 0)")
+    ap.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                    help="save a checkpoint after every N-th step of an epoch (0: never)")
+    ap.add_argument("--checkpoint-dir", type=Path, help="where the checkpoints go")
+    ap.add_argument("--checkpoint-mib", type=float, default=8.0, help="MiB of state per rank")
     args = ap.parse_args(argv)
     if args.odirect and args.format != "raw":
         ap.error("--odirect reads raw files only")
+    if args.checkpoint_every < 0 or (args.checkpoint_every and args.checkpoint_dir is None):
+        ap.error("--checkpoint-every N needs N >= 0 and --checkpoint-dir")
     return args
+
+
+def save_checkpoint(state: dict, path: Path) -> dict:
+    """torch.save to `path`, then fsync: the checkpoint is on storage when this returns."""
+    t0 = time.monotonic_ns()
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"path": str(path), "bytes": path.stat().st_size, "start_ns": t0, "end_ns": time.monotonic_ns()}
 
 
 def train(args: argparse.Namespace, rank: int, world: int) -> dict:
@@ -117,6 +139,12 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
                         num_workers=args.num_workers, persistent_workers=False)
     compute_s = args.compute_ms / 1000.0
     grad = torch.zeros(1)
+    checkpoints: list[dict] = []
+    if args.checkpoint_every:
+        half = int(args.checkpoint_mib * 2**20) // 8      # float32 elements in half the state
+        gen = torch.Generator().manual_seed(SEED + rank)
+        state = {"model": torch.rand(half, generator=gen), "optimizer": torch.rand(half, generator=gen)}
+        args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
 
     steps = samples = bytes_read = 0
     timed_samples = timed_bytes = 0          # steps 2..n of each epoch
@@ -145,8 +173,11 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
             slept = time.perf_counter() - c0
             if world > 1:
                 dist.all_reduce(grad)
-            end = time.monotonic_ns()
             n += 1
+            if args.checkpoint_every and n % args.checkpoint_every == 0:
+                path = args.checkpoint_dir / f"rank{rank}-step{n}.pt"
+                checkpoints.append({"epoch": epoch, "step": n, **save_checkpoint(state, path)})
+            end = time.monotonic_ns()
             waits.append((t1 - t0) / 1e9)
             ends.append(end)
             nbytes = int(sizes.sum())
@@ -183,6 +214,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
         "last_step_ns": last_ns,
         "step_wait_s": [round(w, 6) for w in waits],
         "step_end_ns": ends,
+        "checkpoints": checkpoints,
     }
 
 

@@ -180,7 +180,7 @@ def test_workers_fork_rename_and_hand_batches_over_a_polled_pipe(tmp_path: Path)
     assert blocked["complete_ns"] > rank_reads["complete_ns"].max()
 
     meta = read_metadata(out)
-    assert meta["schema_minor"] == 3
+    assert meta["schema_minor"] == 4
     assert {"file", "proc", "ipc"} <= set(meta["layers"])
     assert meta["events"]["proc"] == proc.height and meta["events"]["ipc"] == ipc.height
     assert sum(meta["lost_events"].values()) == 0

@@ -103,7 +103,7 @@ def test_nfs_layer_is_skipped_where_the_kernel_has_no_nfs_client(tmp_path: Path)
     assert "skipping nfs" in res.stderr
     meta = read_metadata(out)
     assert "nfs" in meta["skipped_probes"] and "nfs" not in meta["layers"]
-    assert meta["schema_minor"] == 3 and meta["nfs_mounts"] == []
+    assert meta["schema_minor"] == 4 and meta["nfs_mounts"] == []
     df = scan_trace(out).collect()
     writes = df.filter((pl.col("layer") == "file") & (pl.col("op") == "write"))
     assert writes["bytes"].sum() == 4 * 65536
@@ -630,3 +630,37 @@ def test_a_full_disk_keeps_finished_segments_and_counts_what_it_lost(tmp_path: P
         assert json.loads(a.stdout)["lost_events"]["total"] >= lost["segment_write_failed"]
     finally:
         run(["umount", str(small)])
+
+
+def test_file_layer_records_the_syncs_of_a_write(tmp_path: Path) -> None:
+    # A checkpoint's writes end with fsync, fdatasync or sync_file_range: each is a row of
+    # its own op on the file, after the write it makes durable, with its range when it has
+    # one; a sync of a pipe is not a storage row.
+    path = tmp_path / "ckpt.bin"
+    script = f"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open({str(path)!r}, os.O_WRONLY | os.O_CREAT, 0o644)
+os.write(fd, b"x" * 65536)
+os.fsync(fd)
+os.fdatasync(fd)
+assert libc.sync_file_range(fd, ctypes.c_longlong(4096), ctypes.c_longlong(8192), 2) == 0
+os.close(fd)
+r, w = os.pipe()
+try:
+    os.fsync(w)
+except OSError:
+    pass
+"""
+    out = tmp_path / "t"
+    res = trainio("record", "--layers", "file", "-o", out, "--", sys.executable, "-c", script)
+    assert res.returncode == 0, res.stderr
+    ops = rows(out, layer="file", file=str(path)).sort("issue_ns")
+    got = list(zip(ops["op"], ops["offset"], ops["bytes"], ops["bytes_requested"], ops["queue_depth"]))
+    assert got == [("open", None, 0, 0, 0), ("write", 0, 65536, 65536, 1), ("fsync", None, 0, 0, 0),
+                   ("fdatasync", None, 0, 0, 0), ("sync_file_range", 4096, 0, 8192, 0),
+                   ("close", None, 0, 0, 0)]
+    assert (ops["error"] == 0).all() and ops["fd"].n_unique() == 1
+    syncs = scan_trace(out).filter(pl.col("op").is_in(["fsync", "fdatasync", "sync_file_range"])).collect()
+    assert syncs.height == 3, syncs
+    assert read_metadata(out)["schema_minor"] == 4

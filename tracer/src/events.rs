@@ -23,6 +23,9 @@ const KIND_IPC: u32 = kind::TRAINIO_KIND_IPC.0;
 const FOP_CLOSE: u32 = fop::TRAINIO_FOP_CLOSE.0;
 const FOP_WRITE: u32 = fop::TRAINIO_FOP_WRITE.0;
 const FOP_PWRITE64: u32 = fop::TRAINIO_FOP_PWRITE64.0;
+const FOP_FSYNC: u32 = fop::TRAINIO_FOP_FSYNC.0;
+const FOP_FDATASYNC: u32 = fop::TRAINIO_FOP_FDATASYNC.0;
+const FOP_SYNC_FILE_RANGE: u32 = fop::TRAINIO_FOP_SYNC_FILE_RANGE.0;
 
 const AT_FDCWD: i32 = -100;
 const REQ_OP_MASK: u32 = 0xff;
@@ -269,8 +272,13 @@ impl Collector {
         let (op, read) = match e.op {
             FOP_CLOSE => ("close", false),
             FOP_WRITE | FOP_PWRITE64 => ("write", false),
+            FOP_FSYNC => ("fsync", false),
+            FOP_FDATASYNC => ("fdatasync", false),
+            FOP_SYNC_FILE_RANGE => ("sync_file_range", false),
             _ => ("read", true),
         };
+        // Closes and syncs move no data: bytes 0, counted as events only.
+        let moves_data = matches!(op, "read" | "write");
         let file = match self.inodes.get(&(e.dev, e.ino)) {
             Some(p) => Some(p.clone()),
             None => self.fd_path(e.pid, e.fd),
@@ -285,7 +293,7 @@ impl Collector {
             insert_ns: None,
             dev,
             offset: (op != "close" && e.offset >= 0).then_some(e.offset),
-            bytes: if op == "close" { 0 } else { done },
+            bytes: if moves_data { done } else { 0 },
             bytes_requested: e.requested as i64,
             queue_depth: e.queue_depth,
             pid: e.pid,
@@ -299,6 +307,8 @@ impl Collector {
         });
         if op == "close" {
             self.fds.remove(&(e.pid, e.fd));
+        }
+        if !moves_data {
             self.count(Layer::File, e.dev, 0, 0);
         } else if read {
             self.count(Layer::File, e.dev, done as u64, 0);

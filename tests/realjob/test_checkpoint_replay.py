@@ -1,0 +1,132 @@
+"""A real job that reads its data and saves checkpoints mid-training, recorded and replayed.
+
+job.py at 2 ranks (torchrun, gloo all-reduce per step, inline DataLoader, 1 MiB samples, 50 ms compute)
+saves a checkpoint every 4 steps: torch.save of 32 MiB per rank, then fsync, on ext4 over
+a loop device, its writes capped at 64 MiB/s by a cgroup (the fsync's writeback, so that
+the device and not the page cache sets the checkpoint's pace; the replay under the same
+cap). `trainio replay --trace` (psync reads, so its own recording has them at
+the file layer) replays it at the recorded GPU count and records itself. Then:
+
+- the job's trace holds every checkpoint at the file layer, each rank's bytes exactly,
+  placed after the step it followed, with its fsync;
+- the replay's trace has the write bursts of the same bytes (within 1 %) after the same
+  steps, with fsyncs, and every file it wrote lies under --data-dir;
+- `trainio compare` reports the replay's write bytes and MiB/s while writing within 5 %
+  of the job's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import dataset_fs, device_of, drop_caches, run_job, throttled_cgroup  # noqa: E402
+from trainio_testlib import TRAINIO  # noqa: E402
+
+# isort: split
+import polars as pl  # noqa: E402
+from trainio_analysis.trace import scan_trace  # noqa: E402
+
+MiB = 1 << 20
+RANKS, BATCH, STEPS, EVERY, CKPT_MIB = 2, 4, 26, 4, 32
+WRITE_CAP = 64 * MiB  # bytes/s: the job's and the replay's writes to the device
+SAMPLE = MiB
+SYNCS = ("fsync", "fdatasync", "sync_file_range")
+
+
+def trainio_json(*args: str) -> dict:
+    p = subprocess.run([str(TRAINIO), *args, "--json"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def placed_bytes(model: dict) -> dict[int, int]:
+    """Step -> bytes the GPUs wrote after it (bursts inside the training)."""
+    out: dict[int, int] = defaultdict(int)
+    for g in model["gpus"]:
+        for b in g["write_bursts"]:
+            if b["after_step"] is not None:
+                out[b["after_step"]] += b["bytes"]
+    return dict(out)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_checkpoints_of_a_real_job_are_replayed_after_their_steps(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (loop devices, cgroups, BPF)")
+    n_files = RANKS * BATCH * (STEPS + 2)
+    checkpoints = STEPS // EVERY
+    slack = 2 * (n_files * SAMPLE + checkpoints * RANKS * CKPT_MIB * MiB) // MiB + 96
+    with dataset_fs({"data": (n_files, SAMPLE, "npz")}, slack_mb=slack) as (_dev, _mm, mnt):
+        trace, replay_trace = tmp_path / "job", tmp_path / "replay"
+        ckdir = mnt / "checkpoints"
+        run = run_job(mnt / "data", ranks=RANKS, workers=0, batch=BATCH, compute_ms=50, fmt="npz",
+                      record_dir=trace, steps=STEPS, throttle_wbps=WRITE_CAP,
+                      extra=("--checkpoint-every", str(EVERY), "--checkpoint-dir", str(ckdir),
+                             "--checkpoint-mib", str(CKPT_MIB)))
+        saves = [c for r in run.job["ranks"] for c in r["checkpoints"]]
+        steps = [EVERY * (k + 1) for k in range(checkpoints)]
+        assert sorted({c["step"] for c in saves}) == steps and len(saves) == checkpoints * RANKS
+        saved: dict[int, int] = defaultdict(int)
+        for c in saves:
+            saved[c["step"]] += c["bytes"]
+
+        # The job's trace: each checkpoint's bytes exactly, after its step, with fsync.
+        a = trainio_json("analyze", str(trace), "--layer", "file")
+        model = a["job_model"]
+        assert len(model["gpus"]) == RANKS, model
+        got = placed_bytes(model)
+        for step, nbytes in saved.items():
+            assert got.get(step) == nbytes, (step, got, saved)
+        for g in model["gpus"]:
+            for b in g["write_bursts"]:
+                if b["after_step"] in saved:
+                    assert b["syncs"] >= 1, b
+        assert a["write_bursts"]["bytes"] >= sum(saved.values())
+
+        # The replay, recorded, at the recorded GPU count on the same file system.
+        data_dir = mnt / "replay"
+        gen = subprocess.run([str(TRAINIO), "datagen", "--trace", str(trace), "--data-dir", str(data_dir),
+                              "--gpus", str(RANKS)], capture_output=True, text=True, timeout=300)
+        assert gen.returncode == 0, gen.stderr
+        drop_caches(data_dir)
+        cmd = [str(TRAINIO), "replay", "--trace", str(trace), "--data-dir", str(data_dir),
+               "--gpus", str(RANKS), "--io-engine", "psync", "--record", str(replay_trace),
+               "--json", str(tmp_path / "replay.json"), "-q"]
+        with throttled_cgroup(device_of(data_dir), None, wbps=WRITE_CAP) as th:
+            rep = subprocess.run(th.wrap(cmd), capture_output=True, text=True, timeout=600)
+        assert rep.returncode == 0, rep.stderr
+        result = json.loads((tmp_path / "replay.json").read_text())
+        assert result["writes"]["bytes"] == sum(b["bytes"] for g in model["gpus"] for b in g["write_bursts"]
+                                                if b["after_step"] is not None)
+
+        b = trainio_json("analyze", str(replay_trace), "--layer", "file")
+        replayed = placed_bytes(b["job_model"])
+        print(f"\njob writes after steps {dict(got)}; replay {replayed}")
+        for step, nbytes in got.items():
+            assert replayed.get(step) == pytest.approx(nbytes, rel=0.01), (step, got, replayed)
+
+        rows = scan_trace(replay_trace).filter(pl.col("layer") == "file").collect()
+        writes = rows.filter((pl.col("op") == "write") & (pl.col("bytes") > 0) | pl.col("op").is_in(SYNCS))
+        outside = [f for f in writes["file"].unique().to_list() if not str(f).startswith(f"{data_dir}/")]
+        assert outside == [], f"the replay wrote outside --data-dir: {outside}"
+        assert rows.filter(pl.col("op") == "fsync").height >= len(saves)
+        job_rows = scan_trace(trace).filter((pl.col("layer") == "file") & (pl.col("op") == "fsync")).collect()
+        assert job_rows["file"].str.starts_with(str(ckdir)).sum() == len(saves)
+
+        c = trainio_json("compare", str(trace), str(replay_trace), "--layer", "file")
+        w = c["writes"]
+        print(f"compare writes: bytes A {w['bytes']['a']} B {w['bytes']['b']} "
+              f"({w['bytes_rel_error']:+.3%}); MiB/s A {w['mib_s']['a']:.1f} B {w['mib_s']['b']:.1f} "
+              f"({w['mib_s_rel_error']:+.2%})")
+        assert abs(w["bytes_rel_error"]) <= 0.05
+        assert abs(w["mib_s_rel_error"]) <= 0.05
