@@ -87,7 +87,7 @@ impl Layer {
     pub fn ops(self) -> &'static [&'static str] {
         match self {
             Layer::Block => &["read", "write", "flush", "discard", "write_zeroes", "other"],
-            Layer::File => &["read", "write", "open", "close"],
+            Layer::File => &["read", "write", "open", "close", "fsync", "fdatasync", "sync_file_range"],
             Layer::Nfs => &["read", "write", "commit"],
             Layer::Proc => &["start", "fork", "exec", "comm", "exit"],
             Layer::Ipc => &["read", "write", "wait"],
