@@ -34,6 +34,21 @@ def rows(trace: Path, **eq) -> pl.DataFrame:
     return lf.collect()
 
 
+def _missed_completions(trace: Path) -> int:
+    """Block completions the recorder counted as not seen (docs/recorder.md)."""
+    lost = read_metadata(trace)["lost_events"]
+    return sum(n for k, n in lost.items() if k.startswith("block_rq_complete:") and k != "block_rq_complete:ringbuf_full")
+
+
+def _assert_nothing_lost_but_missed_completions(err: str) -> None:
+    """'lost events: 0', or only block completions the kernel did not hand to BPF, counted."""
+    if "lost events: 0" in err:
+        return
+    listed = re.findall(r"^    (\S+): (\d+)$", err, flags=re.M)
+    assert listed and all(k.startswith("block_rq_complete:") and k != "block_rq_complete:ringbuf_full"
+                          for k, _ in listed), err
+
+
 def fio(dev: str, *extra: str, runtime: float | None = None, size: str = "128M") -> list[str]:
     cmd = ["fio", "--name=t", f"--filename={dev}", "--direct=1", "--rw=randread", "--bs=4k",
            f"--size={size}", "--randrepeat=1", "--norandommap", "--output-format=json", *extra]
@@ -132,8 +147,11 @@ def test_fio_iodepth_16_stays_within_16_and_mostly_above_1(tmp_path: Path, loop_
     # 64 MiB of 4 KiB reads: 16384 requests (session 9: 0.71-0.95 of them met another in
     # flight, the low end with both CPUs busy elsewhere).
     counts = qd.value_counts().sort("queue_depth")
-    assert qd.len() >= 16384, (qd.len(), res.stderr)
-    assert qd.max() <= 16, counts
+    # A completion the kernel does not hand to the probe is counted instead (docs/recorder.md),
+    # and keeps its request in the in-flight count until the request is issued again.
+    missed = _missed_completions(out)
+    assert qd.len() + missed >= 16384, (qd.len(), res.stderr)
+    assert qd.max() <= 16 + missed, counts
     assert (qd > 1).mean() > 0.5, counts
 
 
@@ -378,7 +396,7 @@ def test_sigterm_is_forwarded_and_the_trace_is_closed(tmp_path: Path) -> None:
         tracer.kill()
     assert tracer.returncode == 128 + signal.SIGTERM, err
     assert not list(out.glob("*.partial")) and list(out.glob("seg-*.parquet"))
-    assert "lost events: 0" in err
+    _assert_nothing_lost_but_missed_completions(err)
 
 
 @pytest.mark.parametrize("one_slot", [False, True], ids=["tables", "one-slot-tables"])
@@ -444,7 +462,7 @@ def test_batched_completions_of_a_quiet_cpu_are_written_while_recording(tmp_path
     finally:
         tracer.terminate()
         _, err = tracer.communicate(timeout=30)
-    assert "lost events: 0" in err
+    _assert_nothing_lost_but_missed_completions(err)
 
 
 @pytest.mark.parametrize("final", ["flush-program", "map-read"])
