@@ -50,34 +50,37 @@ impl Checkpointer {
     /// Writes checkpoint (`epoch`, `step`) from every rank at once; the write `index`
     /// (1-based) is recorded.
     pub fn write(&self, cluster: &Cluster, index: u64, epoch: u64, step: u64) -> Result<CheckpointIo> {
-        let dir = checkpoint::checkpoint_dir(&self.root, &self.spec, epoch, step);
-        cluster.barrier();
-        let t0 = Instant::now();
-        let io = checkpoint::write_shards(&self.plan, &self.local, &self.root, &dir, self.transfer, self.spec.fsync)?;
-        let duration_s = t0.elapsed().as_secs_f64();
-        cluster.barrier();
-        Ok(CheckpointIo {
-            phase: "write".into(),
-            index,
-            epoch,
-            step,
-            duration_s,
-            stall_s: t0.elapsed().as_secs_f64(),
-            bytes: io.bytes,
-            files: io.files,
+        self.timed(cluster, "write", index, epoch, step, |dir| {
+            checkpoint::write_shards(&self.plan, &self.local, &self.root, dir, self.transfer, self.spec.fsync)
         })
     }
 
     /// Reads checkpoint (`epoch`, `step`) back on every rank at once.
     pub fn read(&self, cluster: &Cluster, index: u64, epoch: u64, step: u64) -> Result<CheckpointIo> {
+        self.timed(cluster, "read", index, epoch, step, |dir| {
+            checkpoint::read_shards(&self.plan, &self.local, &self.root, dir, self.transfer, self.odirect)
+        })
+    }
+
+    /// Runs `io` on checkpoint (`epoch`, `step`)'s directory between two barriers of all
+    /// ranks, timed from the first.
+    fn timed(
+        &self,
+        cluster: &Cluster,
+        phase: &str,
+        index: u64,
+        epoch: u64,
+        step: u64,
+        io: impl FnOnce(&std::path::Path) -> Result<checkpoint::RankIo>,
+    ) -> Result<CheckpointIo> {
         let dir = checkpoint::checkpoint_dir(&self.root, &self.spec, epoch, step);
         cluster.barrier();
         let t0 = Instant::now();
-        let io = checkpoint::read_shards(&self.plan, &self.local, &self.root, &dir, self.transfer, self.odirect)?;
+        let io = io(&dir)?;
         let duration_s = t0.elapsed().as_secs_f64();
         cluster.barrier();
         Ok(CheckpointIo {
-            phase: "read".into(),
+            phase: phase.into(),
             index,
             epoch,
             step,

@@ -53,6 +53,12 @@ fn main() {
     }
 }
 
+/// Prints a run's summary and saves its results (--json) when asked to.
+fn show(human: &str, summary: &impl serde::Serialize, json: Option<&std::path::Path>) -> Result<()> {
+    print!("{human}");
+    json.map_or(Ok(()), |p| output::save_json(p, summary))
+}
+
 fn run(command: Command, cluster: &Cluster) -> Result<()> {
     match command {
         Command::Datagen(source) => {
@@ -105,29 +111,19 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
             };
             // The results are shown and saved before the recorder is stopped: a recording
             // that fails does not take the finished replay's results with it.
-            let saved = if job.workload.train {
-                let result = job.run_generated(cluster, args.run.source.gpus);
-                match result {
-                    Ok(Some(summary)) => {
-                        print!("{}", results::human(&summary));
-                        Ok(args.json.as_deref().map(|p| output::save_json(p, &summary)).transpose())
-                    }
-                    Ok(None) => Ok(Ok(None)),
-                    Err(e) => Err(e),
-                }
+            let ran = if job.workload.train {
+                job.run_generated(cluster, args.run.source.gpus).and_then(|summary| match summary {
+                    Some(s) => show(&results::human(&s), &s, args.json.as_deref()),
+                    None => Ok(()),
+                })
             } else {
-                let result = job.run_checkpoint_only(cluster, args.run.source.gpus);
-                match result {
-                    Ok(Some(summary)) => {
-                        print!("{}", checkpointing::human_summary(&summary));
-                        Ok(args.json.as_deref().map(|p| output::save_json(p, &summary)).transpose())
-                    }
-                    Ok(None) => Ok(Ok(None)),
-                    Err(e) => Err(e),
-                }
+                job.run_checkpoint_only(cluster, args.run.source.gpus).and_then(|summary| match summary {
+                    Some(s) => show(&checkpointing::human_summary(&s), &s, args.json.as_deref()),
+                    None => Ok(()),
+                })
             };
             let recorded = recorder.map(|r| r.stop()).transpose();
-            saved??;
+            ran?;
             recorded.map_err(|e| e.context("the replay's results above stand"))?;
             Ok(())
         }
