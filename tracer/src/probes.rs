@@ -67,6 +67,7 @@ pub struct Probes<'o> {
     stats_wanted: bool,
     /// Set by detach(): from then on lost() counts the requests left in flight.
     detached: std::cell::Cell<bool>,
+    in_flight_at_end: std::cell::OnceCell<u64>,
     pub skipped: BTreeMap<String, String>,
 }
 
@@ -353,6 +354,7 @@ impl<'o> Probes<'o> {
             stats_fd: Default::default(),
             stats_wanted: s.bpf_stats,
             detached: Default::default(),
+            in_flight_at_end: Default::default(),
             skipped,
         };
         probes.set_stats(true);
@@ -466,7 +468,9 @@ impl<'o> Probes<'o> {
         }
         // Once detached, requests still marked issued have no completion in the trace.
         if self.detached.get() {
-            let n = self.block_in_flight();
+            // One scan of the request tables (tens of thousands of lookups), however
+            // often lost() is asked after detaching.
+            let n = *self.in_flight_at_end.get_or_init(|| self.block_in_flight());
             if n > 0 {
                 out.insert("block_rq_complete:in_flight_at_end".into(), n);
             }
@@ -494,7 +498,7 @@ impl<'o> Probes<'o> {
     /// when the probes were detached, or completed where the kernel did not run the
     /// completion probe and not issued again since (block_rq_complete:unseen counts those
     /// issued again). Read after detaching.
-    pub fn block_in_flight(&self) -> u64 {
+    fn block_in_flight(&self) -> u64 {
         let Some(b) = &self.block else { return 0 };
         // A live entry (rq set: a freed slot keeps its other fields) marked issued.
         let word = |v: &[u8], at: usize| v.get(at..at + 8).map_or(0, |b| u64::from_ne_bytes(b.try_into().unwrap()));
