@@ -632,7 +632,24 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         let mut gpu = build_gpu(gpus.len(), *rank, &ws, members, input, &ix, opts, &on_dev, &job_writes, &mut warnings);
         // The rank's own writes: they stand between its steps (a checkpoint). Its workers
         // write beside the GPU, not between its steps; they count in the job's bursts.
-        gpu.write_bursts = writes::bursts(rows_of(&ix.file, *rank), &mut gpu.write_files);
+        // Only writes on the data's device are the GPU's: a results file or a log on
+        // another file system is no load on the storage the replay tests.
+        let (own, elsewhere): (Vec<&OwnedRow>, Vec<&OwnedRow>) =
+            rows_of(&ix.file, *rank).iter().copied().filter(|r| writes::is_write_row(r)).partition(|r| on_dev(r));
+        if !elsewhere.is_empty() {
+            let bytes: u64 = elsewhere.iter().filter(|r| &*r.op == "write").map(|r| r.bytes as u64).sum();
+            let mut devs: Vec<&str> = elsewhere.iter().filter_map(|r| r.dev.as_deref()).collect();
+            devs.sort_unstable();
+            devs.dedup();
+            warnings.push(format!(
+                "GPU {} (pid {rank}): {} writes and syncs ({bytes} bytes) on other devices than the data's ({}) are not the GPU's: {}",
+                gpus.len(),
+                elsewhere.len(),
+                data_dev.as_deref().unwrap_or("?"),
+                devs.join(", ")
+            ));
+        }
+        gpu.write_bursts = writes::bursts(&own, &mut gpu.write_files);
         let ready: Vec<i64> = gpu.steps.iter().map(|s| s.ready_ns).collect();
         writes::place(&mut gpu.write_bursts, &ready);
         gpus.push(gpu);

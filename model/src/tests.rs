@@ -335,7 +335,17 @@ fn write_bursts_are_placed_after_the_steps_taken_before_them() {
         }
     }
     input.file.push(file_write(100, "/logs/run.txt", "write", 0, 80, ready[25], MS / 10));
+    // The rank's results file on another file system (the root's, 254:0), after the last
+    // step: no load on the data's storage, so not the GPU's, and a warning says so.
+    let end = ready[29] + 5 * MS;
+    input.file.push(OwnedRow { dev: Some(Arc::from("254:0")), ..file_write(200, "/tmp/results.json", "write", 0, 3248, end, MS / 10) });
+    input.file.push(OwnedRow { dev: Some(Arc::from("254:0")), ..file_write(200, "/tmp/results.json", "fsync", 0, 0, end + MS, MS) });
     let m = infer(&input, &Options::default()).unwrap();
+    assert!(
+        m.warnings.iter().any(|w| w.contains("2 writes and syncs (3248 bytes) on other devices than the data's (7:3)") && w.ends_with("254:0")),
+        "{:?}",
+        m.warnings
+    );
     let g = &m.gpus[0];
     assert_eq!(g.steps.len(), 30, "writes do not change the steps");
     let placed: Vec<(Option<u64>, u64, u64, u32)> =
@@ -350,14 +360,14 @@ fn write_bursts_are_placed_after_the_steps_taken_before_them() {
     assert_eq!(sizes, vec![3 * MIB; 4]);
     // The job: every process's bursts, the launcher's log among them.
     let w = &m.writes;
-    assert_eq!(w.count, 4);
-    assert_eq!(w.bytes, 12 * MIB + 5000 + 80);
-    assert_eq!(w.syncs, 4);
+    assert_eq!(w.count, 5);
+    assert_eq!(w.bytes, 12 * MIB + 5000 + 80 + 3248);
+    assert_eq!(w.syncs, 5);
     let ck = &w.bursts[1];
     assert!((ck.duration_s - ((ck.end_ns - ck.start_ns) as f64 / 1e9)).abs() < 1e-12);
     assert!(close(ck.mib_s, 6.0 / ck.duration_s, 1e-9));
     let starts: Vec<i64> = w.bursts.iter().map(|b| b.start_ns).collect();
-    let interval = (starts[3] - starts[0]) as f64 / 3e9;
+    let interval = (starts[4] - starts[0]) as f64 / 4e9;
     assert!(close(w.interval_s.unwrap(), interval, 1e-9));
     assert!(describe(&m).iter().any(|l| l.contains("writes: 3 burst(s) after steps start,10,20")), "{:?}", describe(&m));
 }
