@@ -57,9 +57,10 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bin-s",
         type=float,
-        default=1.0,
+        default=None,
         metavar="S",
-        help="throughput timeline bin width in seconds (default 1.0)",
+        help="timeline bin width in seconds (default: automatic, 100-300 bins over the "
+        "trace's active span)",
     )
     p.add_argument(
         "--burst-gap-ms",

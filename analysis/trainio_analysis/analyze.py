@@ -52,6 +52,11 @@ MIB = float(1 << 20)
 LAYER_PREFERENCE = ("block", "nfs", "file")  # lowest layer first: what the storage sees
 DEFAULT_BURST_GAP_MS = 10.0
 MAX_TIMELINE_BINS = 10_000_000
+# automatic bin: the pass counts in power-of-ten bins (at most this many over the
+# window), then sums them into the smallest 1/2/5 x 10^k bin that leaves at most
+# AUTO_BINS bins over the active span
+AUTO_FINE_BINS = 20_000
+AUTO_BINS = 300
 
 QD_DEFINITIONS = {
     "qd_hist_issue": "per-issue: fraction of requests that saw k in flight (incl. itself) "
@@ -87,6 +92,7 @@ class _Chunk:
     size_counts: np.ndarray | None = None
     tl_read: np.ndarray | None = None
     tl_write: np.ndarray | None = None
+    tl_inflight: np.ndarray | None = None  # ns x requests in flight, per bin
     kernel_qd: dict[int, np.ndarray] = field(default_factory=dict)
     gid: np.ndarray | None = None
     issue: np.ndarray | None = None
@@ -132,7 +138,7 @@ class _Analyzer:
         self,
         path: str | os.PathLike[str],
         sel: Selection,
-        bin_s: float,
+        bin_s: float | None,
         burst_gap_ms: float,
         workers: int,
         with_model: bool = True,
@@ -143,11 +149,13 @@ class _Analyzer:
         self.step_gap_ms = step_gap_ms
         self.segments = tr.open_trace(path)
         self.meta = tr.read_metadata(path)
-        self.bin_ns = int(round(bin_s * 1e9))
-        if self.bin_ns <= 0:
-            msg = "--bin-s must be positive"
-            raise SelectionError(msg)
-        self.bin_s = bin_s
+        self.bin_auto = bin_s is None
+        if bin_s is not None:
+            self.bin_ns = int(round(bin_s * 1e9)) if math.isfinite(bin_s) else 0
+            if self.bin_ns <= 0:
+                msg = "--bin-s must be positive"
+                raise SelectionError(msg)
+            self.bin_s = bin_s
         self.burst_gap_ns = int(round(burst_gap_ms * 1e6))
         self.burst_gap_ms = burst_gap_ms
         self.workers = max(1, workers)
@@ -228,6 +236,12 @@ class _Analyzer:
         self.t1 = max(last_complete, end) if isinstance(end, int) else last_complete
         self.watermarks = [None if w is None else w - self.t0 for w in suffix]
         self.window = self.t1 - self.t0
+        if self.bin_auto:
+            # fine power-of-ten bins (>= 1 us), summed into the final bin after the pass
+            self.bin_ns = 1000
+            while self.window // self.bin_ns + 1 > AUTO_FINE_BINS:
+                self.bin_ns *= 10
+            self.bin_s = self.bin_ns / 1e9
         nbins = self.window // self.bin_ns + 1
         if nbins > MAX_TIMELINE_BINS:
             msg = (
@@ -628,8 +642,26 @@ class _Analyzer:
                 split[0] = sweep.split(c.gid, c.issue, c.complete, self.t0)
         for (_, exchange, _), per_group in zip(channels, split, strict=True):
             c.summaries.append(sweep_slices(exchange, k, per_group))
+        if c.issue is not None and c.issue.size:
+            c.tl_inflight = self._inflight_bins(c.issue, c.complete)
         c.gid = c.issue = c.complete = None  # swept: free them before the main thread runs
         return c
+
+    def _inflight_bins(self, issue: np.ndarray, complete: np.ndarray) -> np.ndarray:
+        """Per timeline bin, the integral over the bin of the requests in flight (ns):
+        each request adds its overlap with the bin. Order-free, so each row group adds its
+        own: an event at t in bin b (from b*W to (b+1)*W after t0) adds (b+1)*W - t to
+        bin b and W to every bin after it; an issue adds, a completion subtracts."""
+        w = self.bin_ns
+        out = np.zeros(self.nbins, np.float64)
+        for times, sign in ((issue, 1.0), (complete, -1.0)):
+            rel = times - self.t0
+            b = rel // w
+            out += sign * np.bincount(b, weights=(b + 1) * w - rel, minlength=self.nbins)
+            counts = np.bincount(b, minlength=self.nbins)
+            before = np.cumsum(counts[:-1])  # events in bins below b = 1, 2, ...
+            out[1:] += sign * w * before.astype(np.float64)
+        return out
 
     def run(self) -> dict[str, Any]:
         n_groups = len(self.group_names)
@@ -644,6 +676,7 @@ class _Analyzer:
         size_counts = np.zeros(65, np.int64)
         tl_read = np.zeros(self.nbins, np.float64)
         tl_write = np.zeros(self.nbins, np.float64)
+        tl_inflight = np.zeros(self.nbins, np.float64)
         kernel_qd: dict[int, np.ndarray] = {}
         procs = _ProcessTotals(len(self.group_names))
         pool = ThreadPoolExecutor(max_workers=self.workers)
@@ -679,6 +712,8 @@ class _Analyzer:
                         tl_read += c.tl_read
                     if c.tl_write is not None:
                         tl_write += c.tl_write
+                if c.tl_inflight is not None:
+                    tl_inflight += c.tl_inflight
                     for g, h in c.kernel_qd.items():
                         prev = kernel_qd.get(g, np.zeros(0, np.int64))
                         if prev.size < h.size:
@@ -703,9 +738,38 @@ class _Analyzer:
         if union_state is None:  # selected rows, none counted in a queue (only open/close)
             union_state = GroupState(hist_time=np.array([float(self.window)]))
         self._procs = procs
+        if self.bin_auto:
+            tl_read, tl_write, tl_inflight = self._coarsen(acc, tl_read, tl_write, tl_inflight)
+        self._tl_inflight = tl_inflight
         return self._result(
             acc, latency, size_counts, tl_read, tl_write, kernel_qd, groups, union_state
         )
+
+    def _coarsen(self, acc: _Chunk, *timelines: np.ndarray) -> list[np.ndarray]:
+        """Sum the fine bins into the smallest 1/2/5 x 10^k multiple of them that leaves
+        at most AUTO_BINS bins over the active span (the window when nothing moved)."""
+        span = self.window
+        if acc.data_first_ns is not None and acc.data_last_ns is not None:
+            span = max(acc.data_last_ns - acc.data_first_ns, 1)
+        fine = self.bin_ns
+        factor = 1
+        steps = (1, 2, 5)
+        k = 0
+        while span / (fine * factor) > AUTO_BINS:
+            k += 1
+            factor = steps[k % 3] * 10 ** (k // 3)
+        if factor == 1:
+            return list(timelines)
+        self.bin_ns = fine * factor
+        self.bin_s = self.bin_ns / 1e9
+        nbins = self.nbins
+        self.nbins = -(-nbins // factor)
+        out = []
+        for tl in timelines:
+            padded = np.zeros(self.nbins * factor, np.float64)
+            padded[:nbins] = tl
+            out.append(padded.reshape(self.nbins, factor).sum(axis=1))
+        return out
 
     # ------------------------------------------------------------------ results
 
@@ -761,10 +825,12 @@ class _Analyzer:
                 "write_mean": acc.bytes_written / MIB / duration_s if duration_s > 0 else 0.0,
                 "peak": float(timeline_total.max()) if timeline_total.size else 0.0,
                 "bin_s": self.bin_s,
+                "bin_auto": self.bin_auto,
                 "timeline": {
                     "t_s": [round(i * self.bin_s, 9) for i in range(self.nbins)],
                     "read": (tl_read / MIB / self.bin_s).tolist(),
                     "write": (tl_write / MIB / self.bin_s).tolist(),
+                    "qd_mean": (self._tl_inflight / self.bin_ns / n_groups).tolist(),
                 },
             },
             "active_s": active_s,
@@ -798,6 +864,7 @@ class _Analyzer:
                 "exact": latency.exact,
             },
             "latency_hist_us": _pow2_hist_us(latency),
+            "latency_cdf_us": _cdf(latency),
             "size_hist": {
                 str(pow2_label(b)): float(n) / max(int(size_counts.sum()), 1)
                 for b, n in enumerate(size_counts)
@@ -811,6 +878,7 @@ class _Analyzer:
             "bursts": _bursts(union_state, self.burst_gap_ms, data_bytes),
             "idle_gap_hist_us": _pow2_hist_us(union_state.idle_gaps),
             "lost_events": _lost(self.meta),
+            "recording": recording(self.meta, self.path),
         }
         per_group = {}
         for gid, state in sorted(groups.items()):
@@ -1086,6 +1154,83 @@ def _pow2_hist_us(sketch: QuantileSketch) -> dict[str, int]:
     return out
 
 
+CDF_POINTS = (
+    [i / 100 for i in range(100)]
+    + [round(0.99 + i / 1000, 4) for i in range(1, 10)]
+    + [round(0.999 + i / 10_000, 4) for i in range(1, 10)]
+    + [1.0]
+)
+
+
+def _cdf(sketch: QuantileSketch) -> dict[str, list[float]]:
+    """The latency distribution as quantiles on a fixed grid of probabilities (every
+    percent, then every 0.1 % above 99 % and every 0.01 % above 99.9 %): a CDF to draw
+    that stays ~120 points whatever the trace's size."""
+    if not sketch.count:
+        return {"p": [], "us": []}
+    return {"p": CDF_POINTS, "us": [sketch.quantile(p) / 1e3 for p in CDF_POINTS]}
+
+
+def recording(meta: dict[str, Any], path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Where and when the trace was recorded, from its metadata (traces/SCHEMA.md):
+    host, kernel, command (or other target), start time (UTC), duration, devices."""
+    import datetime as dt
+
+    start, end, offset = meta.get("start_ns"), meta.get("end_ns"), meta.get("clock_offset_ns")
+    started = None
+    if isinstance(start, int) and isinstance(offset, int) and start + offset > 0:
+        started = (
+            dt.datetime.fromtimestamp((start + offset) / 1e9, dt.timezone.utc)
+            .isoformat(timespec="seconds")
+            .replace("+00:00", "Z")
+        )
+    target = meta.get("target") if isinstance(meta.get("target"), dict) else {}
+    command = None
+    if isinstance(target.get("command"), list):
+        command = " ".join(str(a) for a in target["command"])
+    elif "pid" in target:
+        command = f"--pid {target['pid']}"
+    elif "cgroup" in target:
+        command = f"--cgroup {target['cgroup']}"
+    elif target.get("all"):
+        command = "all processes"
+    events = meta.get("events") if isinstance(meta.get("events"), dict) else {}
+    devices = []
+    for d in meta.get("devices") or []:
+        if not isinstance(d, dict):
+            continue
+        # the block devices and NFS mounts of the recording: a pseudo file system
+        # (proc, sysfs, tmpfs: no size, no source) is only there for its mounts
+        if not d.get("size_bytes") and not str(d.get("name", "")).count(":"):
+            continue
+        devices.append(
+            {
+                "dev": d.get("dev"),
+                "name": d.get("name"),
+                "size_bytes": d.get("size_bytes"),
+                "mounts": [
+                    f"{m.get('mount_point')} ({m.get('fstype')})"
+                    for m in d.get("mounts") or []
+                    if isinstance(m, dict)
+                ],
+            }
+        )
+    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    return {
+        "host": meta.get("hostname"),
+        "kernel": meta.get("kernel_release"),
+        "command": command,
+        "started_utc": started,
+        "duration_s": (end - start) / 1e9
+        if isinstance(start, int) and isinstance(end, int) and end >= start
+        else None,
+        "devices": devices,
+        "layers": meta.get("layers") if isinstance(meta.get("layers"), list) else sorted(events),
+        "tracer_version": meta.get("tracer_version"),
+        "source": source.get("format"),
+    }
+
+
 def _lost(meta: dict[str, Any]) -> dict[str, Any]:
     lost = meta.get("lost_events") or {}
     by_probe = {str(k): int(v) for k, v in lost.items()} if isinstance(lost, dict) else {}
@@ -1099,7 +1244,7 @@ def analyze(
     layer: str | None = None,
     dev: str | None = None,
     pid: int | None = None,
-    bin_s: float = 1.0,
+    bin_s: float | None = None,
     burst_gap_ms: float = DEFAULT_BURST_GAP_MS,
     workers: int = 2,
     step_gap_ms: float | None = None,
@@ -1114,7 +1259,8 @@ def analyze(
     dev, pid
         Keep only this device (``MAJ:MIN`` or its name) or process.
     bin_s
-        Throughput timeline bin width in seconds.
+        Timeline bin width in seconds; None: automatic (100-300 bins over the active
+        span, a 1/2/5 x 10^k multiple of 1 us).
     burst_gap_ms
         Idle gaps at least this long separate bursts.
     workers

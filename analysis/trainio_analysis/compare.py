@@ -100,7 +100,7 @@ def compare(
     layer: str | None = None,
     dev: str | None = None,
     pid: int | None = None,
-    bin_s: float = 1.0,
+    bin_s: float | None = None,
     burst_gap_ms: float = 10.0,
 ) -> dict[str, Any]:
     """Analyze both traces with the same options and score B against A.

@@ -266,7 +266,7 @@ def write_report(
     layer: str | None = None,
     dev: str | None = None,
     pid: int | None = None,
-    bin_s: float = 1.0,
+    bin_s: float | None = None,
     burst_gap_ms: float = 10.0,
 ) -> Path:
     """Analyze each trace and write the HTML report atomically; returns its path.
