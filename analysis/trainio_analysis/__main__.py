@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("traces", nargs="+", help="trace directories, shown side by side")
     r.add_argument("-o", "--output", required=True, help="HTML file to write")
     _add_selection(r)
+    r.add_argument(
+        "--sweep",
+        action="append",
+        metavar="SWEEP.json",
+        help="a trainio sweep --json file: draw its AU vs GPUs curve and GPUs supported "
+        "(repeatable)",
+    )
 
     c = sub.add_parser("compare", help="fidelity scores of trace B against trace A")
     c.add_argument("a", help="reference trace (e.g. the recorded job)")
@@ -183,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from trainio_analysis.report import write_report
 
-            path = write_report(args.traces, args.output, **_selection(args))
+            path = write_report(args.traces, args.output, sweeps=args.sweep, **_selection(args))
             print(f"wrote {path}")
     except TrainioError as exc:
         print(f"trainio {args.command}: {one_line(str(exc))}", file=sys.stderr)

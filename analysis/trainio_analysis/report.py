@@ -16,22 +16,28 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
 
 from trainio_analysis.analyze import analyze
 from trainio_analysis.errors import SelectionError, TrainioError
 
 PLOT_IDS = (
-    "throughput",
+    "timeline",
     "qd-issue",
     "qd-time",
     "qd-time-busy",
     "sizes",
-    "latency",
+    "latency-cdf",
     "gaps",
-    "processes",
+    "gpus",
 )
+SWEEP_ID = "sweep"
+# points per trace in a time plot: more bins than this are averaged into wider ones for
+# drawing only (the figures and analyze --json keep every bin)
+MAX_PLOT_POINTS = 2000
 
 
 def _label(path: str, others: list[str]) -> str:
@@ -54,6 +60,14 @@ def _us_label(us: int) -> str:
     return f"{us} µs"
 
 
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "–"
+    if s >= 1:
+        return f"{s:.3g} s"
+    return f"{s * 1e3:.3g} ms"
+
+
 def _bars(
     results: list[tuple[str, dict[str, Any]]],
     key: str,
@@ -62,18 +76,20 @@ def _bars(
     xaxis: str,
     yaxis: str,
     fmt: Any = str,
-    sub: str | None = None,
+    skip: set[str] | None = None,
+    total: bool = True,
 ) -> go.Figure:
     fig = go.Figure()
-    all_keys = sorted({int(k) for _, r in results for k in (r[sub][key] if sub else r[key])})
+    skip = skip or set()
+    all_keys = sorted({int(k) for _, r in results for k in r[key] if k not in skip})
     for name, r in results:
-        hist = r[sub][key] if sub else r[key]
-        total = sum(hist.values()) or 1
+        hist = r[key]
+        denom = (sum(hist.values()) or 1) if total else 1
         fig.add_trace(
             go.Bar(
                 name=name,
                 x=[fmt(k) for k in all_keys],
-                y=[hist.get(str(k), 0) / total for k in all_keys],
+                y=[hist.get(str(k), 0) / denom for k in all_keys],
             )
         )
     fig.update_layout(
@@ -82,156 +98,283 @@ def _bars(
         xaxis_title=xaxis,
         yaxis_title=yaxis,
         xaxis_type="category",
-        yaxis_tickformat=".0%",
+        yaxis_tickformat=".1%",
     )
     return fig
 
 
-def _figures(
-    results: list[tuple[str, dict[str, Any]]], files: list[tuple[str, dict[str, Any] | None]]
-) -> dict[str, go.Figure]:
-    figs: dict[str, go.Figure] = {}
-    tl = go.Figure()
+def decimate(t: list[float], *series: list[float], limit: int = MAX_PLOT_POINTS) -> tuple[Any, ...]:
+    """Average runs of consecutive bins into at most ``limit`` wider bins (for drawing:
+    a mean over a wider bin is still MiB/s and mean queue depth); returns the bin starts,
+    the series and the factor (1: untouched)."""
+    n = len(t)
+    if n <= limit:
+        return (t, *series, 1)
+    factor = -(-n // limit)
+    m = -(-n // factor)
+    out = []
+    for values in series:
+        a = np.zeros(m * factor)
+        a[:n] = values
+        sums = a.reshape(m, factor).sum(axis=1)
+        counts = np.full(m, factor, float)
+        counts[-1] = n - (m - 1) * factor
+        out.append((sums / counts).tolist())
+    return (t[::factor], *out, factor)
+
+
+def _timeline(results: list[tuple[str, dict[str, Any]]]) -> go.Figure:
+    """Per trace two rows on one time axis: read and write MiB/s, and mean queue depth."""
+    n = len(results)
+    titles = []
     for name, r in results:
-        t = r["throughput_mib_s"]["timeline"]
-        total = [a + b for a, b in zip(t["read"], t["write"], strict=True)]
-        # markers too when there are few bins, so a short trace is not an invisible dot
-        mode = "lines+markers" if len(total) <= 60 else "lines"
-        tl.add_trace(go.Scatter(name=f"{name}", x=t["t_s"], y=total, mode=mode))
-    tl.update_layout(
-        title=f"Throughput (read + write) per {results[0][1]['throughput_mib_s']['bin_s']:g} s bin",
-        xaxis_title="time since trace start (s)",
-        yaxis_title="MiB/s (2^20 B/s)",
+        b = r["throughput_mib_s"]["bin_s"]
+        titles += [f"{name}: throughput per {_seconds(b)} bin", f"{name}: queue depth (mean per bin)"]
+    fig = make_subplots(
+        rows=2 * n, cols=1, shared_xaxes=True, vertical_spacing=0.06 / max(n, 1),
+        subplot_titles=titles,
     )
-    figs["throughput"] = tl
+    for i, (name, r) in enumerate(results):
+        tp = r["throughput_mib_s"]
+        tl = tp["timeline"]
+        t, rd, wr, qd, factor = decimate(tl["t_s"], tl["read"], tl["write"], tl["qd_mean"])
+        if factor > 1:
+            fig.layout.annotations[2 * i].text += f" (drawn at {_seconds(tp['bin_s'] * factor)})"
+        mode = "lines+markers" if len(t) <= 60 else "lines"
+        row = 2 * i + 1
+        fig.add_trace(go.Scatter(name=f"{name} read", x=t, y=rd, mode=mode, line_shape="hv",
+                                 legendgroup=name, line_color="#1f77b4"), row=row, col=1)
+        if any(wr):
+            fig.add_trace(go.Scatter(name=f"{name} write", x=t, y=wr, mode=mode, line_shape="hv",
+                                     legendgroup=name, line_color="#d62728"), row=row, col=1)
+        fig.add_trace(go.Scatter(name=f"{name} queue depth", x=t, y=qd, mode=mode, line_shape="hv",
+                                 legendgroup=name, line_color="#2ca02c", fill="tozeroy"),
+                      row=row + 1, col=1)
+        fig.update_yaxes(title_text="MiB/s", row=row, col=1, rangemode="tozero")
+        fig.update_yaxes(title_text="queue depth", row=row + 1, col=1, rangemode="tozero")
+    fig.update_xaxes(title_text="time since trace start (s)", row=2 * n, col=1)
+    fig.update_layout(title="Throughput (reads and writes apart) and queue depth over time",
+                      height=260 * 2 * n + 120)
+    return fig
+
+
+def _latency_cdf(results: list[tuple[str, dict[str, Any]]]) -> go.Figure:
+    fig = go.Figure()
+    colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
+    for i, (name, r) in enumerate(results):
+        cdf = r["latency_cdf_us"]
+        color = colors[i % len(colors)]
+        fig.add_trace(go.Scatter(name=name, x=cdf["us"], y=cdf["p"], mode="lines",
+                                 line_color=color))
+        lat = r["latency_us"]
+        marks = [(k, label) for k, label in (("p50", "p50"), ("p99", "p99"), ("p999", "p99.9"))
+                 if lat.get(k) is not None and lat[k] == lat[k]]
+        fig.add_trace(go.Scatter(
+            name=f"{name} p50 / p99 / p99.9", x=[lat[k] for k, _ in marks],
+            y=[{"p50": 0.5, "p99": 0.99, "p999": 0.999}[k] for k, _ in marks],
+            text=[f"{label} {_us_label(int(lat[k])) if lat[k] >= 1 else f'{lat[k]:.2f} µs'}"
+                  for k, label in marks],
+            mode="markers+text", textposition="middle left", marker={"size": 9, "color": color,
+                                                                    "symbol": "diamond"},
+            showlegend=False))
+    fig.update_layout(title="Latency CDF (issue to completion) with p50, p99, p99.9",
+                      xaxis_title="latency (µs, log scale)", yaxis_title="fraction of requests ≤ x",
+                      xaxis_type="log", yaxis_tickformat=".0%")
+    return fig
+
+
+def _gpus(
+    results: list[tuple[str, dict[str, Any]]], files: list[tuple[str, dict[str, Any] | None]]
+) -> go.Figure:
+    """Per GPU of the job model (a rank and its workers; launchers left out), else per
+    process, else per device."""
+    fig = go.Figure()
+    models = [(name, (fr or {}).get("job_model")) for name, fr in files]
+    if any(m and m.get("gpus") for _, m in models):
+        for name, m in models:
+            if not m or not m.get("gpus"):
+                continue
+            gpus = m["gpus"]
+            fig.add_trace(go.Bar(
+                name=name,
+                x=[f"GPU {g['index']}" for g in gpus],
+                y=[g["bytes"] / 2**20 for g in gpus],
+                customdata=[[g["rank_pid"], g["comm"] or "", len(g["members"]),
+                             g["compute_s"] or 0, g["required_mib_s"] or 0] for g in gpus],
+                hovertemplate="%{y:.1f} MiB, rank %{customdata[0]} %{customdata[1]}, "
+                "%{customdata[2]} processes, compute %{customdata[3]:.3f} s/step, "
+                "needs %{customdata[4]:.1f} MiB/s<extra></extra>",
+            ))
+        fig.update_layout(barmode="group", title="Per GPU (rank + its DataLoader workers; "
+                          "launcher processes left out): data read", xaxis_title="GPU (job model)",
+                          yaxis_title="MiB read", xaxis_type="category")
+        return fig
+    if any(fr and fr.get("processes") for _, fr in files):
+        for name, fr in files:
+            if fr is None:
+                continue
+            procs = [p for p in fr.get("processes", []) if p["bytes"]]
+            fig.add_trace(go.Bar(name=name, x=[f"{p['pid']} {p['comm'] or ''}".strip() for p in procs],
+                                 y=[p["bytes"] / 2**20 for p in procs]))
+        fig.update_layout(barmode="group", title="Per process read streams (no job model: "
+                          "the analyzer's native extension is not built)", xaxis_title="process",
+                          yaxis_title="MiB read", xaxis_type="category")
+        return fig
+    for name, r in results:
+        groups = r["groups"]
+        fig.add_trace(go.Bar(name=name, x=list(groups), y=[g["utilization"] for g in groups.values()]))
+    fig.update_layout(barmode="group", xaxis_type="category", yaxis_tickformat=".0%",
+                      title=f"Per-{results[0][1]['selection']['grouped_by']} streams: "
+                      "utilization (no file layer recorded)",
+                      xaxis_title=results[0][1]["selection"]["grouped_by"], yaxis_title="busy time")
+    return fig
+
+
+def _sweep_figure(sweeps: list[tuple[str, dict[str, Any]]]) -> go.Figure:
+    fig = go.Figure()
+    threshold = None
+    for name, sw in sweeps:
+        curve = sorted(sw["curve"], key=lambda c: c["gpus"])
+        threshold = sw.get("threshold_percent", threshold)
+        fig.add_trace(go.Scatter(
+            name=f"{name}: AU (supported {sw['supported_gpus']})", x=[c["gpus"] for c in curve],
+            y=[c["au_percent"] for c in curve], mode="lines+markers",
+            marker={"symbol": ["circle" if c.get("pass") else "x" for c in curve], "size": 9}))
+        if all("au_min_percent" in c for c in curve):
+            fig.add_trace(go.Scatter(name=f"{name}: slowest GPU's AU", x=[c["gpus"] for c in curve],
+                                     y=[c["au_min_percent"] for c in curve], mode="lines",
+                                     line_dash="dot"))
+    if threshold is not None:
+        fig.add_hline(y=threshold, line_dash="dash", annotation_text=f"threshold {threshold:g} %")
+    fig.update_layout(title="Sweep: accelerator utilization (AU) vs simulated GPUs",
+                      xaxis_title="simulated GPUs", yaxis_title="AU (%)", xaxis_type="log")
+    return fig
+
+
+def _figures(
+    results: list[tuple[str, dict[str, Any]]],
+    files: list[tuple[str, dict[str, Any] | None]],
+    sweeps: list[tuple[str, dict[str, Any]]],
+) -> dict[str, go.Figure]:
+    figs: dict[str, go.Figure] = {"timeline": _timeline(results)}
     figs["qd-issue"] = _bars(
-        results,
-        "qd_hist_issue",
+        results, "qd_hist_issue",
         title="Queue depth per issue (fraction of requests that saw k in flight, incl. itself)",
-        xaxis="queue depth k",
-        yaxis="requests",
+        xaxis="queue depth k", yaxis="requests",
     )
+    idle = ", ".join(f"{name} {r['qd_hist_time'].get('0', 0.0):.1%}" for name, r in results)
     figs["qd-time"] = _bars(
-        results,
-        "qd_hist_time",
-        title="Queue depth time-weighted (fraction of wall time with k in flight; mean = aqu-sz)",
-        xaxis="queue depth k",
-        yaxis="time",
+        results, "qd_hist_time", skip={"0"}, total=False,
+        title=f"Queue depth time-weighted, k ≥ 1 (k = 0, nothing in flight: {idle} of the time, "
+        "not drawn)",
+        xaxis="queue depth k", yaxis="fraction of wall time",
     )
     figs["qd-time-busy"] = _bars(
-        results,
-        "qd_hist_time_busy",
-        title="Queue depth time-weighted, busy time only (k >= 1)",
-        xaxis="queue depth k",
-        yaxis="busy time",
+        results, "qd_hist_time_busy",
+        title="Queue depth time-weighted, busy time only (k ≥ 1)",
+        xaxis="queue depth k", yaxis="fraction of busy time",
     )
     figs["sizes"] = _bars(
-        results,
-        "size_hist",
-        title="Request sizes (power-of-two buckets)",
-        xaxis="size ≥",
-        yaxis="requests",
-        fmt=_bytes_label,
+        results, "size_hist", title="Request sizes (power-of-two buckets)",
+        xaxis="request size ≥", yaxis="requests", fmt=_bytes_label,
     )
-    figs["latency"] = _bars(
-        results,
-        "latency_hist_us",
-        title="Latency (issue to completion)",
-        xaxis="latency ≥",
-        yaxis="requests",
-        fmt=_us_label,
-    )
+    figs["latency-cdf"] = _latency_cdf(results)
     figs["gaps"] = _bars(
-        results,
-        "idle_gap_hist_us",
-        title="Idle gaps between busy periods",
-        xaxis="gap ≥",
-        yaxis="gaps",
-        fmt=_us_label,
+        results, "idle_gap_hist_us", title="Idle gaps between busy periods",
+        xaxis="idle gap ≥", yaxis="gaps", fmt=_us_label,
     )
-    proc = go.Figure()
-    for name, fr in files:
-        if fr is None:
-            continue
-        procs = fr.get("processes", [])
-        proc.add_trace(
-            go.Bar(
-                name=name,
-                x=[f"{p['pid']} {p['comm'] or ''}".strip() for p in procs],
-                y=[p["bytes"] / 2**20 for p in procs],
-                customdata=[[p["reads"], p["files"], p["concurrency"]["mean_time"]] for p in procs],
-                hovertemplate="%{y:.1f} MiB, %{customdata[0]} reads, %{customdata[1]} files, "
-                "concurrency %{customdata[2]:.2f}<extra></extra>",
-            )
-        )
-    if proc.data:
-        proc.update_layout(
-            barmode="group",
-            title="Per-process read streams (file layer)",
-            xaxis_title="process",
-            yaxis_title="MiB read",
-            xaxis_type="category",
-        )
-    else:  # no file layer recorded: the selected layer's streams, per device
-        for name, r in results:
-            groups = r["groups"]
-            proc.add_trace(
-                go.Bar(name=name, x=list(groups), y=[g["utilization"] for g in groups.values()])
-            )
-        proc.update_layout(
-            barmode="group",
-            xaxis_type="category",
-            yaxis_tickformat=".0%",
-            title=f"Per-{results[0][1]['selection']['grouped_by']} streams: "
-            "utilization (no file layer recorded)",
-            yaxis_title="busy time",
-        )
-    figs["processes"] = proc
+    figs["gpus"] = _gpus(results, files)
+    if sweeps:
+        figs[SWEEP_ID] = _sweep_figure(sweeps)
     return figs
 
 
-def _table(results: list[tuple[str, dict[str, Any]]]) -> str:
-    rows = [
-        ("layer", lambda r: r["selection"]["layer"]),
-        ("events", lambda r: f"{r['events']:,}"),
-        ("duration", lambda r: f"{r['duration_s']:.3f} s"),
-        ("mean throughput", lambda r: f"{r['throughput_mib_s']['mean']:.1f} MiB/s"),
-        ("IOPS", lambda r: f"{r['iops']:.0f}"),
-        ("QD mean per issue", lambda r: f"{r['qd_mean_issue']:.2f}"),
-        ("QD mean time (aqu-sz)", lambda r: f"{r['qd_mean_time']:.2f}"),
-        ("utilization", lambda r: f"{r['utilization']:.1%}"),
-        ("idle", lambda r: f"{r['idle_fraction']:.1%}"),
-        (
-            "latency p50 / p99",
-            lambda r: f"{r['latency_us']['p50']:.1f} / {r['latency_us']['p99']:.1f} µs",
-        ),
-        (
-            "bursts",
-            lambda r: f"{r['bursts']['count']} (mean gap {r['bursts']['mean_gap_s'] * 1e3:.1f} ms)",
-        ),
-        ("lost events", lambda r: f"{r['lost_events']['total']:,}"),
+def _summary(
+    results: list[tuple[str, dict[str, Any]]],
+    files: list[tuple[str, dict[str, Any] | None]],
+    sweeps: list[tuple[str, dict[str, Any]]],
+) -> str:
+    """The summary panel: one column per trace."""
+
+    def model(k: int) -> dict[str, Any]:
+        fr = files[k][1]
+        return (fr or {}).get("job_model") or {}
+
+    def devices(r: dict[str, Any]) -> str:
+        used = set(r["groups"]) if r["selection"]["grouped_by"] == "dev" else set()
+        out = []
+        for d in r["recording"]["devices"]:
+            if used and d["dev"] not in used:
+                continue
+            size = f", {_bytes_label(d['size_bytes'])}" if d.get("size_bytes") else ""
+            mounts = f" on {', '.join(d['mounts'])}" if d.get("mounts") else ""
+            out.append(f"{d['name']} ({d['dev']}{size}){mounts}")
+        return "; ".join(out) or "–"
+
+    def mib_s(v: float | None) -> str:
+        return "–" if v is None else f"{v:.1f} MiB/s"
+
+    rows: list[tuple[str, Any]] = [
+        ("host", lambda k, r: r["recording"]["host"] or "–"),
+        ("kernel", lambda k, r: r["recording"]["kernel"] or "–"),
+        ("command", lambda k, r: r["recording"]["command"] or "–"),
+        ("started (UTC)", lambda k, r: r["recording"]["started_utc"] or "–"),
+        ("duration", lambda k, r: f"{r['duration_s']:.3f} s (active {r['active_s']:.3f} s)"),
+        ("devices", lambda k, r: devices(r)),
+        ("GPUs found", lambda k, r: str(len(model(k).get("gpus", []))) if model(k) else "–"),
+        ("compute per step", lambda k, r: _seconds(model(k).get("compute_s"))),
+        ("bytes per step", lambda k, r: _bytes_label(int(model(k)["bytes_per_step"]))
+         if model(k).get("bytes_per_step") else "–"),
+        ("MiB/s needed per GPU", lambda k, r: mib_s(model(k).get("required_mib_s_per_gpu"))),
+        ("launcher processes left out", lambda k, r: ", ".join(
+            f"{p.get('pid')} {p.get('comm') or ''}".strip() for p in model(k).get("left_out", [])
+        ) or "none"),
+        ("layer", lambda k, r: r["selection"]["layer"]),
+        ("events", lambda k, r: f"{r['events']:,}"),
+        ("mean throughput", lambda k, r: f"{r['throughput_mib_s']['mean']:.1f} MiB/s "
+         f"(active {r['throughput_active_mib_s']:.1f}, peak {r['throughput_mib_s']['peak']:.1f})"),
+        ("IOPS", lambda k, r: f"{r['iops']:.0f}"),
+        ("QD mean per issue / max", lambda k, r: f"{r['qd_mean_issue']:.2f} / {r['qd_max']}"),
+        ("QD mean time (aqu-sz)", lambda k, r: f"{r['qd_mean_time']:.2f}"),
+        ("utilization / idle", lambda k, r: f"{r['utilization']:.1%} / {r['idle_fraction']:.1%}"),
+        ("latency p50 / p99 / p99.9", lambda k, r: " / ".join(
+            "–" if r["latency_us"][p] is None or r["latency_us"][p] != r["latency_us"][p]
+            else f"{r['latency_us'][p]:.1f}" for p in ("p50", "p99", "p999")) + " µs"),
+        ("bursts", lambda k, r: f"{r['bursts']['count']} (mean gap {r['bursts']['mean_gap_s'] * 1e3:.1f} ms)"),
+        ("lost events", lambda k, r: f"{r['lost_events']['total']:,}"),
     ]
     head = "".join(f"<th>{html.escape(n)}</th>" for n, _ in results)
     body = "".join(
-        "<tr><td>"
-        + html.escape(label)
-        + "</td>"
-        + "".join(f"<td>{html.escape(str(fn(r)))}</td>" for _, r in results)
+        f"<tr><td>{html.escape(label)}</td>"
+        + "".join(f"<td>{html.escape(str(fn(k, r)))}</td>" for k, (_, r) in enumerate(results))
         + "</tr>"
         for label, fn in rows
     )
-    return f"<table><tr><th></th>{head}</tr>{body}</table>"
+    sweep_lines = "".join(
+        f"<p class=\"answer\">Sweep {html.escape(name)} ({html.escape(str(sw.get('workload', '')))}): "
+        f"<b>{int(sw['supported_gpus'])} GPUs supported</b> at AU ≥ {sw.get('threshold_percent', 90):g} %"
+        + (" (the sweep stopped at its --max-gpus)" if sw.get("limited_by_max_gpus") else "")
+        + "</p>"
+        for name, sw in sweeps
+    )
+    return f'<div id="summary">{sweep_lines}<table><tr><th></th>{head}</tr>{body}</table></div>'
 
 
 def render(
-    results: list[tuple[str, dict[str, Any]]], files: list[tuple[str, dict[str, Any] | None]]
+    results: list[tuple[str, dict[str, Any]]],
+    files: list[tuple[str, dict[str, Any] | None]],
+    sweeps: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> str:
     """The report's HTML text."""
-    figs = _figures(results, files)
+    sweeps = sweeps or []
+    figs = _figures(results, files, sweeps)
     divs = []
-    for div_id in PLOT_IDS:
+    ids = ([SWEEP_ID] if sweeps else []) + list(PLOT_IDS)
+    for div_id in ids:
         fig = figs[div_id]
-        fig.update_layout(template="plotly_white", height=420, margin={"t": 60})
+        fig.update_layout(template="plotly_white", margin={"t": 70})
+        if div_id != "timeline":
+            fig.update_layout(height=420)
         divs.append(
             fig.to_html(
                 full_html=False,
@@ -244,19 +387,53 @@ def render(
     raw = html.escape(json.dumps({n: r["selection"] for n, r in results}))
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>trainio report: {names}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}
+<style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
-td:first-child{{text-align:left}}</style>
+td:first-child{{text-align:left}}.answer{{font-size:1.3em}}</style>
 <script type="text/javascript">{get_plotlyjs()}</script>
 </head><body>
 <h1>trainio report</h1>
 <p>Traces: {names}. MiB = 2<sup>20</sup> bytes. Queue depth per issue comes from the
-kernel-recorded counter; time-weighted from the issue/complete intervals.</p>
-{_table(results)}
+kernel-recorded counter; time-weighted from the issue/complete intervals. GPUs, compute
+and bytes per step come from the job model of the file layer (docs/analysis.md).</p>
+{_summary(results, files, sweeps)}
 {"".join(divs)}
 <p data-selection="{raw}">generated by trainio_analysis</p>
 </body></html>
 """
+
+
+def read_sweep(path: str) -> tuple[str, dict[str, Any]]:
+    """A ``trainio sweep --json`` file: its name and content; refused (one line naming
+    it) when it is not one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            sw = json.load(f)
+    except OSError as exc:
+        msg = f"--sweep {path}: cannot read ({exc.strerror})"
+        raise TrainioError(msg) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        msg = f"--sweep {path}: not JSON ({exc})"
+        raise TrainioError(msg) from None
+    ok = (
+        isinstance(sw, dict)
+        and isinstance(sw.get("supported_gpus"), int)
+        and isinstance(sw.get("curve"), list)
+        and sw["curve"]
+        and all(
+            isinstance(c, dict)
+            and isinstance(c.get("gpus"), int)
+            and isinstance(c.get("au_percent"), (int, float))
+            for c in sw["curve"]
+        )
+    )
+    if not ok:
+        msg = (
+            f"--sweep {path}: not a trainio sweep --json file "
+            "(needs supported_gpus and a curve of gpus and au_percent)"
+        )
+        raise TrainioError(msg)
+    return Path(path).name, sw
 
 
 def write_report(
@@ -268,31 +445,33 @@ def write_report(
     pid: int | None = None,
     bin_s: float | None = None,
     burst_gap_ms: float = 10.0,
+    sweeps: list[str] | None = None,
 ) -> Path:
     """Analyze each trace and write the HTML report atomically; returns its path.
 
     `output` must be a regular file or a new name in an existing directory: a device, a
     directory, a FIFO or a symbolic link is refused before any trace is read (the
-    report is renamed into place, which would replace the node or the link itself)."""
+    report is renamed into place, which would replace the node or the link itself).
+    `sweeps`: ``trainio sweep --json`` files, drawn as AU vs GPUs with GPUs supported."""
     _check_output(Path(output))
-    opts = {"dev": dev, "pid": pid, "bin_s": bin_s, "burst_gap_ms": burst_gap_ms, "with_model": False}
+    sweep_data = [read_sweep(p) for p in sweeps or []]
+    opts = {"dev": dev, "pid": pid, "bin_s": bin_s, "burst_gap_ms": burst_gap_ms}
     results = []
     files = []
     for t in traces:
         name = _label(t, traces)
-        r = analyze(t, layer=layer, **opts)
+        r = analyze(t, layer=layer, with_model=False, **opts)
         layer = layer or r["selection"]["layer"]  # the same layer for every trace
         results.append((name, r))
-        if r["selection"]["layer"] == "file":
-            files.append((name, r))
-        elif "file" in r["layers_present"]:
+        if "file" in r["layers_present"]:
             try:
+                # the file layer with the job model: GPUs, compute and bytes per step
                 files.append((name, analyze(t, layer="file", **opts)))
             except SelectionError:
                 files.append((name, None))
         else:
             files.append((name, None))
-    text = render(results, files)
+    text = render(results, files, sweep_data)
     out = Path(output)
     try:
         fd, tmp = tempfile.mkstemp(
