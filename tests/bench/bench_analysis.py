@@ -163,6 +163,18 @@ def time_analyze(trace: Path) -> dict:
     }
 
 
+def time_report(trace: Path, out: Path) -> dict:
+    """`trainio report` of one trace as a child process: wall time and the file's size."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "analysis"))
+    cmd = [sys.executable, "-m", "trainio_analysis", "report", str(trace), "-o", str(out)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"bench-analysis: report {trace}: {proc.stderr.strip()}")
+    return {"wall": wall, "bytes": out.stat().st_size}
+
+
 def _spread(values: list[float], scale: float = 1.0, fmt: str = ".1f") -> str:
     v = sorted(x / scale for x in values)
     return f"median {np.median(v):{fmt}} (min {v[0]:{fmt}}, max {v[-1]:{fmt}}; {len(v)} runs)"
@@ -173,6 +185,8 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=100_000_000)
     ap.add_argument("--trace", type=Path, default=ROOT / "results/bench/analysis-trace")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each arm, alternating")
+    ap.add_argument("--report-events", type=int, default=10_000_000,
+                    help="events of the trace `trainio report` is timed on (0: skip)")
     args = ap.parse_args()
     own = args.trace
     rewritten = args.trace.with_name(args.trace.name + "-pyarrow")
@@ -183,6 +197,11 @@ def main() -> int:
     for _ in range(args.rounds):
         for name, trace in arms.items():
             runs[name].append(time_analyze(trace))
+    report = None
+    if args.report_events:
+        small = args.trace.with_name(args.trace.name + f"-{args.report_events}")
+        build_trace(small, args.report_events)
+        report = [time_report(small, small.with_name(small.name + ".html")) for _ in range(2)]
     first = {name: r[0]["result"] for name, r in runs.items()}
     a, b = first.values()
     a, b = dict(a), dict(b)
@@ -224,6 +243,11 @@ def main() -> int:
         ("QD agreement W1", f"{a['qd_issue_agreement']['w1']:.4f}"),
         ("throughput mean MiB/s", f"{a['throughput_mib_s']['mean']:.1f}"),
     ]
+    if report:
+        rows += [
+            (f"report of {args.report_events:,} events (s)", _spread([x["wall"] for x in report], fmt=".2f")),
+            ("report size", f"{report[0]['bytes'] / 2**20:.2f} MiB (plotly.js inlined)"),
+        ]
     width = max(len(k) for k, _ in rows)
     print(f"{'bench-analysis':<{width}}  value")
     print(f"{'-' * width}  {'-' * 40}")
