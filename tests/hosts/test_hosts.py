@@ -240,3 +240,35 @@ def test_rank_failing_on_host2_names_rank_and_host(bed3, tmp_path):
     assert all(str(data) in cause for _, _, cause in failed), failed
     assert took < 30, f"{took:.1f} s"
     assert not wait_nothing_left(bed3)
+
+
+def test_the_step_barrier_crosses_hosts(bed3, tmp_path):
+    """h2 computes 0.3 s a step, h1 0.05 s (the workload path holds a different file on h2,
+    mounted there only): with the barrier h1's GPUs wait for h2's at every step; with
+    --no-barrier they do not wait at all."""
+    data = bed3.shared / "barrier"
+    wl = workload(tmp_path / "wl.yaml", compute=0.05)
+    slow = workload(tmp_path / "slow.yaml", compute=0.3)
+    steps = 5
+    datagen(wl, data, 4, steps)
+    bed3.on_host("h2", ["mount", "--bind", slow, wl])
+    results = {}
+    try:
+        for mode, extra in (("barrier", []), ("no-barrier", ["--no-barrier"])):
+            out = tmp_path / f"{mode}.json"
+            cmd = bed3.mpirun({"h1": 2, "h2": 2}, [TRAINIO, "replay", "--workload", wl, "--data-dir", data,
+                                                    "--gpus", 4, "--steps", steps, "--json", out, *extra])
+            p = run(cmd, timeout=60, env=bed3.mpi_env())
+            assert p.returncode == 0, p.stderr[-3000:]
+            results[mode] = {h["host"]: h for h in json.loads(out.read_text())["per_host"]}
+            results[mode]["gpus"] = json.loads(out.read_text())["per_gpu"]
+    finally:
+        bed3.on_host("h2", ["umount", wl])
+    wait = {mode: {g["host"]: g["barrier_wait_s"] for g in r["gpus"]} for mode, r in results.items()}
+    # h1 waits (0.3 - 0.05) s at each of the 5 steps' barriers; h2 hardly at all.
+    assert wait["barrier"]["h1"] > 0.8 * steps * 0.25, wait
+    assert wait["barrier"]["h2"] < 0.2 * wait["barrier"]["h1"], wait
+    assert results["barrier"]["h1"]["au_percent"] < 40 < results["barrier"]["h2"]["au_percent"]
+    assert wait["no-barrier"] == {"h1": 0.0, "h2": 0.0}, wait
+    assert results["no-barrier"]["h1"]["au_percent"] > 80
+    assert not wait_nothing_left(bed3)
