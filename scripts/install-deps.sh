@@ -14,6 +14,9 @@ packages=(
   blktrace
   # replay: OpenMPI through the mpi crate (rsmpi needs libclang)
   openmpi-bin libopenmpi-dev libclang-dev
+  # multi-host tests (tests/hosts): each namespace host runs its own sshd (own config, keys
+  # and port in the test's tmp dir); mpirun starts ranks over ssh as on a real cluster
+  openssh-server openssh-client
   # report test: headless Chromium renders the HTML report
   chromium
   # the venv, if python3 is Debian's own

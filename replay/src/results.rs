@@ -98,6 +98,8 @@ pub fn summarize(
         ram_by_host.insert(r.hostname.as_str(), r.mem_total_bytes);
     }
     let ram_bytes: u64 = ram_by_host.values().sum();
+    let host_of: BTreeMap<usize, &str> = reports.iter().map(|r| (r.rank, r.hostname.as_str())).collect();
+    let per_host = per_host(reports, wall_s);
 
     let epochs = gpus.iter().map(|g| g.epochs.len()).max().unwrap_or(0);
     let per_epoch: Vec<serde_json::Value> = (0..epochs)
@@ -160,14 +162,60 @@ pub fn summarize(
         "cpu_s": cpu_s,
         "cpu_us_per_gpu_step": if gpu_steps > 0 { cpu_s * 1e6 / gpu_steps as f64 } else { 0.0 },
         "client_ram_bytes": ram_bytes,
+        "per_host": per_host,
         "settings": settings,
         "per_gpu": gpus.iter().map(|g| json!({
-            "gpu": g.gpu, "rank": g.rank, "au_percent": g.au * 100.0, "steps": g.steps,
+            "gpu": g.gpu, "rank": g.rank, "host": host_of.get(&g.rank).copied().unwrap_or(""),
+            "au_percent": g.au * 100.0, "steps": g.steps,
             "samples": g.samples, "bytes_read": g.bytes, "compute_s": g.compute_s,
             "io_wait_s": g.io_wait_s, "barrier_wait_s": g.barrier_wait_s,
             "max_outstanding_reads": g.max_outstanding_reads,
         })).collect::<Vec<_>>(),
     })
+}
+
+/// One entry per distinct host name, in name order: its ranks' share of the job (the
+/// figures of the whole job, restricted to the GPUs and processes of that host).
+fn per_host(reports: &[RankReport], wall_s: f64) -> Vec<serde_json::Value> {
+    let mut by_host: BTreeMap<&str, Vec<&RankReport>> = BTreeMap::new();
+    for r in reports {
+        by_host.entry(r.hostname.as_str()).or_default().push(r);
+    }
+    by_host
+        .into_iter()
+        .map(|(host, rs)| {
+            let gpus: Vec<&GpuStats> = rs.iter().flat_map(|r| r.run.gpus.iter()).collect();
+            let bytes: u64 = gpus.iter().map(|g| g.bytes).sum();
+            let samples: u64 = gpus.iter().map(|g| g.samples).sum();
+            let gpu_steps: u64 = gpus.iter().map(|g| g.steps).sum();
+            let au: Vec<f64> = gpus.iter().map(|g| g.au * 100.0).collect();
+            let au_min = au.iter().copied().fold(f64::INFINITY, f64::min);
+            let cpu_s: f64 = rs.iter().map(|r| r.cpu_s).sum();
+            let mut hist = BTreeMap::new();
+            for r in &rs {
+                for &(us, c) in &r.run.overshoot_us {
+                    *hist.entry(us).or_insert(0) += c;
+                }
+            }
+            json!({
+                "host": host,
+                "ranks": rs.iter().map(|r| r.rank).collect::<Vec<_>>(),
+                "gpus": gpus.len(),
+                "mem_total_bytes": rs[0].mem_total_bytes,
+                "au_percent": au.iter().sum::<f64>() / au.len().max(1) as f64,
+                "au_min_percent": if au_min.is_finite() { au_min } else { 0.0 },
+                "samples": samples,
+                "bytes_read": bytes,
+                "throughput_mib_s": bytes as f64 / wall_s / 1048576.0,
+                "gpu_steps": gpu_steps,
+                "wall_s": rs.iter().map(|r| r.run.wall_s).fold(0.0, f64::max),
+                "sleep_overshoot_us_p50": percentile(&hist, 0.50),
+                "sleep_overshoot_us_p99": percentile(&hist, 0.99),
+                "cpu_s": cpu_s,
+                "cpu_us_per_gpu_step": if gpu_steps > 0 { cpu_s * 1e6 / gpu_steps as f64 } else { 0.0 },
+            })
+        })
+        .collect()
 }
 
 /// The human summary printed by rank 0.
@@ -215,6 +263,22 @@ pub fn human(j: &serde_json::Value) -> String {
         j["sleep_overshoot_us_p99"],
         f("cpu_us_per_gpu_step")
     );
+    if let Some(hosts) = j["per_host"].as_array().filter(|h| h.len() > 1) {
+        for h in hosts {
+            let g = |k: &str| h[k].as_f64().unwrap_or(0.0);
+            out += &format!(
+                "  host {}  {} GPUs on {} ranks: AU {:.2}% (min {:.2}%), {:.1} MiB/s, overshoot p99 {} µs, CPU {:.1} µs per GPU-step\n",
+                h["host"].as_str().unwrap_or(""),
+                h["gpus"],
+                h["ranks"].as_array().map_or(0, |r| r.len()),
+                g("au_percent"),
+                g("au_min_percent"),
+                g("throughput_mib_s"),
+                h["sleep_overshoot_us_p99"],
+                g("cpu_us_per_gpu_step")
+            );
+        }
+    }
     if j["checkpoint"].is_object() {
         out += &crate::checkpointing::human(&j["checkpoint"]);
     }

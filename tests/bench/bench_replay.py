@@ -11,7 +11,12 @@
    registers its buffers too). Runs alternate, medians of three; the faster fio is the
    reference. Target: the replayer reaches >= 95 % of fio's throughput.
 
-Part 2 needs root (losetup, mount); it is skipped otherwise.
+3. Two hosts: the scale run of part 1 with its GPUs over 2 hosts × 1 rank (network
+   namespace hosts started over ssh by mpirun, tests/hosts/testbed.py), per host: CPU per
+   GPU-step and overshoot p50/p99, beside part 1's one-host figures. The hosts share this
+   machine's 2 CPUs, so the two ranks compete for them as one rank with all GPUs does not.
+
+Parts 2 and 3 need root (losetup, mount, namespaces); they are skipped otherwise.
 
     .venv/bin/python tests/bench/bench_replay.py [--gpus 288] [--rounds 3]
 """
@@ -92,6 +97,33 @@ def bench_scale(gpus: int, steps: int) -> bool:
     return ok
 
 
+def bench_hosts(gpus: int, steps: int) -> None:
+    if os.geteuid() != 0:
+        print("two hosts: skipped (needs root for the namespace hosts)")
+        return
+    sys.path.insert(0, str(ROOT / "tests" / "hosts"))
+    from testbed import TestBed  # noqa: E402
+
+    # The data on tmpfs as in part 1: /dev/shm is the same file system on every namespace host.
+    with tempfile.TemporaryDirectory(prefix="trainio-bench-hosts-", dir="/dev/shm") as tmp, \
+            TestBed(Path(tmp) / "bed", 2, shared_mb=64) as bed:
+        wl = workload(Path(tmp) / "tiny.yaml", files=1, record=4096, batch=4, threads=4, compute=0.05)
+        data = Path(tmp) / "data"
+        trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", gpus, "--steps", steps)
+        out = Path(tmp) / "r.json"
+        cmd = bed.mpirun({"h1": 1, "h2": 1}, [TRAINIO, "replay", "--quiet", "--workload", wl, "--data-dir",
+                                              data, "--gpus", gpus, "--steps", steps, "--json", out])
+        subprocess.run(cmd, check=True, capture_output=True, text=True, env=bed.mpi_env())
+        r = json.loads(out.read_text())
+        print(f"two hosts: the same {gpus} GPUs over 2 hosts × 1 rank (namespace hosts, ranks started over ssh)")
+        print(f"  job         AU {r['au_percent']:6.2f}%  CPU {r['cpu_us_per_gpu_step']:6.1f} µs per GPU-step  "
+              f"overshoot p50 {r['sleep_overshoot_us_p50']} µs p99 {r['sleep_overshoot_us_p99']} µs  "
+              f"barrier {r['barrier_wait_s_mean']:.2f} s per GPU  wall {r['wall_s']:.2f} s")
+        for h in r["per_host"]:
+            print(f"  host {h['host']:<6} AU {h['au_percent']:6.2f}%  CPU {h['cpu_us_per_gpu_step']:6.1f} µs per GPU-step  "
+                  f"overshoot p50 {h['sleep_overshoot_us_p50']} µs p99 {h['sleep_overshoot_us_p99']} µs")
+
+
 def sh(*cmd) -> str:
     return subprocess.run(list(map(str, cmd)), check=True, capture_output=True, text=True).stdout.strip()
 
@@ -150,6 +182,7 @@ def main() -> int:
         print("bench_replay: target/release/trainio-replay is missing: run 'make'", file=sys.stderr)
         return 2
     ok = bench_scale(args.gpus, args.steps)
+    bench_hosts(args.gpus, args.steps)
     ok = bench_fio(args.rounds) and ok
     return 0 if ok else 1
 
