@@ -67,6 +67,8 @@ enum trainio_file_op {
 	TRAINIO_FOP_FSYNC = 9,
 	TRAINIO_FOP_FDATASYNC = 10,
 	TRAINIO_FOP_SYNC_FILE_RANGE = 11,
+	TRAINIO_FOP_URING_READ = 12,  /* an io_uring read request (IORING_OP_READ*) */
+	TRAINIO_FOP_URING_WRITE = 13, /* an io_uring write request (IORING_OP_WRITE*) */
 };
 
 /* Index of the lost-event counters (a per-CPU array in each object). */
@@ -83,7 +85,8 @@ enum trainio_lost {
 	TRAINIO_LOST_PROC_RINGBUF = 9,  /* sched_process_* / task_rename: ring buffer full */
 	TRAINIO_LOST_IPC_RINGBUF = 10,  /* sys_exit_* of an ipc syscall: ring buffer full */
 	TRAINIO_LOST_BLOCK_UNSEEN = 11, /* block_rq_insert/issue: an earlier life's completion unseen */
-	TRAINIO_LOST_MAX = 12,
+	TRAINIO_LOST_URING_MAP = 12,    /* io_uring_submit_req: in-flight request map full */
+	TRAINIO_LOST_MAX = 13,
 };
 
 struct block_event {

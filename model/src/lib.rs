@@ -723,7 +723,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     let incomplete = if input.has_block && gpu_unseen >= INCOMPLETE_MIN_BYTES && gpu_unseen as f64 > INCOMPLETE_SHARE * gpu_block as f64 {
         let top = coverage.iter().filter(|c| c.in_gpu).max_by_key(|c| unseen(c)).expect("a GPU process has the bytes");
         Some(format!(
-            "while they trained, the GPUs' processes read {:.1} MiB through read syscalls but caused {:.1} MiB of block reads: pid {} ({}) caused {:.1} MiB of block reads with {:.1} MiB of read syscalls, so it likely reads through mmap or io_uring, which the file layer does not see",
+            "while they trained, the GPUs' processes read {:.1} MiB through read syscalls but caused {:.1} MiB of block reads: pid {} ({}) caused {:.1} MiB of block reads with {:.1} MiB of read syscalls, so it likely reads through mmap or io_uring, which the file layer does not see (io_uring: record with --io-uring)",
             mib(gpu_block - gpu_unseen.min(gpu_block)),
             mib(gpu_block),
             top.pid,
@@ -740,7 +740,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         let other: u64 = coverage.iter().map(|c| c.block_read_bytes.saturating_sub(c.file_read_bytes)).sum();
         (gpus.is_empty() && input.has_block && other >= INCOMPLETE_MIN_BYTES).then(|| {
             format!(
-                "the traced processes caused {:.1} MiB of block reads but the file layer holds no data read: they likely read through mmap or io_uring, which the file layer does not see",
+                "the traced processes caused {:.1} MiB of block reads but the file layer holds no data read: they likely read through mmap or io_uring, which the file layer does not see (io_uring: record with --io-uring)",
                 mib(other)
             )
         })

@@ -89,3 +89,57 @@ def test_reads_the_file_layer_cannot_see_are_reported_and_not_replayed(data_file
                      "--allow-incomplete", "-q", timeout=300)
         assert ok.returncode == 0, ok.stderr
     run(["rm", "-rf", str(data_dir)])
+
+
+URING = {
+    # sequential reads one at a time; random reads 16 deep on a registered (fixed) file; writes
+    "read": ["--rw=read", "--iodepth=1"],
+    "randread-fixed": ["--rw=randread", "--iodepth=16", "--registerfiles=1", "--norandommap=0"],
+    "write": ["--rw=write", "--iodepth=4"],
+}
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.parametrize("how", sorted(URING))
+def test_io_uring_requests_are_file_layer_rows_with_record_io_uring(data_file, tmp_path, how):
+    """With `record --io-uring`, each io_uring request of the traced process is one
+    file-layer row: every byte, at the offsets fio asked, with the process's requests in
+    flight as the queue depth; the model then finds the reads complete."""
+    mnt, f = data_file
+    _evict(f)
+    trace = tmp_path / "trace"
+    target = mnt / "out.bin" if how == "write" else f
+    cmd = ["fio", "--name=uring", "--ioengine=io_uring", "--bs=1M", f"--filename={target}",
+           f"--size={SIZE_MB}M", "--direct=0", "--output=/dev/null", *URING[how]]
+    rec = trainio("record", "-q", "--io-uring", "-o", trace, "--", *cmd, timeout=300)
+    assert rec.returncode == 0, rec.stderr
+    import pyarrow.dataset as ds
+
+    rows = ds.dataset(trace, format="parquet").to_table().to_pylist()
+    op = "write" if how == "write" else "read"
+    mine = [r for r in rows if r["layer"] == "file" and r["op"] == op and r["file"] == str(target)]
+    assert sum(r["bytes"] for r in mine) == SIZE_MB * MiB, len(mine)
+    assert sorted(r["offset"] for r in mine) == [k * MiB for k in range(SIZE_MB)]
+    assert all(r["bytes"] == r["bytes_requested"] == MiB and r["error"] == 0 for r in mine)
+    assert len({r["pid"] for r in mine}) == 1
+    depth = max(r["queue_depth"] for r in mine)
+    if how == "randread-fixed":
+        assert 1 < depth <= 16, depth
+        assert all(r["fd"] == -1 for r in mine), "a registered file's index is no fd"
+    elif how == "read":
+        assert depth == 1, depth
+    if op == "read":
+        a = trainio("analyze", trace, "--json", timeout=300)
+        assert a.returncode == 0, a.stderr
+        model = json.loads(a.stdout)["job_model"]
+        assert model["incomplete"] is None, model
+        assert sum(g["bytes"] for g in model["gpus"]) == SIZE_MB * MiB, model["gpus"]
+
+
+def test_record_io_uring_needs_the_file_layer(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root (BPF)")
+    r = trainio("record", "--io-uring", "--layers", "block", "-o", tmp_path / "t", "--", "true", timeout=60)
+    assert r.returncode == 2 and "--io-uring" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "t").exists()

@@ -48,6 +48,12 @@ pub struct Args {
     #[arg(long)]
     pub no_bpf_stats: bool,
 
+    /// Also record the target's io_uring reads and writes at the file layer (one row per
+    /// request, from submission to completion). Off by default: its probes run on every
+    /// io_uring request of the machine
+    #[arg(long)]
+    pub io_uring: bool,
+
     /// Trace this running process and its descendants (those it has now and those started from now on)
     #[arg(long, conflicts_with_all = ["cgroup", "command"])]
     pub pid: Option<u32>,

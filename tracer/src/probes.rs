@@ -32,10 +32,12 @@ pub struct Settings {
     pub ringbuf_bytes: u32,
     pub target: Target,
     pub bpf_stats: bool,
+    /// Also record io_uring reads and writes at the file layer (file.bpf.c).
+    pub io_uring: bool,
 }
 
 /// Names of the lost-event counters, by index (enum trainio_lost in bpf/trainio.h).
-const LOST_NAMES: [&str; 12] = [
+const LOST_NAMES: [&str; 13] = [
     "block_rq_complete:ringbuf_full",
     "block_rq_issue:map_full",
     "file_syscall_exit:ringbuf_full",
@@ -48,6 +50,7 @@ const LOST_NAMES: [&str; 12] = [
     "proc:ringbuf_full",
     "ipc_syscall_exit:ringbuf_full",
     "block_rq_complete:unseen",
+    "io_uring_submit_req:map_full",
 ];
 
 #[derive(Serialize, Clone, Debug)]
@@ -278,6 +281,13 @@ impl<'o> Probes<'o> {
             }
             open.maps.file_events.set_max_entries(s.ringbuf_bytes).context("sizing the file ring buffer")?;
             autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped);
+            if !s.io_uring {
+                for mut p in open.open_object_mut().progs_mut() {
+                    if p.section().to_string_lossy().starts_with("tp_btf/io_uring_") {
+                        p.set_autoload(false);
+                    }
+                }
+            }
             Some(open.load().context("loading the file probes into the kernel")?)
         } else {
             None

@@ -178,6 +178,9 @@ fn preflight(args: &Args) -> Result<Checked> {
             Some(Layer::Proc | Layer::Ipc) | None => usage!("--layers: unknown layer `{l}` (known: block, file, nfs)"),
         }
     }
+    if args.io_uring && !file {
+        usage!("--io-uring: io_uring requests are recorded at the file layer, which --layers leaves out");
+    }
     let mut devs = Vec::new();
     for d in &args.devs {
         devs.push(host::resolve_block_device(d).map_err(as_usage)?);
@@ -430,6 +433,7 @@ pub fn run(args: Args) -> Result<i32> {
         ringbuf_bytes: checked.ringbuf_bytes,
         target: checked.target.clone(),
         bpf_stats: !args.no_bpf_stats,
+        io_uring: args.io_uring,
     };
     let mut block_obj = MaybeUninit::uninit();
     let mut file_obj = MaybeUninit::uninit();
