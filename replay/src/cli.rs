@@ -28,12 +28,42 @@ pub enum Command {
     /// Replay a DLIO/MLPerf workload or a recorded trace with simulated GPUs.
     Replay(ReplayArgs),
     /// Materialize a workload's (or a trace's) dataset in --data-dir.
-    Datagen(SourceArgs),
+    Datagen(DatagenArgs),
     /// Find the most simulated GPUs that keep AU at or above the threshold.
     Sweep(SweepArgs),
+    /// MLPerf Storage's dataset size for a workload, GPU count and client RAM.
+    Datasize(DatasizeArgs),
 }
 
-/// Where the I/O pattern comes from, where the data lives, and overrides of the workload.
+/// `trainio datasize`: MLPerf's rule, computed without touching storage.
+#[derive(Args, Debug, Clone)]
+pub struct DatasizeArgs {
+    /// DLIO / MLPerf Storage workload YAML (v1.0 or v2.0 key names).
+    #[arg(long, value_name = "FILE.yaml")]
+    pub workload: PathBuf,
+    /// Simulated GPUs (MLPerf's accelerators) in the whole job.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub gpus: u64,
+    /// Client hosts (each with --client-ram of RAM).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub hosts: u64,
+    /// RAM of one client host: bytes (suffixes K, M, G, T = KiB… also accepted), or
+    /// `auto` (this host's MemTotal from /proc/meminfo).
+    #[arg(long, value_name = "BYTES|auto", default_value = "auto")]
+    pub client_ram: String,
+    /// Set a workload key before the file is read (as for replay).
+    #[arg(long = "param", value_name = "KEY=VALUE")]
+    pub params: Vec<String>,
+    /// Workload keys in DLIO's (Hydra's) form, e.g. `++workload.reader.batch_size=4`.
+    #[arg(value_name = "++workload.KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Write the numbers as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// Where the I/O pattern comes from, where the data lives, and the keys that size the
+/// dataset: what datagen uses (replay and sweep take these and `ReaderArgs`).
 #[derive(Args, Debug, Clone)]
 pub struct SourceArgs {
     /// DLIO / MLPerf Storage workload YAML (v1.0 or v2.0 key names).
@@ -50,18 +80,35 @@ pub struct SourceArgs {
     /// Directory that holds (or will hold) the dataset.
     #[arg(long, value_name = "DIR")]
     pub data_dir: PathBuf,
-    /// Simulated GPUs in the whole job (spread over the MPI ranks).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    pub gpus: u64,
     /// Use a non-empty directory that trainio did not create.
     #[arg(long)]
     pub force: bool,
-    /// Override the computation time per step, seconds.
-    #[arg(long, value_name = "SECONDS")]
-    pub computation_time: Option<f64>,
     /// Override reader.batch_size.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub batch_size: Option<u64>,
+    /// Steps per epoch (default: as many as each GPU's shard of num_files_train holds);
+    /// the dataset grows when a shard holds fewer.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub steps: Option<u64>,
+    /// Override train.seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Set a workload key before the file is read, e.g. `--param model.num_layers=2`
+    /// (dotted key as in the YAML; repeatable; checked like the file's own keys).
+    #[arg(long = "param", value_name = "KEY=VALUE")]
+    pub params: Vec<String>,
+    /// The same in DLIO's (Hydra's) form: `++workload.dataset.num_files_train=64`
+    /// (`workload.KEY=VALUE` and `+workload.KEY=VALUE` too; repeatable).
+    #[arg(value_name = "++workload.KEY=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+/// How the simulated GPUs read and compute: replay and sweep only.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ReaderArgs {
+    /// Override the computation time per step, seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub computation_time: Option<f64>,
     /// Override reader.read_threads (outstanding reads per simulated GPU).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub read_threads: Option<u64>,
@@ -74,17 +121,6 @@ pub struct SourceArgs {
     /// Override train.epochs.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub epochs: Option<u64>,
-    /// Steps per epoch (default: as many as each GPU's shard of num_files_train holds);
-    /// the dataset grows when a shard holds fewer.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub steps: Option<u64>,
-    /// Override train.seed.
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Set a workload key before the file is read, e.g. `--param model.num_layers=2`
-    /// (dotted key as in the YAML; repeatable; checked like the file's own keys).
-    #[arg(long = "param", value_name = "KEY=VALUE")]
-    pub params: Vec<String>,
     /// MLPerf Storage's checkpoint mode (`checkpoint.mode`): `default` writes the whole
     /// checkpoint over --gpus = TP×PP×DP simulated GPUs; `subset` has --gpus write their
     /// share of the checkpoint of TP×PP×model.parallelism.data GPUs.
@@ -92,10 +128,25 @@ pub struct SourceArgs {
     pub checkpoint_mode: Option<String>,
 }
 
+/// `trainio datagen`: only what sizes and places the dataset.
+#[derive(Args, Debug, Clone)]
+pub struct DatagenArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Simulated GPUs the dataset is for (each gets its shard of whole batches).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub gpus: u64,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     #[command(flatten)]
     pub source: SourceArgs,
+    #[command(flatten)]
+    pub reader: ReaderArgs,
     /// Generate the dataset first (as `trainio datagen` would).
     #[arg(long)]
     pub generate: bool,
@@ -141,6 +192,9 @@ pub struct RunArgs {
 pub struct ReplayArgs {
     #[command(flatten)]
     pub run: RunArgs,
+    /// Simulated GPUs in the whole job (spread over the MPI ranks).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub gpus: u64,
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -157,10 +211,14 @@ pub struct ReplayArgs {
 pub struct SweepArgs {
     #[command(flatten)]
     pub run: RunArgs,
+    /// GPU count of the first run (default 1, or the number of MPI ranks if more).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub start_gpus: Option<u64>,
     /// Largest GPU count to try.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_gpus: u64,
-    /// Where to save the curve (GPUs → AU, throughput) as JSON.
-    #[arg(long, value_name = "FILE", default_value = "trainio-sweep.json")]
-    pub json: PathBuf,
+    /// Where to save the curve (GPUs → AU, throughput) as JSON (default:
+    /// trainio-sweep.json in --data-dir, next to the data).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }

@@ -115,8 +115,15 @@ impl Layout {
         (0..per_gpu).map(|k| (k * gpus + gpu) as usize).collect()
     }
 
-    /// Checks that the files `which` exist with their planned sizes.
-    pub fn verify_files(&self, which: &[usize]) -> Result<()> {
+    /// Files the marker of the dataset in `root` says it holds.
+    pub fn marker_files(&self) -> Option<u64> {
+        let text = std::fs::read(self.root.join(MARKER)).ok()?;
+        serde_json::from_slice::<Marker>(&text).ok().map(|m| m.files)
+    }
+
+    /// Checks that the files `which` exist with their planned sizes. `sizing` says what
+    /// sets the number of files the run needs (named when one is missing).
+    pub fn verify_files(&self, which: &[usize], sizing: &str) -> Result<()> {
         if !self.root.join(MARKER).exists() {
             bail!(
                 "{}: no trainio dataset here: run 'trainio datagen' with the same workload (or trace) and --gpus, or pass --generate",
@@ -134,10 +141,17 @@ impl Layout {
                     m.len(),
                     f.size
                 ),
-                Err(_) => bail!(
-                    "{}: missing: run 'trainio datagen' with the same workload (or trace) and --gpus, or pass --generate",
-                    p.display()
-                ),
+                Err(_) => {
+                    let holds = match self.marker_files() {
+                        Some(m) => format!("the dataset in {} holds {m}", self.root.display()),
+                        None => format!("the dataset in {} holds fewer", self.root.display()),
+                    };
+                    bail!(
+                        "{}: missing: this run needs {} files ({sizing}) and {holds}: run 'trainio datagen' with the same workload (or trace), --gpus, --steps and --batch-size, or pass --generate",
+                        p.display(),
+                        self.files.len()
+                    )
+                }
             }
         }
         Ok(())

@@ -7,6 +7,7 @@ mod checkpointing;
 mod cli;
 mod cluster;
 mod dataset;
+mod datasize;
 mod engine;
 mod output;
 mod pool;
@@ -31,6 +32,7 @@ fn main() {
         Command::Replay(_) => "replay",
         Command::Datagen(_) => "datagen",
         Command::Sweep(_) => "sweep",
+        Command::Datasize(_) => "datasize",
     };
     let cluster = match Cluster::init() {
         Ok(c) => c,
@@ -61,9 +63,10 @@ fn show(human: &str, summary: &impl serde::Serialize, json: Option<&std::path::P
 
 fn run(command: Command, cluster: &Cluster) -> Result<()> {
     match command {
-        Command::Datagen(source) => {
+        Command::Datagen(d) => {
             let args = cli::RunArgs {
-                source,
+                source: d.source,
+                reader: cli::ReaderArgs::default(),
                 generate: true,
                 no_barrier: false,
                 odirect: false,
@@ -74,25 +77,26 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                 gpu_grouping: "auto".into(),
                 allow_incomplete: false,
                 io_engine: cli::IoEngine::IoUring,
-                quiet: false,
+                quiet: d.quiet,
             };
             let job = Job::prepare(&args)?;
-            job.datagen(cluster, args.source.gpus)
+            job.datagen(cluster, d.gpus)
         }
+        Command::Datasize(args) => datasize_command(&args),
         Command::Replay(args) => {
             // Checked before any work: the results of a run must have somewhere to go.
             if let (Some(path), true) = (&args.json, cluster.is_root()) {
                 output::check(path, "--json")?;
             }
             let job = Job::prepare(&args.run)?;
-            if args.run.source.gpus < cluster.size as u64 {
+            if args.gpus < cluster.size as u64 {
                 anyhow::bail!(replay::InputError(format!(
                     "--gpus {} is fewer than the {} MPI ranks: give every rank at least one simulated GPU",
-                    args.run.source.gpus, cluster.size
+                    args.gpus, cluster.size
                 )));
             }
             if args.plan_only {
-                let summary = job.plan_only(cluster, args.run.source.gpus)?;
+                let summary = job.plan_only(cluster, args.gpus)?;
                 if cluster.is_root() {
                     print!("{}", checkpointing::human_summary(&summary));
                     if let Some(path) = &args.json {
@@ -103,7 +107,7 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
             }
             // Generate first: the recording is of the replay, not of datagen's writes.
             if job.workload.train && job.generate {
-                job.datagen(cluster, args.run.source.gpus)?;
+                job.datagen(cluster, args.gpus)?;
             }
             let recorder = match &args.record {
                 Some(dir) if cluster.is_root() => Some(record::Recorder::start(dir)?),
@@ -112,12 +116,12 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
             // The results are shown and saved before the recorder is stopped: a recording
             // that fails does not take the finished replay's results with it.
             let ran = if job.workload.train {
-                job.run_generated(cluster, args.run.source.gpus).and_then(|summary| match summary {
+                job.run_generated(cluster, args.gpus).and_then(|summary| match summary {
                     Some(s) => show(&results::human(&s), &s, args.json.as_deref()),
                     None => Ok(()),
                 })
             } else {
-                job.run_checkpoint_only(cluster, args.run.source.gpus).and_then(|summary| match summary {
+                job.run_checkpoint_only(cluster, args.gpus).and_then(|summary| match summary {
                     Some(s) => show(&checkpointing::human_summary(&s), &s, args.json.as_deref()),
                     None => Ok(()),
                 })
@@ -129,4 +133,57 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
         }
         Command::Sweep(args) => sweep::sweep(&args, cluster),
     }
+}
+
+/// `trainio datasize`: MLPerf's rule for the workload, printed (and saved with --json).
+fn datasize_command(args: &cli::DatasizeArgs) -> Result<()> {
+    use replay::InputError;
+    if let Some(path) = &args.json {
+        output::check(path, "--json")?;
+    }
+    let per_host = match args.client_ram.trim() {
+        "auto" => match replay::mem_total_bytes() {
+            0 => anyhow::bail!(InputError(
+                "--client-ram auto: /proc/meminfo has no MemTotal: give the RAM of one client host in bytes".into()
+            )),
+            b => b,
+        },
+        given => datasize::parse_bytes(given).map_err(|e| InputError(format!("--client-ram {given}: {e}")))?,
+    };
+    let ram_from = if args.client_ram.trim() == "auto" {
+        format!("{} host(s) × MemTotal of this host", args.hosts)
+    } else {
+        format!("{} host(s) × --client-ram {}", args.hosts, args.client_ram.trim())
+    };
+    let total = per_host
+        .checked_mul(args.hosts)
+        .ok_or_else(|| InputError(format!("--hosts {} × --client-ram {per_host}: too large", args.hosts)))?;
+    let mut params = args.params.clone();
+    params.extend(workload::hydra_overrides(&args.overrides).map_err(|e| InputError(format!("{e:#}")))?);
+    let w = workload::Workload::from_file_with(&args.workload, &params)
+        .map_err(|e| InputError(format!("{e:#}").replace('\n', " ")))?;
+    if !w.train {
+        anyhow::bail!(InputError(format!(
+            "{}: a checkpoint-only workload has no training dataset to size",
+            args.workload.display()
+        )));
+    }
+    let s = datasize::sizing(&w, args.gpus, args.hosts, total);
+    print!("{}", datasize::human(&w.name, &s, &ram_from));
+    if let Some(path) = &args.json {
+        let mut out = serde_json::json!({
+            "tool": "trainio datasize",
+            "version": env!("CARGO_PKG_VERSION"),
+            "workload": w.name,
+            "source": args.workload.display().to_string(),
+            "params": w.params,
+            "client_ram_per_host_bytes": per_host,
+            "client_ram_from": if args.client_ram.trim() == "auto" { "auto" } else { "given" },
+        });
+        if let (Some(o), serde_json::Value::Object(m)) = (out.as_object_mut(), serde_json::to_value(&s)?) {
+            o.extend(m);
+        }
+        output::save_json(path, &out)?;
+    }
+    Ok(())
 }

@@ -5,6 +5,7 @@ use crate::checkpoint::Plan;
 use crate::checkpointing::{self, Checkpointer};
 use crate::cluster::Cluster;
 use crate::dataset::{self, Layout};
+use crate::datasize;
 use crate::engine::Program;
 use crate::engine::{Engine, EngineOptions};
 use crate::program::WorkloadProgram;
@@ -77,6 +78,45 @@ pub fn mem_total_bytes() -> u64 {
         .unwrap_or(0)
 }
 
+/// On rank 0: the client hosts and their total RAM (MemTotal of each host counted once,
+/// as MLPerf's rule counts it); None on the other ranks. Every rank must call it.
+pub fn client_ram(cluster: &Cluster) -> Option<(u64, u64)> {
+    let ram = mem_total_bytes();
+    let hosts = cluster.gather(format!("{}\t{ram}", cluster.hostname).into_bytes())?;
+    let by_host: std::collections::BTreeMap<String, u64> = hosts
+        .iter()
+        .filter_map(|b| {
+            let line = String::from_utf8_lossy(b).into_owned();
+            let (h, r) = line.split_once('\t')?;
+            Some((h.to_string(), r.parse().ok()?))
+        })
+        .collect();
+    Some((by_host.len() as u64, by_host.values().sum()))
+}
+
+/// Free bytes for an unprivileged writer on the file system that holds `path`, or that
+/// will hold it (its nearest existing ancestor), and that directory.
+fn free_bytes(path: &std::path::Path) -> Result<(u64, PathBuf)> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut dir = path.to_path_buf();
+    while !dir.exists() {
+        match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => dir = p.to_path_buf(),
+            _ => {
+                dir = PathBuf::from(".");
+                break;
+            }
+        }
+    }
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a NUL-terminated path and st a statvfs to fill.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        bail!("statvfs {}: {}", dir.display(), std::io::Error::last_os_error());
+    }
+    Ok((st.f_bavail as u64 * st.f_frsize as u64, dir))
+}
+
 fn cpu_seconds() -> f64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
@@ -87,10 +127,12 @@ fn cpu_seconds() -> f64 {
 impl Job {
     pub fn prepare(args: &RunArgs) -> Result<Job> {
         let src = &args.source;
+        let rd = &args.reader;
         let (mut w, templates, path) = match (&src.workload, &src.trace) {
             (Some(path), _) => {
                 let mut params = src.params.clone();
-                if let Some(mode) = &src.checkpoint_mode {
+                params.extend(crate::workload::hydra_overrides(&src.overrides).map_err(|e| InputError(format!("{e:#}")))?);
+                if let Some(mode) = &rd.checkpoint_mode {
                     params.push(format!("checkpoint.mode={mode}"));
                 }
                 let w = Workload::from_file_with(path, &params)
@@ -104,9 +146,9 @@ impl Job {
                 (w, None, path.clone())
             }
             (None, Some(trace)) => {
-                if !src.params.is_empty() || src.checkpoint_mode.is_some() {
+                if !src.params.is_empty() || !src.overrides.is_empty() || rd.checkpoint_mode.is_some() {
                     bail!(InputError(
-                        "--param and --checkpoint-mode set workload keys: they go with --workload, not --trace".into()
+                        "--param, ++workload.KEY=VALUE and --checkpoint-mode set workload keys: they go with --workload, not --trace".into()
                     ));
                 }
                 if let Some(gap) = args.burst_gap_ms {
@@ -139,7 +181,7 @@ impl Job {
                 "give --workload FILE.yaml or --trace TRACE".into()
             )),
         };
-        if let Some(ct) = src.computation_time {
+        if let Some(ct) = rd.computation_time {
             if !(ct >= 0.0 && ct.is_finite()) {
                 bail!(InputError(format!(
                     "--computation-time must be ≥ 0 seconds, got {ct}"
@@ -150,13 +192,13 @@ impl Job {
         if let Some(v) = src.batch_size {
             w.batch_size = v;
         }
-        if let Some(v) = src.read_threads {
+        if let Some(v) = rd.read_threads {
             w.read_threads = v;
         }
-        if let Some(v) = src.prefetch_size {
+        if let Some(v) = rd.prefetch_size {
             w.prefetch_size = v;
         }
-        if let Some(v) = src.epochs {
+        if let Some(v) = rd.epochs {
             w.epochs = v;
         }
         if let Some(v) = src.seed {
@@ -175,9 +217,9 @@ impl Job {
         Ok(Job {
             templates,
             model,
-            compute_override: src.computation_time,
-            prefetch_override: src.prefetch_size,
-            transfer_size: src
+            compute_override: rd.computation_time,
+            prefetch_override: rd.prefetch_size,
+            transfer_size: rd
                 .transfer_size
                 .or(w.transfer_size)
                 .unwrap_or(DEFAULT_TRANSFER),
@@ -297,7 +339,10 @@ impl Job {
             )));
         }
         let layout = self.layout(gpus);
+        let clients = client_ram(cluster);
         if cluster.is_root() {
+            self.print_size_check("datagen", &layout, gpus, None, clients);
+            self.check_free_space(&layout)?;
             dataset::claim_directory(&self.data_dir, self.force)?;
             dataset::write_marker(&layout)?;
         }
@@ -323,6 +368,58 @@ impl Job {
         Ok(())
     }
 
+    /// Steps per epoch each GPU gets from `layout` (its shard of whole batches, at most
+    /// --steps), as the workload program counts them.
+    fn layout_steps(&self, layout: &Layout, gpus: u64) -> u64 {
+        let per_gpu = layout.files.len() as u64 / gpus.max(1) * layout.samples_per_file;
+        let steps = per_gpu / self.workload.batch_size.max(1);
+        if self.max_steps > 0 { steps.min(self.max_steps) } else { steps }
+    }
+
+    /// Prints (rank 0, workload mode; standard output) MLPerf's dataset-size rule for this run against
+    /// the dataset it uses.
+    fn print_size_check(&self, cmd: &str, layout: &Layout, gpus: u64, steps: Option<u64>, clients: Option<(u64, u64)>) {
+        let (Some((hosts, ram)), None) = (clients, &self.templates) else { return };
+        let rule = datasize::sizing(&self.workload, gpus, hosts, ram);
+        let steps = steps.unwrap_or_else(|| self.layout_steps(layout, gpus));
+        // On standard output: information, not a complaint (an error stays one line on
+        // standard error).
+        println!(
+            "trainio {cmd}: {}",
+            datasize::check_line(&rule, layout.files.len() as u64, layout.total_bytes(), steps)
+        );
+    }
+
+    /// Refuses, before anything is written, a dataset whose missing files do not fit the
+    /// free space of --data-dir's file system (each new file counted one 4 KiB block
+    /// more, for its inode's extents and directory entry).
+    fn check_free_space(&self, layout: &Layout) -> Result<()> {
+        let (mut missing, mut bytes) = (0u64, 0u64);
+        let exists = self.data_dir.is_dir();
+        for f in &layout.files {
+            let have = exists
+                && std::fs::symlink_metadata(layout.root.join(&f.rel))
+                    .map(|m| m.is_file() && m.len() == f.size)
+                    .unwrap_or(false);
+            if !have {
+                missing += 1;
+                bytes += f.size;
+            }
+        }
+        let need = bytes + missing * dataset::ALIGN;
+        let (free, dir) = free_bytes(&self.data_dir)?;
+        if need > free {
+            bail!(InputError(format!(
+                "--data-dir {}: the dataset needs {need} B ({}) more for {missing} files and the file system of {} has {free} B ({}) free: lower dataset.num_files_train (--param), --gpus or --steps, or free space",
+                self.data_dir.display(),
+                datasize::human_bytes(need as f64),
+                dir.display(),
+                datasize::human_bytes(free as f64)
+            )));
+        }
+        Ok(())
+    }
+
     /// Runs the replay with `gpus` simulated GPUs. Rank 0 gets the results.
     pub fn run(&self, cluster: &Cluster, gpus: u64) -> Result<Option<serde_json::Value>> {
         if self.generate {
@@ -335,13 +432,26 @@ impl Job {
     /// the recorder, so the recording holds the replay's I/O and not datagen's writes).
     pub fn run_generated(&self, cluster: &Cluster, gpus: u64) -> Result<Option<serde_json::Value>> {
         let layout = self.layout(gpus);
+        let clients = client_ram(cluster);
         let local = split(gpus, cluster.size, cluster.rank);
         // Each rank checks the files its own GPUs read.
         let mine: Vec<usize> = local
             .iter()
             .flat_map(|&g| self.files_of(&layout, g, gpus))
             .collect();
-        layout.verify_files(&mine)?;
+        let sizing = match &self.templates {
+            Some(_) => format!("the trace's files for --gpus {gpus}"),
+            None => format!(
+                "--gpus {gpus} × {} × --batch-size {} samples, at least dataset.num_files_train {}",
+                match self.max_steps {
+                    0 => "one step".to_string(),
+                    s => format!("--steps {s}"),
+                },
+                self.workload.batch_size,
+                self.workload.num_files_train
+            ),
+        };
+        layout.verify_files(&mine, &sizing)?;
         let used: Vec<usize> = (0..gpus)
             .flat_map(|g| self.files_of(&layout, g, gpus))
             .collect();
@@ -365,6 +475,10 @@ impl Job {
                         gpus,
                         w.batch_size
                     )));
+                }
+                // Datagen printed it when it ran in this process.
+                if !self.generate {
+                    self.print_size_check("replay", &layout, gpus, Some(program.steps_per_epoch), clients);
                 }
                 if cluster.is_root() && program.steps_per_epoch < 500 && self.max_steps == 0 {
                     eprintln!(
@@ -396,7 +510,7 @@ impl Job {
                     params: w.params.clone(),
                     templates: None,
                 };
-                self.execute(cluster, &program, &local, gpus, used_bytes, settings)
+                self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients)
             }
             Some(templates) => {
                 let program = TraceProgram::new(
@@ -472,7 +586,7 @@ impl Job {
                             .collect(),
                     ),
                 };
-                self.execute(cluster, &program, &local, gpus, used_bytes, settings)
+                self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients)
             }
         }
     }
@@ -485,26 +599,15 @@ impl Job {
         gpus: u64,
         used_bytes: u64,
         settings: Settings,
+        clients: Option<(u64, u64)>,
     ) -> Result<Option<serde_json::Value>> {
-        let ram = mem_total_bytes();
-        // MLPerf's rule counts the RAM of every client host once.
-        let hosts = cluster.gather(format!("{}\t{ram}", cluster.hostname).into_bytes());
-        if let Some(hosts) = hosts {
-            let by_host: std::collections::BTreeMap<String, u64> = hosts
-                .iter()
-                .filter_map(|b| {
-                    let line = String::from_utf8_lossy(b).into_owned();
-                    let (h, r) = line.split_once('\t')?;
-                    Some((h.to_string(), r.parse().ok()?))
-                })
-                .collect();
-            let client_ram: u64 = by_host.values().sum();
+        if let Some((hosts, client_ram)) = clients {
             if !self.odirect && !self.drop_caches && used_bytes < 5 * client_ram {
                 eprintln!(
-                    "trainio replay: warning: the dataset ({:.1} GiB) is smaller than 5× the RAM of the {} client host(s) ({:.1} GiB): reads may come from the page cache and AU would say nothing about storage; pass --odirect or --drop-caches, or generate more data (MLPerf's rule)",
-                    used_bytes as f64 / (1u64 << 30) as f64,
-                    by_host.len(),
-                    5.0 * client_ram as f64 / (1u64 << 30) as f64
+                    "trainio replay: warning: the dataset ({}) is smaller than 5 × the RAM of the {hosts} client host(s) (5 × {} = {}): reads may come from the page cache and AU would say nothing about storage; pass --odirect or --drop-caches, or generate more data (MLPerf's rule)",
+                    datasize::gib(used_bytes as f64),
+                    datasize::gib(client_ram as f64),
+                    datasize::gib(5.0 * client_ram as f64)
                 );
             }
         }
@@ -540,7 +643,7 @@ impl Job {
         let report = RankReport {
             rank: cluster.rank,
             hostname: cluster.hostname.clone(),
-            mem_total_bytes: ram,
+            mem_total_bytes: mem_total_bytes(),
             cpu_s: cpu_seconds() - cpu0,
             run,
         };

@@ -1,5 +1,5 @@
 //! `trainio sweep`: the most simulated GPUs the storage keeps at AU ≥ threshold
-//! (MLPerf's "supported accelerators"). Doubles the GPU count from --gpus until a run
+//! (MLPerf's "supported accelerators"). Doubles the GPU count from --start-gpus until a run
 //! fails or --max-gpus is reached, then bisects between the last pass and the first fail.
 //! Every rank runs the same sequence; rank 0's verdict is broadcast so all agree.
 
@@ -15,9 +15,19 @@ struct Point {
     summary: serde_json::Value,
 }
 
+/// Where the curve goes: --json, else `trainio-sweep.json` in --data-dir (next to the
+/// data, in the directory the user gave; never the working directory).
+pub fn curve_path(args: &SweepArgs) -> std::path::PathBuf {
+    args.json
+        .clone()
+        .unwrap_or_else(|| args.run.source.data_dir.join("trainio-sweep.json"))
+}
+
 pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
-    if cluster.is_root() {
-        crate::output::check(&args.json, "--json")?;
+    let json_path = curve_path(args);
+    // Checked before any work; the default's directory is made by datagen when absent.
+    if cluster.is_root() && (args.json.is_some() || args.run.source.data_dir.is_dir()) {
+        crate::output::check(&json_path, "--json")?;
     }
     let job = Job::prepare(&args.run)?;
     if !job.workload.train {
@@ -26,10 +36,10 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
             job.source
         )));
     }
-    let start = args.run.source.gpus.max(cluster.size as u64);
+    let start = args.start_gpus.unwrap_or(1).max(cluster.size as u64);
     if start > args.max_gpus {
         bail!(crate::replay::InputError(format!(
-            "--gpus {start} is above --max-gpus {}",
+            "--start-gpus {start} is above --max-gpus {}",
             args.max_gpus
         )));
     }
@@ -140,7 +150,7 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
         })).collect::<Vec<_>>(),
         "runs": curve.iter().map(|p| &p.summary).collect::<Vec<_>>(),
     });
-    crate::output::save_json(&args.json, &out)?;
-    println!("curve saved to {}", args.json.display());
+    crate::output::save_json(&json_path, &out)?;
+    println!("curve saved to {}", json_path.display());
     Ok(())
 }

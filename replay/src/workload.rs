@@ -113,7 +113,8 @@ pub struct Workload {
     /// False for a checkpoint-only workload (`workflow.train: false`, or no `dataset`
     /// section, with `workflow.checkpoint: true`): MLPerf Storage's llama3 files.
     pub train: bool,
-    /// `--param KEY=VALUE` overrides applied to the file, in order.
+    /// Overrides (`--param KEY=VALUE`, `++workload.KEY=VALUE`) applied to the file, in
+    /// order, each as `KEY=VALUE`.
     pub params: Vec<String>,
 }
 
@@ -238,20 +239,52 @@ pub fn typo_warnings(root: &Value) -> Vec<String> {
     out
 }
 
-/// Sets `KEY=VALUE` (a dotted key of KNOWN_KEYS, a YAML scalar) in the workload tree, so
-/// the value is then read and checked exactly as the file's own would be.
-fn apply_param(root: &mut Value, param: &str) -> Result<()> {
-    let Some((key, value)) = param.split_once('=') else {
+/// Splits one override into (how the user spelled the key, the dotted key, the value).
+/// Two spellings: `--param KEY=VALUE`, and DLIO's (Hydra's) `++workload.KEY=VALUE`
+/// (also `+workload.` and `workload.`), where KEY is the same dotted path.
+fn parse_override(param: &str) -> Result<(String, String, String)> {
+    let Some((lhs, value)) = param.split_once('=') else {
+        if param.starts_with('+') || param.starts_with("workload.") {
+            bail!("{param}: expected ++workload.KEY=VALUE, e.g. ++workload.dataset.num_files_train=64");
+        }
         bail!("--param {param}: expected KEY=VALUE, e.g. model.num_layers=2");
     };
-    let key = key.trim();
-    if !KNOWN_KEYS.contains(&key) {
-        bail!("--param {key}: not a workload key trainio reads (see docs/replay.md, Inputs)");
+    let lhs = lhs.trim();
+    let hydra = lhs.trim_start_matches('+');
+    if let Some(key) = hydra.strip_prefix("workload.") {
+        return Ok((lhs.to_string(), key.to_string(), value.to_string()));
     }
+    if lhs.starts_with('+') {
+        bail!("{lhs}: not a workload override: DLIO's form is ++workload.KEY=VALUE (e.g. ++workload.dataset.num_files_train=64)");
+    }
+    Ok((format!("--param {lhs}"), lhs.to_string(), value.to_string()))
+}
+
+/// Overrides given as bare arguments must be in DLIO's form (`++workload.KEY=VALUE`):
+/// anything else there is a mistyped option or a stray word.
+pub fn hydra_overrides(args: &[String]) -> Result<Vec<String>> {
+    for a in args {
+        if !a.trim_start_matches('+').starts_with("workload.") {
+            bail!("{a}: not a workload override: DLIO's form is ++workload.KEY=VALUE (e.g. ++workload.dataset.num_files_train=64), or use --param KEY=VALUE");
+        }
+    }
+    Ok(args.to_vec())
+}
+
+/// Sets one override (see `parse_override`; KEY one of KNOWN_KEYS, VALUE a YAML scalar)
+/// in the workload tree, so the value is then read and checked exactly as the file's own
+/// would be. Returns it as `KEY=VALUE`.
+fn apply_param(root: &mut Value, param: &str) -> Result<String> {
+    let (label, key, value) = parse_override(param)?;
+    let (key, value) = (key.as_str(), value.as_str());
+    if !KNOWN_KEYS.contains(&key) {
+        bail!("{label}: not a workload key trainio reads (see docs/replay.md, Inputs)");
+    }
+    let normalized = format!("{key}={value}");
     let value: Value = serde_yaml::from_str(value)
-        .with_context(|| format!("--param {key}: '{value}' is not a YAML scalar"))?;
+        .with_context(|| format!("{label}: '{value}' is not a YAML scalar"))?;
     if value.is_mapping() || value.is_sequence() {
-        bail!("--param {key}: give one value, not a mapping or a list");
+        bail!("{label}: give one value, not a mapping or a list");
     }
     let mut node = root;
     let parts: Vec<&str> = key.split('.').collect();
@@ -268,11 +301,11 @@ fn apply_param(root: &mut Value, param: &str) -> Result<()> {
         let map = node.as_mapping_mut().expect("made a mapping above");
         if i + 1 == parts.len() {
             map.insert((*part).into(), value);
-            return Ok(());
+            return Ok(normalized);
         }
         node = map.entry((*part).into()).or_insert(Value::Null);
     }
-    Ok(())
+    Ok(normalized)
 }
 
 impl Workload {
@@ -307,8 +340,9 @@ impl Workload {
         if !root.is_mapping() {
             bail!("expected a mapping with the DLIO sections (dataset, reader, train)");
         }
+        let mut applied = Vec::with_capacity(params.len());
         for p in params {
-            apply_param(&mut root, p)?;
+            applied.push(apply_param(&mut root, p)?);
         }
         refuse_object_storage(&root)?;
         let empty = Value::Mapping(Default::default());
@@ -408,7 +442,7 @@ impl Workload {
                 .unwrap_or(90.0),
             checkpoint,
             train: train_flag,
-            params: params.to_vec(),
+            params: applied,
         };
         workload.validate()?;
         Ok(workload)

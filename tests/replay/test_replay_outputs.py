@@ -37,8 +37,8 @@ def test_an_unwritable_json_path_is_refused_before_the_run(tmpfs_dir: Path, case
         (tmpfs_dir / "real.json").write_text("{}")
         target.symlink_to(tmpfs_dir / "real.json")
     try:
-        for cmd in (["replay", "--generate"], ["sweep", "--max-gpus", "2"]):
-            p = run_trainio(*cmd, "--workload", wl, "--data-dir", tmpfs_dir / "d", "--gpus", 1,
+        for cmd in (["replay", "--generate", "--gpus", 1], ["sweep", "--max-gpus", "2", "--start-gpus", 1]):
+            p = run_trainio(*cmd, "--workload", wl, "--data-dir", tmpfs_dir / "d",
                             "--json", target, check=False)
             assert p.returncode == 2, (cmd, p.stdout, p.stderr)
             lines = p.stderr.strip().splitlines()
