@@ -151,7 +151,7 @@ def test_sweep_over_2_hosts(bed3, tmp_path):
     curve = tmp_path / "curve.json"
     cmd = bed3.mpirun({"h1": 2, "h2": 2},
                       [TRAINIO, "sweep", "--workload", wl, "--data-dir", data, "--generate", "--steps", 4,
-                       "--gpus", 4, "--max-gpus", 16, "--threshold", 75, "--json", curve])
+                       "--start-gpus", 4, "--max-gpus", 16, "--threshold", 75, "--json", curve])
     p = run(cmd, timeout=120, env=bed3.mpi_env())
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads(curve.read_text())
