@@ -446,18 +446,22 @@ mod tests {
             .spawn()
             .unwrap();
         let root = sh.id();
-        let mut found = Vec::new();
-        for _ in 0..100 {
+        let comms_of = |found: &[u32]| -> Vec<String> {
+            found
+                .iter()
+                .map(|p| fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default().trim().to_string())
+                .collect()
+        };
+        // Until the forks have exec'd sleep: a forked child is named sh until its exec.
+        let (mut found, mut comms) = (Vec::new(), Vec::new());
+        for _ in 0..250 {
             found = descendants(root);
-            if found.len() >= 3 {
+            comms = comms_of(&found);
+            if found.len() >= 3 && comms.iter().filter(|c| *c == "sleep").count() >= 2 {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        let comms: Vec<String> = found
-            .iter()
-            .map(|p| fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default().trim().to_string())
-            .collect();
         let _ = std::process::Command::new("pkill").args(["-KILL", "-P", &root.to_string()]).status();
         for p in &found {
             let _ = std::process::Command::new("pkill").args(["-KILL", "-P", &p.to_string()]).status();
