@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 
 import pytest
 
-from testbed import TestBed
-
-
-def need_testbed_tools() -> None:
-    if os.geteuid() != 0:
-        pytest.fail("the multi-host tests need root (network namespaces, loop devices)")
-    missing = [t for t in ("ip", "unshare", "nsenter", "mpirun", "ssh", "ssh-keygen", "/usr/sbin/sshd")
-               if not shutil.which(t)]
-    if missing:
-        pytest.fail(f"missing {', '.join(missing)}: run scripts/install-deps.sh (openssh-server, openmpi-bin)")
+from testbed import TestBed, need_testbed_tools
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import need_testbed_tools
-from testbed import TestBed, netns_pids
+from testbed import TestBed, need_testbed_tools, netns_pids
 from trainio_testlib import TRAINIO, run
 
 pytestmark = [pytest.mark.root]

@@ -21,16 +21,28 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from trainio_testlib import MPI_ROOT_ENV, SESSION_MARK, mounted_loop_fs
 
 SUBNET = "10.23.0"
 SSHD = "/usr/sbin/sshd"
+
+
+def need_testbed_tools() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the multi-host tests need root (network namespaces, loop devices)")
+    missing = [t for t in ("ip", "unshare", "nsenter", "mpirun", "ssh", "ssh-keygen", "/usr/sbin/sshd")
+               if not shutil.which(t)]
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: run scripts/install-deps.sh (openssh-server, openmpi-bin)")
 
 
 def _run(*cmd, check=True, **kw) -> subprocess.CompletedProcess[str]:
