@@ -21,7 +21,7 @@ sweep_steps=60
 [ "$(id -u)" = 0 ] || { echo "demo: needs root (loop device, cgroup, BPF)" >&2; exit 2; }
 [[ "$drive_mibs" =~ ^[1-9][0-9]*$ ]] || { echo "demo: TRAINIO_DEMO_DRIVE_MIBS=$drive_mibs: not a positive integer (MiB/s)" >&2; exit 2; }
 # The read throttle: cgroup v2 io.max where the v2 hierarchy has the io controller, else
-# v1 blkio (tests/realjob/harness.py throttles the same way).
+# v1 blkio (as the tests throttle: throttled_cgroup in tests/trainio_testlib.py).
 cgbase="" cgver=""
 for cand in /sys/fs/cgroup /sys/fs/cgroup/unified; do
   if grep -qw io "$cand/cgroup.controllers" 2>/dev/null; then cgbase="$cand" cgver=2; break; fi

@@ -1,6 +1,6 @@
 """Checkpoints end to end: MLPerf Storage's real llama3 files planned as they are, a
 scaled-down checkpoint written and read back on ext4 over a loop device (the bytes
-checked from the file system), the write rate under a blkio throttle, checkpoints
+checked from the file system), the write rate under a cgroup throttle (v2 io.max or v1 blkio), checkpoints
 inside training and what AU does with them, and the errors for bad keys."""
 
 from __future__ import annotations
