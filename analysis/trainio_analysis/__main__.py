@@ -65,11 +65,11 @@ class _HelpFormatter(argparse.HelpFormatter):
     _HEADINGS = {"positional arguments": "Arguments", "options": "Options",
                  "optional arguments": "Options"}
 
-    def add_usage(self, usage, actions, groups, prefix=None):  # noqa: ANN001, ANN201
-        return super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
+    def add_usage(self, usage: str | None, actions: Any, groups: Any, prefix: str | None = None) -> None:
+        super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
 
-    def start_section(self, heading):  # noqa: ANN001, ANN201
-        return super().start_section(self._HEADINGS.get(heading, heading))
+    def start_section(self, heading: str | None) -> None:
+        super().start_section(self._HEADINGS.get(heading, heading) if heading else heading)
 
 
 def _add_selection(p: argparse.ArgumentParser) -> None:
