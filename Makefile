@@ -63,8 +63,9 @@ bench-fidelity: all
 bench-realjob: all
 	$(PY) tests/bench/bench_realjob.py
 
-# README command one: a loop device, a recorded emulated training, analysis, report,
-# replay at 16 GPUs, fidelity and a sweep. Needs root.
+# README command one: a loop device throttled to stand for a 200 MiB/s drive, a recorded
+# emulated training, analysis, report, replay at 4 GPUs, fidelity and a sweep that names
+# the GPU count where AU falls below 90%. Needs root.
 demo: all
 	scripts/demo.sh
 

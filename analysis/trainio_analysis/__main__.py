@@ -12,7 +12,9 @@ import ctypes
 import ctypes.util
 import json
 import math
+import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from trainio_analysis.errors import TrainioError
@@ -46,6 +48,30 @@ def dumps(obj: Any) -> str:
     return json.dumps(_clean(obj), default=_json_default, allow_nan=False)
 
 
+def version() -> str:
+    """trainio's one version, the Cargo workspace's (Cargo.toml, [workspace.package]), which
+    the compiled commands carry too; "unknown" outside a checkout."""
+    try:
+        text = (Path(__file__).resolve().parents[2] / "Cargo.toml").read_text()
+    except OSError:
+        return "unknown"
+    m = re.search(r'^\[workspace\.package\][^\[]*?^version\s*=\s*"([^"]+)"', text, re.M | re.S)
+    return m.group(1) if m else "unknown"
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help laid out as the compiled commands' (clap) is: "Usage:", "Arguments:", "Options:"."""
+
+    _HEADINGS = {"positional arguments": "Arguments", "options": "Options",
+                 "optional arguments": "Options"}
+
+    def add_usage(self, usage: str | None, actions: Any, groups: Any, prefix: str | None = None) -> None:
+        super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
+
+    def start_section(self, heading: str | None) -> None:
+        super().start_section(self._HEADINGS.get(heading, heading) if heading else heading)
+
+
 def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layer",
@@ -71,13 +97,23 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _command(sub: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
+    """The parser of `trainio NAME`, with the same --version as every other command."""
+    p = sub.add_parser(name, formatter_class=_HelpFormatter, **kw)
+    p.add_argument("-V", "--version", action="version", version=f"trainio {name} {version()}",
+                   help="print the version and exit")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="trainio", description="Characterize and compare trainio storage traces."
+        prog="trainio", description="Characterize and compare trainio storage traces.",
+        formatter_class=_HelpFormatter,
     )
+    parser.add_argument("-V", "--version", action="version", version=f"trainio {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    a = sub.add_parser("analyze", help="characterize a trace")
+    a = _command(sub, "analyze", help="characterize a trace")
     a.add_argument("trace", help="trace directory (or one .parquet file)")
     _add_selection(a)
     a.add_argument(
@@ -89,9 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--json", action="store_true", help="print one JSON object")
 
-    r = sub.add_parser("report", help="self-contained HTML report of one or more traces")
+    r = _command(sub, "report", help="self-contained HTML report of one or more traces")
     r.add_argument("traces", nargs="+", help="trace directories, shown side by side")
-    r.add_argument("-o", "--output", required=True, help="HTML file to write")
+    r.add_argument("-o", "--output", required=True, metavar="FILE", help="HTML file to write")
     _add_selection(r)
     r.add_argument(
         "--sweep",
@@ -101,13 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeatable)",
     )
 
-    c = sub.add_parser("compare", help="fidelity scores of trace B against trace A")
+    c = _command(sub, "compare", help="fidelity scores of trace B against trace A")
     c.add_argument("a", help="reference trace (e.g. the recorded job)")
     c.add_argument("b", help="candidate trace (e.g. its replay)")
     _add_selection(c)
     c.add_argument("--json", action="store_true", help="print one JSON object")
 
-    e = sub.add_parser("export", help="write a trace in another tool's format")
+    e = _command(sub, "export", help="write a trace in another tool's format")
     e.add_argument("--fio", metavar="TRACE", required=True,
                    help="trace to export as fio iologs (version 3), one per process")
     e.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write (absent or empty)")
@@ -121,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one iolog per process (default) or per GPU of the job model (needs the file layer)")
     e.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
-    i = sub.add_parser("import", help="turn another tool's trace into a trainio trace")
+    i = _command(sub, "import", help="turn another tool's trace into a trainio trace")
     src = i.add_mutually_exclusive_group(required=True)
     src.add_argument("--dftracer", metavar="FILE", nargs="+",
                      help="dftracer trace(s) (.pfw or .pfw.gz, JSON lines) into the file layer")

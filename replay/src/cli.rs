@@ -16,6 +16,7 @@ pub enum IoEngine {
     name = "trainio",
     bin_name = "trainio",
     version,
+    propagate_version = true,
     about = "Replay AI-training storage I/O with emulated accelerators"
 )]
 pub struct Cli {

@@ -21,13 +21,23 @@ mod trace_writes;
 mod workload;
 
 use anyhow::Result;
-use clap::Parser;
 use cli::{Cli, Command};
 use cluster::Cluster;
 use replay::Job;
 
+/// The command line, every subcommand named as it is typed ("trainio replay") in its
+/// --version as in its usage line.
+fn parse_cli() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let command = Cli::command().mut_subcommands(|sub| {
+        let name = format!("trainio {}", sub.get_name());
+        sub.display_name(name)
+    });
+    Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     let name = match &cli.command {
         Command::Replay(_) => "replay",
         Command::Datagen(_) => "datagen",

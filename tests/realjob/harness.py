@@ -8,7 +8,8 @@ drop_caches, BPF).
 - dataset_fs({name: (n_files, sample_bytes, fmt)}): ext4 on a loop device over /dev/shm
   with such data sets on it, all undone afterwards;
 - throttled_cgroup(majmin, rbps): a cgroup whose reads from one device are capped
-  (cgroup v1 blkio or v2 io.max, whichever the machine has), removed afterwards;
+  (cgroup v1 blkio or v2 io.max, whichever the machine has), removed afterwards
+  (trainio_testlib's, shared with the replay tests);
 - run_job(data_dir, ...): drops the page cache, runs `torchrun job.py` (inside the throttle,
   under `trainio record`), returns the job's JSON.
 """
@@ -31,12 +32,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from trainio_testlib import ROOT, TRAINIO, mounted_loop_fs  # noqa: E402
+from trainio_testlib import ROOT, TRAINIO, Throttle, mounted_loop_fs, throttled_cgroup  # noqa: E402, F401
 
 JOB = HERE / "job.py"
 TORCHRUN = ROOT / ".venv" / "bin" / "torchrun"
 SUFFIX = {"npz": ".npz", "raw": ".raw"}
-CGROUP = Path("/sys/fs/cgroup")
 
 
 # ---------------------------------------------------------------------------- data sets
@@ -103,122 +103,6 @@ def drop_caches(data_dir: Path | str | None = None) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-
-
-# ---------------------------------------------------------------------------- throttle
-
-@dataclasses.dataclass
-class Throttle:
-    """A cgroup capping reads from one device. `procs` is its cgroup.procs: a process
-    written there (with all its threads) joins, and its children are born inside."""
-
-    path: Path
-    version: int            # 1: blkio, 2: io
-    majmin: str
-    rbps: int               # 0: no cap
-    wbps: int = 0           # 0: no cap
-
-    @property
-    def procs(self) -> Path:
-        return self.path / "cgroup.procs"
-
-    def join(self, pid: int | None = None) -> None:
-        """Moves `pid` (default: the calling process) into the cgroup."""
-        self.procs.write_text(f"{pid or os.getpid()}\n")
-
-    def preexec_fn(self) -> None:
-        """For subprocess.Popen(preexec_fn=...): the child joins before it execs."""
-        self.join()
-
-    def wrap(self, cmd: list[str]) -> list[str]:
-        """`cmd` run by a shell that first joins the cgroup, then execs it: for a launcher
-        (such as `trainio record`) that must itself stay outside."""
-        return ["sh", "-c", f'echo $$ > {self.procs} && exec "$@"', "sh", *map(str, cmd)]
-
-    def pids(self) -> list[int]:
-        try:
-            return [int(p) for p in self.procs.read_text().split()]
-        except OSError:
-            return []
-
-
-def _v2_root() -> Path | None:
-    """The cgroup-v2 mount whose root offers the io controller, if any."""
-    for cand in (CGROUP, CGROUP / "unified"):
-        try:
-            if "io" in (cand / "cgroup.controllers").read_text().split():
-                return cand
-        except OSError:
-            continue
-    return None
-
-
-def _v1_root() -> Path | None:
-    base = CGROUP / "blkio"
-    return base if (base / "blkio.throttle.read_bps_device").exists() else None
-
-
-@contextlib.contextmanager
-def throttled_cgroup(majmin: str, rbps: int | None, *, wbps: int | None = None,
-                     version: int | None = None) -> Iterator[Throttle]:
-    """A new cgroup whose reads from device `majmin` are capped at `rbps` bytes/s and its
-    writes at `wbps` (None: no cap; neither: a group that only keeps track of the
-    processes put in it):
-    cgroup v2 (io.max `MAJ:MIN rbps=N wbps=M`, +io enabled in the parent's
-    cgroup.subtree_control) where the machine's v2 hierarchy has the io controller, else
-    v1 blkio (blkio.throttle.read_bps_device, write_bps_device; v1 caps the writes its
-    processes submit, such as an fsync's, not the kernel's background writeback). `version` forces one. On the way out, whatever is
-    still inside is killed (only processes the caller put there), then the group removed,
-    even on failure."""
-    v2, v1 = _v2_root(), _v1_root()
-    if version is None:
-        version = 2 if v2 else 1 if v1 else 0
-    base = v2 if version == 2 else v1 if version == 1 else None
-    if base is None:
-        raise RuntimeError("no cgroup with a read throttle: neither a v2 io controller nor v1 blkio")
-    if version == 2:
-        ctl = base / "cgroup.subtree_control"
-        if "io" not in ctl.read_text().split():
-            ctl.write_text("+io\n")
-    path = base / f"trainio-realjob-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    th = Throttle(path=path, version=version, majmin=majmin, rbps=int(rbps or 0), wbps=int(wbps or 0))
-    try:
-        if version == 2 and (rbps or wbps):
-            caps = " ".join(f"{k}={int(v)}" for k, v in (("rbps", rbps), ("wbps", wbps)) if v)
-            (path / "io.max").write_text(f"{majmin} {caps}\n")
-        elif version == 1:
-            if rbps:
-                (path / "blkio.throttle.read_bps_device").write_text(f"{majmin} {int(rbps)}\n")
-            if wbps:
-                (path / "blkio.throttle.write_bps_device").write_text(f"{majmin} {int(wbps)}\n")
-        yield th
-    finally:
-        _remove_cgroup(th, base)
-
-
-def _remove_cgroup(th: Throttle, base: Path) -> None:
-    deadline = time.monotonic() + 10
-    while True:
-        pids = th.pids()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        try:
-            th.path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                # Still busy (a process in uninterruptible sleep): out to the parent, then go.
-                for pid in th.pids():
-                    with contextlib.suppress(OSError):
-                        (base / "cgroup.procs").write_text(f"{pid}\n")
-                with contextlib.suppress(OSError):
-                    th.path.rmdir()
-                return
-            time.sleep(0.05)
 
 
 # ---------------------------------------------------------------------------- the job

@@ -111,17 +111,17 @@ def test_throttle_v2_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     `MAJ:MIN rbps=N`, the launcher's shell joins through cgroup.procs, the group goes
     afterwards. On a fake tree (plain files), so it runs anywhere; the v1 path runs for
     real in the storage-bound tests on v1 machines."""
-    import harness
+    import trainio_testlib  # the throttle's home, shared with the replay tests
 
     root = tmp_path / "cgroup"
     root.mkdir()
     (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     (root / "cgroup.subtree_control").write_text("cpu memory\n")
-    monkeypatch.setattr(harness, "CGROUP", root)
+    monkeypatch.setattr(trainio_testlib, "CGROUP", root)
     removed = []
-    monkeypatch.setattr(harness, "_remove_cgroup", lambda th, base: removed.append((th.path, base)))
+    monkeypatch.setattr(trainio_testlib, "_remove_cgroup", lambda th, base: removed.append((th.path, base)))
     with pytest.raises(RuntimeError, match="inside"):
-        with harness.throttled_cgroup("7:3", 50 * MiB) as th:
+        with trainio_testlib.throttled_cgroup("7:3", 50 * MiB) as th:
             assert th.version == 2 and th.path.parent == root
             assert (root / "cgroup.subtree_control").read_text() == "+io\n"
             assert (th.path / "io.max").read_text() == f"7:3 rbps={50 * MiB}\n"

@@ -57,6 +57,24 @@ def fio(dev: str, *extra: str, runtime: float | None = None, size: str = "128M")
     return cmd
 
 
+def record_until_recording(*args: object) -> subprocess.Popen[str]:
+    """`trainio record ARGS`, returned once it says "recording" (its probes are attached and
+    its target traced): the moment a test may let the traced work begin."""
+    p = subprocess.Popen([str(TRAINIO), "record", *map(str, args)], stderr=subprocess.PIPE, text=True)
+    assert p.stderr is not None
+    for line in p.stderr:
+        if line.startswith("trainio record: recording "):
+            return p
+    p.wait(timeout=30)
+    raise AssertionError(f"recorder exited {p.returncode} before recording")
+
+
+def finish(p: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
+    """The recorder's exit status and the rest of its stderr."""
+    _, err = p.communicate(timeout=timeout)
+    return p.returncode, err
+
+
 def test_dd_direct_read_is_recorded_exactly(tmp_path: Path, loop_dev: str) -> None:
     out = tmp_path / "trace"
     res = trainio("record", "-o", out, "--", "dd", f"if={loop_dev}", "of=/dev/null", "bs=1M",
@@ -233,13 +251,19 @@ for t in threads: t.join()
 def test_pid_mode_follows_children_forked_after_attach(tmp_path: Path) -> None:
     victim = tmp_path / "v.bin"
     victim.write_bytes(b"x" * 8192)
-    proc = subprocess.Popen(["sh", "-c", f"sleep 1.5; cat {victim} > /dev/null; sleep 0.2"])
+    # The child forks cat only when told to, once the recorder says it is recording.
+    proc = subprocess.Popen(["sh", "-c", f"read go; cat {victim} > /dev/null"], stdin=subprocess.PIPE, text=True)
+    rec = None
     try:
-        res = trainio("record", "--layers", "file", "-o", tmp_path / "t", "--pid", str(proc.pid))
-        assert res.returncode == 0, res.stderr
+        rec = record_until_recording("--layers", "file", "-o", tmp_path / "t", "--pid", proc.pid)
+        proc.communicate("go\n", timeout=30)
+        rc, err = finish(rec)
+        assert rc == 0, err
     finally:
-        proc.kill()
-        proc.wait()
+        for p in (proc, rec):
+            if p:
+                p.kill()
+                p.wait()
     reads = rows(tmp_path / "t", layer="file", op="read", file=str(victim))
     assert reads["comm"].unique().to_list() == ["cat"]
     assert reads["bytes"].sum() == 8192
@@ -252,29 +276,42 @@ def test_pid_mode_traces_workers_forked_before_attach(tmp_path: Path) -> None:
     # the worker reads after it. The worker must be traced, the main process's read too.
     victim = tmp_path / "v.bin"
     victim.write_bytes(b"y" * 12288)
+    # Both read only once the main process is told to (a line on its stdin, sent when the
+    # recorder says it is recording), the worker when the main process writes to their pipe.
     script = f"""
-import os, sys, time
+import os, sys
+r, w = os.pipe()
 worker = os.fork()
 if worker == 0:
-    time.sleep(1.5)
+    os.close(w)
+    os.read(r, 1)
     with open({str(victim)!r}, "rb", buffering=0) as f:
         f.read()
     os._exit(0)
+os.close(r)
 print(worker, flush=True)
-time.sleep(1.6)
+sys.stdin.readline()
+os.write(w, b"g")
 with open({str(victim)!r}, "rb", buffering=0) as f:
     f.read(4096)
 os.waitpid(worker, 0)
 """
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    rec = None
     try:
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stdin is not None
         worker = int(proc.stdout.readline())
-        res = trainio("record", "--layers", "file", "-o", tmp_path / "t", "--pid", str(proc.pid))
-        assert res.returncode == 0, res.stderr
+        rec = record_until_recording("--layers", "file", "-o", tmp_path / "t", "--pid", proc.pid)
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+        rc, err = finish(rec)
+        assert rc == 0, err
     finally:
-        proc.kill()
-        proc.wait()
+        for p in (proc, rec):
+            if p:
+                p.kill()
+                p.wait()
         proc.stdout.close()  # type: ignore[union-attr]
     reads = rows(tmp_path / "t", layer="file", op="read", file=str(victim))
     by_pid = dict(reads.group_by("pid").agg(pl.col("bytes").sum()).iter_rows())
@@ -360,36 +397,40 @@ def test_cgroup_mode_traces_only_the_cgroup_and_stops_at_duration(tmp_path: Path
     inside.write_bytes(b"i" * 4096)
     outside.write_bytes(b"o" * 4096)
     cg.mkdir()
-    proc = None
+    proc = other = rec = None
     try:
-        proc = subprocess.Popen(["sh", "-c", f"echo $$ > {cg}/cgroup.procs; sleep 1.5; cat {inside} > /dev/null"])
-        other = subprocess.Popen(["sh", "-c", f"sleep 1.5; cat {outside} > /dev/null"])
+        # Both read when told to, once the recorder says it is recording.
+        proc = subprocess.Popen(["sh", "-c", f"echo $$ > {cg}/cgroup.procs; read go; cat {inside} > /dev/null"],
+                                stdin=subprocess.PIPE, text=True)
+        other = subprocess.Popen(["sh", "-c", f"read go; cat {outside} > /dev/null"], stdin=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 10
+        while str(proc.pid) not in (cg / "cgroup.procs").read_text().split():
+            assert time.monotonic() < deadline and proc.poll() is None, "the shell did not join the cgroup"
+            time.sleep(0.01)  # the shell joins the cgroup first thing
         t0 = time.monotonic()
-        res = trainio("record", "--layers", "file", "-o", tmp_path / "t", "--cgroup", cg, "--duration", "3")
+        rec = record_until_recording("--layers", "file", "-o", tmp_path / "t", "--cgroup", cg, "--duration", "3")
+        proc.communicate("go\n", timeout=30)
+        other.communicate("go\n", timeout=30)
+        rc, err = finish(rec)
         elapsed = time.monotonic() - t0
-        other.wait()
-        assert res.returncode == 0, res.stderr
+        assert rc == 0, err
         assert 3 <= elapsed < 15
         files = set(rows(tmp_path / "t", layer="file", op="read")["file"].to_list())
         assert str(inside) in files and str(outside) not in files
         assert read_metadata(tmp_path / "t")["target"] == {"cgroup": str(cg)}
     finally:
-        if proc:
-            proc.kill()
-            proc.wait()
+        for p in (proc, other, rec):
+            if p:
+                p.kill()
+                p.wait()
         cg.rmdir()
 
 
 @pytest.mark.slow
 def test_sigterm_is_forwarded_and_the_trace_is_closed(tmp_path: Path) -> None:
     out = tmp_path / "t"
-    tracer = subprocess.Popen([str(TRAINIO), "record", "-o", str(out), "--", "sleep", "30"],
-                              stderr=subprocess.PIPE, text=True)
+    tracer = record_until_recording("-o", out, "--", "sleep", "30")  # its handlers are in place
     try:
-        deadline = time.monotonic() + 10
-        while not list(out.glob("*.partial")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)
         tracer.send_signal(signal.SIGTERM)
         _, err = tracer.communicate(timeout=30)
     finally:

@@ -1,17 +1,17 @@
 """Fixtures for the replayer's end-to-end tests: they drive the real binary through
-bin/trainio, on tmpfs, and (as root) on a throttled loop device."""
+bin/trainio, on tmpfs, and (as root) on a loop device throttled by a cgroup (v2 or v1)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from trainio_testlib import mounted_loop_fs
+from trainio_testlib import mounted_loop_fs, throttled_cgroup
 
 
 @pytest.fixture
@@ -35,27 +35,13 @@ def loop_fs():
 
 
 @pytest.fixture
-def blkio_cgroup():
-    """A cgroup-v1 blkio group; yields its directory, removed afterwards."""
-    base = Path("/sys/fs/cgroup/blkio")
-    if os.geteuid() != 0 or not (base / "cgroup.procs").exists():
-        pytest.skip("needs root and cgroup-v1 blkio at /sys/fs/cgroup/blkio")
-    cg = base / f"trainio-test-{os.getpid()}-{time.monotonic_ns()}"
-    cg.mkdir()
-    try:
-        yield cg
-    finally:
-        # Anything still inside goes back to the root group so the directory can go.
-        for _ in range(50):
-            try:
-                for pid in (cg / "cgroup.procs").read_text().split():
-                    try:
-                        (base / "cgroup.procs").write_text(pid)
-                    except OSError:
-                        pass
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
-
-
+def throttle():
+    """throttle(majmin, rbps, wbps=None) -> Throttle: a new cgroup whose reads (and writes, with
+    wbps) of device `majmin` are capped, in bytes/s: cgroup v2 io.max where the v2 hierarchy
+    has the io controller, else v1 blkio (trainio_testlib.throttled_cgroup). A machine with
+    neither is an error, not a skip. Whatever is inside is killed and the group removed
+    afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    with contextlib.ExitStack() as stack:
+        yield lambda majmin, rbps, wbps=None: stack.enter_context(throttled_cgroup(majmin, rbps, wbps=wbps))

@@ -1,6 +1,6 @@
 """Checkpoints end to end: MLPerf Storage's real llama3 files planned as they are, a
 scaled-down checkpoint written and read back on ext4 over a loop device (the bytes
-checked from the file system), the write rate under a blkio throttle, checkpoints
+checked from the file system), the write rate under a cgroup throttle (v2 io.max or v1 blkio), checkpoints
 inside training and what AU does with them, and the errors for bad keys."""
 
 from __future__ import annotations
@@ -181,17 +181,16 @@ def test_scaled_checkpoint_on_ext4_writes_the_planned_bytes(tmp_path, loop_fs):
 
 @pytest.mark.root
 @pytest.mark.slow
-def test_throttled_checkpoint_runs_at_the_throttle(tmp_path, loop_fs, blkio_cgroup):
-    """blkio caps the loop device at B = 100 MiB/s for writes and reads: the fsynced
+def test_throttled_checkpoint_runs_at_the_throttle(tmp_path, loop_fs, throttle):
+    """A cgroup caps the loop device at B = 100 MiB/s for writes and reads: the fsynced
     writes and the read-back (its pages dropped first) both run at B."""
     _dev, majmin, mnt = loop_fs
     bps = 100 * MIB
-    (blkio_cgroup / "blkio.throttle.write_bps_device").write_text(f"{majmin} {bps}")
-    (blkio_cgroup / "blkio.throttle.read_bps_device").write_text(f"{majmin} {bps}")
+    th = throttle(majmin, bps, wbps=bps)
     out = tmp_path / "r.json"
     run_trainio("replay", "--workload", ROOT / "configs" / "llama3_8b.yaml", "--gpus", 4,
                 "--data-dir", mnt / "data", *params([p for p in SCALE if "parallelism" not in p]),
-                "--json", out, prefix=in_cgroup(blkio_cgroup), timeout=300)
+                "--json", out, prefix=in_cgroup(th.path), timeout=300)
     c = load_json(out)["checkpoint"]
     (w,), (rd,) = c["writes"], c["reads"]
     assert w["throughput_mib_s"] == pytest.approx(100.0, rel=0.10), w
