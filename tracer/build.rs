@@ -17,11 +17,7 @@ fn main() {
         .args(["btf", "dump", "file", &btf, "format", "c"])
         .output()
         .expect("running bpftool (apt-get install bpftool) to generate vmlinux.h");
-    assert!(
-        dump.status.success(),
-        "bpftool btf dump {btf} failed: {}",
-        String::from_utf8_lossy(&dump.stderr)
-    );
+    assert!(dump.status.success(), "bpftool btf dump {btf} failed: {}", String::from_utf8_lossy(&dump.stderr));
     std::fs::write(&vmlinux, dump.stdout).expect("writing vmlinux.h");
     println!("cargo:rerun-if-env-changed=TRAINIO_BTF");
     println!("cargo:rerun-if-changed={}", bpf_dir.join("trainio.h").display());

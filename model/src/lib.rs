@@ -292,19 +292,13 @@ pub fn load_input(trace: &Path) -> Result<Input, String> {
 /// Block-layer read bytes per pid of one segment, reading only the columns needed.
 fn block_sums(seg: &Path, input: &mut Input) -> Result<(), String> {
     let f = File::open(seg).map_err(|e| format!("{}: cannot open: {e}", seg.display()))?;
-    let b = ParquetRecordBatchReaderBuilder::try_new(f)
-        .map_err(|e| format!("{}: not Parquet: {e}", seg.display()))?;
+    let b = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| format!("{}: not Parquet: {e}", seg.display()))?;
     let schema = b.parquet_schema();
     let want = ["layer", "op", "pid", "bytes", "issue_ns"];
-    let idx: Vec<usize> = (0..schema.num_columns())
-        .filter(|&i| want.contains(&schema.column(i).name()))
-        .collect();
+    let idx: Vec<usize> = (0..schema.num_columns()).filter(|&i| want.contains(&schema.column(i).name())).collect();
     let mask = ProjectionMask::leaves(schema, idx);
-    let reader = b
-        .with_projection(mask)
-        .with_batch_size(65536)
-        .build()
-        .map_err(|e| format!("{}: {e}", seg.display()))?;
+    let reader =
+        b.with_projection(mask).with_batch_size(65536).build().map_err(|e| format!("{}: {e}", seg.display()))?;
     for batch in reader {
         let batch = batch.map_err(|e| format!("{}: corrupt: {e}", seg.display()))?;
         let col = |n: &str, t: &DataType| {
@@ -459,10 +453,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
                     *per_dev.entry(d).or_default() += r.bytes as u64;
                 }
             }
-            per_dev
-                .into_iter()
-                .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(a.0)))
-                .map(|(d, _)| d.to_string())
+            per_dev.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(a.0))).map(|(d, _)| d.to_string())
         }
     };
     let on_dev = |r: &OwnedRow| data_dev.is_none() || r.dev.is_none() || r.dev.as_deref() == data_dev.as_deref();
@@ -506,7 +497,8 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
             grouping_desc = "per process (--gpu-grouping process)".to_string();
         }
         Grouping::Ranks(ranks) => {
-            grouping_desc = format!("ranks given: {}", ranks.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(","));
+            grouping_desc =
+                format!("ranks given: {}", ranks.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(","));
             let set: HashSet<u32> = ranks.iter().copied().collect();
             for &pid in reader_bytes.keys() {
                 let mut cur = pid;
@@ -597,17 +589,18 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
                         pid,
                         comm: comm_of(pid, &reader_comm[&pid]),
                         bytes: b,
-                        why: format!("its group reads {:.2}% of the largest GPU's bytes: not a GPU", 100.0 * bytes as f64 / largest.max(1) as f64),
+                        why: format!(
+                            "its group reads {:.2}% of the largest GPU's bytes: not a GPU",
+                            100.0 * bytes as f64 / largest.max(1) as f64
+                        ),
                     });
                 }
             }
             continue;
         }
         let mut ws = ws.clone();
-        let first_read: HashMap<u32, i64> = data_reads
-            .iter()
-            .filter(|r| ws.contains(&r.pid))
-            .fold(HashMap::new(), |mut m, r| {
+        let first_read: HashMap<u32, i64> =
+            data_reads.iter().filter(|r| ws.contains(&r.pid)).fold(HashMap::new(), |mut m, r| {
                 let e = m.entry(r.pid).or_insert(i64::MAX);
                 *e = (*e).min(r.issue_ns);
                 m
@@ -658,13 +651,8 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     // on, against their read syscalls in the same time. Reads through mmap or io_uring
     // reach the block layer but not the file layer. Earlier block reads (an interpreter
     // faulting in its libraries at import) and other processes' are only noted.
-    let traced: HashSet<u32> = input
-        .file
-        .iter()
-        .chain(input.proc_rows.iter())
-        .chain(input.ipc.iter())
-        .map(|r| r.pid)
-        .collect();
+    let traced: HashSet<u32> =
+        input.file.iter().chain(input.proc_rows.iter()).chain(input.ipc.iter()).map(|r| r.pid).collect();
     let mut block_by_pid: HashMap<u32, u64> = HashMap::new();
     for (&(pid, _), &b) in &input.block_reads {
         *block_by_pid.entry(pid).or_default() += b;
@@ -720,7 +708,10 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     let unseen = |c: &Coverage| c.block_read_bytes_training.saturating_sub(c.file_read_bytes_training);
     let gpu_block: u64 = coverage.iter().filter(|c| c.in_gpu).map(|c| c.block_read_bytes_training).sum();
     let gpu_unseen: u64 = coverage.iter().filter(|c| c.in_gpu).map(unseen).sum();
-    let incomplete = if input.has_block && gpu_unseen >= INCOMPLETE_MIN_BYTES && gpu_unseen as f64 > INCOMPLETE_SHARE * gpu_block as f64 {
+    let incomplete = if input.has_block
+        && gpu_unseen >= INCOMPLETE_MIN_BYTES
+        && gpu_unseen as f64 > INCOMPLETE_SHARE * gpu_block as f64
+    {
         let top = coverage.iter().filter(|c| c.in_gpu).max_by_key(|c| unseen(c)).expect("a GPU process has the bytes");
         Some(format!(
             "while they trained, the GPUs' processes read {:.1} MiB through read syscalls but caused {:.1} MiB of block reads: pid {} ({}) caused {:.1} MiB of block reads with {:.1} MiB of read syscalls, so it likely reads through mmap or io_uring, which the file layer does not see (io_uring: record with --io-uring)",
@@ -755,7 +746,9 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         }
     }
     if !input.has_block && !data_reads.is_empty() {
-        warnings.push("no block layer in the trace: cannot check that the file layer saw every read (mmap, io_uring)".into());
+        warnings.push(
+            "no block layer in the trace: cannot check that the file layer saw every read (mmap, io_uring)".into(),
+        );
     }
     left_out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.pid.cmp(&b.pid)));
 
@@ -896,12 +889,8 @@ fn build_gpu(
         synchronous = false;
         // Workers in the order they were started: PyTorch's worker ids. Batch b goes to
         // worker b mod W, so a worker's s-th batch is batch s*W + w.
-        let fork_at: HashMap<u32, i64> = input
-            .proc_rows
-            .iter()
-            .filter(|r| &*r.op == "fork")
-            .map(|r| (r.pid, r.issue_ns))
-            .collect();
+        let fork_at: HashMap<u32, i64> =
+            input.proc_rows.iter().filter(|r| &*r.op == "fork").map(|r| (r.pid, r.issue_ns)).collect();
         let mut order: Vec<usize> = (0..workers.len()).collect();
         order.sort_by_key(|&i| (fork_at.get(&workers[i]).copied().unwrap_or(i64::MAX), i));
         // Messages: each worker's writes on the pipe, merged when back to back.
@@ -910,7 +899,9 @@ fn build_gpu(
             let mut ws: Vec<&OwnedRow> = rows_of(&ix.ipc, w)
                 .iter()
                 .copied()
-                .filter(|r| &*r.op == "write" && r.bytes > 0 && r.file.as_deref().is_some_and(|f| data_pipes.contains(f)))
+                .filter(|r| {
+                    &*r.op == "write" && r.bytes > 0 && r.file.as_deref().is_some_and(|f| data_pipes.contains(f))
+                })
                 .collect();
             ws.sort_by_key(|r| r.issue_ns);
             let mut last_end = i64::MIN;
@@ -955,7 +946,16 @@ fn build_gpu(
                 let samples = if samples > 0 { samples } else { distinct_files(&reads) };
                 batches.push((
                     seq * nw + rank_of_worker,
-                    Step { reads, bytes, samples, first_read_ns: first, ready_ns: at, interval_s: None, wait_s: 0.0, period_s: None },
+                    Step {
+                        reads,
+                        bytes,
+                        samples,
+                        first_read_ns: first,
+                        ready_ns: at,
+                        interval_s: None,
+                        wait_s: 0.0,
+                        period_s: None,
+                    },
                 ));
                 seq += 1;
             }
@@ -978,7 +978,10 @@ fn build_gpu(
         // batch came from the batches it already holds) it computes.
         let mut pipe_events: Vec<(i64, i64, bool)> = rows_of(&ix.ipc, rank)
             .iter()
-            .filter(|r| r.file.as_deref().is_some_and(|f| data_pipes.contains(f)) && (&*r.op == "wait" || (&*r.op == "read" && r.bytes > 0)))
+            .filter(|r| {
+                r.file.as_deref().is_some_and(|f| data_pipes.contains(f))
+                    && (&*r.op == "wait" || (&*r.op == "read" && r.bytes > 0))
+            })
             .map(|r| (r.issue_ns, r.complete_ns, &*r.op == "wait"))
             .collect();
         pipe_events.sort_unstable();
@@ -1003,12 +1006,8 @@ fn build_gpu(
                 _ => next,
             };
             computes.push((end - t) as f64 / 1e9);
-            let waited: i64 = pipe_events[k..]
-                .iter()
-                .take_while(|e| e.0 < next)
-                .filter(|e| e.2)
-                .map(|e| e.1 - e.0)
-                .sum();
+            let waited: i64 =
+                pipe_events[k..].iter().take_while(|e| e.0 < next).filter(|e| e.2).map(|e| e.1 - e.0).sum();
             waits.push(waited as f64 / 1e9);
             if end < next {
                 costs.push(((next - end) - waited).max(0) as f64 / 1e9);
@@ -1229,7 +1228,16 @@ fn finish_burst(s: &mut Step, opens: u32, steps: &mut Vec<Step>) {
     s.samples = if opens > 0 { opens } else { distinct_files(&s.reads) };
     steps.push(std::mem::replace(
         s,
-        Step { reads: Vec::new(), bytes: 0, samples: 0, first_read_ns: 0, ready_ns: 0, interval_s: None, wait_s: 0.0, period_s: None },
+        Step {
+            reads: Vec::new(),
+            bytes: 0,
+            samples: 0,
+            first_read_ns: 0,
+            ready_ns: 0,
+            interval_s: None,
+            wait_s: 0.0,
+            period_s: None,
+        },
     ));
 }
 
@@ -1241,7 +1249,9 @@ pub fn to_json(m: &JobModel) -> String {
 /// One line per GPU and the job's figures, as `analyze` and `replay` print them.
 pub fn describe(m: &JobModel) -> Vec<String> {
     let mut out = Vec::new();
-    let f = |x: Option<f64>, scale: f64, unit: &str| x.map(|v| format!("{:.1} {unit}", v * scale)).unwrap_or_else(|| "-".into());
+    let f = |x: Option<f64>, scale: f64, unit: &str| {
+        x.map(|v| format!("{:.1} {unit}", v * scale)).unwrap_or_else(|| "-".into())
+    };
     out.push(format!(
         "job model: {} GPU(s) found ({}); data device {}",
         m.gpus.len(),
@@ -1279,7 +1289,13 @@ pub fn describe(m: &JobModel) -> Vec<String> {
         }
     }
     for l in &m.left_out {
-        out.push(format!("  left out: pid {} ({}), {:.2} MiB: {}", l.pid, l.comm, l.bytes as f64 / (1u64 << 20) as f64, l.why));
+        out.push(format!(
+            "  left out: pid {} ({}), {:.2} MiB: {}",
+            l.pid,
+            l.comm,
+            l.bytes as f64 / (1u64 << 20) as f64,
+            l.why
+        ));
     }
     if let Some(msg) = &m.incomplete {
         out.push(format!("  INCOMPLETE: {msg}"));

@@ -48,7 +48,12 @@ fn file_read(pid: u32, comm: &str, file: &str, offset: i64, len: i64, issue: i64
 }
 
 fn file_open(pid: u32, comm: &str, file: &str, t: i64) -> OwnedRow {
-    OwnedRow { dev: Some(Arc::from("7:3")), fd: Some(5), file: Some(Arc::from(file)), ..row(Layer::File, "open", pid, pid, comm, t, t + 20_000) }
+    OwnedRow {
+        dev: Some(Arc::from("7:3")),
+        fd: Some(5),
+        file: Some(Arc::from(file)),
+        ..row(Layer::File, "open", pid, pid, comm, t, t + 20_000)
+    }
 }
 
 fn ipc(op: &str, pid: u32, tid: u32, comm: &str, pipe: &str, issue: i64, complete: i64, bytes: i64) -> OwnedRow {
@@ -59,14 +64,25 @@ fn ipc(op: &str, pid: u32, tid: u32, comm: &str, pipe: &str, issue: i64, complet
 /// read in `read_ms` by the worker; the rank computes `compute_ms` per step. Workers read
 /// ahead up to 2 batches each; `read_ms` > compute × workers makes the job storage-bound.
 /// Returns the rows and the rank's pid.
-fn rank_with_workers(input: &mut Input, rank: u32, launcher: u32, workers: u32, batch: u32, read_ms: i64, compute_ms: i64, steps: u32) {
+fn rank_with_workers(
+    input: &mut Input,
+    rank: u32,
+    launcher: u32,
+    workers: u32,
+    batch: u32,
+    read_ms: i64,
+    compute_ms: i64,
+    steps: u32,
+) {
     let t0 = 1_000 * MS;
     input.proc_rows.push(proc_row("fork", rank, launcher, "python", t0));
     let pipe = format!("pipe:[{}]", 9000 + rank);
     let wpids: Vec<u32> = (0..workers).map(|w| rank * 10 + w + 1).collect();
     for &w in &wpids {
         input.proc_rows.push(proc_row("fork", w, rank, "python", t0 + MS));
-        input.proc_rows.push(OwnedRow { comm: Arc::from(WORKER_COMM), ..proc_row("comm", w, rank, WORKER_COMM, t0 + 2 * MS) });
+        input
+            .proc_rows
+            .push(OwnedRow { comm: Arc::from(WORKER_COMM), ..proc_row("comm", w, rank, WORKER_COMM, t0 + 2 * MS) });
     }
     // Simulate PyTorch's loop: batch k goes to worker k mod W; a worker starts batch k
     // when it is at most 2W ahead of the rank and its previous batch is done.
@@ -99,7 +115,16 @@ fn rank_with_workers(input: &mut Input, rank: u32, launcher: u32, workers: u32, 
         }
         // The handoff: the worker's feeder thread writes header and payload.
         input.ipc.push(ipc("write", wpids[wi], wpids[wi] + 1000, "QueueFeederThread", &pipe, t, t + 20_000, 4));
-        input.ipc.push(ipc("write", wpids[wi], wpids[wi] + 1000, "QueueFeederThread", &pipe, t + 30_000, t + 50_000, 300));
+        input.ipc.push(ipc(
+            "write",
+            wpids[wi],
+            wpids[wi] + 1000,
+            "QueueFeederThread",
+            &pipe,
+            t + 30_000,
+            t + 50_000,
+            300,
+        ));
         ready[k] = t + 50_000;
         worker_free[wi] = t + 60_000;
         // The rank polls (blocking if the batch is not there yet), then reads it.
@@ -110,7 +135,16 @@ fn rank_with_workers(input: &mut Input, rank: u32, launcher: u32, workers: u32, 
         consumed[k] = poll_end + 20_000;
         // Having taken batch k, the rank sends batch k+2W's index to its worker.
         if k + 2 * w < n {
-            input.ipc.push(ipc("write", rank, rank, "python", &index_pipe(k % w), consumed[k] + 5_000, consumed[k] + 8_000, 40));
+            input.ipc.push(ipc(
+                "write",
+                rank,
+                rank,
+                "python",
+                &index_pipe(k % w),
+                consumed[k] + 5_000,
+                consumed[k] + 8_000,
+                40,
+            ));
         }
         rank_t = consumed[k] + compute_ms * MS;
     }
@@ -256,7 +290,10 @@ fn block_reads_the_file_layer_did_not_see_make_the_trace_incomplete() {
     input.has_block = true;
     // an io_uring reader: 1 GiB at the block layer, 34 KiB of library reads as syscalls
     input.proc_rows.push(proc_row("start", 500, 1, "trainio-replay", 0));
-    input.file.push(OwnedRow { dev: Some(Arc::from("254:1")), ..file_read(500, "trainio-replay", "/lib/libc.so", 0, 34 << 10, MS, MS) });
+    input.file.push(OwnedRow {
+        dev: Some(Arc::from("254:1")),
+        ..file_read(500, "trainio-replay", "/lib/libc.so", 0, 34 << 10, MS, MS)
+    });
     input.add_block_read(500, 2_000 * MS, 1 << 30);
     input.add_block_read(77, 2_000 * MS, 5 << 30); // another process on the host: not traced
     let m = infer(&input, &Options::default()).unwrap();
@@ -268,7 +305,10 @@ fn block_reads_the_file_layer_did_not_see_make_the_trace_incomplete() {
     input.has_block = true;
     input.proc_rows.push(proc_row("start", 600, 1, "fio", 0));
     input.proc_rows.push(proc_row("fork", 601, 600, "fio", 2 * MS));
-    input.file.push(OwnedRow { dev: Some(Arc::from("254:0")), ..file_read(600, "fio", "/lib/libaio.so", 0, 60 << 10, MS, MS) });
+    input.file.push(OwnedRow {
+        dev: Some(Arc::from("254:0")),
+        ..file_read(600, "fio", "/lib/libaio.so", 0, 60 << 10, MS, MS)
+    });
     input.add_block_read(601, 3 * MS, 64 * MIB);
     let m = infer(&input, &Options::default()).unwrap();
     let msg = m.incomplete.expect("the child's reads are the GPU's");
@@ -338,11 +378,18 @@ fn write_bursts_are_placed_after_the_steps_taken_before_them() {
     // The rank's results file on another file system (the root's, 254:0), after the last
     // step: no load on the data's storage, so not the GPU's, and a warning says so.
     let end = ready[29] + 5 * MS;
-    input.file.push(OwnedRow { dev: Some(Arc::from("254:0")), ..file_write(200, "/tmp/results.json", "write", 0, 3248, end, MS / 10) });
-    input.file.push(OwnedRow { dev: Some(Arc::from("254:0")), ..file_write(200, "/tmp/results.json", "fsync", 0, 0, end + MS, MS) });
+    input.file.push(OwnedRow {
+        dev: Some(Arc::from("254:0")),
+        ..file_write(200, "/tmp/results.json", "write", 0, 3248, end, MS / 10)
+    });
+    input.file.push(OwnedRow {
+        dev: Some(Arc::from("254:0")),
+        ..file_write(200, "/tmp/results.json", "fsync", 0, 0, end + MS, MS)
+    });
     let m = infer(&input, &Options::default()).unwrap();
     assert!(
-        m.warnings.iter().any(|w| w.contains("2 writes and syncs (3248 bytes) on other devices than the data's (7:3)") && w.ends_with("254:0")),
+        m.warnings.iter().any(|w| w.contains("2 writes and syncs (3248 bytes) on other devices than the data's (7:3)")
+            && w.ends_with("254:0")),
         "{:?}",
         m.warnings
     );
@@ -369,5 +416,9 @@ fn write_bursts_are_placed_after_the_steps_taken_before_them() {
     let starts: Vec<i64> = w.bursts.iter().map(|b| b.start_ns).collect();
     let interval = (starts[4] - starts[0]) as f64 / 4e9;
     assert!(close(w.interval_s.unwrap(), interval, 1e-9));
-    assert!(describe(&m).iter().any(|l| l.contains("writes: 3 burst(s) after steps start,10,20")), "{:?}", describe(&m));
+    assert!(
+        describe(&m).iter().any(|l| l.contains("writes: 3 burst(s) after steps start,10,20")),
+        "{:?}",
+        describe(&m)
+    );
 }

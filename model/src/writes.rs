@@ -168,8 +168,8 @@ pub fn summarize(bursts: Vec<WriteBurst>) -> WriteSummary {
     let bytes: u64 = bursts.iter().map(|b| b.bytes).sum();
     let duration_s: f64 = bursts.iter().map(|b| b.duration_s).sum();
     let starts: Vec<i64> = bursts.iter().map(|b| b.start_ns).collect();
-    let interval_s = (starts.len() > 1)
-        .then(|| (starts[starts.len() - 1] - starts[0]) as f64 / 1e9 / (starts.len() - 1) as f64);
+    let interval_s =
+        (starts.len() > 1).then(|| (starts[starts.len() - 1] - starts[0]) as f64 / 1e9 / (starts.len() - 1) as f64);
     WriteSummary {
         gap_ms: WRITE_GAP_NS as f64 / 1e6,
         count,

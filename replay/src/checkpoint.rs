@@ -134,9 +134,7 @@ impl CheckpointSpec {
         let datatype = |key: &str, default: &str| -> Result<String> {
             let name = string(model, key).unwrap_or_else(|| default.to_string());
             if datatype_bytes(&name).is_none() {
-                bail!(
-                    "model.{key} must be one of int8, uint8, fp16, bf16, fp32, fp64, got '{name}'"
-                );
+                bail!("model.{key} must be one of int8, uint8, fp16, bf16, fp32, fp64, got '{name}'");
             }
             Ok(name)
         };
@@ -155,9 +153,7 @@ impl CheckpointSpec {
             Some(v) => Some(("model.model_size_bytes", v)),
             None => match number(model, "model", "model_size")? {
                 Some(v) => Some(("model.model_size", v)),
-                None => {
-                    number(ckpt, "checkpoint", "model_size")?.map(|v| ("checkpoint.model_size", v))
-                }
+                None => number(ckpt, "checkpoint", "model_size")?.map(|v| ("checkpoint.model_size", v)),
             },
         };
         let model_size_bytes = match model_size_bytes {
@@ -181,7 +177,9 @@ impl CheckpointSpec {
         let steps_between = match int_key(ckpt, "checkpoint", "steps_between_checkpoints")? {
             None | Some(-1) => None,
             Some(v) if v >= 1 => Some(v as u64),
-            Some(v) => bail!("checkpoint.steps_between_checkpoints must be at least 1 (or -1 for the epoch rule), got {v}"),
+            Some(v) => {
+                bail!("checkpoint.steps_between_checkpoints must be at least 1 (or -1 for the epoch rule), got {v}")
+            }
         };
         let folder = string(ckpt, "checkpoint_folder").unwrap_or_else(|| "checkpoints".into());
         let spec = CheckpointSpec {
@@ -198,12 +196,7 @@ impl CheckpointSpec {
             vocab_size: positive(transformer, "model.transformer", "vocab_size", 32000)?,
             hidden_size: positive(transformer, "model.transformer", "hidden_size", 2048)?,
             ffn_hidden_size: positive(transformer, "model.transformer", "ffn_hidden_size", 8192)?,
-            num_attention_heads: positive(
-                transformer,
-                "model.transformer",
-                "num_attention_heads",
-                32,
-            )?,
+            num_attention_heads: positive(transformer, "model.transformer", "num_attention_heads", 32)?,
             num_kv_heads: positive(transformer, "model.transformer", "num_kv_heads", 8)?,
             folder,
             num_checkpoints_write: count_or_none(ckpt, "checkpoint", "num_checkpoints_write")?,
@@ -212,12 +205,7 @@ impl CheckpointSpec {
             fsync: boolean(ckpt, "checkpoint", "fsync")?.unwrap_or(false),
             subset,
             checkpoint_after_epoch: positive(ckpt, "checkpoint", "checkpoint_after_epoch", 1)?,
-            epochs_between_checkpoints: positive(
-                ckpt,
-                "checkpoint",
-                "epochs_between_checkpoints",
-                1,
-            )?,
+            epochs_between_checkpoints: positive(ckpt, "checkpoint", "epochs_between_checkpoints", 1)?,
             steps_between_checkpoints: steps_between,
         };
         spec.validate()?;
@@ -236,8 +224,7 @@ impl CheckpointSpec {
         if self.pipeline > 1 && self.zero_stage == 3 {
             bail!("model.parallelism.zero_stage 3 does not go with pipeline parallelism (pipeline {})", self.pipeline);
         }
-        if self.num_checkpoints_read > self.num_checkpoints_write && self.num_checkpoints_write > 0
-        {
+        if self.num_checkpoints_read > self.num_checkpoints_write && self.num_checkpoints_write > 0 {
             bail!(
                 "checkpoint.num_checkpoints_read ({}) is more than checkpoint.num_checkpoints_write ({})",
                 self.num_checkpoints_read,
@@ -245,10 +232,7 @@ impl CheckpointSpec {
             );
         }
         let rel = Path::new(&self.folder);
-        if rel.is_absolute()
-            || rel.components().any(|c| matches!(c, Component::ParentDir))
-            || self.folder.is_empty()
-        {
+        if rel.is_absolute() || rel.components().any(|c| matches!(c, Component::ParentDir)) || self.folder.is_empty() {
             bail!(
                 "checkpoint.checkpoint_folder must be a relative path without '..' (checkpoints are written under --data-dir), got '{}'",
                 self.folder
@@ -268,12 +252,8 @@ impl CheckpointSpec {
         }
         let h = self.hidden_size;
         let embedding = self.vocab_size * h;
-        let layer = h
-            + h * (h + 2 * self.head_dim_kv())
-            + h * h
-            + h
-            + self.ffn_hidden_size * 2 * h
-            + self.ffn_hidden_size * h;
+        let layer =
+            h + h * (h + 2 * self.head_dim_kv()) + h * h + h + self.ffn_hidden_size * 2 * h + self.ffn_hidden_size * h;
         embedding + layer * self.num_layers + h + embedding
     }
 
@@ -383,8 +363,7 @@ impl Plan {
                 if spec.zero_stage == 0 && r >= mp {
                     return out;
                 }
-                let (pp_rank, dp_rank, mp_rank) =
-                    ((r / spec.tensor) % spec.pipeline, r / mp, r % mp);
+                let (pp_rank, dp_rank, mp_rank) = ((r / spec.tensor) % spec.pipeline, r / mp, r % mp);
                 if spec.model_size_bytes > 0 && !transformer {
                     out.push(ShardFile {
                         name: format!("model_states-{r}.pt"),
@@ -394,8 +373,7 @@ impl Plan {
                 }
                 if spec.num_layers > 0 {
                     let (first, last) = spec.layer_range(pp_rank);
-                    let layer_bytes =
-                        |i: u64| spec.layer_tensors(i, dp).iter().sum::<u64>() * model_bytes;
+                    let layer_bytes = |i: u64| spec.layer_tensors(i, dp).iter().sum::<u64>() * model_bytes;
                     if (1..3).contains(&spec.zero_stage) {
                         if dp_rank == 0 {
                             if spec.pipeline > 1 {
@@ -416,23 +394,15 @@ impl Plan {
                         }
                     } else {
                         out.push(ShardFile {
-                            name: format!(
-                                "zero_pp_rank_{dp_rank}_mp_rank_{mp_rank}_model_states.pt"
-                            ),
+                            name: format!("zero_pp_rank_{dp_rank}_mp_rank_{mp_rank}_model_states.pt"),
                             bytes: (first..=last).map(layer_bytes).sum(),
                             kind: "model",
                         });
                     }
-                    let n = if spec.zero_stage > 0 {
-                        parameters / (dp * mp)
-                    } else {
-                        parameters / mp
-                    };
+                    let n = if spec.zero_stage > 0 { parameters / (dp * mp) } else { parameters / mp };
                     if n > 0 {
                         out.push(ShardFile {
-                            name: format!(
-                                "zero_pp_rank_{dp_rank}_mp_rank_{mp_rank}_optim_states.pt"
-                            ),
+                            name: format!("zero_pp_rank_{dp_rank}_mp_rank_{mp_rank}_optim_states.pt"),
                             bytes: 3 * (n + 5 * spec.hidden_size) * optim_bytes,
                             kind: "optimizer",
                         });
@@ -441,14 +411,7 @@ impl Plan {
                 out
             })
             .collect();
-        Ok(Plan {
-            world: dp * mp,
-            data_parallel: dp,
-            ranks: gpus,
-            files,
-            subset: spec.subset,
-            parameters,
-        })
+        Ok(Plan { world: dp * mp, data_parallel: dp, ranks: gpus, files, subset: spec.subset, parameters })
     }
 
     pub fn rank_bytes(&self, rank: u64) -> u64 {
@@ -460,12 +423,7 @@ impl Plan {
     }
 
     pub fn bytes_of(&self, kind: &str) -> u64 {
-        self.files
-            .iter()
-            .flatten()
-            .filter(|f| f.kind == kind)
-            .map(|f| f.bytes)
-            .sum()
+        self.files.iter().flatten().filter(|f| f.kind == kind).map(|f| f.bytes).sum()
     }
 
     pub fn file_count(&self) -> u64 {
@@ -475,8 +433,7 @@ impl Plan {
 
 /// The directory of one checkpoint, DLIO's name for it.
 pub fn checkpoint_dir(root: &Path, spec: &CheckpointSpec, epoch: u64, step: u64) -> PathBuf {
-    root.join(&spec.folder)
-        .join(format!("global_epoch{epoch}_step{step}"))
+    root.join(&spec.folder).join(format!("global_epoch{epoch}_step{step}"))
 }
 
 /// What one rank wrote or read of one checkpoint.
@@ -487,20 +444,13 @@ pub struct RankIo {
 }
 
 /// Runs `io` for each of `ranks` on a thread of its own and adds up what they did.
-fn each_rank(
-    ranks: &[u64],
-    what: &str,
-    io: impl Fn(u64) -> Result<RankIo> + Sync,
-) -> Result<RankIo> {
+fn each_rank(ranks: &[u64], what: &str, io: impl Fn(u64) -> Result<RankIo> + Sync) -> Result<RankIo> {
     let io = &io;
     let results: Vec<Result<RankIo>> = std::thread::scope(|s| {
         let handles: Vec<_> = ranks.iter().map(|&r| s.spawn(move || io(r))).collect();
         handles
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("checkpoint {what} panicked")))
-            })
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("checkpoint {what} panicked"))))
             .collect()
     });
     let mut total = RankIo::default();
@@ -515,14 +465,7 @@ fn each_rank(
 /// Writes the files of the simulated GPUs `ranks` (DLIO ranks) into `dir`, one thread
 /// per simulated GPU, `transfer` bytes per write, each file fsynced when `fsync`, then
 /// dropped from the page cache so a later read comes from storage.
-pub fn write_shards(
-    plan: &Plan,
-    ranks: &[u64],
-    root: &Path,
-    dir: &Path,
-    transfer: u64,
-    fsync: bool,
-) -> Result<RankIo> {
+pub fn write_shards(plan: &Plan, ranks: &[u64], root: &Path, dir: &Path, transfer: u64, fsync: bool) -> Result<RankIo> {
     // Every file operation stays beneath the data directory (beneath.rs).
     let beneath = crate::beneath::Beneath::new(root)?;
     beneath.create_dirs(dir)?;
@@ -541,14 +484,12 @@ pub fn write_shards(
                 block[..8].copy_from_slice(&((r << 20) ^ k as u64).to_le_bytes());
                 block[8..16].copy_from_slice(&chunk.to_le_bytes());
                 let n = left.min(transfer) as usize;
-                file.write_all(&block[..n])
-                    .with_context(|| format!("writing {}", path.display()))?;
+                file.write_all(&block[..n]).with_context(|| format!("writing {}", path.display()))?;
                 left -= n as u64;
                 chunk += 1;
             }
             if fsync {
-                file.sync_all()
-                    .with_context(|| format!("fsync {}", path.display()))?;
+                file.sync_all().with_context(|| format!("fsync {}", path.display()))?;
             }
             io.bytes += f.bytes;
             io.files += 1;
@@ -565,31 +506,17 @@ pub fn settle_shards(plan: &Plan, ranks: &[u64], root: &Path, dir: &Path) -> Res
     for &r in ranks {
         for f in &plan.files[r as usize] {
             let path = dir.join(&f.name);
-            let file =
-                std::fs::File::from(beneath.open(&path, libc::O_RDONLY, 0).with_context(|| {
-                    format!(
-                    "{}: missing: write the checkpoint first (checkpoint.num_checkpoints_write)",
-                    path.display()
-                )
-                })?);
+            let file = std::fs::File::from(beneath.open(&path, libc::O_RDONLY, 0).with_context(|| {
+                format!("{}: missing: write the checkpoint first (checkpoint.num_checkpoints_write)", path.display())
+            })?);
             let len = file.metadata()?.len();
             if len != f.bytes {
-                bail!(
-                    "{}: {len} bytes, the plan says {}: written by another model or --gpus",
-                    path.display(),
-                    f.bytes
-                );
+                bail!("{}: {len} bytes, the plan says {}: written by another model or --gpus", path.display(), f.bytes);
             }
-            file.sync_data()
-                .with_context(|| format!("fdatasync {}", path.display()))?;
-            let rc =
-                unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            file.sync_data().with_context(|| format!("fdatasync {}", path.display()))?;
+            let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
             if rc != 0 {
-                bail!(
-                    "posix_fadvise(DONTNEED) {}: {}",
-                    path.display(),
-                    std::io::Error::from_raw_os_error(rc)
-                );
+                bail!("posix_fadvise(DONTNEED) {}: {}", path.display(), std::io::Error::from_raw_os_error(rc));
             }
         }
     }
@@ -621,14 +548,7 @@ pub fn read_shards(
             let fd = std::os::fd::IntoRawFd::into_raw_fd(beneath.open(&path, flags, 0)?);
             let mut pos = 0u64;
             loop {
-                let n = unsafe {
-                    libc::pread(
-                        fd,
-                        buf.as_mut_ptr() as *mut libc::c_void,
-                        len,
-                        pos as libc::off_t,
-                    )
-                };
+                let n = unsafe { libc::pread(fd, buf.as_mut_ptr() as *mut libc::c_void, len, pos as libc::off_t) };
                 if n < 0 {
                     let e = std::io::Error::last_os_error();
                     unsafe { libc::close(fd) };
@@ -667,17 +587,12 @@ mod tests {
     /// model + optimizer figures: 15 + 90, 130 + 781, 755 + 4533).
     #[test]
     fn plans_match_mlperf_table_2() {
-        for (file, gpus, table_gib) in [
-            ("llama3_8b.yaml", 8, 105.0),
-            ("llama3_70b.yaml", 64, 912.0),
-            ("llama3_405b.yaml", 512, 5290.0),
-        ] {
+        for (file, gpus, table_gib) in
+            [("llama3_8b.yaml", 8, 105.0), ("llama3_70b.yaml", 64, 912.0), ("llama3_405b.yaml", 512, 5290.0)]
+        {
             let plan = Plan::new(&spec_of(file), gpus).unwrap();
             let got = plan.total_bytes() as f64 / GIB;
-            assert!(
-                (got - table_gib).abs() / table_gib < 0.005,
-                "{file}: {got:.1} GiB, table {table_gib}"
-            );
+            assert!((got - table_gib).abs() / table_gib < 0.005, "{file}: {got:.1} GiB, table {table_gib}");
             assert_eq!(plan.world, gpus);
         }
     }
@@ -705,38 +620,18 @@ mod tests {
         assert_eq!(r0[0].name, "layer_0-model_0_model_states.pt");
         // stage 0 of 32 over 126 layers: 30 stages of 4 and 2 of 3... first 126 mod 32 = 30 stages take 4
         assert_eq!(r0.iter().filter(|f| f.kind == "model").count(), 1 + 4);
-        assert_eq!(
-            r0.last().unwrap().name,
-            "zero_pp_rank_0_mp_rank_0_optim_states.pt"
-        );
+        assert_eq!(r0.last().unwrap().name, "zero_pp_rank_0_mp_rank_0_optim_states.pt");
         let last_stage_rank = 255; // tp 7 of stage 31, DP rank 0
-        let names: Vec<_> = plan.files[last_stage_rank]
-            .iter()
-            .map(|f| f.name.as_str())
-            .collect();
-        assert!(
-            names.contains(&"layer_128-model_255_model_states.pt"),
-            "{names:?}"
-        );
-        assert!(
-            plan.files[256].iter().all(|f| f.kind == "optimizer"),
-            "DP rank 1 writes no model"
-        );
-        let layers: u64 = plan
-            .files
-            .iter()
-            .flatten()
-            .filter(|f| f.name.starts_with("layer_"))
-            .count() as u64;
+        let names: Vec<_> = plan.files[last_stage_rank].iter().map(|f| f.name.as_str()).collect();
+        assert!(names.contains(&"layer_128-model_255_model_states.pt"), "{names:?}");
+        assert!(plan.files[256].iter().all(|f| f.kind == "optimizer"), "DP rank 1 writes no model");
+        let layers: u64 = plan.files.iter().flatten().filter(|f| f.name.starts_with("layer_")).count() as u64;
         assert_eq!(layers, 8 * (126 + 3), "every layer once per tensor rank");
         // 8B, ZeRO 3: every rank one model shard and one optimizer shard of equal size.
         let plan = Plan::new(&spec_of("llama3_8b.yaml"), 8).unwrap();
         for r in 0..8 {
             assert_eq!(plan.files[r].len(), 2);
-            assert_eq!(
-                plan.files[r][0].name,
-                format!("zero_pp_rank_{r}_mp_rank_0_model_states.pt")
-            );
+            assert_eq!(plan.files[r][0].name, format!("zero_pp_rank_{r}_mp_rank_0_model_states.pt"));
         }
         let sizes: Vec<u64> = (0..8).map(|r| plan.rank_bytes(r)).collect();
         assert!(sizes.iter().all(|&s| s == sizes[0]));
@@ -746,10 +641,7 @@ mod tests {
     fn subset_writes_a_share_of_the_whole() {
         let mut spec = spec_of("llama3_405b.yaml");
         spec.subset = true;
-        assert!(
-            Plan::new(&spec, 8).is_err(),
-            "subset needs the data-parallel width"
-        );
+        assert!(Plan::new(&spec, 8).is_err(), "subset needs the data-parallel width");
         spec.data = Some(2);
         let sub = Plan::new(&spec, 8).unwrap();
         assert_eq!(sub.world, 512);
@@ -776,11 +668,7 @@ mod tests {
             let spec = CheckpointSpec::from_root(&root, "x").unwrap();
             assert_eq!(spec.model_size_bytes, 499_153_191, "{y}");
             let plan = Plan::new(&spec, 8).unwrap();
-            assert_eq!(
-                plan.total_bytes(),
-                499_153_191,
-                "GPU 0 alone (ZeRO 0, TP×PP 1)"
-            );
+            assert_eq!(plan.total_bytes(), 499_153_191, "GPU 0 alone (ZeRO 0, TP×PP 1)");
         }
     }
 
@@ -797,26 +685,10 @@ mod tests {
             ("num_layers: 4", "num_layers: -3", "model.num_layers"),
             ("tensor: 1", "tensor: .nan", "model.parallelism.tensor"),
             ("zero_stage: 3", "zero_stage: 4", "zero_stage"),
-            (
-                "num_checkpoints_write: 1",
-                "num_checkpoints_write: -5",
-                "num_checkpoints_write",
-            ),
-            (
-                "checkpoint_folder: ck",
-                "checkpoint_folder: ck\n  mode: sometimes",
-                "checkpoint.mode",
-            ),
-            (
-                "checkpoint_folder: ck",
-                "checkpoint_folder: /abs",
-                "checkpoint_folder",
-            ),
-            (
-                "checkpoint_folder: ck",
-                "checkpoint_folder: ../up",
-                "checkpoint_folder",
-            ),
+            ("num_checkpoints_write: 1", "num_checkpoints_write: -5", "num_checkpoints_write"),
+            ("checkpoint_folder: ck", "checkpoint_folder: ck\n  mode: sometimes", "checkpoint.mode"),
+            ("checkpoint_folder: ck", "checkpoint_folder: /abs", "checkpoint_folder"),
+            ("checkpoint_folder: ck", "checkpoint_folder: ../up", "checkpoint_folder"),
             (
                 "checkpoint_folder: ck",
                 "checkpoint_folder: ck\n  time_between_checkpoints: .nan",

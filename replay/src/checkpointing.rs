@@ -160,7 +160,8 @@ pub fn combine(per_rank: &[Vec<CheckpointIo>], phase: &str) -> Vec<serde_json::V
     keys.dedup();
     keys.iter()
         .map(|&i| {
-            let all: Vec<&CheckpointIo> = per_rank.iter().flatten().filter(|c| c.phase == phase && c.index == i).collect();
+            let all: Vec<&CheckpointIo> =
+                per_rank.iter().flatten().filter(|c| c.phase == phase && c.index == i).collect();
             let duration = all.iter().map(|c| c.duration_s).fold(0.0, f64::max).max(1e-9);
             let stall = all.iter().map(|c| c.stall_s).fold(0.0, f64::max);
             let bytes: u64 = all.iter().map(|c| c.bytes).sum();
@@ -242,7 +243,11 @@ pub fn human(c: &serde_json::Value) -> String {
         out += &format!("              per GPU {}{more}\n", groups.join(", "));
     }
     if c["mode"] == "subset" {
-        out += &format!("              subset of a {:.2} GiB checkpoint of {} GPUs\n", f("full_checkpoint_gib"), c["world"]);
+        out += &format!(
+            "              subset of a {:.2} GiB checkpoint of {} GPUs\n",
+            f("full_checkpoint_gib"),
+            c["world"]
+        );
     }
     for (phase, key) in [("write", "writes"), ("read", "reads")] {
         if let Some(list) = c[key].as_array() {
@@ -282,7 +287,10 @@ pub fn run_checkpoint_only(
         std::thread::sleep(pause);
         let io = ckpt.write(cluster, i, 1, i)?;
         if progress && cluster.is_root() {
-            eprintln!("trainio replay: checkpoint write {i}/{}: {:.2} s on rank 0", spec.num_checkpoints_write, io.duration_s);
+            eprintln!(
+                "trainio replay: checkpoint write {i}/{}: {:.2} s on rank 0",
+                spec.num_checkpoints_write, io.duration_s
+            );
         }
         ios.push(io);
     }
@@ -297,18 +305,18 @@ pub fn run_checkpoint_only(
         std::thread::sleep(pause);
         let io = ckpt.read(cluster, i, 1, i)?;
         if progress && cluster.is_root() {
-            eprintln!("trainio replay: checkpoint read {i}/{}: {:.2} s on rank 0", spec.num_checkpoints_read, io.duration_s);
+            eprintln!(
+                "trainio replay: checkpoint read {i}/{}: {:.2} s on rank 0",
+                spec.num_checkpoints_read, io.duration_s
+            );
         }
         ios.push(io);
     }
     let wall_s = t_start.elapsed().as_secs_f64();
     let mine = serde_json::to_vec(&(cluster.hostname.clone(), wall_s, ios))?;
     let Some(all) = cluster.gather(mine) else { return Ok(None) };
-    let reports: Vec<(String, f64, Vec<CheckpointIo>)> = all
-        .iter()
-        .map(|b| serde_json::from_slice(b))
-        .collect::<Result<_, _>>()
-        .context("decoding rank results")?;
+    let reports: Vec<(String, f64, Vec<CheckpointIo>)> =
+        all.iter().map(|b| serde_json::from_slice(b)).collect::<Result<_, _>>().context("decoding rank results")?;
     let hosts: std::collections::BTreeSet<&str> = reports.iter().map(|r| r.0.as_str()).collect();
     let per_rank: Vec<Vec<CheckpointIo>> = reports.iter().map(|r| r.2.clone()).collect();
     Ok(Some(json!({

@@ -68,12 +68,7 @@ pub struct DatasizeArgs {
 #[derive(Args, Debug, Clone)]
 pub struct SourceArgs {
     /// DLIO / MLPerf Storage workload YAML (v1.0 or v2.0 key names).
-    #[arg(
-        long,
-        value_name = "FILE.yaml",
-        required_unless_present = "trace",
-        conflicts_with = "trace"
-    )]
+    #[arg(long, value_name = "FILE.yaml", required_unless_present = "trace", conflicts_with = "trace")]
     pub workload: Option<PathBuf>,
     /// Recorded trace (directory of Parquet segments, or one .parquet file): its file-layer reads.
     #[arg(long, value_name = "TRACE")]

@@ -41,12 +41,8 @@ impl PendingBarrier {
 }
 
 fn launched_by_mpirun() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"]
-        .iter()
-        .any(|k| std::env::var_os(k).is_some())
-        || std::env::var("TRAINIO_MPI")
-            .map(|v| v == "1")
-            .unwrap_or(false)
+    ["OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"].iter().any(|k| std::env::var_os(k).is_some())
+        || std::env::var("TRAINIO_MPI").map(|v| v == "1").unwrap_or(false)
 }
 
 pub fn hostname() -> String {
@@ -63,23 +59,13 @@ impl Cluster {
     pub fn init() -> anyhow::Result<Cluster> {
         let hostname = hostname();
         if !launched_by_mpirun() {
-            return Ok(Cluster {
-                world: None,
-                rank: 0,
-                size: 1,
-                hostname,
-            });
+            return Ok(Cluster { world: None, rank: 0, size: 1, hostname });
         }
-        let universe = mpi::initialize()
-            .ok_or_else(|| anyhow::anyhow!("MPI_Init failed (or MPI was already initialized)"))?;
+        let universe =
+            mpi::initialize().ok_or_else(|| anyhow::anyhow!("MPI_Init failed (or MPI was already initialized)"))?;
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
-        Ok(Cluster {
-            world: Some((universe, world)),
-            rank,
-            size,
-            hostname,
-        })
+        Ok(Cluster { world: Some((universe, world)), rank, size, hostname })
     }
 
     pub fn is_root(&self) -> bool {
@@ -91,11 +77,7 @@ impl Cluster {
     }
 
     pub fn start_barrier(&self) -> PendingBarrier {
-        PendingBarrier(
-            self.comm()
-                .filter(|_| self.size > 1)
-                .map(|w| w.immediate_barrier()),
-        )
+        PendingBarrier(self.comm().filter(|_| self.size > 1).map(|w| w.immediate_barrier()))
     }
 
     /// A barrier that sleeps while it waits instead of spinning.
@@ -133,11 +115,7 @@ impl Cluster {
         let root = world.process_at_rank(0);
         let mut len = mine.len() as u64;
         root.broadcast_into(&mut len);
-        let mut buf = if self.rank == 0 {
-            mine
-        } else {
-            vec![0u8; len as usize]
-        };
+        let mut buf = if self.rank == 0 { mine } else { vec![0u8; len as usize] };
         root.broadcast_into(&mut buf[..]);
         buf
     }

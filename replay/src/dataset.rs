@@ -70,9 +70,8 @@ impl Layout {
             .map(|i| {
                 let record = match &normal {
                     Some(d) => {
-                        let mut rng = rand::rngs::StdRng::seed_from_u64(
-                            workload.seed ^ (i.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-                        );
+                        let mut rng =
+                            rand::rngs::StdRng::seed_from_u64(workload.seed ^ (i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
                         d.sample(&mut rng).max(1.0)
                     }
                     None => workload.record_length,
@@ -80,16 +79,11 @@ impl Layout {
                 let sample = round_up((record.ceil() as u64).max(1), ALIGN);
                 let name = format!("file_{i:0digits$}.dat");
                 let rel = if workload.num_subfolders_train > 0 {
-                    PathBuf::from("train")
-                        .join(format!("{:04}", i % workload.num_subfolders_train))
-                        .join(name)
+                    PathBuf::from("train").join(format!("{:04}", i % workload.num_subfolders_train)).join(name)
                 } else {
                     PathBuf::from("train").join(name)
                 };
-                DataFile {
-                    rel,
-                    size: sample * spf,
-                }
+                DataFile { rel, size: sample * spf }
             })
             .collect();
         Layout {
@@ -174,9 +168,7 @@ pub fn claim_directory(root: &Path, force: bool) -> Result<()> {
                 bail!("{}: exists and is not a directory", root.display());
             }
             let ours = root.join(MARKER).exists();
-            let empty = std::fs::read_dir(root)?
-                .filter_map(|e| e.ok())
-                .all(|e| e.file_name() == "lost+found");
+            let empty = std::fs::read_dir(root)?.filter_map(|e| e.ok()).all(|e| e.file_name() == "lost+found");
             if !ours && !empty && !force {
                 bail!(
                     "{}: not empty and not a trainio dataset (no {MARKER}): refusing to write there; pass --force to use it anyway",
@@ -184,9 +176,7 @@ pub fn claim_directory(root: &Path, force: bool) -> Result<()> {
                 );
             }
         }
-        Err(_) => {
-            std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?
-        }
+        Err(_) => std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?,
     }
     Ok(())
 }
@@ -202,8 +192,7 @@ pub fn write_marker(layout: &Layout) -> Result<()> {
     };
     let p = layout.root.join(MARKER);
     let mut f = crate::beneath::Beneath::new(&layout.root)?.create(&p)?;
-    f.write_all(&serde_json::to_vec_pretty(&marker)?)
-        .with_context(|| format!("writing {}", p.display()))
+    f.write_all(&serde_json::to_vec_pretty(&marker)?).with_context(|| format!("writing {}", p.display()))
 }
 
 /// Materializes the files of `layout` whose index ≡ `part` (mod `parts`), skipping files
@@ -218,11 +207,7 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
         }
     }
     let bytes: u64 = todo.iter().map(|&i| layout.files[i].size).sum();
-    let bar = if show_progress {
-        ProgressBar::new(bytes)
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = if show_progress { ProgressBar::new(bytes) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template(
             "datagen {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
@@ -245,14 +230,12 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
             block[..8].copy_from_slice(&(i as u64).to_le_bytes());
             block[8..16].copy_from_slice(&chunk_no.to_le_bytes());
             let n = left.min(block.len() as u64) as usize;
-            out.write_all(&block[..n])
-                .with_context(|| format!("writing {}", path.display()))?;
+            out.write_all(&block[..n]).with_context(|| format!("writing {}", path.display()))?;
             left -= n as u64;
             chunk_no += 1;
             bar.inc(n as u64);
         }
-        out.flush()
-            .with_context(|| format!("writing {}", path.display()))?;
+        out.flush().with_context(|| format!("writing {}", path.display()))?;
     }
     // One syncfs instead of an fsync per file: O_DIRECT readers must find the data on disk.
     if let Ok(dir) = std::fs::File::open(&layout.root) {
@@ -283,10 +266,7 @@ mod tests {
             assert_eq!(x.size, y.size);
             assert_eq!(x.size % ALIGN, 0);
         }
-        assert!(
-            a.files.iter().any(|f| f.size != a.files[0].size),
-            "stdev must vary sizes"
-        );
+        assert!(a.files.iter().any(|f| f.size != a.files[0].size), "stdev must vary sizes");
     }
 
     #[test]

@@ -79,8 +79,7 @@ pub fn sizing(w: &Workload, gpus: u64, hosts: u64, client_ram_bytes: u64) -> Siz
     } else {
         (num_files_train as f64 * file_bytes) as u64
     };
-    let steps_per_epoch =
-        (num_files_train as u128 * spf as u128 / (w.batch_size as u128 * gpus.max(1) as u128)) as u64;
+    let steps_per_epoch = (num_files_train as u128 * spf as u128 / (w.batch_size as u128 * gpus.max(1) as u128)) as u64;
     Sizing {
         gpus,
         hosts,
@@ -115,9 +114,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "P" => 50,
         _ => return Err(format!("unknown unit '{unit}' (use K, M, G, T, P: powers of 1024)")),
     };
-    n.checked_mul(1u64 << shift)
-        .filter(|&b| b > 0)
-        .ok_or_else(|| "must be between 1 byte and 16 EiB".to_string())
+    n.checked_mul(1u64 << shift).filter(|&b| b > 0).ok_or_else(|| "must be between 1 byte and 16 EiB".to_string())
 }
 
 pub fn gib(bytes: f64) -> String {

@@ -190,11 +190,7 @@ impl BufferArena {
             )
         };
         if map == libc::MAP_FAILED {
-            bail!(
-                "allocating {} MiB of read buffers: {}",
-                len >> 20,
-                std::io::Error::last_os_error()
-            );
+            bail!("allocating {} MiB of read buffers: {}", len >> 20, std::io::Error::last_os_error());
         }
         let base = ((map as usize).div_ceil(HUGE) * HUGE) as *mut u8;
         unsafe {
@@ -316,8 +312,7 @@ impl<'a, P: Program> Engine<'a, P> {
         seed: u64,
     ) -> Result<Self> {
         use rand::SeedableRng;
-        let buf_size =
-            crate::dataset::round_up(program.max_request().max(1), ALIGN) as usize + ALIGN as usize;
+        let buf_size = crate::dataset::round_up(program.max_request().max(1), ALIGN) as usize + ALIGN as usize;
         let mut workers = Vec::new();
         let mut sims = Vec::new();
         for (local, &global) in gpus.iter().enumerate() {
@@ -338,11 +333,8 @@ impl<'a, P: Program> Engine<'a, P> {
             let prefetch = program.prefetch_size(local).max(1);
             // Recorded mode: a batch is already spread over the workers, so the window is
             // simply prefetch_size batches.
-            let window = if program.recorded() {
-                prefetch as u64
-            } else {
-                (threads * prefetch.div_ceil(threads)) as u64
-            };
+            let window =
+                if program.recorded() { prefetch as u64 } else { (threads * prefetch.div_ceil(threads)) as u64 };
             sims.push(Gpu {
                 workers: ids,
                 window,
@@ -360,44 +352,25 @@ impl<'a, P: Program> Engine<'a, P> {
                 first_step_end: None,
                 block_start: None,
                 cur: EpochStats::default(),
-                stats: GpuStats {
-                    gpu: global,
-                    rank,
-                    ..Default::default()
-                },
+                stats: GpuStats { gpu: global, rank, ..Default::default() },
             });
         }
-        let entries = ((workers.len() + 1).max(8) as u32)
-            .next_power_of_two()
-            .min(32768);
-        let ring = IoUring::new(entries)
-            .context("setting up io_uring (is it disabled by kernel.io_uring_disabled?)")?;
+        let entries = ((workers.len() + 1).max(8) as u32).next_power_of_two().min(32768);
+        let ring =
+            IoUring::new(entries).context("setting up io_uring (is it disabled by kernel.io_uring_disabled?)")?;
         let arena = BufferArena::new(buf_size * workers.len().max(1))?;
         for (i, w) in workers.iter_mut().enumerate() {
             w.buf = unsafe { arena.base.add(i * buf_size) };
         }
         // Registration pins the buffers once; without it (old kernel, >16k buffers, a
         // memlock limit) reads fall back to plain IORING_OP_READ.
-        let iovecs: Vec<libc::iovec> = workers
-            .iter()
-            .map(|w| libc::iovec {
-                iov_base: w.buf as *mut libc::c_void,
-                iov_len: buf_size,
-            })
-            .collect();
-        let fixed_buffers =
-            workers.len() <= 16384 && unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
+        let iovecs: Vec<libc::iovec> =
+            workers.iter().map(|w| libc::iovec { iov_base: w.buf as *mut libc::c_void, iov_len: buf_size }).collect();
+        let fixed_buffers = workers.len() <= 16384 && unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
         let total = program.epochs() * program.steps_per_epoch();
-        let bar = if options.progress && cluster.is_root() {
-            ProgressBar::new(total)
-        } else {
-            ProgressBar::hidden()
-        };
+        let bar = if options.progress && cluster.is_root() { ProgressBar::new(total) } else { ProgressBar::hidden() };
         bar.set_style(
-            ProgressStyle::with_template(
-                "replay {bar:40} step {pos}/{len} {per_sec} eta {eta} {msg}",
-            )
-            .unwrap(),
+            ProgressStyle::with_template("replay {bar:40} step {pos}/{len} {per_sec} eta {eta} {msg}").unwrap(),
         );
         Ok(Engine {
             program,
@@ -448,9 +421,7 @@ impl<'a, P: Program> Engine<'a, P> {
             let param = libc::sched_param { sched_priority: 1 };
             if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
                 let e = std::io::Error::last_os_error();
-                bail!(
-                    "--realtime: sched_setscheduler(SCHED_FIFO): {e} (needs root or CAP_SYS_NICE)"
-                );
+                bail!("--realtime: sched_setscheduler(SCHED_FIFO): {e} (needs root or CAP_SYS_NICE)");
             }
         }
         self.t0 = Instant::now();
@@ -493,20 +464,14 @@ impl<'a, P: Program> Engine<'a, P> {
                 bail!("internal error: the replay stalled (no reads in flight, no GPU computing)");
             }
             if wait_ns > 0 {
-                let want = if self.in_flight > 0 || wait_ns != u64::MAX {
-                    1
-                } else {
-                    0
-                };
+                let want = if self.in_flight > 0 || wait_ns != u64::MAX { 1 } else { 0 };
                 let ts = types::Timespec::new()
                     .sec(wait_ns.min(3_600_000_000_000) / 1_000_000_000)
                     .nsec((wait_ns % 1_000_000_000) as u32);
                 let args = types::SubmitArgs::new().timespec(&ts);
                 match self.ring.submitter().submit_with_args(want, &args) {
                     Ok(_) => {}
-                    Err(e)
-                        if e.raw_os_error() == Some(libc::ETIME)
-                            || e.raw_os_error() == Some(libc::EINTR) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ETIME) || e.raw_os_error() == Some(libc::EINTR) => {}
                     Err(e) => return Err(e).context("io_uring_enter"),
                 }
             } else {
@@ -584,14 +549,7 @@ impl<'a, P: Program> Engine<'a, P> {
             let batch = self.program.batch(g, gpu.epoch, step);
             let gpu = &mut self.gpus[g];
             gpu.next_to_start += 1;
-            gpu.slots.push_back(Slot {
-                step,
-                batch,
-                done: false,
-                unassigned: 0,
-                outstanding: 0,
-                cursor: Vec::new(),
-            });
+            gpu.slots.push_back(Slot { step, batch, done: false, unassigned: 0, outstanding: 0, cursor: Vec::new() });
             let worker = &mut self.workers[w];
             worker.step = Some(step);
             worker.item = 0;
@@ -641,9 +599,7 @@ impl<'a, P: Program> Engine<'a, P> {
                 if gpu.next_to_start >= spe || gpu.next_to_start >= gpu.consumed + gpu.window {
                     break None;
                 }
-                if sync
-                    && (gpu.next_to_start > gpu.step || !matches!(gpu.state, State::WaitBatch { .. }))
-                {
+                if sync && (gpu.next_to_start > gpu.step || !matches!(gpu.state, State::WaitBatch { .. })) {
                     break None;
                 }
                 let step = gpu.next_to_start;
@@ -742,13 +698,9 @@ impl<'a, P: Program> Engine<'a, P> {
             return Ok(());
         }
         let sqe = if self.fixed_buffers {
-            opcode::ReadFixed::new(types::Fd(worker.fd), worker.buf, len, w as u16)
-                .offset(offset)
-                .build()
+            opcode::ReadFixed::new(types::Fd(worker.fd), worker.buf, len, w as u16).offset(offset).build()
         } else {
-            opcode::Read::new(types::Fd(worker.fd), worker.buf, len)
-                .offset(offset)
-                .build()
+            opcode::Read::new(types::Fd(worker.fd), worker.buf, len).offset(offset).build()
         }
         .user_data(w as u64);
         // SAFETY: the buffer belongs to the worker, which has no other read in flight.
@@ -765,10 +717,7 @@ impl<'a, P: Program> Engine<'a, P> {
     unsafe fn push_sqe(&mut self, sqe: &io_uring::squeue::Entry) -> Result<()> {
         if self.ring.submission().push(sqe).is_err() {
             self.ring.submit().context("io_uring_enter")?;
-            self.ring
-                .submission()
-                .push(sqe)
-                .map_err(|_| anyhow::anyhow!("io_uring submission queue full"))?;
+            self.ring.submission().push(sqe).map_err(|_| anyhow::anyhow!("io_uring submission queue full"))?;
         }
         Ok(())
     }
@@ -782,13 +731,9 @@ impl<'a, P: Program> Engine<'a, P> {
     /// psync: one read of the eventfd in flight at all times (not counted in in_flight).
     fn arm_eventfd(&mut self) -> Result<()> {
         let fd = self.pool.as_ref().unwrap().eventfd;
-        let sqe = opcode::Read::new(
-            types::Fd(fd),
-            &mut *self.eventfd_buf as *mut u64 as *mut u8,
-            8,
-        )
-        .build()
-        .user_data(EVENTFD_TAG);
+        let sqe = opcode::Read::new(types::Fd(fd), &mut *self.eventfd_buf as *mut u64 as *mut u8, 8)
+            .build()
+            .user_data(EVENTFD_TAG);
         // SAFETY: eventfd_buf lives as long as the engine.
         unsafe { self.push_sqe(&sqe)? };
         Ok(())
@@ -801,11 +746,7 @@ impl<'a, P: Program> Engine<'a, P> {
         let read = self.slot_of(g, step).batch.reads[item];
         if res < 0 {
             let e = std::io::Error::from_raw_os_error(-res);
-            bail!(
-                "reading {} at offset {}: {e}",
-                self.workers[w].path.display(),
-                read.offset + self.workers[w].pos
-            );
+            bail!("reading {} at offset {}: {e}", self.workers[w].path.display(), read.offset + self.workers[w].pos);
         }
         let got = res as u64;
         let gpu = &mut self.gpus[g];
@@ -815,11 +756,7 @@ impl<'a, P: Program> Engine<'a, P> {
         let worker = &mut self.workers[w];
         // An O_DIRECT read may have started before the sample (alignment): count progress
         // from the aligned start.
-        let lead = if self.options.odirect {
-            (read.offset + worker.pos) % ALIGN
-        } else {
-            0
-        };
+        let lead = if self.options.odirect { (read.offset + worker.pos) % ALIGN } else { 0 };
         worker.pos += got.saturating_sub(lead);
         if got > 0 && worker.pos < read.len {
             return self.submit_read(w, read);
@@ -858,9 +795,7 @@ impl<'a, P: Program> Engine<'a, P> {
         gpu.stats.io_wait_s += (now - since) as f64 / 1e9;
         gpu.stats.samples += slot.batch.samples as u64;
         gpu.cur.samples += slot.batch.samples as u64;
-        let seconds = self
-            .program
-            .compute_seconds(g, gpu.epoch, gpu.step, &mut gpu.rng);
+        let seconds = self.program.compute_seconds(g, gpu.epoch, gpu.step, &mut gpu.rng);
         let want = (seconds * 1e9) as u64;
         // fio's rule: overshoot of the previous sleep is taken off this one, not lost.
         let sleep = want.saturating_sub(gpu.carry_ns);
@@ -1011,11 +946,7 @@ impl<'a, P: Program> Engine<'a, P> {
             e.duration_s = (now - gpu.epoch_start) as f64 / 1e9;
             e.first_step_s = (first_end - gpu.epoch_start) as f64 / 1e9;
             let rest = (now - first_end) as f64 / 1e9 - e.excluded_s;
-            e.au = if rest > 0.0 {
-                e.compute_after_first_s / rest
-            } else {
-                0.0
-            };
+            e.au = if rest > 0.0 { e.compute_after_first_s / rest } else { 0.0 };
             gpu.stats.epochs.push(e);
             gpu.epoch += 1;
             gpu.step = 0;
@@ -1026,24 +957,14 @@ impl<'a, P: Program> Engine<'a, P> {
             if gpu.epoch == epochs {
                 gpu.state = State::Done;
                 let (c, t): (f64, f64) = gpu.stats.epochs.iter().fold((0.0, 0.0), |(c, t), e| {
-                    (
-                        c + e.compute_after_first_s,
-                        t + e.duration_s - e.first_step_s - e.excluded_s,
-                    )
+                    (c + e.compute_after_first_s, t + e.duration_s - e.first_step_s - e.excluded_s)
                 });
                 // With one step per epoch nothing is left after excluding it: fall back to
                 // the whole run rather than report 0.
                 gpu.stats.au = if t > 0.0 {
                     c / t
                 } else {
-                    gpu.stats.compute_s
-                        / gpu
-                            .stats
-                            .epochs
-                            .iter()
-                            .map(|e| e.duration_s)
-                            .sum::<f64>()
-                            .max(1e-9)
+                    gpu.stats.compute_s / gpu.stats.epochs.iter().map(|e| e.duration_s).sum::<f64>().max(1e-9)
                 };
                 return Ok(());
             }

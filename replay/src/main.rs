@@ -54,10 +54,7 @@ fn main() {
     if let Err(e) = run(cli.command, &cluster) {
         let cause = format!("{e:#}").replace('\n', " ");
         if cluster.size > 1 {
-            eprintln!(
-                "trainio {name}: rank {} on {} failed: {cause}",
-                cluster.rank, cluster.hostname
-            );
+            eprintln!("trainio {name}: rank {} on {} failed: {cause}", cluster.rank, cluster.hostname);
         } else {
             eprintln!("trainio {name}: {cause}");
         }

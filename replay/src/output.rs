@@ -72,10 +72,9 @@ pub fn save_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(value)?;
     if let Err(e) = write_atomic(path, &bytes) {
         println!("{}", String::from_utf8_lossy(&bytes));
-        return Err(e.context(format!(
-            "the results could not be saved to {} and are printed above instead",
-            path.display()
-        )));
+        return Err(
+            e.context(format!("the results could not be saved to {} and are printed above instead", path.display()))
+        );
     }
     Ok(())
 }

@@ -42,48 +42,29 @@ impl ReadPool {
                 .spawn(move || {
                     while let Ok(job) = rx.recv() {
                         let n = unsafe {
-                            libc::pread(
-                                job.fd,
-                                job.buf as *mut libc::c_void,
-                                job.len,
-                                job.offset as libc::off_t,
-                            )
+                            libc::pread(job.fd, job.buf as *mut libc::c_void, job.len, job.offset as libc::off_t)
                         };
                         let res = if n < 0 {
-                            -std::io::Error::last_os_error()
-                                .raw_os_error()
-                                .unwrap_or(libc::EIO)
+                            -std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
                         } else {
                             n as i32
                         };
                         done.lock().unwrap().push((w as u64, res));
                         let one: u64 = 1;
-                        unsafe {
-                            libc::write(eventfd, &one as *const u64 as *const libc::c_void, 8)
-                        };
+                        unsafe { libc::write(eventfd, &one as *const u64 as *const libc::c_void, 8) };
                     }
                 })
                 .map_err(|e| anyhow::anyhow!("starting reader thread {w}: {e}"))?;
             senders.push(tx);
             threads.push(handle);
         }
-        Ok(ReadPool {
-            senders,
-            threads,
-            done,
-            eventfd,
-        })
+        Ok(ReadPool { senders, threads, done, eventfd })
     }
 
     /// Reader slot `w` reads `len` bytes at `offset` of `fd` into `buf`.
     pub fn submit(&self, w: usize, fd: i32, buf: *mut u8, len: usize, offset: u64) {
         // The slot's thread is idle: a worker has at most one read in flight.
-        let _ = self.senders[w].send(Job {
-            fd,
-            buf: buf as usize,
-            len,
-            offset,
-        });
+        let _ = self.senders[w].send(Job { fd, buf: buf as usize, len, offset });
     }
 
     /// Moves the finished reads (slot, result) into `out`.

@@ -42,10 +42,7 @@ impl WorkloadProgram {
         transfer_size: u64,
         max_steps: u64,
     ) -> WorkloadProgram {
-        let shards: Vec<(u64, Vec<usize>)> = local
-            .iter()
-            .map(|&g| (g, layout.shard(g, total_gpus)))
-            .collect();
+        let shards: Vec<(u64, Vec<usize>)> = local.iter().map(|&g| (g, layout.shard(g, total_gpus))).collect();
         let files_per_gpu = layout.files.len() as u64 / total_gpus;
         let mut steps = files_per_gpu * layout.samples_per_file / workload.batch_size;
         if max_steps > 0 {
@@ -77,20 +74,13 @@ impl WorkloadProgram {
         // Seeded shuffles differ per epoch and per GPU but repeat from run to run.
         let base = self.seed ^ (epoch << 32) ^ (global << 8);
         let rng = |kind: u64, s: Shuffle| {
-            let salt = if s == Shuffle::Random {
-                rand::random::<u64>()
-            } else {
-                0
-            };
+            let salt = if s == Shuffle::Random { rand::random::<u64>() } else { 0 };
             StdRng::seed_from_u64(base ^ kind ^ salt)
         };
         if self.file_shuffle != Shuffle::Off {
             file_order.shuffle(&mut rng(1, self.file_shuffle));
         }
-        let mut order: Vec<u32> = file_order
-            .iter()
-            .flat_map(|&f| (0..spf).map(move |s| f * spf + s))
-            .collect();
+        let mut order: Vec<u32> = file_order.iter().flat_map(|&f| (0..spf).map(move |s| f * spf + s)).collect();
         if self.sample_shuffle != Shuffle::Off {
             order.shuffle(&mut rng(2, self.sample_shuffle));
         }
@@ -122,18 +112,10 @@ impl Program for WorkloadProgram {
             .map(|&k| {
                 let file = files[(k as u64 / spf) as usize];
                 let sample_size = self.layout.files[file].size / spf;
-                SampleRead {
-                    file: file as u32,
-                    offset: (k as u64 % spf) * sample_size,
-                    len: sample_size,
-                }
+                SampleRead { file: file as u32, offset: (k as u64 % spf) * sample_size, len: sample_size }
             })
             .collect::<Vec<_>>();
-        Batch {
-            samples: reads.len() as u32,
-            reads,
-            streams: Vec::new(),
-        }
+        Batch { samples: reads.len() as u32, reads, streams: Vec::new() }
     }
 
     fn compute_seconds(&self, _gpu: usize, _epoch: u64, _step: u64, rng: &mut StdRng) -> f64 {
@@ -157,13 +139,7 @@ impl Program for WorkloadProgram {
     }
 
     fn max_request(&self) -> u64 {
-        let largest = self
-            .layout
-            .files
-            .iter()
-            .map(|f| f.size / self.layout.samples_per_file)
-            .max()
-            .unwrap_or(1);
+        let largest = self.layout.files.iter().map(|f| f.size / self.layout.samples_per_file).max().unwrap_or(1);
         self.transfer_size.min(largest)
     }
 }

@@ -2,8 +2,8 @@
 //! same run, so the replay's I/O can be compared with the recording it came from.
 
 use anyhow::{bail, Context, Result};
-use std::path::{Path, PathBuf};
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -16,10 +16,7 @@ pub struct Recorder {
 /// bin/trainio of the checkout this binary was built in (target/release/../../bin/trainio),
 /// else `trainio` on PATH.
 fn trainio_entry() -> PathBuf {
-    if let Some(root) = std::env::current_exe()
-        .ok()
-        .and_then(|e| e.ancestors().nth(3).map(Path::to_path_buf))
-    {
+    if let Some(root) = std::env::current_exe().ok().and_then(|e| e.ancestors().nth(3).map(Path::to_path_buf)) {
         let entry = root.join("bin/trainio");
         if entry.exists() {
             return entry;
@@ -56,10 +53,7 @@ impl Recorder {
                 }
             }
         });
-        let mut r = Recorder {
-            child,
-            output: output.to_path_buf(),
-        };
+        let mut r = Recorder { child, output: output.to_path_buf() };
         let started = Instant::now();
         loop {
             match ready_rx.recv_timeout(Duration::from_millis(50)) {
@@ -84,20 +78,11 @@ impl Recorder {
     /// Stops the recorder with SIGINT (it closes its last segment) and waits for it.
     pub fn stop(mut self) -> Result<()> {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let status = self
-            .child
-            .wait()
-            .context("--record: waiting for the recorder")?;
+        let status = self.child.wait().context("--record: waiting for the recorder")?;
         if !status.success() {
-            bail!(
-                "--record: the recorder failed ({status}); its output is in {}",
-                self.output.display()
-            );
+            bail!("--record: the recorder failed ({status}); its output is in {}", self.output.display());
         }
-        eprintln!(
-            "trainio replay: recorded the replay's I/O into {}",
-            self.output.display()
-        );
+        eprintln!("trainio replay: recorded the replay's I/O into {}", self.output.display());
         Ok(())
     }
 }

@@ -1,8 +1,8 @@
 //! One replay job: arguments → validated configuration → dataset → engine → results.
 
-use crate::cli::RunArgs;
 use crate::checkpoint::Plan;
 use crate::checkpointing::{self, Checkpointer};
+use crate::cli::RunArgs;
 use crate::cluster::Cluster;
 use crate::dataset::{self, Layout};
 use crate::datasize;
@@ -131,7 +131,9 @@ impl Job {
         let (mut w, templates, path) = match (&src.workload, &src.trace) {
             (Some(path), _) => {
                 let mut params = src.params.clone();
-                params.extend(crate::workload::hydra_overrides(&src.overrides).map_err(|e| InputError(format!("{e:#}")))?);
+                params.extend(
+                    crate::workload::hydra_overrides(&src.overrides).map_err(|e| InputError(format!("{e:#}")))?,
+                );
                 if let Some(mode) = &rd.checkpoint_mode {
                     params.push(format!("checkpoint.mode={mode}"));
                 }
@@ -153,9 +155,7 @@ impl Job {
                 }
                 if let Some(gap) = args.burst_gap_ms {
                     if gap.is_nan() || gap <= 0.0 {
-                        bail!(InputError(format!(
-                            "--burst-gap-ms must be positive, got {gap}"
-                        )));
+                        bail!(InputError(format!("--burst-gap-ms must be positive, got {gap}")));
                     }
                 }
                 let opts = trainio_model::Options {
@@ -165,10 +165,7 @@ impl Job {
                 };
                 let (templates, model) =
                     trace_input::load_templates(trace, &opts, args.allow_incomplete).map_err(InputError)?;
-                let name = trace
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
+                let name = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 // The stand-in carries the shared settings; the loader of each GPU comes
                 // from its template (trace_input).
                 let w = Workload::from_yaml(
@@ -177,15 +174,11 @@ impl Job {
                 )?;
                 (w, Some((templates, model)), trace.clone())
             }
-            (None, None) => bail!(InputError(
-                "give --workload FILE.yaml or --trace TRACE".into()
-            )),
+            (None, None) => bail!(InputError("give --workload FILE.yaml or --trace TRACE".into())),
         };
         if let Some(ct) = rd.computation_time {
             if !(ct >= 0.0 && ct.is_finite()) {
-                bail!(InputError(format!(
-                    "--computation-time must be ≥ 0 seconds, got {ct}"
-                )));
+                bail!(InputError(format!("--computation-time must be ≥ 0 seconds, got {ct}")));
             }
             w.computation_time = ComputeTime::Fixed(ct);
         }
@@ -206,9 +199,7 @@ impl Job {
         }
         let threshold = args.threshold.unwrap_or(w.au_threshold_percent);
         if !(0.0..=100.0).contains(&threshold) {
-            bail!(InputError(format!(
-                "--threshold must be between 0 and 100 percent, got {threshold}"
-            )));
+            bail!(InputError(format!("--threshold must be between 0 and 100 percent, got {threshold}")));
         }
         let (templates, model) = match templates {
             Some((t, m)) => (Some(t), Some(m)),
@@ -219,10 +210,7 @@ impl Job {
             model,
             compute_override: rd.computation_time,
             prefetch_override: rd.prefetch_size,
-            transfer_size: rd
-                .transfer_size
-                .or(w.transfer_size)
-                .unwrap_or(DEFAULT_TRANSFER),
+            transfer_size: rd.transfer_size.or(w.transfer_size).unwrap_or(DEFAULT_TRANSFER),
             odirect: args.odirect || w.odirect,
             workload: w,
             source: path.display().to_string(),
@@ -348,12 +336,7 @@ impl Job {
         }
         cluster.barrier();
         let started = std::time::Instant::now();
-        let bytes = dataset::generate(
-            &layout,
-            cluster.rank,
-            cluster.size,
-            self.progress && cluster.is_root(),
-        )?;
+        let bytes = dataset::generate(&layout, cluster.rank, cluster.size, self.progress && cluster.is_root())?;
         cluster.barrier();
         if cluster.is_root() {
             eprintln!(
@@ -373,7 +356,11 @@ impl Job {
     fn layout_steps(&self, layout: &Layout, gpus: u64) -> u64 {
         let per_gpu = layout.files.len() as u64 / gpus.max(1) * layout.samples_per_file;
         let steps = per_gpu / self.workload.batch_size.max(1);
-        if self.max_steps > 0 { steps.min(self.max_steps) } else { steps }
+        if self.max_steps > 0 {
+            steps.min(self.max_steps)
+        } else {
+            steps
+        }
     }
 
     /// Prints (rank 0, workload mode; standard output) MLPerf's dataset-size rule for this run against
@@ -435,10 +422,7 @@ impl Job {
         let clients = client_ram(cluster);
         let local = split(gpus, cluster.size, cluster.rank);
         // Each rank checks the files its own GPUs read.
-        let mine: Vec<usize> = local
-            .iter()
-            .flat_map(|&g| self.files_of(&layout, g, gpus))
-            .collect();
+        let mine: Vec<usize> = local.iter().flat_map(|&g| self.files_of(&layout, g, gpus)).collect();
         let sizing = match &self.templates {
             Some(_) => format!("the trace's files for --gpus {gpus}"),
             None => format!(
@@ -452,21 +436,12 @@ impl Job {
             ),
         };
         layout.verify_files(&mine, &sizing)?;
-        let used: Vec<usize> = (0..gpus)
-            .flat_map(|g| self.files_of(&layout, g, gpus))
-            .collect();
+        let used: Vec<usize> = (0..gpus).flat_map(|g| self.files_of(&layout, g, gpus)).collect();
         let used_bytes: u64 = used.iter().map(|&i| layout.files[i].size).sum();
         let w = &self.workload;
         match &self.templates {
             None => {
-                let program = WorkloadProgram::new(
-                    w,
-                    layout.clone(),
-                    gpus,
-                    &local,
-                    self.transfer_size,
-                    self.max_steps,
-                );
+                let program = WorkloadProgram::new(w, layout.clone(), gpus, &local, self.transfer_size, self.max_steps);
                 if program.steps_per_epoch == 0 {
                     bail!(InputError(format!(
                         "each GPU's shard holds fewer samples than one batch ({} files of {} samples for {} GPUs, batch {})",
@@ -528,16 +503,8 @@ impl Job {
                 let used_t = &templates[..templates.len().min(gpus as usize)];
                 let bytes: u64 = used_t.iter().map(|t| t.bytes).sum();
                 let steps: u64 = used_t.iter().map(|t| t.steps.len() as u64).sum();
-                let samples: u64 = used_t
-                    .iter()
-                    .flat_map(|t| &t.steps)
-                    .map(|s| s.samples as u64)
-                    .sum();
-                let compute: f64 = used_t
-                    .iter()
-                    .flat_map(|t| &t.steps)
-                    .map(|s| s.compute_s)
-                    .sum();
+                let samples: u64 = used_t.iter().flat_map(|t| &t.steps).map(|s| s.samples as u64).sum();
+                let compute: f64 = used_t.iter().flat_map(|t| &t.steps).map(|s| s.compute_s).sum();
                 if cluster.is_root() {
                     if let Some(m) = &self.model {
                         for line in trainio_model::describe(m) {
@@ -628,15 +595,8 @@ impl Job {
             None => self.checkpointer(cluster, gpus)?,
             Some(_) => None,
         };
-        let engine = Engine::new(
-            program,
-            local,
-            cluster.rank,
-            cluster,
-            options,
-            self.workload.seed,
-        )?
-        .with_checkpoints(checkpointer.as_ref());
+        let engine = Engine::new(program, local, cluster.rank, cluster, options, self.workload.seed)?
+            .with_checkpoints(checkpointer.as_ref());
         cluster.barrier();
         let cpu0 = cpu_seconds();
         let run = engine.run()?;
@@ -649,11 +609,8 @@ impl Job {
         };
         let gathered = cluster.gather(serde_json::to_vec(&report)?);
         let Some(all) = gathered else { return Ok(None) };
-        let reports: Vec<RankReport> = all
-            .iter()
-            .map(|b| serde_json::from_slice(b))
-            .collect::<Result<_, _>>()
-            .context("decoding rank results")?;
+        let reports: Vec<RankReport> =
+            all.iter().map(|b| serde_json::from_slice(b)).collect::<Result<_, _>>().context("decoding rank results")?;
         let mut summary = results::summarize(&reports, &settings, self.threshold_percent);
         if let Some(c) = &checkpointer {
             let per_rank: Vec<_> = reports.iter().map(|r| r.run.checkpoints.clone()).collect();

@@ -64,19 +64,11 @@ pub fn percentile(hist: &BTreeMap<u64, u64>, q: f64) -> u64 {
     *hist.keys().last().unwrap()
 }
 
-pub fn summarize(
-    reports: &[RankReport],
-    settings: &Settings,
-    threshold_percent: f64,
-) -> serde_json::Value {
+pub fn summarize(reports: &[RankReport], settings: &Settings, threshold_percent: f64) -> serde_json::Value {
     let gpus: Vec<&GpuStats> = reports.iter().flat_map(|r| r.run.gpus.iter()).collect();
     let n = gpus.len().max(1) as f64;
     let hosts: BTreeSet<&str> = reports.iter().map(|r| r.hostname.as_str()).collect();
-    let wall_s = reports
-        .iter()
-        .map(|r| r.run.wall_s)
-        .fold(0.0, f64::max)
-        .max(1e-9);
+    let wall_s = reports.iter().map(|r| r.run.wall_s).fold(0.0, f64::max).max(1e-9);
     let bytes: u64 = gpus.iter().map(|g| g.bytes).sum();
     let samples: u64 = gpus.iter().map(|g| g.samples).sum();
     let steps: u64 = gpus.iter().map(|g| g.steps).max().unwrap_or(0);
@@ -105,11 +97,7 @@ pub fn summarize(
     let per_epoch: Vec<serde_json::Value> = (0..epochs)
         .map(|e| {
             let es: Vec<_> = gpus.iter().filter_map(|g| g.epochs.get(e)).collect();
-            let duration = es
-                .iter()
-                .map(|x| x.duration_s)
-                .fold(0.0, f64::max)
-                .max(1e-9);
+            let duration = es.iter().map(|x| x.duration_s).fold(0.0, f64::max).max(1e-9);
             let b: u64 = es.iter().map(|x| x.bytes).sum();
             let s: u64 = es.iter().map(|x| x.samples).sum();
             json!({
@@ -236,11 +224,7 @@ pub fn human(j: &serde_json::Value) -> String {
         f("au_percent"),
         f("au_min_percent"),
         f("threshold_percent"),
-        if j["pass"].as_bool() == Some(true) {
-            "PASS"
-        } else {
-            "FAIL"
-        }
+        if j["pass"].as_bool() == Some(true) { "PASS" } else { "FAIL" }
     );
     out += &format!(
         "  throughput  {:.1} MiB/s read ({:.1} MB/s), {:.1} samples/s, {} steps × {} epochs in {:.2} s\n",

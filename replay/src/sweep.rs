@@ -18,9 +18,7 @@ struct Point {
 /// Where the curve goes: --json, else `trainio-sweep.json` in --data-dir (next to the
 /// data, in the directory the user gave; never the working directory).
 pub fn curve_path(args: &SweepArgs) -> std::path::PathBuf {
-    args.json
-        .clone()
-        .unwrap_or_else(|| args.run.source.data_dir.join("trainio-sweep.json"))
+    args.json.clone().unwrap_or_else(|| args.run.source.data_dir.join("trainio-sweep.json"))
 }
 
 pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
@@ -38,10 +36,7 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
     }
     let start = args.start_gpus.unwrap_or(1).max(cluster.size as u64);
     if start > args.max_gpus {
-        bail!(crate::replay::InputError(format!(
-            "--start-gpus {start} is above --max-gpus {}",
-            args.max_gpus
-        )));
+        bail!(crate::replay::InputError(format!("--start-gpus {start} is above --max-gpus {}", args.max_gpus)));
     }
     let mut curve: Vec<Point> = Vec::new();
     let mut trial = |n: u64| -> Result<bool> {
@@ -50,8 +45,7 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
             Some(s) => serde_json::to_vec(s)?,
             None => Vec::new(),
         });
-        let s: serde_json::Value =
-            serde_json::from_slice(&verdict).context("decoding rank 0's results")?;
+        let s: serde_json::Value = serde_json::from_slice(&verdict).context("decoding rank 0's results")?;
         let pass = s["pass"].as_bool().unwrap_or(false);
         if cluster.is_root() {
             eprintln!(
@@ -61,11 +55,7 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
                 if pass { "pass" } else { "FAIL" }
             );
         }
-        curve.push(Point {
-            gpus: n,
-            pass,
-            summary: s,
-        });
+        curve.push(Point { gpus: n, pass, summary: s });
         Ok(pass)
     };
     // Doubling.
@@ -103,18 +93,9 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
         return Ok(());
     }
     curve.sort_by_key(|p| p.gpus);
-    let threshold = curve
-        .first()
-        .and_then(|p| p.summary["threshold_percent"].as_f64())
-        .unwrap_or(0.0);
-    println!(
-        "trainio sweep: {} (threshold {threshold:.0}% AU)",
-        job.workload.name
-    );
-    println!(
-        "{:>8} {:>9} {:>9} {:>12} {:>12}  verdict",
-        "GPUs", "AU %", "min AU %", "MiB/s", "samples/s"
-    );
+    let threshold = curve.first().and_then(|p| p.summary["threshold_percent"].as_f64()).unwrap_or(0.0);
+    println!("trainio sweep: {} (threshold {threshold:.0}% AU)", job.workload.name);
+    println!("{:>8} {:>9} {:>9} {:>12} {:>12}  verdict", "GPUs", "AU %", "min AU %", "MiB/s", "samples/s");
     for p in &curve {
         let f = |k: &str| p.summary[k].as_f64().unwrap_or(0.0);
         println!(

@@ -104,12 +104,7 @@ pub fn load_templates(
         ));
     }
     // One time origin for every template: their bursts keep their offsets to each other.
-    let origin = model
-        .gpus
-        .iter()
-        .flat_map(|g| g.steps.iter().map(|s| s.first_read_ns))
-        .min()
-        .unwrap_or(0);
+    let origin = model.gpus.iter().flat_map(|g| g.steps.iter().map(|s| s.first_read_ns)).min().unwrap_or(0);
     let templates = model
         .gpus
         .iter()
@@ -144,14 +139,13 @@ pub fn load_templates(
                 compute_s: compute,
                 handoff_s: g.handoff_s,
                 dev: model.data_dev.clone(),
-                write_bursts: g
-                    .write_bursts
-                    .iter()
-                    .filter_map(|b| b.after_step.map(|k| (k, b.ops.clone())))
-                    .fold(BTreeMap::new(), |mut m, (k, ops)| {
+                write_bursts: g.write_bursts.iter().filter_map(|b| b.after_step.map(|k| (k, b.ops.clone()))).fold(
+                    BTreeMap::new(),
+                    |mut m, (k, ops)| {
                         m.entry(k).or_insert_with(Vec::new).extend(ops);
                         m
-                    }),
+                    },
+                ),
                 write_files: g.write_files.iter().map(|(p, _)| p.clone()).collect(),
             }
         })
@@ -165,18 +159,10 @@ pub fn layout(templates: &[Template], gpus: u64, root: &Path) -> Layout {
     for g in 0..gpus {
         let t = &templates[(g % templates.len() as u64) as usize];
         for (j, (_, size)) in t.files.iter().enumerate() {
-            files.push(DataFile {
-                rel: PathBuf::from(format!("trace/gpu{g:05}/f{j:05}.dat")),
-                size: *size,
-            });
+            files.push(DataFile { rel: PathBuf::from(format!("trace/gpu{g:05}/f{j:05}.dat")), size: *size });
         }
     }
-    Layout {
-        root: root.to_path_buf(),
-        files,
-        samples_per_file: 1,
-        description: "trace replay".into(),
-    }
+    Layout { root: root.to_path_buf(), files, samples_per_file: 1, description: "trace replay".into() }
 }
 
 /// Settings of a trace replay that do not come from the trace.
@@ -211,12 +197,7 @@ impl TraceProgram {
         local_gpus: &[u64],
         opts: TraceOptions,
     ) -> TraceProgram {
-        let TraceOptions {
-            epochs,
-            max_steps,
-            compute_override,
-            prefetch_override,
-        } = opts;
+        let TraceOptions { epochs, max_steps, compute_override, prefetch_override } = opts;
         let t_of = |g: u64| (g % templates.len() as u64) as usize;
         let mut first_file = Vec::with_capacity(gpus as usize);
         let mut next = 0usize;
@@ -224,18 +205,11 @@ impl TraceProgram {
             first_file.push(next);
             next += templates[t_of(g)].files.len();
         }
-        let local: Vec<(usize, usize)> = local_gpus
-            .iter()
-            .map(|&g| (t_of(g), first_file[g as usize]))
-            .collect();
+        let local: Vec<(usize, usize)> = local_gpus.iter().map(|&g| (t_of(g), first_file[g as usize])).collect();
         // Every GPU runs the same number of steps (the barrier needs it): the longest
         // template's; shorter templates end with empty steps.
         let used = (gpus as usize).min(templates.len());
-        let mut steps = templates[..used]
-            .iter()
-            .map(|t| t.steps.len() as u64)
-            .max()
-            .unwrap_or(0);
+        let mut steps = templates[..used].iter().map(|t| t.steps.len() as u64).max().unwrap_or(0);
         if max_steps > 0 {
             steps = steps.min(max_steps);
         }
@@ -244,10 +218,7 @@ impl TraceProgram {
             .flat_map(|t| t.steps.iter().flat_map(|s| s.reads.iter().map(|r| r.len)))
             .max()
             .unwrap_or(1);
-        let write_dirs = local_gpus
-            .iter()
-            .map(|&g| layout.root.join(format!("trace/gpu{g:05}")))
-            .collect();
+        let write_dirs = local_gpus.iter().map(|&g| layout.root.join(format!("trace/gpu{g:05}"))).collect();
         TraceProgram {
             templates,
             layout,
@@ -281,14 +252,7 @@ impl Program for TraceProgram {
             Some(s) => Batch {
                 samples: s.samples,
                 streams: s.streams.clone(),
-                reads: s
-                    .reads
-                    .iter()
-                    .map(|r| SampleRead {
-                        file: (base + r.file as usize) as u32,
-                        ..*r
-                    })
-                    .collect(),
+                reads: s.reads.iter().map(|r| SampleRead { file: (base + r.file as usize) as u32, ..*r }).collect(),
             },
             None => Batch::default(),
         }
@@ -299,11 +263,7 @@ impl Program for TraceProgram {
             return c;
         }
         let (t, _) = self.local[gpu];
-        self.templates[t]
-            .steps
-            .get(step as usize)
-            .map(|s| s.compute_s)
-            .unwrap_or(0.0)
+        self.templates[t].steps.get(step as usize).map(|s| s.compute_s).unwrap_or(0.0)
     }
 
     fn path(&self, file: u32) -> PathBuf {
@@ -319,8 +279,7 @@ impl Program for TraceProgram {
     }
 
     fn prefetch_size(&self, gpu: usize) -> usize {
-        self.prefetch_override
-            .unwrap_or(self.templates[self.local[gpu].0].prefetch)
+        self.prefetch_override.unwrap_or(self.templates[self.local[gpu].0].prefetch)
     }
 
     fn handoff_seconds(&self, gpu: usize) -> f64 {
@@ -423,17 +382,10 @@ mod tests {
         for r in rows {
             b.push(r);
         }
-        let mut w = TraceWriter::new(
-            &dir,
-            SegmentLimits {
-                max_bytes: 1 << 30,
-                max_age: Duration::from_secs(3600),
-            },
-        );
+        let mut w = TraceWriter::new(&dir, SegmentLimits { max_bytes: 1 << 30, max_age: Duration::from_secs(3600) });
         w.open().unwrap();
         w.write(&b.finish()).unwrap();
-        w.close_segment(&[("trainio.schema_version".into(), "1".into())])
-            .unwrap();
+        w.close_segment(&[("trainio.schema_version".into(), "1".into())]).unwrap();
         dir
     }
 

@@ -14,8 +14,8 @@ use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::io::AsRawFd;
 use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 
 /// One write or sync of a burst, on a file of the simulated GPU.
@@ -104,7 +104,11 @@ pub fn run_burst(calls: &[WriteCall], buf: &[u8]) -> Result<BurstIo> {
                                 libc::SYNC_FILE_RANGE_WRITE,
                             )
                         };
-                        if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+                        if rc == 0 {
+                            Ok(())
+                        } else {
+                            Err(std::io::Error::last_os_error())
+                        }
                     }
                 };
                 r.with_context(|| format!("{op} of {}", c.path.display()))?;

@@ -29,22 +29,20 @@ impl ComputeTime {
     pub fn sample<R: Rng>(&self, rng: &mut R) -> f64 {
         let seconds = match *self {
             ComputeTime::Fixed(s) => s,
-            ComputeTime::Normal { mean, stdev } if stdev > 0.0 => Normal::new(mean, stdev)
-                .map(|d| d.sample(rng))
-                .unwrap_or(mean),
+            ComputeTime::Normal { mean, stdev } if stdev > 0.0 => {
+                Normal::new(mean, stdev).map(|d| d.sample(rng)).unwrap_or(mean)
+            }
             ComputeTime::Normal { mean, .. } => mean,
             ComputeTime::Uniform { min, max } if max > min => rng.gen_range(min..max),
             ComputeTime::Uniform { min, .. } => min,
-            ComputeTime::Gamma { shape, scale } => Gamma::new(shape, scale)
-                .map(|d| d.sample(rng))
-                .unwrap_or(shape * scale),
-            ComputeTime::Exponential { scale } if scale > 0.0 => Exp::new(1.0 / scale)
-                .map(|d| d.sample(rng))
-                .unwrap_or(scale),
-            ComputeTime::Exponential { scale } => scale,
-            ComputeTime::Poisson { lam } if lam > 0.0 => {
-                Poisson::new(lam).map(|d| d.sample(rng)).unwrap_or(lam)
+            ComputeTime::Gamma { shape, scale } => {
+                Gamma::new(shape, scale).map(|d| d.sample(rng)).unwrap_or(shape * scale)
             }
+            ComputeTime::Exponential { scale } if scale > 0.0 => {
+                Exp::new(1.0 / scale).map(|d| d.sample(rng)).unwrap_or(scale)
+            }
+            ComputeTime::Exponential { scale } => scale,
+            ComputeTime::Poisson { lam } if lam > 0.0 => Poisson::new(lam).map(|d| d.sample(rng)).unwrap_or(lam),
             ComputeTime::Poisson { lam } => lam,
         };
         seconds.max(0.0)
@@ -281,8 +279,8 @@ fn apply_param(root: &mut Value, param: &str) -> Result<String> {
         bail!("{label}: not a workload key trainio reads (see docs/replay.md, Inputs)");
     }
     let normalized = format!("{key}={value}");
-    let value: Value = serde_yaml::from_str(value)
-        .with_context(|| format!("{label}: '{value}' is not a YAML scalar"))?;
+    let value: Value =
+        serde_yaml::from_str(value).with_context(|| format!("{label}: '{value}' is not a YAML scalar"))?;
     if value.is_mapping() || value.is_sequence() {
         bail!("{label}: give one value, not a mapping or a list");
     }
@@ -313,10 +311,7 @@ impl Workload {
     pub fn from_file_with(path: &Path, params: &[String]) -> Result<Workload> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("{}: cannot read the workload file", path.display()))?;
-        let fallback = path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or("workload");
+        let fallback = path.file_stem().and_then(|s| s.to_str()).unwrap_or("workload");
         let w = Workload::from_yaml_with(&text, fallback, params)
             .with_context(|| format!("{}: bad workload", path.display()))?;
         // Once per job: every MPI rank reads the file.
@@ -349,30 +344,16 @@ impl Workload {
         let workflow = root.get("workflow").unwrap_or(&empty);
         let do_checkpoint = boolean(workflow, "workflow", "checkpoint")?.unwrap_or(false);
         let do_train = boolean(workflow, "workflow", "train")?.unwrap_or(true);
-        let checkpoint = if do_checkpoint {
-            Some(CheckpointSpec::from_root(&root, fallback_name)?)
-        } else {
-            None
-        };
+        let checkpoint = if do_checkpoint { Some(CheckpointSpec::from_root(&root, fallback_name)?) } else { None };
         // MLPerf's llama3 files: checkpointing only, no dataset to read.
         let train = !(do_checkpoint && (!do_train || root.get("dataset").is_none()));
         let (dataset, reader, train_sec) = if train {
-            (
-                section(&root, "dataset")?,
-                section(&root, "reader")?,
-                section(&root, "train")?,
-            )
+            (section(&root, "dataset")?, section(&root, "reader")?, section(&root, "train")?)
         } else {
             (
-                root.get("dataset")
-                    .filter(|v| v.is_mapping())
-                    .unwrap_or(&empty),
-                root.get("reader")
-                    .filter(|v| v.is_mapping())
-                    .unwrap_or(&empty),
-                root.get("train")
-                    .filter(|v| v.is_mapping())
-                    .unwrap_or(&empty),
+                root.get("dataset").filter(|v| v.is_mapping()).unwrap_or(&empty),
+                root.get("reader").filter(|v| v.is_mapping()).unwrap_or(&empty),
+                root.get("train").filter(|v| v.is_mapping()).unwrap_or(&empty),
             )
         };
         let train_flag = train;
@@ -381,29 +362,17 @@ impl Workload {
 
         let name = match root.get("model") {
             Some(Value::String(s)) => s.clone(),
-            Some(m @ Value::Mapping(_)) => m
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or(fallback_name)
-                .to_string(),
+            Some(m @ Value::Mapping(_)) => m.get("name").and_then(Value::as_str).unwrap_or(fallback_name).to_string(),
             _ => fallback_name.to_string(),
         };
-        let record_length = first_number(
-            dataset,
-            "dataset",
-            &["record_length_bytes", "record_length"],
-        )?
-        .or((!train_flag).then_some(1.0))
-        .context("dataset.record_length_bytes (or v1.0's record_length) is required")?;
+        let record_length = first_number(dataset, "dataset", &["record_length_bytes", "record_length"])?
+            .or((!train_flag).then_some(1.0))
+            .context("dataset.record_length_bytes (or v1.0's record_length) is required")?;
         if record_length <= 0.0 {
             bail!("dataset.record_length_bytes must be positive, got {record_length}");
         }
-        let record_length_stdev = first_number(
-            dataset,
-            "dataset",
-            &["record_length_bytes_stdev", "record_length_stdev"],
-        )?
-        .unwrap_or(0.0);
+        let record_length_stdev =
+            first_number(dataset, "dataset", &["record_length_bytes_stdev", "record_length_stdev"])?.unwrap_or(0.0);
         let batch_size = uint(reader, "reader", "batch_size")?.unwrap_or(1);
         let read_threads = uint(reader, "reader", "read_threads")?.unwrap_or(1);
         let prefetch_size = uint(reader, "reader", "prefetch_size")?.unwrap_or(2);
@@ -416,11 +385,7 @@ impl Workload {
             name,
             format: string(dataset, "format").unwrap_or_else(|| "npz".into()),
             data_loader: string(reader, "data_loader")
-                .or_else(|| {
-                    root.get("framework")
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                })
+                .or_else(|| root.get("framework").and_then(Value::as_str).map(str::to_string))
                 .unwrap_or_else(|| "pytorch".into()),
             num_files_train: uint(dataset, "dataset", "num_files_train")?.unwrap_or(1),
             num_samples_per_file: uint(dataset, "dataset", "num_samples_per_file")?.unwrap_or(1),
@@ -437,9 +402,7 @@ impl Workload {
             epochs: uint(train, "train", "epochs")?.unwrap_or(1),
             computation_time,
             seed: uint(train, "train", "seed")?.unwrap_or(123),
-            au_threshold_percent: au
-                .map(|a| if a <= 1.0 { a * 100.0 } else { a })
-                .unwrap_or(90.0),
+            au_threshold_percent: au.map(|a| if a <= 1.0 { a * 100.0 } else { a }).unwrap_or(90.0),
             checkpoint,
             train: train_flag,
             params: applied,
@@ -602,37 +565,25 @@ fn compute_time(train: &Value) -> Result<ComputeTime> {
         if !s.is_finite() {
             bail!("train.computation_time must be a finite number, got {s}");
         }
-        return Ok(if stdev > 0.0 {
-            ComputeTime::Normal { mean: s, stdev }
-        } else {
-            ComputeTime::Fixed(s)
-        });
+        return Ok(if stdev > 0.0 { ComputeTime::Normal { mean: s, stdev } } else { ComputeTime::Fixed(s) });
     }
     if !spec.is_mapping() {
-        bail!(
-            "train.computation_time must be a number or a distribution mapping, got {}",
-            short(spec)
-        );
+        bail!("train.computation_time must be a number or a distribution mapping, got {}", short(spec));
     }
     let field = |k: &str| number(spec, "train.computation_time", k);
     let need = |k: &str| -> Result<f64> {
-        field(k)?
-            .with_context(|| format!("train.computation_time needs '{k}' for this distribution"))
+        field(k)?.with_context(|| format!("train.computation_time needs '{k}' for this distribution"))
     };
-    let kind = spec
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("normal")
-        .to_ascii_lowercase();
+    let kind = spec.get("type").and_then(Value::as_str).unwrap_or("normal").to_ascii_lowercase();
     let ct = match kind.as_str() {
-        "normal" | "gaussian" => {
-            ComputeTime::Normal { mean: need("mean")?, stdev: field("stdev")?.unwrap_or(stdev) }
-        }
+        "normal" | "gaussian" => ComputeTime::Normal { mean: need("mean")?, stdev: field("stdev")?.unwrap_or(stdev) },
         "uniform" => ComputeTime::Uniform { min: need("min")?, max: need("max")? },
         "gamma" => ComputeTime::Gamma { shape: need("shape")?, scale: need("scale")? },
         "exponential" => ComputeTime::Exponential { scale: need("scale")? },
         "poisson" => ComputeTime::Poisson { lam: need("lam")? },
-        other => bail!("train.computation_time type '{other}' is not one of normal, uniform, gamma, exponential, poisson"),
+        other => {
+            bail!("train.computation_time type '{other}' is not one of normal, uniform, gamma, exponential, poisson")
+        }
     };
     Ok(ct)
 }
@@ -700,9 +651,7 @@ mod tests {
 
     #[test]
     fn v1_keys_and_string_model() {
-        let y = V2
-            .replace("record_length_bytes", "record_length")
-            .replace("model:\n  name: unet3d", "model: unet3d");
+        let y = V2.replace("record_length_bytes", "record_length").replace("model:\n  name: unet3d", "model: unet3d");
         let w = Workload::from_yaml(&y, "x").unwrap();
         assert_eq!(w.name, "unet3d");
         assert_eq!(w.record_length, 146600628.0);
@@ -711,21 +660,13 @@ mod tests {
 
     #[test]
     fn distributions() {
-        let y = V2.replace(
-            "computation_time: 0.636",
-            "computation_time:\n    mean: 0.5\n    stdev: 0.1",
-        );
+        let y = V2.replace("computation_time: 0.636", "computation_time:\n    mean: 0.5\n    stdev: 0.1");
         assert_eq!(
             Workload::from_yaml(&y, "x").unwrap().computation_time,
-            ComputeTime::Normal {
-                mean: 0.5,
-                stdev: 0.1
-            }
+            ComputeTime::Normal { mean: 0.5, stdev: 0.1 }
         );
-        let y = V2.replace(
-            "computation_time: 0.636",
-            "computation_time:\n    type: uniform\n    min: 0.1\n    max: 0.3",
-        );
+        let y =
+            V2.replace("computation_time: 0.636", "computation_time:\n    type: uniform\n    min: 0.1\n    max: 0.3");
         let ct = Workload::from_yaml(&y, "x").unwrap().computation_time;
         assert_eq!(ct, ComputeTime::Uniform { min: 0.1, max: 0.3 });
         let mut rng = rand::thread_rng();
@@ -733,16 +674,10 @@ mod tests {
             let s = ct.sample(&mut rng);
             assert!((0.1..0.3).contains(&s));
         }
-        let y = V2.replace(
-            "computation_time: 0.636",
-            "computation_time: 0.2\n  computation_time_stdev: 0.01",
-        );
+        let y = V2.replace("computation_time: 0.636", "computation_time: 0.2\n  computation_time_stdev: 0.01");
         assert_eq!(
             Workload::from_yaml(&y, "x").unwrap().computation_time,
-            ComputeTime::Normal {
-                mean: 0.2,
-                stdev: 0.01
-            }
+            ComputeTime::Normal { mean: 0.2, stdev: 0.01 }
         );
     }
 
@@ -753,19 +688,8 @@ mod tests {
         let load = |n: &str| Workload::from_file_with(&dir.join(n), &[]).unwrap();
         for (gpu, ct) in [("a100", 0.636), ("h100", 0.323)] {
             let w = load(&format!("unet3d_{gpu}.yaml"));
-            assert_eq!(
-                (w.record_length, w.record_length_stdev),
-                (146_600_628.0, 68_341_808.0)
-            );
-            assert_eq!(
-                (
-                    w.num_files_train,
-                    w.num_samples_per_file,
-                    w.batch_size,
-                    w.read_threads
-                ),
-                (168, 1, 7, 4)
-            );
+            assert_eq!((w.record_length, w.record_length_stdev), (146_600_628.0, 68_341_808.0));
+            assert_eq!((w.num_files_train, w.num_samples_per_file, w.batch_size, w.read_threads), (168, 1, 7, 4));
             assert_eq!(
                 (w.computation_time.clone(), w.epochs, w.au_threshold_percent),
                 (ComputeTime::Fixed(ct), 5, 90.0)
@@ -774,43 +698,17 @@ mod tests {
         for (gpu, ct) in [("a100", 0.435), ("h100", 0.224)] {
             let w = load(&format!("resnet50_{gpu}.yaml"));
             assert_eq!(w.record_length, 114_660.07);
-            assert_eq!(
-                (
-                    w.num_files_train,
-                    w.num_samples_per_file,
-                    w.batch_size,
-                    w.read_threads
-                ),
-                (1024, 1251, 400, 8)
-            );
-            assert_eq!(
-                (w.computation_time.clone(), w.au_threshold_percent),
-                (ComputeTime::Fixed(ct), 90.0)
-            );
+            assert_eq!((w.num_files_train, w.num_samples_per_file, w.batch_size, w.read_threads), (1024, 1251, 400, 8));
+            assert_eq!((w.computation_time.clone(), w.au_threshold_percent), (ComputeTime::Fixed(ct), 90.0));
         }
         for (gpu, ct) in [("a100", 0.00551), ("h100", 0.00350)] {
             let w = load(&format!("cosmoflow_{gpu}.yaml"));
-            assert_eq!(
-                (w.record_length, w.record_length_stdev),
-                (2_828_486.0, 71_311.0)
-            );
-            assert_eq!(
-                (
-                    w.num_files_train,
-                    w.num_samples_per_file,
-                    w.batch_size,
-                    w.read_threads
-                ),
-                (524_288, 1, 1, 4)
-            );
+            assert_eq!((w.record_length, w.record_length_stdev), (2_828_486.0, 71_311.0));
+            assert_eq!((w.num_files_train, w.num_samples_per_file, w.batch_size, w.read_threads), (524_288, 1, 1, 4));
             assert_eq!(w.computation_time, ComputeTime::Fixed(ct));
             assert!((w.au_threshold_percent - 70.0).abs() < 1e-9);
         }
-        for demo in [
-            "demo-unet3d.yaml",
-            "demo-resnet50.yaml",
-            "demo-cosmoflow.yaml",
-        ] {
+        for demo in ["demo-unet3d.yaml", "demo-resnet50.yaml", "demo-cosmoflow.yaml"] {
             load(demo);
         }
     }
@@ -820,10 +718,7 @@ mod tests {
         let y = V2.replace("batch_size: 7", "batch_size: seven");
         let e = format!("{:#}", Workload::from_yaml(&y, "x").unwrap_err());
         assert!(e.contains("reader.batch_size"), "{e}");
-        let e = format!(
-            "{:#}",
-            Workload::from_yaml("dataset: {}\n", "x").unwrap_err()
-        );
+        let e = format!("{:#}", Workload::from_yaml("dataset: {}\n", "x").unwrap_err());
         assert!(e.contains("reader"), "{e}");
         assert!(Workload::from_yaml("a: [", "x").is_err());
     }

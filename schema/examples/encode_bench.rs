@@ -11,7 +11,8 @@ use trainio_schema::{BatchBuilder, Layer, Row, RowKeys, SegmentLimits, TraceWrit
 
 fn main() {
     let rows: usize = std::env::args().nth(1).map(|s| s.parse().expect("ROWS is a number")).unwrap_or(2_000_000);
-    let per_batch: usize = std::env::args().nth(2).map(|s| s.parse().expect("BATCH_ROWS is a number")).unwrap_or(4 * 1024);
+    let per_batch: usize =
+        std::env::args().nth(2).map(|s| s.parse().expect("BATCH_ROWS is a number")).unwrap_or(4 * 1024);
     let dir = std::env::temp_dir().join(format!("trainio-encode-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -70,8 +71,14 @@ fn main() {
     let start = Instant::now();
     writer.close_segment(&[]).expect("close");
     encode += start.elapsed();
-    let bytes: u64 = writer.finished_segments().iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
+    let bytes: u64 =
+        writer.finished_segments().iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
     let per = |d: Duration| d.as_nanos() as f64 / rows as f64;
-    println!("rows {rows} in batches of {per_batch}: build {:.0} ns/row, encode {:.0} ns/row, {:.2} bytes/row on disk", per(build), per(encode), bytes as f64 / rows as f64);
+    println!(
+        "rows {rows} in batches of {per_batch}: build {:.0} ns/row, encode {:.0} ns/row, {:.2} bytes/row on disk",
+        per(build),
+        per(encode),
+        bytes as f64 / rows as f64
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

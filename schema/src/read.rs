@@ -114,7 +114,10 @@ fn segment_minor(seg: &Path, meta: &HashMap<String, String>) -> Result<u32, Trac
     match meta.get(keys::SCHEMA_MINOR) {
         None => Ok(0),
         Some(v) => v.trim().parse::<u32>().map_err(|_| {
-            bad(seg, format!("{} {:?} is not a version number", keys::SCHEMA_MINOR, v.chars().take(20).collect::<String>()))
+            bad(
+                seg,
+                format!("{} {:?} is not a version number", keys::SCHEMA_MINOR, v.chars().take(20).collect::<String>()),
+            )
         }),
     }
 }
@@ -125,8 +128,7 @@ fn file_metadata(seg: &Path) -> Result<HashMap<String, String>, TraceError> {
         SerializedFileReader::new(file).map_err(|e| bad(seg, format!("not a readable Parquet file ({e})")))
     })?;
     let kv = reader.metadata().file_metadata().key_value_metadata().cloned().unwrap_or_default();
-    let meta: HashMap<String, String> =
-        kv.into_iter().filter_map(|kv| kv.value.map(|v| (kv.key, v))).collect();
+    let meta: HashMap<String, String> = kv.into_iter().filter_map(|kv| kv.value.map(|v| (kv.key, v))).collect();
     match meta.get(keys::SCHEMA_VERSION) {
         Some(v) if v.trim().parse::<u64>().ok().map(|v| v.to_string()).as_deref() == Some(SCHEMA_VERSION) => {
             segment_minor(seg, &meta)?;
@@ -185,8 +187,18 @@ struct Columns {
 
 const STRING_COLS: [&str; 5] = ["layer", "op", "dev", "comm", "file"];
 const INT_COLS: [&str; 12] = [
-    "issue_ns", "complete_ns", "insert_ns", "offset", "bytes", "bytes_requested",
-    "queue_depth", "pid", "tid", "fd", "error", "flags",
+    "issue_ns",
+    "complete_ns",
+    "insert_ns",
+    "offset",
+    "bytes",
+    "bytes_requested",
+    "queue_depth",
+    "pid",
+    "tid",
+    "fd",
+    "error",
+    "flags",
 ];
 
 fn is_utf8(t: &DataType) -> bool {
@@ -209,8 +221,7 @@ fn check_schema(seg: &Path, schema: &Schema) -> Result<(), TraceError> {
     for want in want.fields() {
         let Ok(got) = schema.field_with_name(want.name()) else { continue };
         let (ok, kind) = if STRING_COLS.contains(&want.name().as_str()) {
-            let ok = is_utf8(got.data_type())
-                || matches!(got.data_type(), DataType::Dictionary(_, v) if is_utf8(v));
+            let ok = is_utf8(got.data_type()) || matches!(got.data_type(), DataType::Dictionary(_, v) if is_utf8(v));
             (ok, "UTF-8 strings")
         } else {
             (got.data_type().is_integer(), "an integer type")
@@ -218,7 +229,12 @@ fn check_schema(seg: &Path, schema: &Schema) -> Result<(), TraceError> {
         if !ok {
             return Err(bad(
                 seg,
-                format!("column {} has type {}, expected {kind} (written as {})", want.name(), got.data_type(), want.data_type()),
+                format!(
+                    "column {} has type {}, expected {kind} (written as {})",
+                    want.name(),
+                    got.data_type(),
+                    want.data_type()
+                ),
             ));
         }
     }
@@ -266,7 +282,10 @@ fn columns(seg: &Path, batch: &RecordBatch, pos: &Positions, first_row: usize) -
         };
         if !field.is_nullable() && col.null_count() > 0 {
             let row = (0..col.len()).find(|&i| col.is_null(i)).unwrap_or(0);
-            return Err(TraceError(format!("{}: null in column {name}, which is never null", pos.at(seg, first_row + row))));
+            return Err(TraceError(format!(
+                "{}: null in column {name}, which is never null",
+                pos.at(seg, first_row + row)
+            )));
         }
         if STRING_COLS.contains(&name) {
             let c = cast(col, &DataType::Utf8).map_err(|e| bad(seg, format!("column {name}: {e}")))?;
@@ -277,9 +296,8 @@ fn columns(seg: &Path, batch: &RecordBatch, pos: &Positions, first_row: usize) -
         let c: ArrayRef = cast(col, &DataType::Int64).map_err(|e| bad(seg, format!("column {name}: {e}")))?;
         let c = c.as_any().downcast_ref::<Int64Array>().expect("int64").clone();
         let (lo, hi) = int_range(field.data_type());
-        let misfit = (0..c.len()).find(|&i| {
-            (c.is_null(i) && !col.is_null(i)) || (!c.is_null(i) && !(lo..=hi).contains(&c.value(i)))
-        });
+        let misfit = (0..c.len())
+            .find(|&i| (c.is_null(i) && !col.is_null(i)) || (!c.is_null(i) && !(lo..=hi).contains(&c.value(i))));
         if let Some(row) = misfit {
             let value = if c.is_null(row) { "above 2^63".to_string() } else { c.value(row).to_string() };
             return Err(TraceError(format!(
@@ -302,9 +320,7 @@ fn columns(seg: &Path, batch: &RecordBatch, pos: &Positions, first_row: usize) -
 pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, TraceError> {
     let mut rows = Vec::new();
     let mut interned: HashMap<String, Arc<str>> = HashMap::new();
-    let mut intern = |s: &str| -> Arc<str> {
-        interned.entry(s.to_string()).or_insert_with(|| Arc::from(s)).clone()
-    };
+    let mut intern = |s: &str| -> Arc<str> { interned.entry(s.to_string()).or_insert_with(|| Arc::from(s)).clone() };
     let known_minor: u32 = SCHEMA_MINOR.parse().expect("SCHEMA_MINOR is a number");
     for seg in segment_paths(path)? {
         let meta = file_metadata(&seg)?;
@@ -443,10 +459,24 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let mut b = BatchBuilder::new();
-        b.push(&Row { ppid: Some(41), pid: 42, tid: 42, comm: "python", file: Some("python train.py"), ..row(Layer::Proc, "start") });
+        b.push(&Row {
+            ppid: Some(41),
+            pid: 42,
+            tid: 42,
+            comm: "python",
+            file: Some("python train.py"),
+            ..row(Layer::Proc, "start")
+        });
         b.push(&Row { ppid: Some(42), pid: 43, tid: 43, error: 0, ..row(Layer::Proc, "fork") });
         b.push(&Row { ppid: Some(42), pid: 43, tid: 43, comm: "pt_data_worker", ..row(Layer::Proc, "comm") });
-        b.push(&Row { pid: 43, tid: 43, fd: Some(5), file: Some("pipe:[1234]"), dev: Some("0:15"), ..row(Layer::Ipc, "write") });
+        b.push(&Row {
+            pid: 43,
+            tid: 43,
+            fd: Some(5),
+            file: Some("pipe:[1234]"),
+            dev: Some("0:15"),
+            ..row(Layer::Ipc, "write")
+        });
         b.push(&row(Layer::File, "read"));
         let mut w = TraceWriter::new(&dir, SegmentLimits { max_bytes: 1 << 30, max_age: Duration::from_secs(60) });
         w.write(&b.finish()).unwrap();
@@ -495,7 +525,10 @@ mod tests {
             ]
         );
         assert_eq!(&*rows[2].comm, "pt_data_worker");
-        assert_eq!((rows[4].bytes, rows[4].bytes_requested, rows[4].fd, rows[4].dev.as_deref()), (1, 1, Some(8), Some("0:15")));
+        assert_eq!(
+            (rows[4].bytes, rows[4].bytes_requested, rows[4].fd, rows[4].dev.as_deref()),
+            (1, 1, Some(8), Some("0:15"))
+        );
         assert_eq!(read_metadata(&sample).unwrap()[keys::SCHEMA_MINOR], "3");
     }
 

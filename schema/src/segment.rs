@@ -25,7 +25,9 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use arrow_array::cast::AsArray;
-use arrow_array::types::{ArrowDictionaryKeyType, ArrowPrimitiveType, Int16Type, Int32Type, Int64Type, Int8Type, UInt32Type};
+use arrow_array::types::{
+    ArrowDictionaryKeyType, ArrowPrimitiveType, Int16Type, Int32Type, Int64Type, Int8Type, UInt32Type,
+};
 use arrow_array::{Array, ArrayRef, PrimitiveArray, RecordBatch};
 use arrow_buffer::{ArrowNativeType, NullBuffer};
 use arrow_schema::{DataType, SchemaRef};
@@ -224,7 +226,9 @@ impl Chunk {
         match nulls.filter(|n| n.null_count() > 0) {
             None if self.nullable() => self.levels.push_n(1, len),
             None => {}
-            Some(_) if !self.nullable() => return Err(anyhow!("nulls in the non-nullable column {}", self.descr.name())),
+            Some(_) if !self.nullable() => {
+                return Err(anyhow!("nulls in the non-nullable column {}", self.descr.name()))
+            }
             Some(n) => {
                 self.nulls += n.null_count() as u64;
                 let mut at = 0;
@@ -289,7 +293,10 @@ impl Chunk {
             };
             if let Some((plain, entries)) = dictionary {
                 let (buf, size) = compress(self.zstd_level, plain)?;
-                put(Page::DictionaryPage { buf, num_values: entries, encoding: Encoding::PLAIN, is_sorted: false }, size)?;
+                put(
+                    Page::DictionaryPage { buf, num_values: entries, encoding: Encoding::PLAIN, is_sorted: false },
+                    size,
+                )?;
             }
             // A row group has rows, so the chunk has at least one page.
             for p in &self.pages {
@@ -367,7 +374,12 @@ struct DictChunk {
 
 impl DictChunk {
     fn new(descr: ColumnDescPtr, props: &WriterProperties) -> Self {
-        DictChunk { chunk: Chunk::new(descr, props), values: Vec::new(), ids: FxHashMap::default(), indices: RunList::default() }
+        DictChunk {
+            chunk: Chunk::new(descr, props),
+            values: Vec::new(),
+            ids: FxHashMap::default(),
+            indices: RunList::default(),
+        }
     }
 
     fn write(&mut self, array: &ArrayRef) -> Result<()> {
@@ -513,7 +525,11 @@ impl IntChunk {
         Ok(())
     }
 
-    fn append<T: ArrowPrimitiveType>(&mut self, a: &PrimitiveArray<T>, to_i64: impl Fn(T::Native) -> i64) -> Result<()> {
+    fn append<T: ArrowPrimitiveType>(
+        &mut self,
+        a: &PrimitiveArray<T>,
+        to_i64: impl Fn(T::Native) -> i64,
+    ) -> Result<()> {
         let start = self.values.len();
         self.chunk.push_rows(a.len(), a.nulls())?;
         match a.nulls().filter(|n| n.null_count() > 0) {
@@ -528,7 +544,8 @@ impl IntChunk {
         if self.chunk.statistics && start < self.values.len() {
             // Compared as the logical type orders them: UINT_32 values unsigned.
             let key = |v: i64| if self.unsigned { i64::from(v as u32) } else { v };
-            let (lo, hi) = self.values[start..].iter().fold((i64::MAX, i64::MIN), |(lo, hi), &v| (lo.min(key(v)), hi.max(key(v))));
+            let (lo, hi) =
+                self.values[start..].iter().fold((i64::MAX, i64::MIN), |(lo, hi), &v| (lo.min(key(v)), hi.max(key(v))));
             self.min_max = Some(self.min_max.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
         }
         Ok(())
@@ -538,7 +555,8 @@ impl IntChunk {
     fn cut_pages(&mut self, all: bool) {
         let mut at = 0;
         while let Some((rows, levels, present)) = self.chunk.next_page(all, self.values.len() - at) {
-            let values = if present > 0 { delta_binary_packed(&self.values[at..at + present], self.int32) } else { Vec::new() };
+            let values =
+                if present > 0 { delta_binary_packed(&self.values[at..at + present], self.int32) } else { Vec::new() };
             self.chunk.pages.push(PageParts { rows, present, levels, values });
             at += present;
         }
@@ -556,7 +574,13 @@ impl IntChunk {
             let (min, max) = (self.min_max.map(|m| m.0), self.min_max.map(|m| m.1));
             let nulls = Some(self.chunk.nulls);
             if self.int32 {
-                Statistics::Int32(ValueStatistics::new(min.map(|v| v as i32), max.map(|v| v as i32), None, nulls, false))
+                Statistics::Int32(ValueStatistics::new(
+                    min.map(|v| v as i32),
+                    max.map(|v| v as i32),
+                    None,
+                    nulls,
+                    false,
+                ))
             } else {
                 Statistics::Int64(ValueStatistics::new(min, max, None, nulls, false))
             }
@@ -594,7 +618,8 @@ fn delta_binary_packed(values: &[i64], int32: bool) -> Vec<u8> {
         }
         let mut min = i64::MAX;
         for (d, w) in deltas.iter_mut().zip(span.windows(2)) {
-            let delta = if int32 { i64::from((w[1] as i32).wrapping_sub(w[0] as i32)) } else { w[1].wrapping_sub(w[0]) };
+            let delta =
+                if int32 { i64::from((w[1] as i32).wrapping_sub(w[0] as i32)) } else { w[1].wrapping_sub(w[0]) };
             *d = delta as u64;
             min = min.min(delta);
         }
@@ -823,18 +848,15 @@ mod tests {
                 Arc::new(StringArray::from(distinct.clone())),
             )
             .unwrap();
-            let one = DictionaryArray::<Int32Type>::try_new(
-                vec![0; len].into(),
-                Arc::new(StringArray::from(vec!["block"])),
-            )
-            .unwrap();
+            let one =
+                DictionaryArray::<Int32Type>::try_new(vec![0; len].into(), Arc::new(StringArray::from(vec!["block"])))
+                    .unwrap();
             let none = DictionaryArray::<Int32Type>::try_new(
                 vec![None::<i32>; len].into(),
                 Arc::new(StringArray::from(Vec::<&str>::new())),
             )
             .unwrap();
-            let late: Vec<Option<String>> =
-                (0..len).map(|i| (batch >= 2).then(|| format!("x{}", i % 3))).collect();
+            let late: Vec<Option<String>> = (0..len).map(|i| (batch >= 2).then(|| format!("x{}", i % 3))).collect();
             let late_arr = DictionaryArray::<Int32Type>::try_new(
                 late.iter().map(|v| v.as_ref().map(|s| s[1..].parse::<i32>().unwrap())).collect(),
                 Arc::new(StringArray::from(vec!["x0", "x1", "x2"])),
@@ -885,7 +907,10 @@ mod tests {
             assert_eq!(s.max_opt().unwrap().as_utf8().unwrap(), present.iter().max().unwrap().as_str());
             assert_eq!(s.null_count_opt(), Some((rows.len() - present.len()) as u64));
             let Some(Statistics::ByteArray(one)) = rg.column(1).statistics() else { panic!("no statistics") };
-            assert_eq!((one.min_opt().unwrap().as_utf8().unwrap(), one.max_opt().unwrap().as_utf8().unwrap()), ("block", "block"));
+            assert_eq!(
+                (one.min_opt().unwrap().as_utf8().unwrap(), one.max_opt().unwrap().as_utf8().unwrap()),
+                ("block", "block")
+            );
             assert_eq!(rg.column(3).statistics().and_then(|s| s.null_count_opt()), Some(rg.num_rows() as u64));
         }
         std::fs::remove_file(&path).unwrap();
@@ -993,7 +1018,10 @@ mod tests {
             assert_eq!(s.null_count_opt(), Some((n - r.len()) as u64));
             let Some(Statistics::Int32(s)) = rg.column(2).statistics() else { panic!("no u32 statistics") };
             let r = &eu32[at..at + n];
-            assert_eq!((s.min_opt().map(|&v| v as u32), s.max_opt().map(|&v| v as u32)), (r.iter().min().copied(), r.iter().max().copied()));
+            assert_eq!(
+                (s.min_opt().map(|&v| v as u32), s.max_opt().map(|&v| v as u32)),
+                (r.iter().min().copied(), r.iter().max().copied())
+            );
             assert_eq!(rg.column(3).statistics().and_then(|s| s.null_count_opt()), Some(n as u64));
             at += n;
         }

@@ -7,15 +7,17 @@ use anyhow::{Context, Result};
 use std::sync::Arc;
 
 use arrow_array::builder::{Int64Builder, PrimitiveBuilder, UInt32Builder};
-use arrow_array::types::{ArrowDictionaryKeyType, ArrowPrimitiveType, Int16Type, Int32Type, Int64Type, Int8Type, UInt32Type};
+use arrow_array::types::{
+    ArrowDictionaryKeyType, ArrowPrimitiveType, Int16Type, Int32Type, Int64Type, Int8Type, UInt32Type,
+};
 use arrow_array::{ArrayRef, DictionaryArray, RecordBatch, StringArray};
 use arrow_schema::ArrowError;
-use rustc_hash::FxHashMap;
 use arrow_schema::SchemaRef;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::schema::types::ColumnPath;
+use rustc_hash::FxHashMap;
 
 use crate::segment::SegmentFile;
 use crate::{arrow_schema, Row, Rpc};
@@ -400,7 +402,8 @@ fn writer_properties() -> WriterProperties {
             // String min/max is a comparison per row (a memcmp call each); readers use it
             // for layer, op and dev (a row group with one value skips decoding them), not
             // for these.
-            props = props.set_column_statistics_enabled(ColumnPath::from(field.name().as_str()), EnabledStatistics::None);
+            props =
+                props.set_column_statistics_enabled(ColumnPath::from(field.name().as_str()), EnabledStatistics::None);
         }
     }
     props.build()
@@ -427,14 +430,7 @@ pub struct TraceWriter {
 impl TraceWriter {
     /// `dir` must exist; the caller has checked that it is empty.
     pub fn new(dir: &Path, limits: SegmentLimits) -> Self {
-        TraceWriter {
-            dir: dir.to_path_buf(),
-            limits,
-            next_index: 0,
-            current: None,
-            finished: Vec::new(),
-            lost_rows: 0,
-        }
+        TraceWriter { dir: dir.to_path_buf(), limits, next_index: 0, current: None, finished: Vec::new(), lost_rows: 0 }
     }
 
     pub fn dir(&self) -> &Path {
@@ -457,9 +453,7 @@ impl TraceWriter {
         self.open()?;
         let seg = self.current.as_mut().expect("segment open");
         seg.rows += batch.num_rows() as u64;
-        seg.writer
-            .write(batch)
-            .with_context(|| format!("writing {}", seg.partial.display()))
+        seg.writer.write(batch).with_context(|| format!("writing {}", seg.partial.display()))
     }
 
     /// Gives up the open segment after a failed write (a full disk): its file is removed,
@@ -485,10 +479,9 @@ impl TraceWriter {
             let name = format!("seg-{:06}.parquet", self.next_index);
             let done = self.dir.join(&name);
             let partial = self.dir.join(format!("{name}.partial"));
-            let file = File::create(&partial)
-                .with_context(|| format!("creating {}", partial.display()))?;
-            let writer = SegmentFile::new(file, arrow_schema(), writer_properties())
-                .context("starting a Parquet segment")?;
+            let file = File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+            let writer =
+                SegmentFile::new(file, arrow_schema(), writer_properties()).context("starting a Parquet segment")?;
             self.current = Some(OpenSegment { writer, partial, done, opened: Instant::now(), rows: 0 });
         }
         Ok(())
@@ -496,10 +489,9 @@ impl TraceWriter {
 
     /// True when the open segment has reached its size or age limit.
     pub fn segment_full(&self) -> bool {
-        self.current.as_ref().is_some_and(|s| {
-            s.writer.size() >= self.limits.max_bytes
-                || s.opened.elapsed() >= self.limits.max_age
-        })
+        self.current
+            .as_ref()
+            .is_some_and(|s| s.writer.size() >= self.limits.max_bytes || s.opened.elapsed() >= self.limits.max_age)
     }
 
     /// Closes the open segment (if any) with these key-value metadata and renames it into
@@ -512,11 +504,9 @@ impl TraceWriter {
             seg.writer.append_key_value_metadata(KeyValue::new(k.clone(), v.clone()));
         }
         let (partial, rows) = (seg.partial.clone(), seg.rows);
-        let closed = seg
-            .writer
-            .close()
-            .with_context(|| format!("closing {}", partial.display()))
-            .and_then(|_| fs::rename(&partial, &seg.done).with_context(|| format!("renaming {} into place", partial.display())));
+        let closed = seg.writer.close().with_context(|| format!("closing {}", partial.display())).and_then(|_| {
+            fs::rename(&partial, &seg.done).with_context(|| format!("renaming {} into place", partial.display()))
+        });
         if let Err(e) = closed {
             // A segment that cannot be closed (a full disk) is given up as abandon_segment does.
             let _ = fs::remove_file(&partial);
@@ -540,9 +530,7 @@ mod tests {
         let values = d.values().as_string::<i32>();
         let keys = arrow_cast::cast(d.keys(), &arrow_schema::DataType::Int64).unwrap();
         let keys = keys.as_primitive::<arrow_array::types::Int64Type>();
-        (0..a.len())
-            .map(|i| keys.is_valid(i).then(|| values.value(keys.value(i) as usize).to_string()))
-            .collect()
+        (0..a.len()).map(|i| keys.is_valid(i).then(|| values.value(keys.value(i) as usize).to_string())).collect()
     }
 
     #[test]

@@ -11,7 +11,12 @@ use clap::Parser;
 /// them; file-layer syscalls only for the target (a command and its descendants, a pid,
 /// a cgroup, or every process when no target is given).
 #[derive(Parser, Debug)]
-#[command(name = "trainio record", bin_name = "trainio record", version, after_help = "Example: trainio record -o /tmp/t -- dd if=/dev/loop0 of=/dev/null bs=1M count=64 iflag=direct")]
+#[command(
+    name = "trainio record",
+    bin_name = "trainio record",
+    version,
+    after_help = "Example: trainio record -o /tmp/t -- dd if=/dev/loop0 of=/dev/null bs=1M count=64 iflag=direct"
+)]
 pub struct Args {
     /// Directory to write the trace into (created if missing; must be empty)
     #[arg(short, long)]

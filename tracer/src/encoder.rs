@@ -233,7 +233,8 @@ impl Encoder {
         let behind = self.pending_rows > MAX_BACKLOG_ROWS
             || self.pending.front().is_some_and(|&(_, _, t)| t.elapsed() > MAX_LAG);
         let tid = self.shared.tid.load(Ordering::SeqCst);
-        if behind && tid != 0 && self.shared.boosted.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+        if behind && tid != 0 && self.shared.boosted.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+        {
             set_policy(tid, false);
         }
     }

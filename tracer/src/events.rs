@@ -8,10 +8,10 @@ use rustc_hash::FxHashMap;
 
 use trainio_schema::{dev_string, BatchBuilder, Layer, Row, RowKeys, Rpc};
 
-use crate::host::ProcInfo;
 use crate::bpf::{block_event, file_event, ipc_event, nfs_event, open_event, process_event};
 use crate::bpf::{trainio_file_op as fop, trainio_kind as kind, trainio_nfs_op as nfsop, trainio_rpc_flags as rpcf};
 use crate::bpf::{trainio_ipc_op as ipcop, trainio_ipc_type as ipct, trainio_proc_op as procop};
+use crate::host::ProcInfo;
 
 const KIND_BLOCK: u32 = kind::TRAINIO_KIND_BLOCK.0;
 const KIND_FILE: u32 = kind::TRAINIO_KIND_FILE.0;
@@ -220,26 +220,29 @@ impl Collector {
         let opc = e.cmd_flags & REQ_OP_MASK;
         let offset = (opc != REQ_OP_FLUSH && e.sector != u64::MAX).then(|| (e.sector * 512) as i64);
         let bytes = e.bytes as i64;
-        self.batch.push_keyed(&Row {
-            layer: Layer::Block,
-            op,
-            issue_ns: e.issue_ns as i64,
-            complete_ns: e.complete_ns as i64,
-            insert_ns: nonzero(e.insert_ns),
-            dev,
-            offset,
-            bytes,
-            bytes_requested: bytes,
-            queue_depth: e.queue_depth,
-            pid: e.pid,
-            tid: e.tid,
-            comm: &self.last_comm.1,
-            fd: None,
-            file: None,
-            error: blk_status_errno(e.error),
-            flags: e.cmd_flags & !REQ_OP_MASK,
-            ppid: None,
-        }, RowKeys { op: e.cmd_flags & REQ_OP_MASK, dev: e.dev, comm: comm_key });
+        self.batch.push_keyed(
+            &Row {
+                layer: Layer::Block,
+                op,
+                issue_ns: e.issue_ns as i64,
+                complete_ns: e.complete_ns as i64,
+                insert_ns: nonzero(e.insert_ns),
+                dev,
+                offset,
+                bytes,
+                bytes_requested: bytes,
+                queue_depth: e.queue_depth,
+                pid: e.pid,
+                tid: e.tid,
+                comm: &self.last_comm.1,
+                fd: None,
+                file: None,
+                error: blk_status_errno(e.error),
+                flags: e.cmd_flags & !REQ_OP_MASK,
+                ppid: None,
+            },
+            RowKeys { op: e.cmd_flags & REQ_OP_MASK, dev: e.dev, comm: comm_key },
+        );
         let (r, w) = match opc {
             REQ_OP_READ => (e.bytes as u64, 0),
             REQ_OP_WRITE => (0, e.bytes as u64),
@@ -262,9 +265,7 @@ impl Collector {
         self.fds
             .entry((pid, fd))
             .or_insert_with(|| {
-                std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
-                    .ok()
-                    .map(|p| Arc::from(p.to_string_lossy().as_ref()))
+                std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok().map(|p| Arc::from(p.to_string_lossy().as_ref()))
             })
             .clone()
     }
@@ -383,26 +384,29 @@ impl Collector {
             execute_ns: (e.rpc_execute_us as i64).saturating_mul(1000),
             retrans: (e.rpc & rpcf::TRAINIO_RPC_NTRANS.0 != 0).then(|| e.rpc_ntrans.saturating_sub(1)),
         });
-        self.batch.push_rpc(&Row {
-            layer: Layer::Nfs,
-            op,
-            issue_ns: e.issue_ns as i64,
-            complete_ns: e.complete_ns as i64,
-            insert_ns: None,
-            dev,
-            offset: Some(e.offset),
-            bytes: e.returned as i64,
-            bytes_requested: e.requested as i64,
-            queue_depth: e.queue_depth,
-            pid: e.pid,
-            tid: e.tid,
-            comm: comm_str(&e.comm),
-            fd: None,
-            file: file.as_deref(),
-            error: e.error,
-            flags: 0,
-            ppid: None,
-        }, rpc.as_ref());
+        self.batch.push_rpc(
+            &Row {
+                layer: Layer::Nfs,
+                op,
+                issue_ns: e.issue_ns as i64,
+                complete_ns: e.complete_ns as i64,
+                insert_ns: None,
+                dev,
+                offset: Some(e.offset),
+                bytes: e.returned as i64,
+                bytes_requested: e.requested as i64,
+                queue_depth: e.queue_depth,
+                pid: e.pid,
+                tid: e.tid,
+                comm: comm_str(&e.comm),
+                fd: None,
+                file: file.as_deref(),
+                error: e.error,
+                flags: 0,
+                ppid: None,
+            },
+            rpc.as_ref(),
+        );
         let (r, w) = match op {
             "read" => (e.returned as u64, 0),
             "write" => (0, e.returned as u64),
@@ -467,11 +471,7 @@ impl Collector {
         };
         // As /proc/PID/fd names them; one string per inode, formatted once.
         let what = if e.ipc == ipct::TRAINIO_IPC_SOCKET.0 { "socket" } else { "pipe" };
-        let name = self
-            .ipc_names
-            .entry((e.ipc, e.ino))
-            .or_insert_with(|| format!("{what}:[{}]", e.ino).into())
-            .clone();
+        let name = self.ipc_names.entry((e.ipc, e.ino)).or_insert_with(|| format!("{what}:[{}]", e.ino).into()).clone();
         let dev = dev_name(&mut self.devs, e.dev);
         let done = e.ret.max(0);
         self.batch.push(&Row {
@@ -507,7 +507,18 @@ mod tests {
     use super::{block_event, Collector, Layer, KIND_BLOCK, KIND_BLOCK_BATCH};
 
     fn event(i: u32, comm: &str) -> block_event {
-        let mut e = block_event { kind: KIND_BLOCK, dev: (7 << 20) | 3, issue_ns: 1000 + i as u64, complete_ns: 2000 + i as u64, sector: 8 * i as u64, bytes: 4096, queue_depth: i + 1, pid: 42, tid: 43, ..Default::default() };
+        let mut e = block_event {
+            kind: KIND_BLOCK,
+            dev: (7 << 20) | 3,
+            issue_ns: 1000 + i as u64,
+            complete_ns: 2000 + i as u64,
+            sector: 8 * i as u64,
+            bytes: 4096,
+            queue_depth: i + 1,
+            pid: 42,
+            tid: 43,
+            ..Default::default()
+        };
         for (d, s) in e.comm.iter_mut().zip(comm.bytes()) {
             *d = s as i8;
         }

@@ -54,10 +54,10 @@ pub fn resolve_block_device(spec: &str) -> Result<(u32, String)> {
         let name = spec.trim_start_matches("/dev/");
         PathBuf::from(format!("/sys/class/block/{name}"))
     };
-    let sys = fs::canonicalize(&sys)
-        .map_err(|_| anyhow::anyhow!("--dev {spec}: no such block device"))?;
+    let sys = fs::canonicalize(&sys).map_err(|_| anyhow::anyhow!("--dev {spec}: no such block device"))?;
     let disk = if sys.join("partition").exists() { sys.parent().unwrap().to_path_buf() } else { sys };
-    let devstr = fs::read_to_string(disk.join("dev")).with_context(|| format!("--dev {spec}: reading {}", disk.display()))?;
+    let devstr =
+        fs::read_to_string(disk.join("dev")).with_context(|| format!("--dev {spec}: reading {}", disk.display()))?;
     let Some((ma, mi)) = parse_majmin(&devstr) else { bail!("--dev {spec}: unreadable {}/dev", disk.display()) };
     let name = disk.file_name().unwrap().to_string_lossy().into_owned();
     Ok((kernel_dev(ma, mi), name))
@@ -132,13 +132,10 @@ pub fn describe_devices<'a>(devs: impl IntoIterator<Item = &'a str>) -> Vec<Devi
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .or_else(|| all_mounts.iter().find(|(m, _)| m == dev).map(|(_, m)| m.source.clone()))
             .unwrap_or_default();
-        let size_bytes = fs::read_to_string(sys.join("size")).ok().and_then(|s| s.trim().parse::<u64>().ok()).map(|s| s * 512);
+        let size_bytes =
+            fs::read_to_string(sys.join("size")).ok().and_then(|s| s.trim().parse::<u64>().ok()).map(|s| s * 512);
         let backing_file = fs::read_to_string(sys.join("loop/backing_file")).ok().map(|s| s.trim().to_string());
-        let mounts = all_mounts
-            .iter()
-            .filter(|(m, _)| m == dev || disk_of(m) == dev)
-            .map(|(_, m)| m.clone())
-            .collect();
+        let mounts = all_mounts.iter().filter(|(m, _)| m == dev || disk_of(m) == dev).map(|(_, m)| m.clone()).collect();
         out.insert(dev.to_string(), DeviceInfo { dev: dev.to_string(), name, size_bytes, backing_file, mounts });
     }
     out.into_values().collect()
@@ -247,7 +244,10 @@ pub fn tracefs() -> Result<PathBuf> {
     // SAFETY: valid NUL-terminated strings; mounting tracefs has no other effect.
     let rc = unsafe { libc::mount(c"tracefs".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
-        bail!("tracefs is not mounted and mounting it on /sys/kernel/tracing failed: {}", std::io::Error::last_os_error());
+        bail!(
+            "tracefs is not mounted and mounting it on /sys/kernel/tracing failed: {}",
+            std::io::Error::last_os_error()
+        );
     }
     Ok(PathBuf::from("/sys/kernel/tracing"))
 }
@@ -320,11 +320,29 @@ pub struct NfsMountStats {
 }
 
 const BYTES_NAMES: [&str; 8] = [
-    "normal_read", "normal_write", "direct_read", "direct_write", "server_read", "server_write", "read_pages", "write_pages",
+    "normal_read",
+    "normal_write",
+    "direct_read",
+    "direct_write",
+    "server_read",
+    "server_write",
+    "read_pages",
+    "write_pages",
 ];
 const TCP_NAMES: [&str; 13] = [
-    "port", "bind_count", "connect_count", "connect_time", "idle_time", "sends", "recvs", "bad_xids", "req_u",
-    "backlog_u", "max_slots", "sending_u", "pending_u",
+    "port",
+    "bind_count",
+    "connect_count",
+    "connect_time",
+    "idle_time",
+    "sends",
+    "recvs",
+    "bad_xids",
+    "req_u",
+    "backlog_u",
+    "max_slots",
+    "sending_u",
+    "pending_u",
 ];
 const UDP_NAMES: [&str; 10] =
     ["port", "bind_count", "sends", "recvs", "bad_xids", "req_u", "backlog_u", "max_slots", "sending_u", "pending_u"];
@@ -441,10 +459,8 @@ mod tests {
     #[test]
     fn descendants_are_children_and_grandchildren_not_the_root_or_others() {
         // sh -> (sh -> sleep) and sh -> sleep: three descendants, two generations deep.
-        let mut sh = std::process::Command::new("sh")
-            .args(["-c", "(sleep 30; true) & sleep 30 & wait"])
-            .spawn()
-            .unwrap();
+        let mut sh =
+            std::process::Command::new("sh").args(["-c", "(sleep 30; true) & sleep 30 & wait"]).spawn().unwrap();
         let root = sh.id();
         let comms_of = |found: &[u32]| -> Vec<String> {
             found
@@ -508,7 +524,10 @@ device 127.0.0.1:/export mounted on /mnt/nfs\\0403 with fstype nfs statvers=1.1
         let m = parse_mountstats(MOUNTSTATS);
         assert_eq!(m.len(), 2, "rootfs and proc are not NFS");
         let v4 = &m[0];
-        assert_eq!((v4.source.as_str(), v4.mount_point.as_str(), v4.fstype.as_str()), ("127.0.0.1:/export", "/mnt/nfs41", "nfs4"));
+        assert_eq!(
+            (v4.source.as_str(), v4.mount_point.as_str(), v4.fstype.as_str()),
+            ("127.0.0.1:/export", "/mnt/nfs41", "nfs4")
+        );
         assert_eq!(v4.statvers, "1.1");
         assert!(v4.opts.contains("nconnect=2"));
         assert_eq!(v4.now.age_s, 17);
@@ -517,7 +536,10 @@ device 127.0.0.1:/export mounted on /mnt/nfs\\0403 with fstype nfs statvers=1.1
         assert_eq!(v4.now.xprts[1].counters["sends"], 66);
         assert_eq!(v4.now.xprts[0].counters["pending_u"], 0);
         let read = &v4.now.ops["READ"];
-        assert_eq!((read.ops, read.trans, read.timeouts, read.bytes_recv, read.rtt_ms, read.execute_ms), (129, 130, 1, 8409240, 310, 330));
+        assert_eq!(
+            (read.ops, read.trans, read.timeouts, read.bytes_recv, read.rtt_ms, read.execute_ms),
+            (129, 130, 1, 8409240, 310, 330)
+        );
         assert_eq!(read.errors, Some(0));
         let v3 = &m[1];
         assert_eq!(v3.mount_point, "/mnt/nfs\\0403", "escaped as in mountinfo, to be joined with it");

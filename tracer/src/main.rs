@@ -21,7 +21,9 @@ mod nfs_skel {
 
 /// The skeletons and the event types of bpf/trainio.h, generated at build time.
 mod bpf {
-    pub use crate::block_skel::{types::block_event, types::block_pending, types::req_state, BlockSkel, BlockSkelBuilder};
+    pub use crate::block_skel::{
+        types::block_event, types::block_pending, types::req_state, BlockSkel, BlockSkelBuilder,
+    };
     pub use crate::file_skel::types::{file_event, open_event, trainio_file_op, trainio_kind};
     pub use crate::file_skel::types::{ipc_event, process_event, trainio_ipc_op, trainio_ipc_type, trainio_proc_op};
     pub use crate::file_skel::{FileSkel, FileSkelBuilder};

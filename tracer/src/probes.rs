@@ -7,8 +7,8 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::libbpf_sys;
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
 use serde::Serialize;
 
@@ -93,7 +93,11 @@ fn tracepoints(tracefs: &Path) -> HashSet<String> {
 fn online_cpus() -> Vec<u32> {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
     let cpus = parse_cpu_list(&text);
-    if cpus.is_empty() { vec![0] } else { cpus }
+    if cpus.is_empty() {
+        vec![0]
+    } else {
+        cpus
+    }
 }
 
 fn parse_cpu_list(text: &str) -> Vec<u32> {
@@ -163,16 +167,17 @@ struct RpcLayout {
 }
 
 /// Reads the layouts of rpc_stats_latency and xprt_transmit; Err says what is missing.
-fn rpc_layout(latency: &BTreeMap<String, (u32, u32)>, transmit: &BTreeMap<String, (u32, u32)>) -> Result<RpcLayout, String> {
+fn rpc_layout(
+    latency: &BTreeMap<String, (u32, u32)>,
+    transmit: &BTreeMap<String, (u32, u32)>,
+) -> Result<RpcLayout, String> {
     if latency.is_empty() {
         return Err("sunrpc:rpc_stats_latency is not in this kernel".into());
     }
-    let want = |fields: &BTreeMap<String, (u32, u32)>, event: &str, name: &str, sizes: &[u32]| {
-        match fields.get(name) {
-            Some(&(off, size)) if sizes.contains(&size) => Ok((off, size)),
-            Some(&(_, size)) => Err(format!("sunrpc:{event} field {name} has size {size}")),
-            None => Err(format!("sunrpc:{event} has no field {name}")),
-        }
+    let want = |fields: &BTreeMap<String, (u32, u32)>, event: &str, name: &str, sizes: &[u32]| match fields.get(name) {
+        Some(&(off, size)) if sizes.contains(&size) => Ok((off, size)),
+        Some(&(_, size)) => Err(format!("sunrpc:{event} field {name} has size {size}")),
+        None => Err(format!("sunrpc:{event} has no field {name}")),
     };
     let (lat_client, _) = want(latency, "rpc_stats_latency", "client_id", &[4])?;
     let (lat_xid, _) = want(latency, "rpc_stats_latency", "xid", &[4])?;
@@ -392,9 +397,9 @@ impl<'o> Probes<'o> {
         let mut links = Vec::new();
         // SEC("raw_tp") with no tracepoint: run by user space (flush_block), never attached.
         for p in self.programs().into_iter().filter(|p| p.section().to_string_lossy() != "raw_tp") {
-            let link = p
-                .attach()
-                .with_context(|| format!("attaching {} ({})", p.name().to_string_lossy(), p.section().to_string_lossy()))?;
+            let link = p.attach().with_context(|| {
+                format!("attaching {} ({})", p.name().to_string_lossy(), p.section().to_string_lossy())
+            })?;
             links.push(link);
         }
         *self.links.get_mut() = links;
@@ -564,9 +569,7 @@ impl<'o> Probes<'o> {
             let mut info: libbpf_sys::bpf_prog_info = unsafe { std::mem::zeroed() };
             let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
             // SAFETY: info is a zeroed bpf_prog_info of the size we pass.
-            let rc = unsafe {
-                libbpf_sys::bpf_prog_get_info_by_fd(p.as_fd().as_raw_fd(), &mut info, &mut len)
-            };
+            let rc = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(p.as_fd().as_raw_fd(), &mut info, &mut len) };
             if rc == 0 {
                 let ns_per_run = if info.run_cnt > 0 { info.run_time_ns as f64 / info.run_cnt as f64 } else { 0.0 };
                 out.insert(
@@ -601,7 +604,8 @@ impl<'o> Probes<'o> {
     /// that could not run the flush (offline) has any. Call after detaching.
     pub fn take_pending_block(&self) -> Vec<Vec<u8>> {
         let Some(b) = &self.block else { return Vec::new() };
-        let per_cpu = b.maps.pending.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).ok().flatten().unwrap_or_default();
+        let per_cpu =
+            b.maps.pending.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).ok().flatten().unwrap_or_default();
         let at = std::mem::offset_of!(crate::bpf::block_pending, batch);
         per_cpu
             .iter()
@@ -682,7 +686,15 @@ print fmt: \"task:%08x@%08x xid=0x%08x\", REC->task_id, REC->client_id, REC->xid
         let l = rpc_layout(&parse_format(LATENCY_6_1), &parse_format(TRANSMIT_6_1)).unwrap();
         assert_eq!(
             l,
-            RpcLayout { lat_client: 12, lat_xid: 16, lat_backlog: 32, lat_rtt: 40, lat_execute: 48, lat_time_size: 8, xmit: Some((12, 16, 24)) }
+            RpcLayout {
+                lat_client: 12,
+                lat_xid: 16,
+                lat_backlog: 32,
+                lat_rtt: 40,
+                lat_execute: 48,
+                lat_time_size: 8,
+                xmit: Some((12, 16, 24))
+            }
         );
         // Newer kernels append xprt_id and may reorder: offsets follow the format file.
         let moved = LATENCY_6_1.replace("offset:32;", "offset:64;").replace("offset:48;", "offset:72;");
@@ -694,7 +706,10 @@ print fmt: \"task:%08x@%08x xid=0x%08x\", REC->task_id, REC->client_id, REC->xid
     fn rpc_layout_says_what_is_missing() {
         assert!(rpc_layout(&BTreeMap::new(), &BTreeMap::new()).unwrap_err().contains("not in this kernel"));
         let no_rtt = LATENCY_6_1.replace("long rtt;", "long round_trip;");
-        assert_eq!(rpc_layout(&parse_format(&no_rtt), &BTreeMap::new()).unwrap_err(), "sunrpc:rpc_stats_latency has no field rtt");
+        assert_eq!(
+            rpc_layout(&parse_format(&no_rtt), &BTreeMap::new()).unwrap_err(),
+            "sunrpc:rpc_stats_latency has no field rtt"
+        );
         let small_xid = LATENCY_6_1.replace("xid;\toffset:16;\tsize:4", "xid;\toffset:16;\tsize:2");
         assert!(rpc_layout(&parse_format(&small_xid), &BTreeMap::new()).unwrap_err().contains("xid has size 2"));
     }

@@ -201,7 +201,12 @@ fn preflight(args: &Args) -> Result<Checked> {
         let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap_or_default();
         // SAFETY: c is a NUL-terminated path.
         if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
-            usage!("--output {}: {} is not writable: {}", out.display(), dir.display(), std::io::Error::last_os_error());
+            usage!(
+                "--output {}: {} is not writable: {}",
+                out.display(),
+                dir.display(),
+                std::io::Error::last_os_error()
+            );
         }
     }
     let (subject, target) = if !args.command.is_empty() {
@@ -287,15 +292,20 @@ fn existing_processes(subject: &Subject, command_pid: Option<u32>, recorder: u32
                 cmdline: String::new(),
             });
             if info.cmdline.is_empty() {
-                let joined: Vec<u8> = argv.iter().flat_map(|a| a.as_encoded_bytes().iter().copied().chain([0])).collect();
+                let joined: Vec<u8> =
+                    argv.iter().flat_map(|a| a.as_encoded_bytes().iter().copied().chain([0])).collect();
                 info.cmdline = host::cmdline_string(&joined);
             }
             if info.comm.is_empty() {
-                let name = Path::new(&argv[0]).file_name().unwrap_or(argv[0].as_os_str()).to_string_lossy().into_owned();
-                info.comm = name.chars().scan(0, |n, c| {
-                    *n += c.len_utf8();
-                    (*n <= 15).then_some(c)
-                }).collect();
+                let name =
+                    Path::new(&argv[0]).file_name().unwrap_or(argv[0].as_os_str()).to_string_lossy().into_owned();
+                info.comm = name
+                    .chars()
+                    .scan(0, |n, c| {
+                        *n += c.len_utf8();
+                        (*n <= 15).then_some(c)
+                    })
+                    .collect();
             }
             return vec![info];
         }
@@ -400,10 +410,7 @@ fn segment_metadata(
         (keys::LOST_EVENTS.into(), json!(lost).to_string()),
         (keys::BPF_STATS.into(), json!(probes.bpf_stats()).to_string()),
         (keys::EVENTS.into(), json!(events).to_string()),
-        (
-            keys::RECORDER_CPU_NS.into(),
-            json!({"drain": recorder_cpu_ns.0, "encoder": recorder_cpu_ns.1}).to_string(),
-        ),
+        (keys::RECORDER_CPU_NS.into(), json!({"drain": recorder_cpu_ns.0, "encoder": recorder_cpu_ns.1}).to_string()),
         (
             keys::NFS_MOUNTS.into(),
             match &st.nfs_at_start {

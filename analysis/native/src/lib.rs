@@ -33,8 +33,7 @@ fn pow2_bucket(v: i64) -> usize {
 }
 
 fn slice<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, name: &str) -> PyResult<&'a [T]> {
-    a.as_slice()
-        .map_err(|_| PyValueError::new_err(format!("{name}: array must be contiguous")))
+    a.as_slice().map_err(|_| PyValueError::new_err(format!("{name}: array must be contiguous")))
 }
 
 fn same_len(n: usize, m: usize, name: &str) -> PyResult<()> {
@@ -331,9 +330,7 @@ fn count_rows<'py>(
         match (mask, op, kqd) {
             (None, None, Some(q)) => cols.run(&mut c, |_| true, |_| only, &kind, &counted, |i| Some(q[i])),
             (None, None, None) => cols.run(&mut c, |_| true, |_| only, &kind, &counted, |_| None),
-            (None, Some(o), Some(q)) => {
-                cols.run(&mut c, |_| true, |i| o[i] as usize, &kind, &counted, |i| Some(q[i]))
-            }
+            (None, Some(o), Some(q)) => cols.run(&mut c, |_| true, |i| o[i] as usize, &kind, &counted, |i| Some(q[i])),
             (None, Some(o), None) => cols.run(&mut c, |_| true, |i| o[i] as usize, &kind, &counted, |_| None),
             (m, o, q) => cols.run(
                 &mut c,
@@ -437,7 +434,17 @@ impl Counts {
 
     #[inline]
     #[allow(clippy::too_many_arguments)]
-    fn row(&mut self, kind: u8, counted: bool, issue: i64, complete: i64, nbytes: i64, kqd: Option<u32>, t0: i64, bin_ns: i64) {
+    fn row(
+        &mut self,
+        kind: u8,
+        counted: bool,
+        issue: i64,
+        complete: i64,
+        nbytes: i64,
+        kqd: Option<u32>,
+        t0: i64,
+        bin_ns: i64,
+    ) {
         if kind < 2 {
             let k = kind as usize;
             if k == 0 {
@@ -530,7 +537,9 @@ fn job_model(py: Python<'_>, path: &str, grouping: &str, step_gap_ms: Option<f64
 fn pyarrow_type_name(t: &arrow_schema::DataType) -> String {
     use arrow_schema::DataType as T;
     match t {
-        T::Dictionary(k, v) => format!("dictionary<values={}, indices={}, ordered=0>", pyarrow_type_name(v), pyarrow_type_name(k)),
+        T::Dictionary(k, v) => {
+            format!("dictionary<values={}, indices={}, ordered=0>", pyarrow_type_name(v), pyarrow_type_name(k))
+        }
         T::Utf8 => "string".into(),
         T::Int8 => "int8".into(),
         T::Int16 => "int16".into(),

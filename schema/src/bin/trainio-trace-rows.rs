@@ -37,7 +37,9 @@ fn main() {
             }
             _ if trace.is_none() => trace = Some(PathBuf::from(arg)),
             _ => {
-                eprintln!("trainio-trace-rows: unexpected argument {arg:?} (usage: trainio-trace-rows [--count] TRACE)");
+                eprintln!(
+                    "trainio-trace-rows: unexpected argument {arg:?} (usage: trainio-trace-rows [--count] TRACE)"
+                );
                 std::process::exit(2);
             }
         }
