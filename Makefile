@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # the interpreter pyo3 builds the analyzer's extension for (analysis/native)
 export PYO3_PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: all deps build venv test test-fast bench-tracer bench-file bench-encode bench-analysis bench-replay bench-fidelity bench-realjob demo clean
+.PHONY: all deps build venv lint test test-fast bench-tracer bench-file bench-encode bench-analysis bench-replay bench-fidelity bench-realjob demo clean
 
 all: build venv
 
@@ -24,6 +24,13 @@ build: deps
 	install -m 0755 target/release/libtrainio_analysis_native.so $(NATIVE_SO)
 
 venv: deps
+
+# Rust format and clippy (rustfmt.toml; warnings are errors), Python lint and format (ruff.toml).
+lint: all
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: all
 	$(CARGO) test --release --locked --workspace

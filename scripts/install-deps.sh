@@ -54,6 +54,11 @@ if ! cmp -s tests/realjob/requirements.txt .venv/.requirements-realjob; then
   .venv/bin/pip install --quiet -r tests/realjob/requirements.txt
   cp tests/realjob/requirements.txt .venv/.requirements-realjob
 fi
+# ruff, for make lint (ruff.toml).
+if ! cmp -s requirements-lint.txt .venv/.requirements-lint; then
+  .venv/bin/pip install --quiet -r requirements-lint.txt
+  cp requirements-lint.txt .venv/.requirements-lint
+fi
 # dftracer, the tracer whose traces `trainio import --dftracer` reads: tests/interop records
 # a real run with it (its POSIX tracer is an LD_PRELOAD library inside the wheel).
 if ! cmp -s tests/interop/requirements.txt .venv/.requirements-interop; then

@@ -28,5 +28,3 @@ def loop_dev() -> Iterator[str]:
         pytest.fail("this test needs root (loop devices, BPF): run it as root")
     with loop_device(256) as dev:
         yield dev
-
-

@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 TRAINIO = ROOT / "bin" / "trainio"
 sys.path.insert(0, str(ROOT / "analysis"))
@@ -64,8 +63,7 @@ def trainio_programs(*, all_sessions: bool = False) -> list[str]:
     if all_sessions or not progs:
         return [p["name"] for p in progs]
     owners = _prog_owners()
-    return [p["name"] for p in progs
-            if not owners.get(p["id"]) or any(_ours(pid) for pid in owners[p["id"]])]
+    return [p["name"] for p in progs if not owners.get(p["id"]) or any(_ours(pid) for pid in owners[p["id"]])]
 
 
 def wait_no_trainio_programs(timeout: float = 5.0) -> list[str]:
@@ -161,8 +159,17 @@ metric:
 """
 
 
-def fidelity_run(gpus: int, work: Path, *, steps: int = 24, record: int = 1 << 20, batch: int = 4,
-                 threads: int = 4, compute: float = 0.05, realtime: bool = True) -> dict:
+def fidelity_run(
+    gpus: int,
+    work: Path,
+    *,
+    steps: int = 24,
+    record: int = 1 << 20,
+    batch: int = 4,
+    threads: int = 4,
+    compute: float = 0.05,
+    realtime: bool = True,
+) -> dict:
     """Issue #6's experiment. On a quiet ext4 on a loop device over /dev/shm: record an
     emulated training at `gpus` GPUs (one MPI rank, i.e. one process, per GPU, psync
     reads, O_DIRECT), replay the recorded trace at the same GPU count on the same device
@@ -188,25 +195,76 @@ def fidelity_run(gpus: int, work: Path, *, steps: int = 24, record: int = 1 << 2
         return p.stdout
 
     with mounted_loop_fs(2 * data_mib + 256, quiet=True) as (dev, mm, mnt):
-        ok([TRAINIO, "datagen", "--workload", wl, "--data-dir", mnt / "data", "--gpus", gpus,
-            "--steps", steps])
-        ok([TRAINIO, "record", "-q", "--output", work / "original", "--dev", dev, "--",
-            "mpirun", "--oversubscribe", "--bind-to", "none", "-np", gpus,
-            TRAINIO, "replay", "-q", "--workload", wl, "--data-dir", mnt / "data", "--gpus", gpus,
-            "--steps", steps, "--odirect", "--io-engine", "psync", *rt, "--json", work / "original.json"])
+        ok([TRAINIO, "datagen", "--workload", wl, "--data-dir", mnt / "data", "--gpus", gpus, "--steps", steps])
+        ok(
+            [
+                TRAINIO,
+                "record",
+                "-q",
+                "--output",
+                work / "original",
+                "--dev",
+                dev,
+                "--",
+                "mpirun",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+                "-np",
+                gpus,
+                TRAINIO,
+                "replay",
+                "-q",
+                "--workload",
+                wl,
+                "--data-dir",
+                mnt / "data",
+                "--gpus",
+                gpus,
+                "--steps",
+                steps,
+                "--odirect",
+                "--io-engine",
+                "psync",
+                *rt,
+                "--json",
+                work / "original.json",
+            ]
+        )
         # One process replays every GPU: the bursts of all GPUs are paced on one clock, as
         # the original's ranks read together after each step's barrier.
-        ok([TRAINIO, "replay", "-q", "--trace", work / "original", "--data-dir", mnt / "trace-data",
-            "--generate", "--gpus", gpus, "--odirect", "--io-engine", "psync", *rt,
-            "--json", work / "replay.json", "--record", work / "replay"])
+        ok(
+            [
+                TRAINIO,
+                "replay",
+                "-q",
+                "--trace",
+                work / "original",
+                "--data-dir",
+                mnt / "trace-data",
+                "--generate",
+                "--gpus",
+                gpus,
+                "--odirect",
+                "--io-engine",
+                "psync",
+                *rt,
+                "--json",
+                work / "replay.json",
+                "--record",
+                work / "replay",
+            ]
+        )
         out = {
             "original": json.loads((work / "original.json").read_text()),
             "replay": json.loads((work / "replay.json").read_text()),
         }
         from trainio_analysis.trace import read_metadata
 
-        out["meta"] = {t: {k: read_metadata(work / t).get(k) for k in ("start_ns", "end_ns", "lost_events")}
-                       for t in ("original", "replay")}
+        out["meta"] = {
+            t: {k: read_metadata(work / t).get(k) for k in ("start_ns", "end_ns", "lost_events")}
+            for t in ("original", "replay")
+        }
         for key, layer, sel in (("compare", "block", ["--dev", mm]), ("compare_file", "file", ["--dev", mm])):
             cmd = [TRAINIO, "compare", work / "original", work / "replay", "--layer", layer, *sel, "--json"]
             out[key] = json.loads(ok(cmd))
@@ -223,10 +281,10 @@ class Throttle:
     written there (with all its threads) joins, and its children are born inside."""
 
     path: Path
-    version: int            # 1: blkio, 2: io
+    version: int  # 1: blkio, 2: io
     majmin: str
-    rbps: int               # 0: no cap
-    wbps: int = 0           # 0: no cap
+    rbps: int  # 0: no cap
+    wbps: int = 0  # 0: no cap
 
     @property
     def procs(self) -> Path:
@@ -269,15 +327,17 @@ def _v1_root() -> Path | None:
 
 
 @contextlib.contextmanager
-def throttled_cgroup(majmin: str, rbps: int | None, *, wbps: int | None = None,
-                     version: int | None = None) -> Iterator[Throttle]:
+def throttled_cgroup(
+    majmin: str, rbps: int | None, *, wbps: int | None = None, version: int | None = None
+) -> Iterator[Throttle]:
     """A new cgroup whose reads from device `majmin` are capped at `rbps` bytes/s and its
     writes at `wbps` (None: no cap; neither: a group that only keeps track of the
     processes put in it):
     cgroup v2 (io.max `MAJ:MIN rbps=N wbps=M`, +io enabled in the parent's
     cgroup.subtree_control) where the machine's v2 hierarchy has the io controller, else
     v1 blkio (blkio.throttle.read_bps_device, write_bps_device; v1 caps the writes its
-    processes submit, such as an fsync's, not the kernel's background writeback). `version` forces one. On the way out, whatever is
+    processes submit, such as an fsync's, not the kernel's background writeback). `version`
+    forces one. On the way out, whatever is
     still inside is killed (only processes the caller put there), then the group removed,
     even on failure."""
     v2, v1 = _v2_root(), _v1_root()

@@ -62,8 +62,7 @@ def version() -> str:
 class _HelpFormatter(argparse.HelpFormatter):
     """Help laid out as the compiled commands' (clap) is: "Usage:", "Arguments:", "Options:"."""
 
-    _HEADINGS = {"positional arguments": "Arguments", "options": "Options",
-                 "optional arguments": "Options"}
+    _HEADINGS = {"positional arguments": "Arguments", "options": "Options", "optional arguments": "Options"}
 
     def add_usage(self, usage: str | None, actions: Any, groups: Any, prefix: str | None = None) -> None:
         super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
@@ -85,8 +84,7 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="timeline bin width in seconds (default: automatic, 100-300 bins over the "
-        "trace's active span)",
+        help="timeline bin width in seconds (default: automatic, 100-300 bins over the trace's active span)",
     )
     p.add_argument(
         "--burst-gap-ms",
@@ -100,14 +98,16 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
 def _command(sub: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
     """The parser of `trainio NAME`, with the same --version as every other command."""
     p = sub.add_parser(name, formatter_class=_HelpFormatter, **kw)
-    p.add_argument("-V", "--version", action="version", version=f"trainio {name} {version()}",
-                   help="print the version and exit")
+    p.add_argument(
+        "-V", "--version", action="version", version=f"trainio {name} {version()}", help="print the version and exit"
+    )
     return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="trainio", description="Characterize and compare trainio storage traces.",
+        prog="trainio",
+        description="Characterize and compare trainio storage traces.",
         formatter_class=_HelpFormatter,
     )
     parser.add_argument("-V", "--version", action="version", version=f"trainio {version()}")
@@ -120,8 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--step-gap-ms",
         type=float,
         metavar="MS",
-        help="job model: gap between the batches of a rank that reads them itself "
-        "(default: found from the gaps)",
+        help="job model: gap between the batches of a rank that reads them itself (default: found from the gaps)",
     )
     a.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -133,8 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sweep",
         action="append",
         metavar="SWEEP.json",
-        help="a trainio sweep --json file: draw its AU vs GPUs curve and GPUs supported "
-        "(repeatable)",
+        help="a trainio sweep --json file: draw its AU vs GPUs curve and GPUs supported (repeatable)",
     )
 
     c = _command(sub, "compare", help="fidelity scores of trace B against trace A")
@@ -144,25 +142,41 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print one JSON object")
 
     e = _command(sub, "export", help="write a trace in another tool's format")
-    e.add_argument("--fio", metavar="TRACE", required=True,
-                   help="trace to export as fio iologs (version 3), one per process")
+    e.add_argument(
+        "--fio", metavar="TRACE", required=True, help="trace to export as fio iologs (version 3), one per process"
+    )
     e.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write (absent or empty)")
-    e.add_argument("--layer", choices=("block", "file"), default="block",
-                   help="block: device offsets, for replay_redirect onto a device (default); "
-                   "file: file offsets on the recorded paths")
+    e.add_argument(
+        "--layer",
+        choices=("block", "file"),
+        default="block",
+        help="block: device offsets, for replay_redirect onto a device (default); "
+        "file: file offsets on the recorded paths",
+    )
     e.add_argument("--dev", help="only this device: MAJ:MIN or its name")
     e.add_argument("--pid", type=int, help="only this process (tgid)")
     e.add_argument("--under", metavar="DIR", help="file layer: only the files under DIR (e.g. the dataset)")
-    e.add_argument("--by", choices=("process", "gpu"), default="process",
-                   help="one iolog per process (default) or per GPU of the job model (needs the file layer)")
+    e.add_argument(
+        "--by",
+        choices=("process", "gpu"),
+        default="process",
+        help="one iolog per process (default) or per GPU of the job model (needs the file layer)",
+    )
     e.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
     i = _command(sub, "import", help="turn another tool's trace into a trainio trace")
     src = i.add_mutually_exclusive_group(required=True)
-    src.add_argument("--dftracer", metavar="FILE", nargs="+",
-                     help="dftracer trace(s) (.pfw or .pfw.gz, JSON lines) into the file layer")
-    src.add_argument("--blktrace", metavar="FILE",
-                     help="blkparse text output, or blktrace's binary (NAME.blktrace.N or NAME), into the block layer")
+    src.add_argument(
+        "--dftracer",
+        metavar="FILE",
+        nargs="+",
+        help="dftracer trace(s) (.pfw or .pfw.gz, JSON lines) into the file layer",
+    )
+    src.add_argument(
+        "--blktrace",
+        metavar="FILE",
+        help="blkparse text output, or blktrace's binary (NAME.blktrace.N or NAME), into the block layer",
+    )
     i.add_argument("-o", "--output", required=True, metavar="DIR", help="trace directory to write (absent or empty)")
     i.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     return parser
@@ -212,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "export":
             from trainio_analysis.export_fio import export_fio, format_export
 
-            result = export_fio(args.fio, args.output, layer=args.layer, dev=args.dev, pid=args.pid,
-                                under=args.under, by=args.by)
+            result = export_fio(
+                args.fio, args.output, layer=args.layer, dev=args.dev, pid=args.pid, under=args.under, by=args.by
+            )
             print(dumps(result) if args.json else format_export(result, args.output))
         elif args.command == "import":
             from trainio_analysis.import_trace import format_import, import_blktrace, import_dftracer

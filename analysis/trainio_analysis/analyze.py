@@ -62,8 +62,7 @@ QD_DEFINITIONS = {
     "qd_hist_issue": "per-issue: fraction of requests that saw k in flight (incl. itself) "
     "when issued, from the kernel-recorded queue_depth column",
     "qd_hist_issue_computed": "per-issue, recomputed from issue_ns/complete_ns intervals",
-    "qd_hist_time": "time-weighted: fraction of the trace's wall time with k in flight; "
-    "its mean is iostat aqu-sz",
+    "qd_hist_time": "time-weighted: fraction of the trace's wall time with k in flight; its mean is iostat aqu-sz",
     "qd_hist_time_busy": "time-weighted over busy time only (k >= 1)",
 }
 
@@ -268,9 +267,7 @@ class _Analyzer:
             value = tr.row_group_constant(seg, i, self.group_col)
             if value is None:
                 return None
-            if (dev is not None and value != dev) or (
-                self.sel.pid is not None and value != self.sel.pid
-            ):
+            if (dev is not None and value != dev) or (self.sel.pid is not None and value != self.sel.pid):
                 continue
             found.add(value)
         return sorted(found)
@@ -349,9 +346,7 @@ class _Analyzer:
                 out[col] = value
         return out
 
-    def _prepare(
-        self, unit: tuple[tr.Segment, int, int, int], *, merge_partials: bool = False
-    ) -> _Chunk:
+    def _prepare(self, unit: tuple[tr.Segment, int, int, int], *, merge_partials: bool = False) -> _Chunk:
         """Read one row group and count what does not need order; keep what the sweep needs.
 
         ``merge_partials``: fold the rows of a block request that completed in parts (same
@@ -363,9 +358,7 @@ class _Analyzer:
         c = _Chunk()
         if "layer" in const:
             tr.check_constants(seg, index, const["layer"], const.get("op"))
-        if const.get("layer", self.layer) != self.layer or (
-            dev is not None and const.get("dev", dev) != dev
-        ):
+        if const.get("layer", self.layer) != self.layer or (dev is not None and const.get("dev", dev) != dev):
             return c  # the statistics say no row of this group is selected
         cols = ["issue_ns", "complete_ns", "bytes", "queue_depth"]
         cols += [k for k in ("layer", "op") if k not in const]
@@ -412,9 +405,7 @@ class _Analyzer:
         if self.group_col == "dev":
             if "dev" in const:
                 # a zero-stride view: one device, no per-row array needed
-                gid = np.broadcast_to(
-                    np.int64(self.dev_lookup.get(const["dev"], self.null_group)), (c.events,)
-                )
+                gid = np.broadcast_to(np.int64(self.dev_lookup.get(const["dev"], self.null_group)), (c.events,))
             else:
                 gid = pick(_codes(t["dev"], self.dev_lookup, self.null_group), mask)
         else:
@@ -425,7 +416,6 @@ class _Analyzer:
                 issue, complete, nbytes, kqd_all, op_code, gid = merged
                 mask = None  # the arrays are the selected requests already
         n_requests = issue.size
-
 
         # data transfers: throughput, sizes, latency (None: every row, empty: no row)
         def op_mask(op: str) -> np.ndarray | None:
@@ -495,9 +485,7 @@ class _Analyzer:
                 c.kernel_qd = {int(g[0]): np.bincount(kqd)}
             else:
                 width = int(kqd.max()) + 1
-                flat = np.bincount(
-                    g * width + kqd.astype(np.int64), minlength=(int(g.max()) + 1) * width
-                )
+                flat = np.bincount(g * width + kqd.astype(np.int64), minlength=(int(g.max()) + 1) * width)
                 grid = flat.reshape(-1, width)
                 c.kernel_qd = {int(k): grid[k] for k in np.flatnonzero(grid.sum(axis=1))}
             c.gid, c.issue, c.complete = g, pick(issue, counted), pick(complete, counted)
@@ -543,9 +531,7 @@ class _Analyzer:
         c.tl_read, c.tl_write = r["tl_read"], r["tl_write"]
         c.latency = r["latency"]
         c.latency_buckets = r["latency_buckets"]
-        c.latency_stats = (
-            r["latency_count"], r["latency_min"], r["latency_max"], r["latency_sum"]
-        )
+        c.latency_stats = (r["latency_count"], r["latency_min"], r["latency_max"], r["latency_sum"])
         c.size_counts = r["size_counts"]
         return r["kernel_qd"]
 
@@ -741,9 +727,7 @@ class _Analyzer:
         if self.bin_auto:
             tl_read, tl_write, tl_inflight = self._coarsen(acc, tl_read, tl_write, tl_inflight)
         self._tl_inflight = tl_inflight
-        return self._result(
-            acc, latency, size_counts, tl_read, tl_write, kernel_qd, groups, union_state
-        )
+        return self._result(acc, latency, size_counts, tl_read, tl_write, kernel_qd, groups, union_state)
 
     def _coarsen(self, acc: _Chunk, *timelines: np.ndarray) -> list[np.ndarray]:
         """Sum the fine bins into the smallest 1/2/5 x 10^k multiple of them that leaves
@@ -866,14 +850,10 @@ class _Analyzer:
             "latency_hist_us": _pow2_hist_us(latency),
             "latency_cdf_us": _cdf(latency),
             "size_hist": {
-                str(pow2_label(b)): float(n) / max(int(size_counts.sum()), 1)
-                for b, n in enumerate(size_counts)
-                if n
+                str(pow2_label(b)): float(n) / max(int(size_counts.sum()), 1) for b, n in enumerate(size_counts) if n
             },
             "size_counts": {str(pow2_label(b)): int(n) for b, n in enumerate(size_counts) if n},
-            "mean_size_bytes": data_bytes / (acc.reads + acc.writes)
-            if acc.reads + acc.writes
-            else 0.0,
+            "mean_size_bytes": data_bytes / (acc.reads + acc.writes) if acc.reads + acc.writes else 0.0,
             "idle_fraction": float(union_state.hist_time[0]) / duration_ns,
             "bursts": _bursts(union_state, self.burst_gap_ms, data_bytes),
             "idle_gap_hist_us": _pow2_hist_us(union_state.idle_gaps),
@@ -903,9 +883,7 @@ class _Analyzer:
             out["processes"] = self._processes(groups, out.get("job_model"))
         return out
 
-    def _processes(
-        self, groups: dict[int, GroupState], model: dict[str, Any] | None
-    ) -> list[dict[str, Any]]:
+    def _processes(self, groups: dict[int, GroupState], model: dict[str, Any] | None) -> list[dict[str, Any]]:
         gpu_of: dict[int, dict[str, Any]] = {}
         for gpu in (model or {}).get("gpus", []):
             for m in gpu["members"]:
@@ -927,13 +905,9 @@ class _Analyzer:
                 "files": int(files[gid]) if gid < files.size else 0,
                 "mean_read_size": nbytes / reads if reads else 0.0,
                 "concurrency": {
-                    "mean_issue": float((levels * qd[levels]).sum() / qd.sum())
-                    if qd.sum()
-                    else 0.0,
+                    "mean_issue": float((levels * qd[levels]).sum() / qd.sum()) if qd.sum() else 0.0,
                     "max": int(levels[-1]) if levels.size else 0,
-                    "mean_time": (
-                        _weighted_mean(state.hist_time) / max(self.window, 1) if state else 0.0
-                    ),
+                    "mean_time": (_weighted_mean(state.hist_time) / max(self.window, 1) if state else 0.0),
                 },
             }
             gpu = gpu_of.get(int(name))
@@ -1043,9 +1017,7 @@ def _sum_hists(hists: Any, dtype: Any = np.int64) -> np.ndarray:
     return total
 
 
-def _fractions(
-    hist: np.ndarray, *, total: float | None = None, offset: int = 0
-) -> dict[str, float]:
+def _fractions(hist: np.ndarray, *, total: float | None = None, offset: int = 0) -> dict[str, float]:
     denom = float(hist.sum()) if total is None else float(total)
     if denom <= 0:
         return {}
@@ -1180,7 +1152,7 @@ def recording(meta: dict[str, Any], path: str | os.PathLike[str]) -> dict[str, A
     started = None
     if isinstance(start, int) and isinstance(offset, int) and start + offset > 0:
         started = (
-            dt.datetime.fromtimestamp((start + offset) / 1e9, dt.timezone.utc)
+            dt.datetime.fromtimestamp((start + offset) / 1e9, dt.UTC)
             .isoformat(timespec="seconds")
             .replace("+00:00", "Z")
         )
@@ -1209,9 +1181,7 @@ def recording(meta: dict[str, Any], path: str | os.PathLike[str]) -> dict[str, A
                 "name": d.get("name"),
                 "size_bytes": d.get("size_bytes"),
                 "mounts": [
-                    f"{m.get('mount_point')} ({m.get('fstype')})"
-                    for m in d.get("mounts") or []
-                    if isinstance(m, dict)
+                    f"{m.get('mount_point')} ({m.get('fstype')})" for m in d.get("mounts") or [] if isinstance(m, dict)
                 ],
             }
         )
@@ -1221,9 +1191,7 @@ def recording(meta: dict[str, Any], path: str | os.PathLike[str]) -> dict[str, A
         "kernel": meta.get("kernel_release"),
         "command": command,
         "started_utc": started,
-        "duration_s": (end - start) / 1e9
-        if isinstance(start, int) and isinstance(end, int) and end >= start
-        else None,
+        "duration_s": (end - start) / 1e9 if isinstance(start, int) and isinstance(end, int) and end >= start else None,
         "devices": devices,
         "layers": meta.get("layers") if isinstance(meta.get("layers"), list) else sorted(events),
         "tracer_version": meta.get("tracer_version"),

@@ -54,9 +54,7 @@ def scores(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "throughput_window_rel_error": (wb - wa) / wa if wa else None,
         "iops_rel_error": (b["iops"] - a["iops"]) / a["iops"] if a["iops"] else None,
         "qd_w1_issue": w1_distance(a["qd_hist_issue"], b["qd_hist_issue"]),
-        "qd_w1_issue_computed": w1_distance(
-            a["qd_hist_issue_computed"], b["qd_hist_issue_computed"]
-        ),
+        "qd_w1_issue_computed": w1_distance(a["qd_hist_issue_computed"], b["qd_hist_issue_computed"]),
         "qd_w1_time": w1_distance(a["qd_hist_time"], b["qd_hist_time"]),
         "qd_w1_time_busy": w1_distance(a["qd_hist_time_busy"], b["qd_hist_time_busy"]),
         "qd_mean_time": {"a": a["qd_mean_time"], "b": b["qd_mean_time"]},

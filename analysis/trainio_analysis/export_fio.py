@@ -45,9 +45,7 @@ def _device_names(meta: dict[str, Any]) -> dict[str, str]:
 
 
 def _requests(trace: str, layer: str, dev: str | None, pid: int | None, under: str | None) -> pl.DataFrame:
-    lf = scan_trace(trace).filter(
-        (pl.col("layer") == layer) & pl.col("op").is_in(list(FIO_ACTIONS[layer]))
-    )
+    lf = scan_trace(trace).filter((pl.col("layer") == layer) & pl.col("op").is_in(list(FIO_ACTIONS[layer])))
     if under is not None:
         lf = lf.filter(pl.col("file").str.starts_with(under.rstrip("/") + "/"))
     if dev is not None:
@@ -58,15 +56,12 @@ def _requests(trace: str, layer: str, dev: str | None, pid: int | None, under: s
     df = lf.select(cols).collect()
     if layer == "block":
         # A request that completed in parts is several rows with its issue_ns: one I/O.
-        df = (
-            df.group_by(["dev", "op", "issue_ns", "pid", "tid", "queue_depth"], maintain_order=True)
-            .agg(
-                pl.col("offset").min(),
-                pl.col("bytes").sum(),
-                pl.col("complete_ns").max(),
-                pl.col("comm").first(),
-                pl.col("file").first(),
-            )
+        df = df.group_by(["dev", "op", "issue_ns", "pid", "tid", "queue_depth"], maintain_order=True).agg(
+            pl.col("offset").min(),
+            pl.col("bytes").sum(),
+            pl.col("complete_ns").max(),
+            pl.col("comm").first(),
+            pl.col("file").first(),
         )
         df = df.with_columns(pl.col("offset").fill_null(0))
     else:
@@ -156,18 +151,20 @@ def export_fio(
             # still in flight on it goes missing from its counts; at the end of the job
             # it reaps the I/O, then closes.
             write_text_atomically(out / f"{name}.iolog", "\n".join(head + body) + "\n")
-            jobs.append({
-                "iolog": f"{name}.iolog",
-                "gpu" if by == "gpu" else "pid": int(job),
-                "pids": sorted(set(rows["pid"].to_list())),
-                "comm": rows["comm"][0],
-                "requests": rows.height,
-                "bytes": int(rows["bytes"].sum()),
-                # in flight at once never exceeded the recorded depth; twice leaves room
-                # for a target slower than the original before the replay closes the loop
-                "iodepth": max(1, 2 * int(rows["queue_depth"].max())),
-                "targets": targets,
-            })
+            jobs.append(
+                {
+                    "iolog": f"{name}.iolog",
+                    "gpu" if by == "gpu" else "pid": int(job),
+                    "pids": sorted(set(rows["pid"].to_list())),
+                    "comm": rows["comm"][0],
+                    "requests": rows.height,
+                    "bytes": int(rows["bytes"].sum()),
+                    # in flight at once never exceeded the recorded depth; twice leaves room
+                    # for a target slower than the original before the replay closes the loop
+                    "iodepth": max(1, 2 * int(rows["queue_depth"].max())),
+                    "targets": targets,
+                }
+            )
         write_text_atomically(out / "replay.fio", _job_file(trace, layer, jobs))
     return {
         "layer": layer,
@@ -204,7 +201,12 @@ def _job_file(trace: str, layer: str, jobs: list[dict[str, Any]]) -> str:
         "",
     ]
     for job in jobs:
-        lines += [f"[{job['iolog'].removesuffix('.iolog')}]", f"read_iolog={job['iolog']}", f"iodepth={job['iodepth']}", ""]
+        lines += [
+            f"[{job['iolog'].removesuffix('.iolog')}]",
+            f"read_iolog={job['iolog']}",
+            f"iodepth={job['iodepth']}",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -214,8 +216,10 @@ def _names(targets: list[str], shown: int = 3) -> str:
 
 
 def format_export(summary: dict[str, Any], output: str) -> str:
-    lines = [f"trainio export: {len(summary['jobs'])} fio iolog(s) of the {summary['layer']} layer in {output}, "
-             f"one per {summary['by']}"]
+    lines = [
+        f"trainio export: {len(summary['jobs'])} fio iolog(s) of the {summary['layer']} layer in {output}, "
+        f"one per {summary['by']}"
+    ]
     for job in summary["jobs"]:
         lines.append(
             f"  {job['iolog']}: {job['requests']} requests, {job['bytes'] / 2**20:.2f} MiB, "

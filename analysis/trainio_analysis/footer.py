@@ -93,10 +93,7 @@ class _Reader:
             kinds = self.byte()
             if size > len(self.data):
                 raise _Corrupt("map longer than the footer")
-            return [
-                (self.value(kinds >> 4, depth + 1), self.value(kinds & 0x0F, depth + 1))
-                for _ in range(size)
-            ]
+            return [(self.value(kinds >> 4, depth + 1), self.value(kinds & 0x0F, depth + 1)) for _ in range(size)]
         if kind == _STRUCT:
             return self.struct(depth + 1)
         raise _Corrupt(f"unknown Thrift type {kind}")

@@ -13,8 +13,8 @@ wall clock) in ns; ``trainio.clock_offset_ns`` is 0. ``queue_depth`` is computed
 process from the intervals.
 
 blktrace (``--blktrace``) becomes the **block** layer: each request from its dispatch to
-the driver (``D``; after a requeue ``R``, the next ``D``) to its completion (``C``), with the scheduler insertion (``I``) as
-``insert_ns`` when it was seen; ``queue_depth`` is computed per device from the D/C
+the driver (``D``; after a requeue ``R``, the next ``D``) to its completion (``C``), with
+the scheduler insertion (``I``) as ``insert_ns`` when it was seen; ``queue_depth`` is computed per device from the D/C
 intervals. Input is blkparse's default text output, or blktrace's binary files, which
 are handed to ``blkparse``. Times are blkparse's, seconds since the trace started.
 
@@ -98,7 +98,7 @@ def import_dftracer(files: Sequence[str | os.PathLike[str]], output: str | os.Pa
     hostname = "?"
     events = 0
     for path in paths:
-        for lineno, ev in _json_lines(path):
+        for _lineno, ev in _json_lines(path):
             args = ev.get("args") or {}
             name = ev.get("name")
             if name == "FH" and "value" in args:
@@ -173,7 +173,10 @@ def import_dftracer(files: Sequence[str | os.PathLike[str]], output: str | os.Pa
             cols["error"].append(ret if ret is not None and ret < 0 else 0)
             cols["flags"].append(flags)
     if not cols["op"]:
-        msg = f"{paths[0]}: no POSIX open/read/write/close events (dftracer run without DFTRACER_INC_METADATA=1, or not a dftracer trace)"
+        msg = (
+            f"{paths[0]}: no POSIX open/read/write/close events "
+            "(dftracer run without DFTRACER_INC_METADATA=1, or not a dftracer trace)"
+        )
         raise InputError(msg)
     table = _finish(cols, layer="file", comm_of=lambda pid: _comm(commands.get(pid)))
     source = {
@@ -245,7 +248,9 @@ def _blkparse_text(path: Path) -> Iterator[str]:
         raise InputError(msg)
     proc = subprocess.Popen(
         ["blkparse", "-q", "-i", base.name, "-D", str(base.parent), "-o", "-"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     yield from proc.stdout
@@ -387,7 +392,9 @@ def _finish(cols: dict[str, list[Any]], *, layer: str, comm_of: Any = None) -> p
     return pa.table({k: pa.array(v) if not isinstance(v, np.ndarray) else v for k, v in data.items()})
 
 
-def _write(table: pa.Table, output: str | os.PathLike[str], meta: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:
+def _write(
+    table: pa.Table, output: str | os.PathLike[str], meta: dict[str, Any], source: dict[str, Any]
+) -> dict[str, Any]:
     meta = {**meta, "hostname": meta.get("hostname", "?"), "kernel_release": meta.get("kernel_release", "?")}
     with output_directory(output) as out:
         write_trace(out, table, meta)

@@ -131,7 +131,10 @@ def _timeline(results: list[tuple[str, dict[str, Any]]]) -> go.Figure:
         b = r["throughput_mib_s"]["bin_s"]
         titles += [f"{name}: throughput per {_seconds(b)} bin", f"{name}: queue depth (mean per bin)"]
     fig = make_subplots(
-        rows=2 * n, cols=1, shared_xaxes=True, vertical_spacing=0.06 / max(n, 1),
+        rows=2 * n,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06 / max(n, 1),
         subplot_titles=titles,
     )
     for i, (name, r) in enumerate(results):
@@ -142,19 +145,39 @@ def _timeline(results: list[tuple[str, dict[str, Any]]]) -> go.Figure:
             fig.layout.annotations[2 * i].text += f" (drawn at {_seconds(tp['bin_s'] * factor)})"
         mode = "lines+markers" if len(t) <= 60 else "lines"
         row = 2 * i + 1
-        fig.add_trace(go.Scatter(name=f"{name} read", x=t, y=rd, mode=mode, line_shape="hv",
-                                 legendgroup=name, line_color="#1f77b4"), row=row, col=1)
+        fig.add_trace(
+            go.Scatter(
+                name=f"{name} read", x=t, y=rd, mode=mode, line_shape="hv", legendgroup=name, line_color="#1f77b4"
+            ),
+            row=row,
+            col=1,
+        )
         if any(wr):
-            fig.add_trace(go.Scatter(name=f"{name} write", x=t, y=wr, mode=mode, line_shape="hv",
-                                     legendgroup=name, line_color="#d62728"), row=row, col=1)
-        fig.add_trace(go.Scatter(name=f"{name} queue depth", x=t, y=qd, mode=mode, line_shape="hv",
-                                 legendgroup=name, line_color="#2ca02c", fill="tozeroy"),
-                      row=row + 1, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    name=f"{name} write", x=t, y=wr, mode=mode, line_shape="hv", legendgroup=name, line_color="#d62728"
+                ),
+                row=row,
+                col=1,
+            )
+        fig.add_trace(
+            go.Scatter(
+                name=f"{name} queue depth",
+                x=t,
+                y=qd,
+                mode=mode,
+                line_shape="hv",
+                legendgroup=name,
+                line_color="#2ca02c",
+                fill="tozeroy",
+            ),
+            row=row + 1,
+            col=1,
+        )
         fig.update_yaxes(title_text="MiB/s", row=row, col=1, rangemode="tozero")
         fig.update_yaxes(title_text="queue depth", row=row + 1, col=1, rangemode="tozero")
     fig.update_xaxes(title_text="time since trace start (s)", row=2 * n, col=1)
-    fig.update_layout(title="Throughput (reads and writes apart) and queue depth over time",
-                      height=260 * 2 * n + 120)
+    fig.update_layout(title="Throughput (reads and writes apart) and queue depth over time", height=260 * 2 * n + 120)
     return fig
 
 
@@ -164,28 +187,36 @@ def _latency_cdf(results: list[tuple[str, dict[str, Any]]]) -> go.Figure:
     for i, (name, r) in enumerate(results):
         cdf = r["latency_cdf_us"]
         color = colors[i % len(colors)]
-        fig.add_trace(go.Scatter(name=name, x=cdf["us"], y=cdf["p"], mode="lines",
-                                 line_color=color))
+        fig.add_trace(go.Scatter(name=name, x=cdf["us"], y=cdf["p"], mode="lines", line_color=color))
         lat = r["latency_us"]
-        marks = [(k, label) for k, label in (("p50", "p50"), ("p99", "p99"), ("p999", "p99.9"))
-                 if lat.get(k) is not None and lat[k] == lat[k]]
-        fig.add_trace(go.Scatter(
-            name=f"{name} p50 / p99 / p99.9", x=[lat[k] for k, _ in marks],
-            y=[{"p50": 0.5, "p99": 0.99, "p999": 0.999}[k] for k, _ in marks],
-            text=[f"{label} {_us_label(int(lat[k])) if lat[k] >= 1 else f'{lat[k]:.2f} µs'}"
-                  for k, label in marks],
-            mode="markers+text", textposition="middle left", marker={"size": 9, "color": color,
-                                                                    "symbol": "diamond"},
-            showlegend=False))
-    fig.update_layout(title="Latency CDF (issue to completion) with p50, p99, p99.9",
-                      xaxis_title="latency (µs, log scale)", yaxis_title="fraction of requests ≤ x",
-                      xaxis_type="log", yaxis_tickformat=".0%")
+        marks = [
+            (k, label)
+            for k, label in (("p50", "p50"), ("p99", "p99"), ("p999", "p99.9"))
+            if lat.get(k) is not None and lat[k] == lat[k]
+        ]
+        fig.add_trace(
+            go.Scatter(
+                name=f"{name} p50 / p99 / p99.9",
+                x=[lat[k] for k, _ in marks],
+                y=[{"p50": 0.5, "p99": 0.99, "p999": 0.999}[k] for k, _ in marks],
+                text=[f"{label} {_us_label(int(lat[k])) if lat[k] >= 1 else f'{lat[k]:.2f} µs'}" for k, label in marks],
+                mode="markers+text",
+                textposition="middle left",
+                marker={"size": 9, "color": color, "symbol": "diamond"},
+                showlegend=False,
+            )
+        )
+    fig.update_layout(
+        title="Latency CDF (issue to completion) with p50, p99, p99.9",
+        xaxis_title="latency (µs, log scale)",
+        yaxis_title="fraction of requests ≤ x",
+        xaxis_type="log",
+        yaxis_tickformat=".0%",
+    )
     return fig
 
 
-def _gpus(
-    results: list[tuple[str, dict[str, Any]]], files: list[tuple[str, dict[str, Any] | None]]
-) -> go.Figure:
+def _gpus(results: list[tuple[str, dict[str, Any]]], files: list[tuple[str, dict[str, Any] | None]]) -> go.Figure:
     """Per GPU of the job model (a rank and its workers; launchers left out), else per
     process, else per device."""
     fig = go.Figure()
@@ -195,38 +226,65 @@ def _gpus(
             if not m or not m.get("gpus"):
                 continue
             gpus = m["gpus"]
-            fig.add_trace(go.Bar(
-                name=name,
-                x=[f"GPU {g['index']}" for g in gpus],
-                y=[g["bytes"] / 2**20 for g in gpus],
-                customdata=[[g["rank_pid"], g["comm"] or "", len(g["members"]),
-                             g["compute_s"] or 0, g["required_mib_s"] or 0] for g in gpus],
-                hovertemplate="%{y:.1f} MiB, rank %{customdata[0]} %{customdata[1]}, "
-                "%{customdata[2]} processes, compute %{customdata[3]:.3f} s/step, "
-                "needs %{customdata[4]:.1f} MiB/s<extra></extra>",
-            ))
-        fig.update_layout(barmode="group", title="Per GPU (rank + its DataLoader workers; "
-                          "launcher processes left out): data read", xaxis_title="GPU (job model)",
-                          yaxis_title="MiB read", xaxis_type="category")
+            fig.add_trace(
+                go.Bar(
+                    name=name,
+                    x=[f"GPU {g['index']}" for g in gpus],
+                    y=[g["bytes"] / 2**20 for g in gpus],
+                    customdata=[
+                        [
+                            g["rank_pid"],
+                            g["comm"] or "",
+                            len(g["members"]),
+                            g["compute_s"] or 0,
+                            g["required_mib_s"] or 0,
+                        ]
+                        for g in gpus
+                    ],
+                    hovertemplate="%{y:.1f} MiB, rank %{customdata[0]} %{customdata[1]}, "
+                    "%{customdata[2]} processes, compute %{customdata[3]:.3f} s/step, "
+                    "needs %{customdata[4]:.1f} MiB/s<extra></extra>",
+                )
+            )
+        fig.update_layout(
+            barmode="group",
+            title="Per GPU (rank + its DataLoader workers; launcher processes left out): data read",
+            xaxis_title="GPU (job model)",
+            yaxis_title="MiB read",
+            xaxis_type="category",
+        )
         return fig
     if any(fr and fr.get("processes") for _, fr in files):
         for name, fr in files:
             if fr is None:
                 continue
             procs = [p for p in fr.get("processes", []) if p["bytes"]]
-            fig.add_trace(go.Bar(name=name, x=[f"{p['pid']} {p['comm'] or ''}".strip() for p in procs],
-                                 y=[p["bytes"] / 2**20 for p in procs]))
-        fig.update_layout(barmode="group", title="Per process read streams (no job model: "
-                          "the analyzer's native extension is not built)", xaxis_title="process",
-                          yaxis_title="MiB read", xaxis_type="category")
+            fig.add_trace(
+                go.Bar(
+                    name=name,
+                    x=[f"{p['pid']} {p['comm'] or ''}".strip() for p in procs],
+                    y=[p["bytes"] / 2**20 for p in procs],
+                )
+            )
+        fig.update_layout(
+            barmode="group",
+            title="Per process read streams (no job model: the analyzer's native extension is not built)",
+            xaxis_title="process",
+            yaxis_title="MiB read",
+            xaxis_type="category",
+        )
         return fig
     for name, r in results:
         groups = r["groups"]
         fig.add_trace(go.Bar(name=name, x=list(groups), y=[g["utilization"] for g in groups.values()]))
-    fig.update_layout(barmode="group", xaxis_type="category", yaxis_tickformat=".0%",
-                      title=f"Per-{results[0][1]['selection']['grouped_by']} streams: "
-                      "utilization (no file layer recorded)",
-                      xaxis_title=results[0][1]["selection"]["grouped_by"], yaxis_title="busy time")
+    fig.update_layout(
+        barmode="group",
+        xaxis_type="category",
+        yaxis_tickformat=".0%",
+        title=f"Per-{results[0][1]['selection']['grouped_by']} streams: utilization (no file layer recorded)",
+        xaxis_title=results[0][1]["selection"]["grouped_by"],
+        yaxis_title="busy time",
+    )
     return fig
 
 
@@ -236,18 +294,33 @@ def _sweep_figure(sweeps: list[tuple[str, dict[str, Any]]]) -> go.Figure:
     for name, sw in sweeps:
         curve = sorted(sw["curve"], key=lambda c: c["gpus"])
         threshold = sw.get("threshold_percent", threshold)
-        fig.add_trace(go.Scatter(
-            name=f"{name}: AU (supported {sw['supported_gpus']})", x=[c["gpus"] for c in curve],
-            y=[c["au_percent"] for c in curve], mode="lines+markers",
-            marker={"symbol": ["circle" if c.get("pass") else "x" for c in curve], "size": 9}))
+        fig.add_trace(
+            go.Scatter(
+                name=f"{name}: AU (supported {sw['supported_gpus']})",
+                x=[c["gpus"] for c in curve],
+                y=[c["au_percent"] for c in curve],
+                mode="lines+markers",
+                marker={"symbol": ["circle" if c.get("pass") else "x" for c in curve], "size": 9},
+            )
+        )
         if all("au_min_percent" in c for c in curve):
-            fig.add_trace(go.Scatter(name=f"{name}: slowest GPU's AU", x=[c["gpus"] for c in curve],
-                                     y=[c["au_min_percent"] for c in curve], mode="lines",
-                                     line_dash="dot"))
+            fig.add_trace(
+                go.Scatter(
+                    name=f"{name}: slowest GPU's AU",
+                    x=[c["gpus"] for c in curve],
+                    y=[c["au_min_percent"] for c in curve],
+                    mode="lines",
+                    line_dash="dot",
+                )
+            )
     if threshold is not None:
         fig.add_hline(y=threshold, line_dash="dash", annotation_text=f"threshold {threshold:g} %")
-    fig.update_layout(title="Sweep: accelerator utilization (AU) vs simulated GPUs",
-                      xaxis_title="simulated GPUs", yaxis_title="AU (%)", xaxis_type="log")
+    fig.update_layout(
+        title="Sweep: accelerator utilization (AU) vs simulated GPUs",
+        xaxis_title="simulated GPUs",
+        yaxis_title="AU (%)",
+        xaxis_type="log",
+    )
     return fig
 
 
@@ -258,30 +331,45 @@ def _figures(
 ) -> dict[str, go.Figure]:
     figs: dict[str, go.Figure] = {"timeline": _timeline(results)}
     figs["qd-issue"] = _bars(
-        results, "qd_hist_issue",
+        results,
+        "qd_hist_issue",
         title="Queue depth per issue (fraction of requests that saw k in flight, incl. itself)",
-        xaxis="queue depth k", yaxis="requests",
+        xaxis="queue depth k",
+        yaxis="requests",
     )
     idle = ", ".join(f"{name} {r['qd_hist_time'].get('0', 0.0):.1%}" for name, r in results)
     figs["qd-time"] = _bars(
-        results, "qd_hist_time", skip={"0"}, total=False,
-        title=f"Queue depth time-weighted, k ≥ 1 (k = 0, nothing in flight: {idle} of the time, "
-        "not drawn)",
-        xaxis="queue depth k", yaxis="fraction of wall time",
+        results,
+        "qd_hist_time",
+        skip={"0"},
+        total=False,
+        title=f"Queue depth time-weighted, k ≥ 1 (k = 0, nothing in flight: {idle} of the time, not drawn)",
+        xaxis="queue depth k",
+        yaxis="fraction of wall time",
     )
     figs["qd-time-busy"] = _bars(
-        results, "qd_hist_time_busy",
+        results,
+        "qd_hist_time_busy",
         title="Queue depth time-weighted, busy time only (k ≥ 1)",
-        xaxis="queue depth k", yaxis="fraction of busy time",
+        xaxis="queue depth k",
+        yaxis="fraction of busy time",
     )
     figs["sizes"] = _bars(
-        results, "size_hist", title="Request sizes (power-of-two buckets)",
-        xaxis="request size ≥", yaxis="requests", fmt=_bytes_label,
+        results,
+        "size_hist",
+        title="Request sizes (power-of-two buckets)",
+        xaxis="request size ≥",
+        yaxis="requests",
+        fmt=_bytes_label,
     )
     figs["latency-cdf"] = _latency_cdf(results)
     figs["gaps"] = _bars(
-        results, "idle_gap_hist_us", title="Idle gaps between busy periods",
-        xaxis="idle gap ≥", yaxis="gaps", fmt=_us_label,
+        results,
+        "idle_gap_hist_us",
+        title="Idle gaps between busy periods",
+        xaxis="idle gap ≥",
+        yaxis="gaps",
+        fmt=_us_label,
     )
     figs["gpus"] = _gpus(results, files)
     if sweeps:
@@ -323,23 +411,43 @@ def _summary(
         ("devices", lambda k, r: devices(r)),
         ("GPUs found", lambda k, r: str(len(model(k).get("gpus", []))) if model(k) else "–"),
         ("compute per step", lambda k, r: _seconds(model(k).get("compute_s"))),
-        ("bytes per step", lambda k, r: _bytes_label(int(model(k)["bytes_per_step"]))
-         if model(k).get("bytes_per_step") else "–"),
+        (
+            "bytes per step",
+            lambda k, r: _bytes_label(int(model(k)["bytes_per_step"])) if model(k).get("bytes_per_step") else "–",
+        ),
         ("MiB/s needed per GPU", lambda k, r: mib_s(model(k).get("required_mib_s_per_gpu"))),
-        ("launcher processes left out", lambda k, r: ", ".join(
-            f"{p.get('pid')} {p.get('comm') or ''}".strip() for p in model(k).get("left_out", [])
-        ) or "none"),
+        (
+            "launcher processes left out",
+            lambda k, r: (
+                ", ".join(f"{p.get('pid')} {p.get('comm') or ''}".strip() for p in model(k).get("left_out", []))
+                or "none"
+            ),
+        ),
         ("layer", lambda k, r: r["selection"]["layer"]),
         ("events", lambda k, r: f"{r['events']:,}"),
-        ("mean throughput", lambda k, r: f"{r['throughput_mib_s']['mean']:.1f} MiB/s "
-         f"(active {r['throughput_active_mib_s']:.1f}, peak {r['throughput_mib_s']['peak']:.1f})"),
+        (
+            "mean throughput",
+            lambda k, r: (
+                f"{r['throughput_mib_s']['mean']:.1f} MiB/s "
+                f"(active {r['throughput_active_mib_s']:.1f}, peak {r['throughput_mib_s']['peak']:.1f})"
+            ),
+        ),
         ("IOPS", lambda k, r: f"{r['iops']:.0f}"),
         ("QD mean per issue / max", lambda k, r: f"{r['qd_mean_issue']:.2f} / {r['qd_max']}"),
         ("QD mean time (aqu-sz)", lambda k, r: f"{r['qd_mean_time']:.2f}"),
         ("utilization / idle", lambda k, r: f"{r['utilization']:.1%} / {r['idle_fraction']:.1%}"),
-        ("latency p50 / p99 / p99.9", lambda k, r: " / ".join(
-            "–" if r["latency_us"][p] is None or r["latency_us"][p] != r["latency_us"][p]
-            else f"{r['latency_us'][p]:.1f}" for p in ("p50", "p99", "p999")) + " µs"),
+        (
+            "latency p50 / p99 / p99.9",
+            lambda k, r: (
+                " / ".join(
+                    "–"
+                    if r["latency_us"][p] is None or r["latency_us"][p] != r["latency_us"][p]
+                    else f"{r['latency_us'][p]:.1f}"
+                    for p in ("p50", "p99", "p999")
+                )
+                + " µs"
+            ),
+        ),
         ("bursts", lambda k, r: f"{r['bursts']['count']} (mean gap {r['bursts']['mean_gap_s'] * 1e3:.1f} ms)"),
         ("lost events", lambda k, r: f"{r['lost_events']['total']:,}"),
     ]
@@ -351,7 +459,7 @@ def _summary(
         for label, fn in rows
     )
     sweep_lines = "".join(
-        f"<p class=\"answer\">Sweep {html.escape(name)} ({html.escape(str(sw.get('workload', '')))}): "
+        f'<p class="answer">Sweep {html.escape(name)} ({html.escape(str(sw.get("workload", "")))}): '
         f"<b>{int(sw['supported_gpus'])} GPUs supported</b> at AU ≥ {sw.get('threshold_percent', 90):g} %"
         + (" (the sweep stopped at its --max-gpus)" if sw.get("limited_by_max_gpus") else "")
         + "</p>"
@@ -421,16 +529,13 @@ def read_sweep(path: str) -> tuple[str, dict[str, Any]]:
         and isinstance(sw.get("curve"), list)
         and sw["curve"]
         and all(
-            isinstance(c, dict)
-            and isinstance(c.get("gpus"), int)
-            and isinstance(c.get("au_percent"), (int, float))
+            isinstance(c, dict) and isinstance(c.get("gpus"), int) and isinstance(c.get("au_percent"), (int, float))
             for c in sw["curve"]
         )
     )
     if not ok:
         msg = (
-            f"--sweep {path}: not a trainio sweep --json file "
-            "(needs supported_gpus and a curve of gpus and au_percent)"
+            f"--sweep {path}: not a trainio sweep --json file (needs supported_gpus and a curve of gpus and au_percent)"
         )
         raise TrainioError(msg)
     return Path(path).name, sw
@@ -474,9 +579,7 @@ def write_report(
     text = render(results, files, sweep_data)
     out = Path(output)
     try:
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{out.name}.", suffix=".tmp", dir=out.parent if str(out.parent) else "."
-        )
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent if str(out.parent) else ".")
     except OSError as exc:
         msg = f"{out}: cannot write ({exc.strerror})"
         raise TrainioError(msg) from None

@@ -55,8 +55,7 @@ def format_summary(r: dict[str, Any]) -> str:
         f"trace {r['trace']}  ({', '.join(where)}; {sel['groups']} {sel['grouped_by']}"
         f"{'s' if sel['groups'] != 1 else ''})"
         + (f"  [also recorded: {', '.join(others)}: use --layer]" if others else ""),
-        f"  events       {r['events']:,}  ({r['reads']:,} reads, {r['writes']:,} writes)"
-        f" over {r['duration_s']:.3f} s",
+        f"  events       {r['events']:,}  ({r['reads']:,} reads, {r['writes']:,} writes) over {r['duration_s']:.3f} s",
         f"  bytes        read {_size(r['bytes_read'])}, written {_size(r['bytes_written'])}",
         f"  throughput   mean {tp['mean']:.1f} MiB/s (read {tp['read_mean']:.1f}, write "
         f"{tp['write_mean']:.1f}), peak {tp['peak']:.1f} MiB/s per {tp['bin_s']:g} s bin",
@@ -91,8 +90,7 @@ def format_summary(r: dict[str, Any]) -> str:
             f"{_size(p['bytes']):>10} {p['files']:>6} files  mean {_size(p['mean_read_size'])}"
             f"  conc {p['concurrency']['mean_time']:.2f}"
             + (
-                f"  compute {p['compute_time_s'] * 1e3:.1f} ms, "
-                f"{_opt(p['required_mib_s_per_gpu'], '.1f')} MiB/s/GPU"
+                f"  compute {p['compute_time_s'] * 1e3:.1f} ms, {_opt(p['required_mib_s_per_gpu'], '.1f')} MiB/s/GPU"
                 if p["compute_time_s"] is not None
                 else ""
             )
@@ -123,10 +121,7 @@ def _model_lines(m: dict | None) -> list[str]:
     """The job model: one line per GPU, what was left out, and why a trace is incomplete."""
     if not m:
         return []
-    out = [
-        f"  job model    {len(m['gpus'])} GPU(s): {m['grouping']}; data device "
-        f"{m['data_dev'] or '?'}"
-    ]
+    out = [f"  job model    {len(m['gpus'])} GPU(s): {m['grouping']}; data device {m['data_dev'] or '?'}"]
     for g in m["gpus"]:
         workers = [str(x["pid"]) for x in g["members"] if x["role"] == "worker"]
         c = g["compute_s"]
@@ -136,11 +131,7 @@ def _model_lines(m: dict | None) -> list[str]:
             + f"; {len(g['steps'])} steps ({g['step_signal']}), "
             + (f"compute {c * 1e3:.1f} ms/step, " if c is not None else "")
             + f"{_size(g['bytes_per_step'])}/step, {g['samples_per_step']:.1f} samples/step"
-            + (
-                f", needs {g['required_mib_s']:.1f} MiB/s"
-                if g["required_mib_s"] is not None
-                else ""
-            )
+            + (f", needs {g['required_mib_s']:.1f} MiB/s" if g["required_mib_s"] is not None else "")
             + (f", AU {g['au_recorded'] * 100:.1f}%" if g["au_recorded"] is not None else "")
         )
         bursts = g.get("write_bursts") or []

@@ -217,9 +217,7 @@ class GroupState:
     # bursts: busy periods merged across idle gaps shorter than the threshold
     burst_starts: Int64Series = field(default_factory=Int64Series)
     burst_ends: Int64Series = field(default_factory=Int64Series)
-    burst_gaps: Int64Series = field(
-        default_factory=Int64Series
-    )  # idle gap before each burst but the first
+    burst_gaps: Int64Series = field(default_factory=Int64Series)  # idle gap before each burst but the first
     # only its histogram is reported: a small exact part keeps many groups cheap
     idle_gaps: QuantileSketch = field(default_factory=lambda: QuantileSketch(exact_limit=4096))
     busy_periods: int = 0
@@ -303,9 +301,7 @@ class QueueDepthSweep:
             if ready.size:
                 self._sweep(state, ready)
 
-    def split(
-        self, gid: np.ndarray, issue: np.ndarray, complete: np.ndarray, offset: int = 0
-    ) -> dict[int, np.ndarray]:
+    def split(self, gid: np.ndarray, issue: np.ndarray, complete: np.ndarray, offset: int = 0) -> dict[int, np.ndarray]:
         """Sorted event keys of each group in the chunk (times minus ``offset``)."""
         if gid.size == 0:
             return {}
@@ -403,9 +399,7 @@ class QueueDepthSweep:
         self.advance(None)
         for state in self.groups.values():
             tail = max(self.window_end - state.last_t, 0)
-            state.hist_time = _grow_add(
-                state.hist_time, np.bincount([state.carry], weights=[float(tail)])
-            )
+            state.hist_time = _grow_add(state.hist_time, np.bincount([state.carry], weights=[float(tail)]))
             state.last_t = max(state.last_t, self.window_end)
             if len(state.burst_ends) < len(state.burst_starts) and state.last_end is not None:
                 state.burst_ends.append(state.last_end)
@@ -488,9 +482,7 @@ class TailExchange:
                     self._tails[j] = {}
 
 
-def sweep_slices(
-    exchange: TailExchange, k: int, per_group: dict[int, np.ndarray]
-) -> dict[int, ChunkSummary | None]:
+def sweep_slices(exchange: TailExchange, k: int, per_group: dict[int, np.ndarray]) -> dict[int, ChunkSummary | None]:
     """Worker side of chunk k: publish its tail, take what earlier chunks left, summarize."""
     ready, tail = exchange.split_own(k, per_group)
     exchange.publish(k, tail)

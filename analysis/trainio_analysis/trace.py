@@ -208,9 +208,7 @@ def _type_ok(name: str, got: pa.DataType) -> bool:
     """SCHEMA.md: any dictionary key width or plain UTF-8 for the string columns, any
     integer width for the integer columns."""
     if name in STRING_COLUMNS:
-        return _is_string_type(got) or (
-            pa.types.is_dictionary(got) and _is_string_type(got.value_type)
-        )
+        return _is_string_type(got) or (pa.types.is_dictionary(got) and _is_string_type(got.value_type))
     return pa.types.is_integer(got)
 
 
@@ -337,8 +335,7 @@ def _with_optional_columns(lf: pl.LazyFrame, names: Iterable[str]) -> pl.LazyFra
     if not absent:
         return lf
     lf = lf.with_columns(
-        pl.lit(None, dtype=pl.from_arrow(pa.array([], COLUMN_TYPES[c])).dtype).alias(c)
-        for c in absent
+        pl.lit(None, dtype=pl.from_arrow(pa.array([], COLUMN_TYPES[c])).dtype).alias(c) for c in absent
     )
     return lf.select([n for n, _, _ in COLUMNS])
 
@@ -360,9 +357,7 @@ def scan_segments(segments: Sequence[Segment]) -> pl.LazyFrame:
     )
 
 
-def iter_row_groups(
-    segments: Sequence[Segment], columns: Sequence[str]
-) -> Iterator[tuple[Segment, int, pa.Table]]:
+def iter_row_groups(segments: Sequence[Segment], columns: Sequence[str]) -> Iterator[tuple[Segment, int, pa.Table]]:
     """Yield (segment, row-group index, table of ``columns``) one row group at a time."""
     for seg in segments:
         for i in range(len(seg.row_groups)):
@@ -463,10 +458,7 @@ def check_rows(
         early = complete < issue
         if early.any():
             row = _first_true(early)
-            msg = (
-                f"{_where(segment, index, row)}: complete_ns {complete[row]} < "
-                f"issue_ns {issue[row]}"
-            )
+            msg = f"{_where(segment, index, row)}: complete_ns {complete[row]} < issue_ns {issue[row]}"
             raise TraceError(msg)
     if "layer" in table.column_names or layer is not None:
         _check_layers_ops(segment, index, table, layer, op)
@@ -486,9 +478,7 @@ def dictionary_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
     return codes.astype(np.int64), values
 
 
-def _check_layers_ops(
-    segment: Segment, index: int, table: pa.Table, layer: str | None, op: str | None
-) -> None:
+def _check_layers_ops(segment: Segment, index: int, table: pa.Table, layer: str | None, op: str | None) -> None:
     names = table.column_names
     n = table.num_rows
     if n and "layer" not in names and "op" not in names:
@@ -579,9 +569,7 @@ def row_group_constant(segment: Segment, index: int, column: str) -> str | int |
     if stats is None or not stats.has_min_max or stats.null_count != 0 or stats.min != stats.max:
         return None
     # a writer may truncate long string bounds: only exact ones prove a constant
-    if not (
-        getattr(stats, "is_min_value_exact", True) and getattr(stats, "is_max_value_exact", True)
-    ):
+    if not (getattr(stats, "is_min_value_exact", True) and getattr(stats, "is_max_value_exact", True)):
         return None
     value = stats.min
     return value.decode() if isinstance(value, bytes) else value
@@ -806,9 +794,7 @@ class TraceWriter:
             compression="zstd",
             write_statistics=True,
             use_dictionary=sorted(STRING_COLUMNS),
-            column_encoding={
-                n: "DELTA_BINARY_PACKED" for n, _, _ in COLUMNS if n not in STRING_COLUMNS
-            },
+            column_encoding={n: "DELTA_BINARY_PACKED" for n, _, _ in COLUMNS if n not in STRING_COLUMNS},
         )
         self._seg_rows = 0
 
@@ -863,9 +849,7 @@ def write_trace(
     iterator of such chunks (a generator: each item is written as it comes, so a trace
     larger than memory can be produced).
     """
-    with TraceWriter(
-        directory, metadata, rows_per_segment=rows_per_segment, row_group_rows=row_group_rows
-    ) as writer:
+    with TraceWriter(directory, metadata, rows_per_segment=rows_per_segment, row_group_rows=row_group_rows) as writer:
         if isinstance(rows, Iterator):
             for chunk in rows:
                 writer.write(chunk)

@@ -1,5 +1,6 @@
 //! The model on rows shaped as the recorder writes them for a PyTorch job: ranks under a
 //! launcher, DataLoader workers handing batches over a pipe, or ranks reading themselves.
+#![allow(clippy::too_many_arguments)] // row builders take a row's fields positionally
 use super::*;
 use std::sync::Arc;
 
@@ -286,8 +287,7 @@ fn without_proc_rows_every_reader_is_a_gpu_and_a_note_says_so() {
 
 #[test]
 fn block_reads_the_file_layer_did_not_see_make_the_trace_incomplete() {
-    let mut input = Input::default();
-    input.has_block = true;
+    let mut input = Input { has_block: true, ..Input::default() };
     // an io_uring reader: 1 GiB at the block layer, 34 KiB of library reads as syscalls
     input.proc_rows.push(proc_row("start", 500, 1, "trainio-replay", 0));
     input.file.push(OwnedRow {
@@ -301,8 +301,7 @@ fn block_reads_the_file_layer_did_not_see_make_the_trace_incomplete() {
     assert!(msg.contains("pid 500") && msg.contains("mmap or io_uring"), "{msg}");
     assert_eq!(m.coverage.len(), 1, "only traced processes count");
     // fio forks its job: the child reads through io_uring, the parent only its libraries
-    let mut input = Input::default();
-    input.has_block = true;
+    let mut input = Input { has_block: true, ..Input::default() };
     input.proc_rows.push(proc_row("start", 600, 1, "fio", 0));
     input.proc_rows.push(proc_row("fork", 601, 600, "fio", 2 * MS));
     input.file.push(OwnedRow {
@@ -314,8 +313,7 @@ fn block_reads_the_file_layer_did_not_see_make_the_trace_incomplete() {
     let msg = m.incomplete.expect("the child's reads are the GPU's");
     assert!(msg.contains("pid 601"), "{msg}");
     // buffered reads the file layer saw are complete
-    let mut input = Input::default();
-    input.has_block = true;
+    let mut input = Input { has_block: true, ..Input::default() };
     rank_alone(&mut input, 200, 100, 4, 8, 50, 10);
     input.add_block_read(200, 1_100 * MS, 40 * MIB);
     // a launcher that faulted in its libraries through mmap: noted, not incomplete

@@ -168,7 +168,7 @@ impl CheckpointSpec {
         };
         let time_between = match number(ckpt, "checkpoint", "time_between_checkpoints")? {
             None => 0.0,
-            Some(v) if v == -1.0 => 0.0,
+            Some(-1.0) => 0.0,
             Some(v) if v >= 0.0 && v.is_finite() => v,
             Some(v) => {
                 bail!("checkpoint.time_between_checkpoints must be ≥ 0 seconds (or -1), got {v}")
@@ -344,7 +344,7 @@ impl Plan {
             if spec.data.is_some() {
                 bail!("model.parallelism.data is only for checkpoint mode subset (default mode takes DP = --gpus / (TP×PP))");
             }
-            if gpus % mp != 0 {
+            if !gpus.is_multiple_of(mp) {
                 bail!(
                     "--gpus {gpus} is not a multiple of TP×PP = {}×{} = {mp} (default checkpoint mode: every simulated GPU is one rank of TP×PP×DP)",
                     spec.tensor,
@@ -651,7 +651,7 @@ mod tests {
         full.data = None;
         let full = Plan::new(&full, 512).unwrap();
         for r in 0..8 {
-            assert_eq!(sub.files[r], full.files[r as usize]);
+            assert_eq!(sub.files[r], full.files[r]);
         }
         assert!(Plan::new(&spec, 513).is_err());
     }

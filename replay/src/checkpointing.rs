@@ -102,11 +102,11 @@ impl Checkpointer {
 
 pub fn due(spec: &CheckpointSpec, epoch: u64, step: u64, steps_per_epoch: u64) -> bool {
     match spec.steps_between_checkpoints {
-        Some(k) => step % k == 0,
+        Some(k) => step.is_multiple_of(k),
         None => {
             step == steps_per_epoch
                 && epoch >= spec.checkpoint_after_epoch
-                && (epoch - spec.checkpoint_after_epoch) % spec.epochs_between_checkpoints == 0
+                && (epoch - spec.checkpoint_after_epoch).is_multiple_of(spec.epochs_between_checkpoints)
         }
     }
 }

@@ -558,6 +558,7 @@ impl Job {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn execute<P: Program>(
         &self,
         cluster: &Cluster,

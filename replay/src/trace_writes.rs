@@ -178,7 +178,7 @@ mod tests {
             call(&b, 0, 0, Some("fdatasync")),
         ];
         let mut buf = Vec::new();
-        let done = run_bursts(&[calls.clone()], &mut buf).unwrap();
+        let done = run_bursts(std::slice::from_ref(&calls), &mut buf).unwrap();
         let io = &done[0].0;
         assert_eq!((io.bytes, io.writes, io.syncs, io.files), (8192 + 100 + 4096, 3, 3, 2));
         assert_eq!(buf.len(), 8192, "the buffer holds the longest write");

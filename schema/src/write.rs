@@ -597,6 +597,7 @@ mod tests {
         let mut b = BatchBuilder::with_capacity(16);
         let keys = |comm: u128| RowKeys { op: 0, dev: 7, comm };
         // (comm, its key or None for an unkeyed push, insert_ns, fd)
+        #[allow(clippy::type_complexity)]
         let rows: [(&str, Option<u128>, Option<i64>, Option<i32>); 7] = [
             ("fio", Some(1), None, None),
             ("fio", Some(1), Some(5), None),

@@ -15,9 +15,7 @@ from trainio_analysis.trace import write_trace
 MIB = 1 << 20
 
 
-def _dlio_like(
-    steps: int = 10, reads_per_step: int = 4, compute_us: int = 100_000, pid: int = 100
-) -> list[dict]:
+def _dlio_like(steps: int = 10, reads_per_step: int = 4, compute_us: int = 100_000, pid: int = 100) -> list[dict]:
     """Each step: reads_per_step sequential 1 MiB reads of 1 ms, then compute_us of silence."""
     rows = []
     t = 0
@@ -59,8 +57,7 @@ def test_latency_percentiles_and_sizes_are_exact_on_small_traces(trace_dir: Path
     lat_us = [10, 20, 30, 40, 50, 60, 70, 80, 90, 1000]
     sizes = [4096, 4096, 4096, 4096, 8192, 8191, 131072, 131072, 0, 1]
     rows = [
-        block(i * 2000, i * 2000 + lat, qd=1, nbytes=n)
-        for i, (lat, n) in enumerate(zip(lat_us, sizes, strict=True))
+        block(i * 2000, i * 2000 + lat, qd=1, nbytes=n) for i, (lat, n) in enumerate(zip(lat_us, sizes, strict=True))
     ]
     write_trace(trace_dir, rows)
     r = analyze(trace_dir)
@@ -70,9 +67,7 @@ def test_latency_percentiles_and_sizes_are_exact_on_small_traces(trace_dir: Path
     assert lat["p90"] == pytest.approx(90 + 0.1 * 910)
     assert lat["max"] == pytest.approx(1000.0)
     assert lat["mean"] == pytest.approx(sum(lat_us) / 10)
-    assert r["size_hist"] == pytest.approx(
-        {"0": 0.1, "1": 0.1, "4096": 0.5, "8192": 0.1, "131072": 0.2}
-    )
+    assert r["size_hist"] == pytest.approx({"0": 0.1, "1": 0.1, "4096": 0.5, "8192": 0.1, "131072": 0.2})
     assert r["size_counts"]["4096"] == 5  # 8191 is in [4096, 8192)
     assert sum(r["latency_hist_us"].values()) == 10
     assert r["latency_hist_us"]["512"] == 1  # 1000 us is in [512, 1024)
@@ -217,9 +212,7 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
 
         d.mkdir()
         t = conform([block(0, 1, qd=1)])
-        pq.write_table(
-            t.replace_schema_metadata({"trainio.schema_version": "99"}), d / "seg-000000.parquet"
-        )
+        pq.write_table(t.replace_schema_metadata({"trainio.schema_version": "99"}), d / "seg-000000.parquet")
     res = run_cli(*args)
     assert res.returncode == 2
     assert res.stdout == ""
@@ -257,11 +250,11 @@ def _checkpointing(scale: float = 1.0) -> list[dict]:
         for f in ("model", "optim"):
             path = f"/ckpt/{k}/{f}.pt"
             for i in range(2):
-                rows.append({**fread(t, t + 2000 * scale, pid=100, file=path), "op": "write",
-                             "offset": i * MIB})
+                rows.append({**fread(t, t + 2000 * scale, pid=100, file=path), "op": "write", "offset": i * MIB})
                 t += 2000 * scale + 50
-            rows.append({**fread(t, t + 5000, pid=100, file=path, nbytes=0), "op": "fsync",
-                         "offset": None, "queue_depth": 0})
+            rows.append(
+                {**fread(t, t + 5000, pid=100, file=path, nbytes=0), "op": "fsync", "offset": None, "queue_depth": 0}
+            )
             t += 5050
     return rows
 

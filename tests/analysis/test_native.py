@@ -38,9 +38,7 @@ def _numpy_keys(issue: np.ndarray, complete: np.ndarray, offset: int) -> np.ndar
     return keys
 
 
-requests = st.lists(
-    st.tuples(st.integers(0, 10_000), st.integers(0, 300)), min_size=1, max_size=400
-)
+requests = st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 300)), min_size=1, max_size=400)
 
 
 @settings(max_examples=200, deadline=None)
@@ -148,9 +146,7 @@ rows_strategy = st.lists(
 )
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     rows_strategy,
     st.integers(1, 9),
@@ -192,9 +188,7 @@ def test_analyze_native_equals_numpy_on_random_block_traces(
     assert _same(fast, ref)
 
 
-@settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.lists(
         st.tuples(

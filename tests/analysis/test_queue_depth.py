@@ -127,14 +127,10 @@ def test_file_layer_queue_depth_is_per_process_and_ignores_open(trace_dir: Path)
 
 def test_sweep_carries_in_flight_requests_across_row_groups(trace_dir: Path) -> None:
     # one row per row group, rows in completion order: every boundary cuts a live request
-    rows = sorted(
-        (block(i * 10, i * 10 + 25, qd=1) for i in range(20)), key=lambda r: r["complete_ns"]
-    )
+    rows = sorted((block(i * 10, i * 10 + 25, qd=1) for i in range(20)), key=lambda r: r["complete_ns"])
     write_trace(trace_dir, rows, row_group_rows=1, rows_per_segment=3)
     r = analyze(trace_dir)
-    hist, per_time = naive_qd(
-        [x["issue_ns"] for x in rows], [x["complete_ns"] for x in rows], (0, 215 * US)
-    )
+    hist, per_time = naive_qd([x["issue_ns"] for x in rows], [x["complete_ns"] for x in rows], (0, 215 * US))
     assert r["qd_hist_issue_computed"] == pytest.approx({str(k): v / 20 for k, v in hist.items()})
     assert r["qd_hist_time"] == pytest.approx({str(k): v / (215 * US) for k, v in per_time.items()})
 
@@ -171,9 +167,7 @@ def test_streaming_sweep_equals_naive_reference(reqs, n_chunks, rnd) -> None:
     assert got_time == want_time
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(requests, st.integers(1, 8), st.randoms(use_true_random=False))
 def test_analyze_histograms_equal_naive_reference(tmp_path_factory, reqs, group_rows, rnd) -> None:
     """End to end through the writer, Parquet row groups and statistics, per device."""
@@ -190,26 +184,16 @@ def test_analyze_histograms_equal_naive_reference(tmp_path_factory, reqs, group_
     pooled: dict[int, int] = {}
     for dev, got in r["groups"].items():
         mine = [x for x in rows if x["dev"] == dev]
-        want_issue, want_time = naive_qd(
-            [x["issue_ns"] for x in mine], [x["complete_ns"] for x in mine], (t0, t1)
-        )
+        want_issue, want_time = naive_qd([x["issue_ns"] for x in mine], [x["complete_ns"] for x in mine], (t0, t1))
         for k, v in want_issue.items():
             pooled[k] = pooled.get(k, 0) + v
         n = len(mine)
-        assert got["qd_hist_issue_computed"] == pytest.approx(
-            {str(k): v / n for k, v in want_issue.items()}
-        )
+        assert got["qd_hist_issue_computed"] == pytest.approx({str(k): v / n for k, v in want_issue.items()})
         if t1 > t0:
-            assert got["qd_hist_time"] == pytest.approx(
-                {str(k): v / (t1 - t0) for k, v in want_time.items()}
-            )
-    assert r["qd_hist_issue_computed"] == pytest.approx(
-        {str(k): v / len(rows) for k, v in pooled.items()}
-    )
+            assert got["qd_hist_time"] == pytest.approx({str(k): v / (t1 - t0) for k, v in want_time.items()})
+    assert r["qd_hist_issue_computed"] == pytest.approx({str(k): v / len(rows) for k, v in pooled.items()})
     # idle: nothing in flight on any device (the union of all requests)
-    _, union_time = naive_qd(
-        [x["issue_ns"] for x in rows], [x["complete_ns"] for x in rows], (t0, t1)
-    )
+    _, union_time = naive_qd([x["issue_ns"] for x in rows], [x["complete_ns"] for x in rows], (t0, t1))
     if t1 > t0:
         assert r["idle_fraction"] == pytest.approx(union_time.get(0, 0) / (t1 - t0))
 
@@ -253,10 +237,6 @@ def test_row_groups_of_another_layer_pass_carried_requests_on(trace_dir: Path) -
     write_trace(trace_dir, rows, row_group_rows=1, rows_per_segment=4)
     r = analyze(trace_dir, layer="block")
     t0, t1 = 0, 85 * US
-    want_issue, want_time = naive_qd(
-        [b["issue_ns"] for b in blocks], [b["complete_ns"] for b in blocks], (t0, t1)
-    )
-    assert r["qd_hist_issue_computed"] == pytest.approx(
-        {str(k): v / 6 for k, v in want_issue.items()}
-    )
+    want_issue, want_time = naive_qd([b["issue_ns"] for b in blocks], [b["complete_ns"] for b in blocks], (t0, t1))
+    assert r["qd_hist_issue_computed"] == pytest.approx({str(k): v / 6 for k, v in want_issue.items()})
     assert r["qd_hist_time"] == pytest.approx({str(k): v / (t1 - t0) for k, v in want_time.items()})

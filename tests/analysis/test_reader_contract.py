@@ -27,9 +27,7 @@ RUST_READER = ROOT / "target/release/trainio-trace-rows"
 
 
 def _base() -> pa.Table:
-    return tr.conform(
-        [block(0, 20, qd=1), block(10, 30, qd=2), fread(5, 9, pid=7, file="/d/a"), block(40, 50, qd=1)]
-    )
+    return tr.conform([block(0, 20, qd=1), block(10, 30, qd=2), fread(5, 9, pid=7, file="/d/a"), block(40, 50, qd=1)])
 
 
 def _with(table: pa.Table, name: str, values: list | pa.Array, typ: pa.DataType | None = None) -> pa.Table:
@@ -79,7 +77,10 @@ CASES = [
         lambda d: _write(
             _seg(d),
             pa.table(
-                [c.cast(pa.string()) if pa.types.is_dictionary(c.type) else c.cast(pa.int64()) for c in _base().columns],
+                [
+                    c.cast(pa.string()) if pa.types.is_dictionary(c.type) else c.cast(pa.int64())
+                    for c in _base().columns
+                ],
                 names=_base().column_names,
             ),
         ),
@@ -87,7 +88,9 @@ CASES = [
     ),
     Case(
         "narrow and unsigned widths",
-        lambda d: _write(_seg(d), _cast(_cast(_cast(_base(), "pid", pa.uint64()), "error", pa.int8()), "bytes", pa.uint32())),
+        lambda d: _write(
+            _seg(d), _cast(_cast(_cast(_base(), "pid", pa.uint64()), "error", pa.int8()), "bytes", pa.uint32())
+        ),
         4,
     ),
     Case(

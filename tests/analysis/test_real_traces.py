@@ -13,9 +13,20 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 def fio(dev: str, iodepth: int, io_size: str) -> list[str]:
-    return ["fio", "--name=a", f"--filename={dev}", "--direct=1", "--rw=randread", "--bs=4k",
-            "--ioengine=io_uring", f"--iodepth={iodepth}", f"--io_size={io_size}", "--size=128M",
-            "--norandommap", "--output=/dev/null"]
+    return [
+        "fio",
+        "--name=a",
+        f"--filename={dev}",
+        "--direct=1",
+        "--rw=randread",
+        "--bs=4k",
+        "--ioengine=io_uring",
+        f"--iodepth={iodepth}",
+        f"--io_size={io_size}",
+        "--size=128M",
+        "--norandommap",
+        "--output=/dev/null",
+    ]
 
 
 def analyze(trace: Path) -> dict:
@@ -30,8 +41,7 @@ def time_in_queue_ms(dev: str) -> int:
 
 
 def test_iodepth_1_is_all_qd_1(tmp_path: Path, loop_dev: str) -> None:
-    res = trainio("record", "-o", tmp_path / "t", "--layers", "block", "--dev", loop_dev, "--",
-                  *fio(loop_dev, 1, "8M"))
+    res = trainio("record", "-o", tmp_path / "t", "--layers", "block", "--dev", loop_dev, "--", *fio(loop_dev, 1, "8M"))
     assert res.returncode == 0, res.stderr
     a = analyze(tmp_path / "t")
     assert a["events"] == 2048
@@ -45,10 +55,29 @@ def test_16_outstanding_time_weighted_qd_matches_iostat(tmp_path: Path, loop_dev
     batch in its plug before issue (4-7% of the time here, measured with io_uring and
     libaio), which the trace's issue-to-complete queue depth rightly does not count."""
     before = time_in_queue_ms(loop_dev)
-    res = trainio("record", "-o", tmp_path / "t", "--layers", "block", "--dev", loop_dev, "--",
-                  "fio", "--name=a", f"--filename={loop_dev}", "--direct=1", "--rw=randread",
-                  "--bs=4k", "--ioengine=psync", "--numjobs=16", "--io_size=16M", "--size=128M",
-                  "--norandommap", "--group_reporting", "--output=/dev/null")
+    res = trainio(
+        "record",
+        "-o",
+        tmp_path / "t",
+        "--layers",
+        "block",
+        "--dev",
+        loop_dev,
+        "--",
+        "fio",
+        "--name=a",
+        f"--filename={loop_dev}",
+        "--direct=1",
+        "--rw=randread",
+        "--bs=4k",
+        "--ioengine=psync",
+        "--numjobs=16",
+        "--io_size=16M",
+        "--size=128M",
+        "--norandommap",
+        "--group_reporting",
+        "--output=/dev/null",
+    )
     after = time_in_queue_ms(loop_dev)
     assert res.returncode == 0, res.stderr
     a = analyze(tmp_path / "t")

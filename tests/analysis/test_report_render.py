@@ -33,17 +33,28 @@ def _sized_job(path: Path, gpus: int) -> Path:
         for g in range(gpus):
             for k in range(4):
                 start = t + g * 150 + k * 40
-                rows.append(fread(start, start + 900 + 60 * gpus, pid=100 + g,
-                                  file=f"/data/{step}_{g}_{k}", comm="python"))
+                rows.append(
+                    fread(start, start + 900 + 60 * gpus, pid=100 + g, file=f"/data/{step}_{g}_{k}", comm="python")
+                )
                 jitter = 37 * ((step * 7 + k * 3 + g) % 11)  # latencies spread, as a disk's
-                rows.append(block(start + 10, start + 880 + 60 * gpus + jitter,
-                                  qd=min(4 * g + k + 1, 60), nbytes=1 << 20))
+                rows.append(
+                    block(start + 10, start + 880 + 60 * gpus + jitter, qd=min(4 * g + k + 1, 60), nbytes=1 << 20)
+                )
     meta = {
-        "start_ns": 1, "end_ns": 2_000_000_000, "hostname": "gpu-node-3",
-        "kernel_release": "6.1.0-28-amd64", "clock_offset_ns": 1_763_900_000_000_000_000,
+        "start_ns": 1,
+        "end_ns": 2_000_000_000,
+        "hostname": "gpu-node-3",
+        "kernel_release": "6.1.0-28-amd64",
+        "clock_offset_ns": 1_763_900_000_000_000_000,
         "target": {"command": ["torchrun", f"--nproc-per-node={gpus}", "train.py"]},
-        "devices": [{"dev": "7:0", "name": "loop0", "size_bytes": 1 << 30,
-                     "mounts": [{"mount_point": "/data", "fstype": "ext4"}]}],
+        "devices": [
+            {
+                "dev": "7:0",
+                "name": "loop0",
+                "size_bytes": 1 << 30,
+                "mounts": [{"mount_point": "/data", "fstype": "ext4"}],
+            }
+        ],
     }
     write_trace(path, rows, meta)
     return path
@@ -51,12 +62,22 @@ def _sized_job(path: Path, gpus: int) -> Path:
 
 def _sweep(path: Path) -> Path:
     """A trainio sweep --json file (docs/replay.md, Sweep): 12 GPUs supported."""
-    curve = [{"gpus": g, "au_percent": au, "au_min_percent": au - 1, "pass": au >= 90}
-             for g, au in ((1, 99.9), (2, 99.8), (4, 99.5), (8, 97.0), (16, 71.0), (12, 91.0),
-                           (14, 84.0), (13, 89.0))]
-    path.write_text(json.dumps({"workload": "unet3d", "threshold_percent": 90.0,
-                                "supported_gpus": 12, "limited_by_max_gpus": False,
-                                "curve": curve, "runs": []}))
+    curve = [
+        {"gpus": g, "au_percent": au, "au_min_percent": au - 1, "pass": au >= 90}
+        for g, au in ((1, 99.9), (2, 99.8), (4, 99.5), (8, 97.0), (16, 71.0), (12, 91.0), (14, 84.0), (13, 89.0))
+    ]
+    path.write_text(
+        json.dumps(
+            {
+                "workload": "unet3d",
+                "threshold_percent": 90.0,
+                "supported_gpus": 12,
+                "limited_by_max_gpus": False,
+                "curve": curve,
+                "runs": [],
+            }
+        )
+    )
     return path
 
 
@@ -75,9 +96,7 @@ def _bar_heights(section: str) -> list[float]:
     # plotly draws a bar as M x,y0 V y1 H x2 V y0 Z: its height is |y0 - y1|
     return [
         abs(float(y0) - float(y1))
-        for y0, y1 in re.findall(
-            r'<g class="point"><path d="M[-\d.e]+,([-\d.e]+)V([-\d.e]+)H', section
-        )
+        for y0, y1 in re.findall(r'<g class="point"><path d="M[-\d.e]+,([-\d.e]+)V([-\d.e]+)H', section)
     ]
 
 
@@ -129,8 +148,7 @@ def test_sizing_report_of_1_and_15_gpus_renders_in_headless_chromium(tmp_path: P
     assert Path(CHROMIUM).exists(), "Debian's chromium is needed (scripts/install-deps.sh)"
     one, fifteen = _sized_job(tmp_path / "gpus-1", 1), _sized_job(tmp_path / "gpus-15", 15)
     out = tmp_path / "report.html"
-    res = run_cli("report", str(one), str(fifteen), "-o", str(out), "--sweep",
-                  str(_sweep(tmp_path / "sweep.json")))
+    res = run_cli("report", str(one), str(fifteen), "-o", str(out), "--sweep", str(_sweep(tmp_path / "sweep.json")))
     assert res.returncode == 0, res.stderr
     text = out.read_text()
     # self-contained: no script, stylesheet, frame, image or style resource from anywhere
@@ -188,8 +206,13 @@ def test_sizing_report_of_1_and_15_gpus_renders_in_headless_chromium(tmp_path: P
     assert len(re.findall(r">p99\.9 ", sections["latency-cdf"])) == 2
     summary = dom[dom.index('id="summary"') : dom.index('id="sweep"')]
     assert "12 GPUs supported" in summary
-    for want in ("gpu-node-3", "6.1.0-28-amd64", "torchrun --nproc-per-node=15 train.py",
-                 "loop0 (7:0, 1 GiB) on /data (ext4)", "2025-11-23T12:13:20Z"):
+    for want in (
+        "gpu-node-3",
+        "6.1.0-28-amd64",
+        "torchrun --nproc-per-node=15 train.py",
+        "loop0 (7:0, 1 GiB) on /data (ext4)",
+        "2025-11-23T12:13:20Z",
+    ):
         assert want in summary, want
     assert re.search(r"GPUs found</td><td>1</td><td>15</td>", summary)
     assert re.search(r"bytes per step</td><td>4 MiB</td><td>4 MiB</td>", summary)

@@ -70,8 +70,12 @@ def test_latency_cdf_and_recording(trace_dir) -> None:
         "clock_offset_ns": 1_700_000_000_000_000_000,
         "target": {"command": ["python", "train.py", "--gpus", "8"]},
         "devices": [
-            {"dev": "259:0", "name": "nvme0n1", "size_bytes": 1 << 40,
-             "mounts": [{"mount_point": "/data", "fstype": "xfs"}]},
+            {
+                "dev": "259:0",
+                "name": "nvme0n1",
+                "size_bytes": 1 << 40,
+                "mounts": [{"mount_point": "/data", "fstype": "xfs"}],
+            },
             {"dev": "0:21", "name": "proc", "mounts": [{"mount_point": "/proc", "fstype": "proc"}]},
         ],
     }

@@ -123,19 +123,31 @@ def test_writer_fills_optional_columns_and_rejects_bad_rows(trace_dir: Path) -> 
     with pytest.raises(TraceError, match="not a block op"):
         tr.write_trace(trace_dir / "y", [{**block(0, 1, qd=1), "op": "open"}])
     with pytest.raises(TraceError, match="queue_depth missing"):
-        tr.write_trace(
-            trace_dir / "z", [{k: v for k, v in block(0, 1, qd=1).items() if k != "queue_depth"}]
-        )
+        tr.write_trace(trace_dir / "z", [{k: v for k, v in block(0, 1, qd=1).items() if k != "queue_depth"}])
     # a failed write leaves nothing behind, not even a .partial
     assert not list((trace_dir / "z").glob("*"))
 
 
 def _nfs_read(xid: int | None) -> dict:
-    row = {"layer": "nfs", "op": "read", "issue_ns": 0, "complete_ns": 900_000, "dev": "0:30",
-           "offset": 0, "bytes": 65536, "queue_depth": 1, "pid": 3}
+    row = {
+        "layer": "nfs",
+        "op": "read",
+        "issue_ns": 0,
+        "complete_ns": 900_000,
+        "dev": "0:30",
+        "offset": 0,
+        "bytes": 65536,
+        "queue_depth": 1,
+        "pid": 3,
+    }
     if xid is not None:
-        row |= {"rpc_xid": xid, "rpc_backlog_ns": 1000, "rpc_rtt_ns": 500_000,
-                "rpc_execute_ns": 800_000, "rpc_retrans": 0}
+        row |= {
+            "rpc_xid": xid,
+            "rpc_backlog_ns": 1000,
+            "rpc_rtt_ns": 500_000,
+            "rpc_execute_ns": 800_000,
+            "rpc_retrans": 0,
+        }
     return row
 
 
@@ -149,9 +161,7 @@ def test_rpc_columns_round_trip_and_default_to_null(trace_dir: Path) -> None:
 
 def test_a_1_0_trace_without_rpc_columns_reads_with_them_null(trace_dir: Path) -> None:
     """1.0 segments (no rpc_* columns, no schema_minor) are read, alone or mixed with 1.1."""
-    old = tr.conform([block(0, 5, qd=1), fread(1, 3, pid=7, file="/d/a")]).drop_columns(
-        [*RPC_COLUMNS, "ppid"]
-    )
+    old = tr.conform([block(0, 5, qd=1), fread(1, 3, pid=7, file="/d/a")]).drop_columns([*RPC_COLUMNS, "ppid"])
     trace_dir.mkdir()
     _write_table(trace_dir / "seg-000000.parquet", old)
     df = tr.scan_trace(trace_dir).collect()
@@ -170,20 +180,79 @@ def test_a_1_0_trace_without_rpc_columns_reads_with_them_null(trace_dir: Path) -
 #: The proc and ipc rows of schema/testdata/python-1.3.parquet (written by
 #: write_trace; the Rust reader's test reads the same file and expects the same).
 PROC_IPC_ROWS = [
-    {"layer": "proc", "op": "start", "issue_ns": 100, "complete_ns": 100, "bytes": 0,
-     "queue_depth": 0, "pid": 4100, "ppid": 4000, "comm": "python", "file": "python train.py"},
-    {"layer": "proc", "op": "fork", "issue_ns": 200, "complete_ns": 200, "bytes": 0,
-     "queue_depth": 0, "pid": 4101, "ppid": 4100, "comm": "python"},
-    {"layer": "proc", "op": "comm", "issue_ns": 300, "complete_ns": 300, "bytes": 0,
-     "queue_depth": 0, "pid": 4101, "ppid": 4100, "comm": "pt_data_worker"},
-    {"layer": "ipc", "op": "write", "issue_ns": 400, "complete_ns": 450, "bytes": 64,
-     "bytes_requested": 64, "queue_depth": 0, "pid": 4101, "comm": "pt_data_worker",
-     "fd": 9, "dev": "0:15", "file": "pipe:[777]"},
-    {"layer": "ipc", "op": "wait", "issue_ns": 350, "complete_ns": 452, "bytes": 1,
-     "bytes_requested": 1, "queue_depth": 0, "pid": 4100, "comm": "python", "fd": 8,
-     "dev": "0:15", "file": "pipe:[777]"},
-    {"layer": "proc", "op": "exit", "issue_ns": 500, "complete_ns": 500, "bytes": 0,
-     "queue_depth": 0, "pid": 4101, "ppid": 4100, "comm": "pt_data_worker"},
+    {
+        "layer": "proc",
+        "op": "start",
+        "issue_ns": 100,
+        "complete_ns": 100,
+        "bytes": 0,
+        "queue_depth": 0,
+        "pid": 4100,
+        "ppid": 4000,
+        "comm": "python",
+        "file": "python train.py",
+    },
+    {
+        "layer": "proc",
+        "op": "fork",
+        "issue_ns": 200,
+        "complete_ns": 200,
+        "bytes": 0,
+        "queue_depth": 0,
+        "pid": 4101,
+        "ppid": 4100,
+        "comm": "python",
+    },
+    {
+        "layer": "proc",
+        "op": "comm",
+        "issue_ns": 300,
+        "complete_ns": 300,
+        "bytes": 0,
+        "queue_depth": 0,
+        "pid": 4101,
+        "ppid": 4100,
+        "comm": "pt_data_worker",
+    },
+    {
+        "layer": "ipc",
+        "op": "write",
+        "issue_ns": 400,
+        "complete_ns": 450,
+        "bytes": 64,
+        "bytes_requested": 64,
+        "queue_depth": 0,
+        "pid": 4101,
+        "comm": "pt_data_worker",
+        "fd": 9,
+        "dev": "0:15",
+        "file": "pipe:[777]",
+    },
+    {
+        "layer": "ipc",
+        "op": "wait",
+        "issue_ns": 350,
+        "complete_ns": 452,
+        "bytes": 1,
+        "bytes_requested": 1,
+        "queue_depth": 0,
+        "pid": 4100,
+        "comm": "python",
+        "fd": 8,
+        "dev": "0:15",
+        "file": "pipe:[777]",
+    },
+    {
+        "layer": "proc",
+        "op": "exit",
+        "issue_ns": 500,
+        "complete_ns": 500,
+        "bytes": 0,
+        "queue_depth": 0,
+        "pid": 4101,
+        "ppid": 4100,
+        "comm": "pt_data_worker",
+    },
     fread(600, 700, pid=4100, file="/d/a"),
 ]
 
@@ -214,9 +283,7 @@ def test_the_python_written_1_3_sample_matches_its_rows(tmp_path: Path) -> None:
 def test_a_1_2_trace_without_ppid_reads_it_as_null(trace_dir: Path) -> None:
     old = tr.conform([block(0, 5, qd=1), fread(1, 3, pid=7, file="/d/a")]).drop_columns(["ppid"])
     trace_dir.mkdir()
-    table = old.replace_schema_metadata(
-        {"trainio.schema_version": "1", "trainio.schema_minor": "2"}
-    )
+    table = old.replace_schema_metadata({"trainio.schema_version": "1", "trainio.schema_minor": "2"})
     pq.write_table(table, trace_dir / "seg-000000.parquet")
     df = tr.scan_trace(trace_dir).collect()
     assert df.columns == list(SCHEMA_MD_TYPES)
@@ -234,8 +301,9 @@ def test_the_recorded_sample_traces_predate_1_1_and_still_read() -> None:
 
 def test_rpc_column_of_a_wrong_type_is_refused(tmp_path: Path) -> None:
     good = tr.conform([_nfs_read(1)])
-    bad = good.set_column(good.schema.get_field_index("rpc_rtt_ns"), "rpc_rtt_ns",
-                          good["rpc_rtt_ns"].cast(pa.float64()))
+    bad = good.set_column(
+        good.schema.get_field_index("rpc_rtt_ns"), "rpc_rtt_ns", good["rpc_rtt_ns"].cast(pa.float64())
+    )
     _write_table(tmp_path / "seg-000000.parquet", bad)
     with pytest.raises(TraceError, match="rpc_rtt_ns has type double"):
         tr.scan_trace(tmp_path)
@@ -263,9 +331,7 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
             "missing column\\(s\\) queue_depth",
         ),
         "wrongtype": (
-            lambda p: _write_table(
-                p, good.set_column(2, "issue_ns", good["issue_ns"].cast(pa.float64()))
-            ),
+            lambda p: _write_table(p, good.set_column(2, "issue_ns", good["issue_ns"].cast(pa.float64()))),
             "issue_ns has type double",
         ),
         "empty": (lambda p: _write_table(p, good.slice(0, 0)), "empty trace"),

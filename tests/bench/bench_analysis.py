@@ -36,8 +36,8 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "analysis"))
 
-from trainio_analysis.trace import write_trace  # noqa: E402
 from trainio_analysis import kernels  # noqa: E402
+from trainio_analysis.trace import write_trace  # noqa: E402
 
 GENERATOR_VERSION = "3"  # bump when the generator or the writer's encodings change
 CHUNK = 2_000_000
@@ -92,9 +92,7 @@ def chunks(events: int, seed: int = 7) -> Iterator[pa.Table]:
                 "queue_depth": qd,
                 "pid": pid,
                 "tid": pid,
-                "comm": pa.DictionaryArray.from_arrays(
-                    pa.array(np.zeros(n, np.int32)), pa.array(["pt_data_worker"])
-                ),
+                "comm": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array(["pt_data_worker"])),
                 "fd": pa.nulls(n, pa.int32()),
                 "file": pa.nulls(n, pa.string()),
                 "error": np.zeros(n, np.int32),
@@ -185,8 +183,12 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=100_000_000)
     ap.add_argument("--trace", type=Path, default=ROOT / "results/bench/analysis-trace")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each arm, alternating")
-    ap.add_argument("--report-events", type=int, default=10_000_000,
-                    help="events of the trace `trainio report` is timed on (0: skip)")
+    ap.add_argument(
+        "--report-events",
+        type=int,
+        default=10_000_000,
+        help="events of the trace `trainio report` is timed on (0: skip)",
+    )
     args = ap.parse_args()
     own = args.trace
     rewritten = args.trace.with_name(args.trace.name + "-pyarrow")
@@ -222,8 +224,11 @@ def main() -> int:
         codec = md.row_group(0).column(2).compression
         rows += [
             (f"[{name}]", f"{trace}"),
-            ("  on disk", f"{sum(f.stat().st_size for f in segs) / 2**30:.2f} GiB, {len(segs)} segments, "
-             f"{md.num_row_groups} row groups of {md.row_group(0).num_rows:,} rows in the first, {codec}"),
+            (
+                "  on disk",
+                f"{sum(f.stat().st_size for f in segs) / 2**30:.2f} GiB, {len(segs)} segments, "
+                f"{md.num_row_groups} row groups of {md.row_group(0).num_rows:,} rows in the first, {codec}",
+            ),
             ("  events/s (M)", _spread([x["rate"] for x in r], 1e6)),
             ("  wall (s)", _spread([x["wall"] for x in r], fmt=".2f")),
             ("  CPU ns/event", _spread([x["cpu"] / x["result"]["events"] * 1e9 for x in r], fmt=".0f")),
@@ -232,13 +237,20 @@ def main() -> int:
     rate = np.median([x["rate"] for x in runs[next(iter(arms))]])
     rss = max(x["rss"] for r in runs.values() for x in r)
     rows += [
-        ("pyarrow / recorder events/s",
-         _spread(ratios, fmt=".2f") + f"  (target >= {TARGET_ARM_RATIO:.2f}: "
-         f"{'PASS' if np.median(ratios) >= TARGET_ARM_RATIO else 'FAIL'})"),
-        ("events/s, recorder arm", f"{rate / 1e6:.1f} M  (target >= {TARGET_EVENTS_S / 1e6:.0f} M: "
-         f"{'PASS' if rate >= TARGET_EVENTS_S else 'FAIL'})"),
-        ("peak RSS", f"{rss / 2**20:.0f} MiB  (target < {TARGET_RSS >> 20} MiB: "
-         f"{'PASS' if rss < TARGET_RSS else 'FAIL'})"),
+        (
+            "pyarrow / recorder events/s",
+            _spread(ratios, fmt=".2f") + f"  (target >= {TARGET_ARM_RATIO:.2f}: "
+            f"{'PASS' if np.median(ratios) >= TARGET_ARM_RATIO else 'FAIL'})",
+        ),
+        (
+            "events/s, recorder arm",
+            f"{rate / 1e6:.1f} M  (target >= {TARGET_EVENTS_S / 1e6:.0f} M: "
+            f"{'PASS' if rate >= TARGET_EVENTS_S else 'FAIL'})",
+        ),
+        (
+            "peak RSS",
+            f"{rss / 2**20:.0f} MiB  (target < {TARGET_RSS >> 20} MiB: {'PASS' if rss < TARGET_RSS else 'FAIL'})",
+        ),
         ("qd_mean_time (aqu-sz)", f"{a['qd_mean_time']:.2f}"),
         ("QD agreement W1", f"{a['qd_issue_agreement']['w1']:.4f}"),
         ("throughput mean MiB/s", f"{a['throughput_mib_s']['mean']:.1f}"),

@@ -59,25 +59,35 @@ def main() -> int:
                 shutil.rmtree(work, ignore_errors=True)
             c, cf = r["compare"], r["compare_file"]
             au_o, au_r = r["original"]["au_percent"], r["replay"]["au_percent"]
-            ok = (abs(c["throughput_rel_error"]) <= TARGET_TPUT and abs(au_r - au_o) <= TARGET_AU_POINTS
-                  and c["qd_w1_issue"] <= TARGET_W1)
+            ok = (
+                abs(c["throughput_rel_error"]) <= TARGET_TPUT
+                and abs(au_r - au_o) <= TARGET_AU_POINTS
+                and c["qd_w1_issue"] <= TARGET_W1
+            )
             rows.append((n, c, cf, au_o, au_r, ok, r["original"]["gpu_steps"]))
             print(f"  {n} GPUs done", file=sys.stderr)
-    print("replay fidelity: trace replayed at its recorded GPU count on the same loop device "
-          f"(1 MiB O_DIRECT reads, batch 4, 4 readers, 0.05 s compute, {args.steps} steps)")
-    print(f"targets: throughput ±{TARGET_TPUT:.0%}, AU ±{TARGET_AU_POINTS:g} points, "
-          f"per-issue QD W1 <= {TARGET_W1:g}\n")
-    head = (f"{'GPUs':>4} {'blk reqs':>8} {'MiB/s orig':>10} {'replay/orig':>11} {'AU orig':>8} {'AU replay':>9} "
-            f"{'ΔAU':>6} {'QD W1 issue':>11} {'QD W1 time':>10} {'size W1 blk':>11} {'size W1 file':>12}  ok")
+    print(
+        "replay fidelity: trace replayed at its recorded GPU count on the same loop device "
+        f"(1 MiB O_DIRECT reads, batch 4, 4 readers, 0.05 s compute, {args.steps} steps)"
+    )
+    print(
+        f"targets: throughput ±{TARGET_TPUT:.0%}, AU ±{TARGET_AU_POINTS:g} points, per-issue QD W1 <= {TARGET_W1:g}\n"
+    )
+    head = (
+        f"{'GPUs':>4} {'blk reqs':>8} {'MiB/s orig':>10} {'replay/orig':>11} {'AU orig':>8} {'AU replay':>9} "
+        f"{'ΔAU':>6} {'QD W1 issue':>11} {'QD W1 time':>10} {'size W1 blk':>11} {'size W1 file':>12}  ok"
+    )
     print(head)
     print("-" * len(head))
     all_ok = True
     for n, c, cf, au_o, au_r, ok, _ in rows:
         all_ok &= ok
         reqs = round(c["bytes_read"]["a"] / (1 << 20))
-        print(f"{n:>4} {reqs:>8} {c['throughput_mib_s']['a']:>10.1f} {1 + c['throughput_rel_error']:>11.3f} "
-              f"{au_o:>7.2f}% {au_r:>8.2f}% {au_r - au_o:>+6.2f} {c['qd_w1_issue']:>11.3f} {c['qd_w1_time']:>10.3f} "
-              f"{c['size_w1_log2']:>11.3f} {cf['size_w1_log2']:>12.3f}  {'yes' if ok else 'NO'}")
+        print(
+            f"{n:>4} {reqs:>8} {c['throughput_mib_s']['a']:>10.1f} {1 + c['throughput_rel_error']:>11.3f} "
+            f"{au_o:>7.2f}% {au_r:>8.2f}% {au_r - au_o:>+6.2f} {c['qd_w1_issue']:>11.3f} {c['qd_w1_time']:>10.3f} "
+            f"{c['size_w1_log2']:>11.3f} {cf['size_w1_log2']:>12.3f}  {'yes' if ok else 'NO'}"
+        )
     print("\n(blk reqs: MiB read by the original = 1 MiB requests; throughput over the active span)")
     return 0 if all_ok else 1
 

@@ -6,7 +6,8 @@ probes. The bench isolates that cost: fio's psync engine reads 4 KiB at random o
 from a page-cached file in /dev/shm (one pread64 per I/O, no device in the way, so the
 syscall itself is as cheap as it gets and the probes' share is at its largest), untraced
 and under `trainio record` (default layers) in ABBA-ordered pairs (BENCH_FILE_PAIRS of
-BENCH_FILE_RUNTIME s; BENCH_RECORDER=PATH measures another build's trainio-record). Then the same workload under a bpftrace program that prints each
+BENCH_FILE_RUNTIME s; BENCH_RECORDER=PATH measures another build's trainio-record).
+Then the same workload under a bpftrace program that prints each
 pread64 (the Darshan/dftracer-style per-call record, done with classic syscall
 tracepoints), and one that only counts them.
 
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import polars as pl
 from bench_tracer import bpftraced_run, fio_result, interval
+
 from trainio_analysis.trace import read_metadata, scan_trace
 from trainio_testlib import TRAINIO
 
@@ -57,9 +59,21 @@ tracepoint:syscalls:sys_exit_pread64 /comm == "fio"/ { @exit = count(); }
 
 
 def fio_cmd(path: Path) -> list[str]:
-    return ["fio", "--name=file", f"--filename={path}", "--ioengine=psync", "--rw=randread",
-            "--bs=4k", f"--size={FILE_MIB}M", "--invalidate=0", "--norandommap", "--randrepeat=0",
-            "--time_based", f"--runtime={RUNTIME:g}", "--output-format=json"]
+    return [
+        "fio",
+        "--name=file",
+        f"--filename={path}",
+        "--ioengine=psync",
+        "--rw=randread",
+        "--bs=4k",
+        f"--size={FILE_MIB}M",
+        "--invalidate=0",
+        "--norandommap",
+        "--randrepeat=0",
+        "--time_based",
+        f"--runtime={RUNTIME:g}",
+        "--output-format=json",
+    ]
 
 
 def untraced(path: Path) -> float:
@@ -69,13 +83,18 @@ def untraced(path: Path) -> float:
 
 def traced(path: Path, work: Path) -> dict:
     trace = work / f"trace-{time.monotonic_ns()}"
-    out = subprocess.run([*RECORD, "-q", "-o", str(trace), "--", *fio_cmd(path)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [*RECORD, "-q", "-o", str(trace), "--", *fio_cmd(path)], capture_output=True, text=True, check=True
+    )
     iops = fio_result(out.stdout)[0]
     meta = read_metadata(trace)
-    reads = (scan_trace(trace).filter((pl.col("layer") == "file") & (pl.col("op") == "read")
-                                      & (pl.col("file") == str(path)))
-             .select(pl.len()).collect().item())
+    reads = (
+        scan_trace(trace)
+        .filter((pl.col("layer") == "file") & (pl.col("op") == "read") & (pl.col("file") == str(path)))
+        .select(pl.len())
+        .collect()
+        .item()
+    )
     rows = sum(meta["events"].values())
     size = sum(p.stat().st_size for p in trace.glob("seg-*.parquet"))
     stats = meta["bpf_stats"]
@@ -83,23 +102,33 @@ def traced(path: Path, work: Path) -> dict:
     # Sampled: the runs timed of each program, so per-run times add up per syscall.
     bpf = sum(v["ns_per_run"] for k, v in stats.items() if k in ("tio_pread_enter", "tio_pread_exit"))
     cpu = meta["recorder_cpu_ns"]
-    return {"iops": iops, "reads": reads, "rows": rows, "lost": sum(meta["lost_events"].values()),
-            "bytes_per_row": size / max(rows, 1), "bpf_ns": bpf,
-            "user_ns": (cpu["drain"] + cpu["encoder"]) / max(rows, 1)}
+    return {
+        "iops": iops,
+        "reads": reads,
+        "rows": rows,
+        "lost": sum(meta["lost_events"].values()),
+        "bytes_per_row": size / max(rows, 1),
+        "bpf_ns": bpf,
+        "user_ns": (cpu["drain"] + cpu["encoder"]) / max(rows, 1),
+    }
 
 
 def main() -> int:
     if os.geteuid() != 0:
         print("bench-file needs root (BPF)", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="trainio-bench-file-", dir="/dev/shm") as shm, \
-            tempfile.TemporaryDirectory(prefix="trainio-bench-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="trainio-bench-file-", dir="/dev/shm") as shm,
+        tempfile.TemporaryDirectory(prefix="trainio-bench-") as tmp,
+    ):
         data = Path(shm) / "data.bin"
         with open(data, "wb") as f:
             f.writelines(os.urandom(1 << 20) for _ in range(FILE_MIB))
         work = Path(tmp)
-        print(f"{data}: {FILE_MIB} MiB in page cache; {PAIRS} pairs of {RUNTIME:g} s, "
-              "4 KiB random pread64 (fio psync)", flush=True)
+        print(
+            f"{data}: {FILE_MIB} MiB in page cache; {PAIRS} pairs of {RUNTIME:g} s, 4 KiB random pread64 (fio psync)",
+            flush=True,
+        )
         base: list[float] = []
         runs: list[dict] = []
         for i in range(PAIRS):
@@ -109,8 +138,11 @@ def main() -> int:
             else:
                 runs.append(traced(data, work))
                 base.append(untraced(data))
-            print(f"  pair {i + 1}: untraced {base[-1]:,.0f} IOPS, traced {runs[-1]['iops']:,.0f} IOPS "
-                  f"({runs[-1]['iops'] / base[-1]:.1%}), {runs[-1]['reads']:,} read rows", flush=True)
+            print(
+                f"  pair {i + 1}: untraced {base[-1]:,.0f} IOPS, traced {runs[-1]['iops']:,.0f} IOPS "
+                f"({runs[-1]['iops'] / base[-1]:.1%}), {runs[-1]['reads']:,} read rows",
+                flush=True,
+            )
         bt_iops, bt_lines = bpftraced_run(BPFTRACE_PRINT, [], fio_cmd(data))
         print(f"  bpftrace per-call printf: {bt_iops:,.0f} IOPS, {bt_lines:,} lines", flush=True)
         count_iops, _ = bpftraced_run(BPFTRACE_COUNT, [], fio_cmd(data))
@@ -126,17 +158,22 @@ def main() -> int:
         return 1e9 / iops - 1e9 / b
 
     print()
-    print(f"{'4 KiB pread64, page cache':<30} {'IOPS':>10} {'ratio':>7} {'95% interval':>13} "
-          f"{'ns added/read':>14} {'BPF ns/read':>12} {'user ns/row':>12} {'B/row':>6} {'lost':>5}")
+    print(
+        f"{'4 KiB pread64, page cache':<30} {'IOPS':>10} {'ratio':>7} {'95% interval':>13} "
+        f"{'ns added/read':>14} {'BPF ns/read':>12} {'user ns/row':>12} {'B/row':>6} {'lost':>5}"
+    )
     print(f"{'untraced':<30} {b:>10,.0f}")
-    print(f"{'trainio record':<30} {t:>10,.0f} {t / b:>6.1%} {lo:>6.1%}-{hi:<6.1%} {added(t):>14,.0f} "
-          f"{statistics.mean(r['bpf_ns'] for r in runs):>12,.0f} "
-          f"{statistics.mean(r['user_ns'] for r in runs):>12,.0f} "
-          f"{statistics.mean(r['bytes_per_row'] for r in runs):>6.2f} {sum(r['lost'] for r in runs):>5}")
-    print(f"{'bpftrace, printf per call':<30} {bt_iops:>10,.0f} {bt_iops / b:>6.1%} {'':>13} "
-          f"{added(bt_iops):>14,.0f}")
-    print(f"{'bpftrace, count() only':<30} {count_iops:>10,.0f} {count_iops / b:>6.1%} {'':>13} "
-          f"{added(count_iops):>14,.0f}")
+    print(
+        f"{'trainio record':<30} {t:>10,.0f} {t / b:>6.1%} {lo:>6.1%}-{hi:<6.1%} {added(t):>14,.0f} "
+        f"{statistics.mean(r['bpf_ns'] for r in runs):>12,.0f} "
+        f"{statistics.mean(r['user_ns'] for r in runs):>12,.0f} "
+        f"{statistics.mean(r['bytes_per_row'] for r in runs):>6.2f} {sum(r['lost'] for r in runs):>5}"
+    )
+    print(f"{'bpftrace, printf per call':<30} {bt_iops:>10,.0f} {bt_iops / b:>6.1%} {'':>13} {added(bt_iops):>14,.0f}")
+    print(
+        f"{'bpftrace, count() only':<30} {count_iops:>10,.0f} {count_iops / b:>6.1%} {'':>13} "
+        f"{added(count_iops):>14,.0f}"
+    )
     print("(every traced read recorded: " + ("yes)" if complete else "NO: rows missing)"))
     return 0
 

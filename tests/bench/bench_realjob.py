@@ -9,7 +9,8 @@ device under the same cap (`trainio replay --trace`). Columns: GPUs found; compu
 step, configured and inferred; the throughput one GPU needs, true (record size x batch /
 compute) and inferred; the job's and the replay's throughput (MiB/s over steps 2..n) and
 AU (DLIO's formula; between them the model's AU of the recording: DLIO's formula over the
-recorded steps with the inferred compute), and the replay's errors against the job. Targets (issue #18): GPUs = ranks, compute within
+recorded steps with the inferred compute), and the replay's errors against the job.
+Targets (issue #18): GPUs = ranks, compute within
 5 %, need within 10 %, throughput within 5 %, AU within 2 points.
 
     sudo .venv/bin/python tests/bench/bench_realjob.py [--runs N] [--steps N] [--only NAME...]
@@ -57,8 +58,10 @@ def main() -> int:
             for sc in scs:
                 for _ in range(args.runs):
                     rows.append(run_scenario(sc, mnt))
-    head = (f"{'scenario':<20} {'regime':<13} {'GPUs':>4} {'compute ms':>16} {'need MiB/s':>16} "
-            f"{'MiB/s job/replay':>18} {'err':>6} {'AU % job/model/replay':>22} {'err':>6}  x2 bytes")
+    head = (
+        f"{'scenario':<20} {'regime':<13} {'GPUs':>4} {'compute ms':>16} {'need MiB/s':>16} "
+        f"{'MiB/s job/replay':>18} {'err':>6} {'AU % job/model/replay':>22} {'err':>6}  x2 bytes"
+    )
     print(head)
     print("-" * len(head))
     errs_t, errs_au = [], []
@@ -71,14 +74,18 @@ def main() -> int:
         errs_t.append(abs(et))
         errs_au.append(abs(ea))
         x2 = "" if r["replay2_bytes"] is None else f"{r['replay2_bytes'] / r['replay_bytes']:.3f}x"
-        print(f"{sc.name:<20} {sc.regime:<13} {r['gpus_found']:>2}/{sc.ranks} "
-              f"{sc.compute_ms:>6.1f}/{comp:>6.1f} ({comp / sc.compute_ms - 1:+.1%}) "
-              f"{r['required_true_mib_s']:>6.1f}/{need:>6.1f} "
-              f"{r['job_mib_s']:>8.1f}/{r['replay_mib_s']:>8.1f} {et:>+6.1%} "
-              f"{r['job_au_percent']:>6.1f}/{r['model_au_percent']:>6.1f}/{r['replay_au_percent']:>6.1f}"
-              f" {ea:>+6.1f}  {x2}")
-    print(f"\nworst |throughput error| {max(errs_t):.1%} (target 5%), worst |AU error| "
-          f"{max(errs_au):.1f} points (target 2)")
+        print(
+            f"{sc.name:<20} {sc.regime:<13} {r['gpus_found']:>2}/{sc.ranks} "
+            f"{sc.compute_ms:>6.1f}/{comp:>6.1f} ({comp / sc.compute_ms - 1:+.1%}) "
+            f"{r['required_true_mib_s']:>6.1f}/{need:>6.1f} "
+            f"{r['job_mib_s']:>8.1f}/{r['replay_mib_s']:>8.1f} {et:>+6.1%} "
+            f"{r['job_au_percent']:>6.1f}/{r['model_au_percent']:>6.1f}/{r['replay_au_percent']:>6.1f}"
+            f" {ea:>+6.1f}  {x2}"
+        )
+    print(
+        f"\nworst |throughput error| {max(errs_t):.1%} (target 5%), worst |AU error| "
+        f"{max(errs_au):.1f} points (target 2)"
+    )
     return 0
 
 

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TRAINIO = ROOT / "bin" / "trainio"
 sys.path.insert(0, str(ROOT / "tests"))
 from trainio_testlib import mounted_loop_fs  # noqa: E402
+
 MIB = 1 << 20
 TARGET_OVERSHOOT_P99_US = 1000
 TARGET_FIO_RATIO = 0.95
@@ -76,8 +77,10 @@ def bench_scale(gpus: int, steps: int) -> bool:
     try:
         wl = workload(work / "tiny.yaml", files=1, record=4096, batch=4, threads=4, compute=0.05)
         trainio("datagen", "--workload", wl, "--data-dir", work / "data", "--gpus", gpus, "--steps", steps)
-        print(f"scale: {gpus} simulated GPUs in one rank, 4 KiB samples on tmpfs, batch 4, "
-              f"read_threads 4, 0.05 s compute, {steps} steps, barrier on")
+        print(
+            f"scale: {gpus} simulated GPUs in one rank, 4 KiB samples on tmpfs, batch 4, "
+            f"read_threads 4, 0.05 s compute, {steps} steps, barrier on"
+        )
         modes = [("default", [])]
         if os.geteuid() == 0:
             modes.append(("--realtime", ["--realtime"]))
@@ -85,9 +88,11 @@ def bench_scale(gpus: int, steps: int) -> bool:
             r = replay_json("--workload", wl, "--data-dir", work / "data", "--gpus", gpus, "--steps", steps, *extra)
             p99 = r["sleep_overshoot_us_p99"]
             verdict = "ok" if p99 < TARGET_OVERSHOOT_P99_US else "ABOVE TARGET"
-            print(f"  {name:<11} AU {r['au_percent']:6.2f}%  CPU {r['cpu_us_per_gpu_step']:6.1f} µs per GPU-step  "
-                  f"overshoot p50 {r['sleep_overshoot_us_p50']} µs p99 {p99} µs ({verdict}, target < 1 ms)  "
-                  f"wall {r['wall_s']:.2f} s")
+            print(
+                f"  {name:<11} AU {r['au_percent']:6.2f}%  CPU {r['cpu_us_per_gpu_step']:6.1f} µs per GPU-step  "
+                f"overshoot p50 {r['sleep_overshoot_us_p50']} µs p99 {p99} µs ({verdict}, target < 1 ms)  "
+                f"wall {r['wall_s']:.2f} s"
+            )
             if extra:
                 ok = ok and p99 < TARGET_OVERSHOOT_P99_US
         load = os.getloadavg()[0]
@@ -102,26 +107,49 @@ def bench_hosts(gpus: int, steps: int) -> None:
         print("two hosts: skipped (needs root for the namespace hosts)")
         return
     sys.path.insert(0, str(ROOT / "tests" / "hosts"))
-    from testbed import TestBed  # noqa: E402
+    from testbed import TestBed
 
     # The data on tmpfs as in part 1: /dev/shm is the same file system on every namespace host.
-    with tempfile.TemporaryDirectory(prefix="trainio-bench-hosts-", dir="/dev/shm") as tmp, \
-            TestBed(Path(tmp) / "bed", 2, shared_mb=64) as bed:
+    with (
+        tempfile.TemporaryDirectory(prefix="trainio-bench-hosts-", dir="/dev/shm") as tmp,
+        TestBed(Path(tmp) / "bed", 2, shared_mb=64) as bed,
+    ):
         wl = workload(Path(tmp) / "tiny.yaml", files=1, record=4096, batch=4, threads=4, compute=0.05)
         data = Path(tmp) / "data"
         trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", gpus, "--steps", steps)
         out = Path(tmp) / "r.json"
-        cmd = bed.mpirun({"h1": 1, "h2": 1}, [TRAINIO, "replay", "--quiet", "--workload", wl, "--data-dir",
-                                              data, "--gpus", gpus, "--steps", steps, "--json", out])
+        cmd = bed.mpirun(
+            {"h1": 1, "h2": 1},
+            [
+                TRAINIO,
+                "replay",
+                "--quiet",
+                "--workload",
+                wl,
+                "--data-dir",
+                data,
+                "--gpus",
+                gpus,
+                "--steps",
+                steps,
+                "--json",
+                out,
+            ],
+        )
         subprocess.run(cmd, check=True, capture_output=True, text=True, env=bed.mpi_env())
         r = json.loads(out.read_text())
         print(f"two hosts: the same {gpus} GPUs over 2 hosts × 1 rank (namespace hosts, ranks started over ssh)")
-        print(f"  job         AU {r['au_percent']:6.2f}%  CPU {r['cpu_us_per_gpu_step']:6.1f} µs per GPU-step  "
-              f"overshoot p50 {r['sleep_overshoot_us_p50']} µs p99 {r['sleep_overshoot_us_p99']} µs  "
-              f"barrier {r['barrier_wait_s_mean']:.2f} s per GPU  wall {r['wall_s']:.2f} s")
+        print(
+            f"  job         AU {r['au_percent']:6.2f}%  CPU {r['cpu_us_per_gpu_step']:6.1f} µs per GPU-step  "
+            f"overshoot p50 {r['sleep_overshoot_us_p50']} µs p99 {r['sleep_overshoot_us_p99']} µs  "
+            f"barrier {r['barrier_wait_s_mean']:.2f} s per GPU  wall {r['wall_s']:.2f} s"
+        )
         for h in r["per_host"]:
-            print(f"  host {h['host']:<6} AU {h['au_percent']:6.2f}%  CPU {h['cpu_us_per_gpu_step']:6.1f} µs per GPU-step  "
-                  f"overshoot p50 {h['sleep_overshoot_us_p50']} µs p99 {h['sleep_overshoot_us_p99']} µs")
+            print(
+                f"  host {h['host']:<6} AU {h['au_percent']:6.2f}%  "
+                f"CPU {h['cpu_us_per_gpu_step']:6.1f} µs per GPU-step  "
+                f"overshoot p50 {h['sleep_overshoot_us_p50']} µs p99 {h['sleep_overshoot_us_p99']} µs"
+            )
 
 
 def sh(*cmd) -> str:
@@ -129,9 +157,21 @@ def sh(*cmd) -> str:
 
 
 def fio_mib_s(path: Path, size_mib: int, seconds: int, *extra: str) -> float:
-    out = sh("fio", "--name=replay-vs-fio", f"--filename={path}", f"--size={size_mib}M", "--rw=randread",
-             "--bs=1M", "--direct=1", "--ioengine=io_uring", "--iodepth=16", f"--runtime={seconds}", "--time_based",
-             "--output-format=json", *extra)
+    out = sh(
+        "fio",
+        "--name=replay-vs-fio",
+        f"--filename={path}",
+        f"--size={size_mib}M",
+        "--rw=randread",
+        "--bs=1M",
+        "--direct=1",
+        "--ioengine=io_uring",
+        "--iodepth=16",
+        f"--runtime={seconds}",
+        "--time_based",
+        "--output-format=json",
+        *extra,
+    )
     job = json.loads(out)["jobs"][0]["read"]
     return job["bw_bytes"] / MIB
 
@@ -149,8 +189,16 @@ def bench_fio(rounds: int) -> bool:
         wl = workload(work / "bench16.yaml", files=files, record=MIB, batch=1, threads=16, compute=0)
         trainio("datagen", "--workload", wl, "--data-dir", mnt / "data")
         fio_file = mnt / "fio.dat"
-        sh("fio", "--name=layout", f"--filename={fio_file}", f"--size={files}M", "--rw=write", "--bs=1M",
-           "--direct=1", "--output-format=json")
+        sh(
+            "fio",
+            "--name=layout",
+            f"--filename={fio_file}",
+            f"--size={files}M",
+            "--rw=write",
+            "--bs=1M",
+            "--direct=1",
+            "--output-format=json",
+        )
         print(f"vs fio: 16 readers × 1 MiB O_DIRECT reads, ext4 on {dev} (loop over /dev/shm, direct-io)")
         # The replayer registers its buffers with io_uring; fio does so with --fixedbufs.
         # Both fio variants run and the faster one is the reference.

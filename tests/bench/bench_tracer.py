@@ -47,6 +47,7 @@ from trainio_testlib import TRAINIO, loop_device, majmin
 
 # isort: split
 import polars as pl
+
 from trainio_analysis.trace import read_metadata, scan_trace
 
 RUNTIME = float(os.environ.get("BENCH_RUNTIME", "8"))
@@ -61,8 +62,10 @@ RUNTIME_1M = float(os.environ.get("BENCH_RUNTIME_1M", "5"))
 # Steady-state windows (window_pairs): how long one window lasts, and how many traced
 # pairs each pattern gets; a quarter as many null pairs are mixed in.
 WINDOW_S = float(os.environ.get("BENCH_WINDOW_S", "2"))
-WINDOW_PAIRS = {"4k": int(os.environ.get("BENCH_WINDOW_PAIRS", "24")),
-                "1m": int(os.environ.get("BENCH_WINDOW_PAIRS_1M", "48"))}
+WINDOW_PAIRS = {
+    "4k": int(os.environ.get("BENCH_WINDOW_PAIRS", "24")),
+    "1m": int(os.environ.get("BENCH_WINDOW_PAIRS_1M", "48")),
+}
 
 BPFTRACE = r"""
 tracepoint:block:block_rq_issue /args->dev == $1/ { @start[args->sector] = nsecs; }
@@ -84,16 +87,24 @@ def runtime(pattern: str) -> float:
 
 
 def fio_cmd(dev: str, pattern: str) -> list[str]:
-    common = ["fio", "--name=bench", f"--filename={dev}", "--direct=1", "--ioengine=io_uring",
-              "--time_based", f"--runtime={runtime(pattern)}", "--output-format=json",
-              "--group_reporting"]
+    common = [
+        "fio",
+        "--name=bench",
+        f"--filename={dev}",
+        "--direct=1",
+        "--ioengine=io_uring",
+        "--time_based",
+        f"--runtime={runtime(pattern)}",
+        "--output-format=json",
+        "--group_reporting",
+    ]
     if pattern == "4k":
         return [*common, "--rw=randread", "--bs=4k", "--iodepth=32", "--norandommap", "--randrepeat=0"]
     return [*common, "--rw=read", "--bs=1M", "--iodepth=4"]
 
 
 def fio_result(stdout: str) -> tuple[float, float]:
-    text = stdout[stdout.index("{"):]
+    text = stdout[stdout.index("{") :]
     job = json.loads(text)["jobs"][0]["read"]
     return job["iops"], job["bw_bytes"] / (1 << 20)
 
@@ -105,8 +116,12 @@ def untraced(dev: str, pattern: str) -> tuple[float, float]:
 
 def traced(dev: str, pattern: str, work: Path) -> dict:
     trace = work / f"trace-{pattern}-{time.monotonic_ns()}"
-    out = subprocess.run([str(TRAINIO), "record", "-q", "-o", str(trace), "--dev", dev, "--",
-                          *fio_cmd(dev, pattern)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(TRAINIO), "record", "-q", "-o", str(trace), "--dev", dev, "--", *fio_cmd(dev, pattern)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     iops, mib = fio_result(out.stdout)
     meta = read_metadata(trace)
     block = scan_trace(trace).filter(pl.col("layer") == "block").select(pl.len()).collect().item()
@@ -122,9 +137,16 @@ def traced(dev: str, pattern: str, work: Path) -> dict:
     user_ns = cpu["drain"] + cpu["encoder"]
     # Over fio's runtime, though the recorder's CPU includes its start and end: an upper bound.
     cpu_share = (user_ns + bpf_ns * block) / (runtime(pattern) * 1e9)
-    return {"iops": iops, "mib_s": mib, "events": block, "lost": sum(meta["lost_events"].values()),
-            "bytes_per_event": size / max(block, 1), "bpf_ns_per_event": bpf_ns,
-            "user_ns_per_event": user_ns / max(rows, 1), "cpu_share": cpu_share}
+    return {
+        "iops": iops,
+        "mib_s": mib,
+        "events": block,
+        "lost": sum(meta["lost_events"].values()),
+        "bytes_per_event": size / max(block, 1),
+        "bpf_ns_per_event": bpf_ns,
+        "user_ns_per_event": user_ns / max(rows, 1),
+        "cpu_share": cpu_share,
+    }
 
 
 def sectors_read(name: str) -> tuple[int, float]:
@@ -171,8 +193,19 @@ def window_pairs(dev: str, pattern: str, pairs: int, work: Path) -> dict:
         def beside(arm: str, i: int) -> float:
             trace = work / f"window-{pattern}-{i}"
             if arm == "traced":
-                cmd = [str(TRAINIO), "record", "-o", str(trace), "--dev", dev, "--pid", str(fio.pid),
-                       "--no-bpf-stats", "--duration", f"{WINDOW_S + 0.5:g}"]
+                cmd = [
+                    str(TRAINIO),
+                    "record",
+                    "-o",
+                    str(trace),
+                    "--dev",
+                    dev,
+                    "--pid",
+                    str(fio.pid),
+                    "--no-bpf-stats",
+                    "--duration",
+                    f"{WINDOW_S + 0.5:g}",
+                ]
             elif arm == "floor":
                 # bpftrace prints to stdout; its exit code after SIGINT is 0.
                 cmd = ["sh", "-c", 'exec bpftrace "$0" "$1" 1>&2', counting.name, kdev]
@@ -188,8 +221,10 @@ def window_pairs(dev: str, pattern: str, pairs: int, work: Path) -> dict:
                 rec.send_signal(signal.SIGINT)
             err = rec.stderr.read()
             if rec.wait() != 0 or fio.poll() is not None:
-                raise RuntimeError(f"window {i} ({arm}): recorder exit {rec.returncode}, fio "
-                                   f"{'ended' if fio.poll() is not None else 'running'}: {err.strip()}")
+                raise RuntimeError(
+                    f"window {i} ({arm}): recorder exit {rec.returncode}, fio "
+                    f"{'ended' if fio.poll() is not None else 'running'}: {err.strip()}"
+                )
             if arm == "traced":
                 out["lost"] += sum(read_metadata(trace)["lost_events"].values())
                 shutil.rmtree(trace)
@@ -232,8 +267,9 @@ def interval(base: list[float], traced_iops: list[float], draws: int = 4000) -> 
     return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
 
 
-def relative_interval(a: tuple[list[float], list[float]], b: tuple[list[float], list[float]],
-                      draws: int = 4000) -> tuple[float, float, float]:
+def relative_interval(
+    a: tuple[list[float], list[float]], b: tuple[list[float], list[float]], draws: int = 4000
+) -> tuple[float, float, float]:
     """Arm a's ratio over arm b's (each the mean of its windows over the mean of its untraced
     neighbours), with a 95% interval from resampling each arm's pairs on its own."""
     rng = random.Random(1)
@@ -242,8 +278,10 @@ def relative_interval(a: tuple[list[float], list[float]], b: tuple[list[float], 
         return sum(arm[1][i] for i in pick) / sum(arm[0][i] for i in pick)
 
     point = ratio(a, list(range(len(a[0])))) / ratio(b, list(range(len(b[0]))))
-    draws_ = sorted(ratio(a, [rng.randrange(len(a[0])) for _ in a[0]])
-                    / ratio(b, [rng.randrange(len(b[0])) for _ in b[0]]) for _ in range(draws))
+    draws_ = sorted(
+        ratio(a, [rng.randrange(len(a[0])) for _ in a[0]]) / ratio(b, [rng.randrange(len(b[0])) for _ in b[0]])
+        for _ in range(draws)
+    )
     return point, draws_[int(0.025 * draws)], draws_[int(0.975 * draws) - 1]
 
 
@@ -252,8 +290,9 @@ def bpftraced_run(program: str, args: list[str], workload: list[str]) -> tuple[f
     with tempfile.NamedTemporaryFile("w", suffix=".bt") as script:
         script.write(program)
         script.flush()
-        bt = subprocess.Popen(["bpftrace", script.name, *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+        bt = subprocess.Popen(
+            ["bpftrace", script.name, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
         assert bt.stdout is not None
         bt.stdout.readline()  # "Attaching N probes..."
         lines = 0
@@ -287,8 +326,11 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="trainio-bench-") as tmp, loop_device(1024, fill=True) as dev:
         work = Path(tmp)
-        print(f"device {dev} ({majmin(dev)}) over /dev/shm: {PAIRS} pairs of {RUNTIME:g} s at 4 KiB, "
-              f"{PAIRS_1M} pairs of {RUNTIME_1M:g} s at 1 MiB", flush=True)
+        print(
+            f"device {dev} ({majmin(dev)}) over /dev/shm: {PAIRS} pairs of {RUNTIME:g} s at 4 KiB, "
+            f"{PAIRS_1M} pairs of {RUNTIME_1M:g} s at 1 MiB",
+            flush=True,
+        )
         for pattern, target, pairs in (("4k", 0.85, PAIRS), ("1m", 0.98, PAIRS_1M)):
             base, with_trace = [], []
             for i in range(pairs):
@@ -300,9 +342,11 @@ def main() -> int:
                 else:
                     with_trace.append(traced(dev, pattern, work))
                     base.append(untraced(dev, pattern))
-                print(f"  {pattern} pair {i + 1}: untraced {base[-1][0]:,.0f} IOPS, traced "
-                      f"{with_trace[-1]['iops']:,.0f} IOPS ({with_trace[-1]['iops'] / base[-1][0]:.1%})",
-                      flush=True)
+                print(
+                    f"  {pattern} pair {i + 1}: untraced {base[-1][0]:,.0f} IOPS, traced "
+                    f"{with_trace[-1]['iops']:,.0f} IOPS ({with_trace[-1]['iops'] / base[-1][0]:.1%})",
+                    flush=True,
+                )
             b = statistics.mean(x[0] for x in base)
             t = statistics.mean(x["iops"] for x in with_trace)
             # The verdict is the ratio of the means; the spread of the pairs' own ratios
@@ -317,14 +361,18 @@ def main() -> int:
         print(f"  bpftrace counting only: {count_iops:,.0f} IOPS", flush=True)
         windows = {}
         for pattern in ("4k", "1m"):
-            print(f"  {pattern} steady state: {WINDOW_PAIRS[pattern]} pairs of {WINDOW_S:g} s windows "
-                  "in one fio run", flush=True)
+            print(
+                f"  {pattern} steady state: {WINDOW_PAIRS[pattern]} pairs of {WINDOW_S:g} s windows in one fio run",
+                flush=True,
+            )
             windows[pattern] = window_pairs(dev, pattern, WINDOW_PAIRS[pattern], work)
 
     print()
-    print(f"{'workload':<34} {'untraced IOPS':>14} {'traced IOPS':>12} {'ratio':>7} {'95% interval':>13} "
-          f"{'target':>7} {'lost':>6} {'B/event':>8} {'BPF ns/event':>13} {'user ns/event':>14} "
-          f"{'CPU':>6}  {'pairs':>13}")
+    print(
+        f"{'workload':<34} {'untraced IOPS':>14} {'traced IOPS':>12} {'ratio':>7} {'95% interval':>13} "
+        f"{'target':>7} {'lost':>6} {'B/event':>8} {'BPF ns/event':>13} {'user ns/event':>14} "
+        f"{'CPU':>6}  {'pairs':>13}"
+    )
     for pattern, b, t, ratio, target, runs, spread, (lo, hi) in rows:
         name = "4 KiB randread io_uring QD32" if pattern == "4k" else "1 MiB seqread io_uring QD4"
         lost = sum(r["lost"] for r in runs)
@@ -332,9 +380,11 @@ def main() -> int:
         ns = statistics.mean(r["bpf_ns_per_event"] for r in runs)
         user = statistics.mean(r["user_ns_per_event"] for r in runs)
         cpu = statistics.mean(r["cpu_share"] for r in runs)
-        print(f"{name:<34} {b:>14,.0f} {t:>12,.0f} {ratio:>6.1%} {lo:>6.1%}-{hi:<6.1%} {target:>7.0%} "
-              f"{lost:>6} {bpe:>8.2f} {ns:>13.0f} {user:>14.0f} {cpu:>6.2%}  "
-              f"{min(spread):>5.1%}-{max(spread):.1%}  {verdict(lo, hi, target)}")
+        print(
+            f"{name:<34} {b:>14,.0f} {t:>12,.0f} {ratio:>6.1%} {lo:>6.1%}-{hi:<6.1%} {target:>7.0%} "
+            f"{lost:>6} {bpe:>8.2f} {ns:>13.0f} {user:>14.0f} {cpu:>6.2%}  "
+            f"{min(spread):>5.1%}-{max(spread):.1%}  {verdict(lo, hi, target)}"
+        )
     for pattern, target in (("4k", 0.85), ("1m", 0.98)):
         w = windows[pattern]
         for arm, label in (("traced", "steady state"), ("null", "null arm"), ("floor", "bpftrace counting")):
@@ -345,25 +395,41 @@ def main() -> int:
             lo, hi = interval(base, other)
             pair = [o / x for x, o in zip(base, other)]
             name = f"{'4 KiB' if pattern == '4k' else '1 MiB'}, {label} ({len(base)} x {WINDOW_S:g} s)"
-            tail = (f"{w['lost']:>6} {'':>8} {'':>13} {'':>14} {'':>6}  " if arm == "traced"
-                    else f"{'':>6} {'':>8} {'':>13} {'':>14} {'':>6}  ")
-            judged = {"traced": verdict(lo, hi, target), "null": "(expect 100%)",
-                      "floor": "(the floor: counts, records nothing)"}[arm]
+            tail = (
+                f"{w['lost']:>6} {'':>8} {'':>13} {'':>14} {'':>6}  "
+                if arm == "traced"
+                else f"{'':>6} {'':>8} {'':>13} {'':>14} {'':>6}  "
+            )
+            judged = {
+                "traced": verdict(lo, hi, target),
+                "null": "(expect 100%)",
+                "floor": "(the floor: counts, records nothing)",
+            }[arm]
             aim = {"traced": f"{target:>7.0%}", "null": f"{1:>7.0%}", "floor": f"{'':>7}"}[arm]
-            print(f"{name:<34} {b:>14,.0f} {t:>12,.0f} {t / b:>6.1%} {lo:>6.1%}-{hi:<6.1%} "
-                  f"{aim} {tail}sd {statistics.stdev(pair):.1%}  {judged}")
+            print(
+                f"{name:<34} {b:>14,.0f} {t:>12,.0f} {t / b:>6.1%} {lo:>6.1%}-{hi:<6.1%} "
+                f"{aim} {tail}sd {statistics.stdev(pair):.1%}  {judged}"
+            )
         if w["floor"][0]:
             rel, lo, hi = relative_interval(w["traced"], w["floor"])
-            print(f"{'4 KiB, steady state / counting':<34} {'':>14} {'':>12} {rel:>6.1%} {lo:>6.1%}-{hi:<6.1%}"
-                  "          (the tracer's windows against bpftrace counting's, same fio run)")
-    print("(CPU: the probes' and the recorder's time while tracing, as a share of one of the "
-          f"{os.cpu_count()} CPUs. Steady state: windows of one fio run, IOPS from the device's "
-          "sector count; pairs: the sd of one pair's ratio. met / MISSED / undecided: the 95% "
-          "interval above / below / across the target)")
-    print(f"{'4 KiB randread under bpftrace':<34} {b4k:>14,.0f} {bt_iops:>12,.0f} {bt_iops / b4k:>6.1%}"
-          f"        (per-request printf program, {bt_lines:,} events printed)")
-    print(f"{'4 KiB randread, bpftrace counting':<34} {b4k:>14,.0f} {count_iops:>12,.0f} "
-          f"{count_iops / b4k:>6.1%}        (count() on issue and complete: records nothing)")
+            print(
+                f"{'4 KiB, steady state / counting':<34} {'':>14} {'':>12} {rel:>6.1%} {lo:>6.1%}-{hi:<6.1%}"
+                "          (the tracer's windows against bpftrace counting's, same fio run)"
+            )
+    print(
+        "(CPU: the probes' and the recorder's time while tracing, as a share of one of the "
+        f"{os.cpu_count()} CPUs. Steady state: windows of one fio run, IOPS from the device's "
+        "sector count; pairs: the sd of one pair's ratio. met / MISSED / undecided: the 95% "
+        "interval above / below / across the target)"
+    )
+    print(
+        f"{'4 KiB randread under bpftrace':<34} {b4k:>14,.0f} {bt_iops:>12,.0f} {bt_iops / b4k:>6.1%}"
+        f"        (per-request printf program, {bt_lines:,} events printed)"
+    )
+    print(
+        f"{'4 KiB randread, bpftrace counting':<34} {b4k:>14,.0f} {count_iops:>12,.0f} "
+        f"{count_iops / b4k:>6.1%}        (count() on issue and complete: records nothing)"
+    )
     return 0
 
 

@@ -16,8 +16,9 @@ from trainio_testlib import ROOT, TRAINIO
 
 ANALYSIS = ("analyze", "report", "compare", "export", "import")
 COMPILED = ("record", "replay", "datagen", "sweep")
-VERSION = re.search(r'^\[workspace\.package\][^\[]*?^version\s*=\s*"([^"]+)"',
-                    (ROOT / "Cargo.toml").read_text(), re.M | re.S).group(1)
+VERSION = re.search(
+    r'^\[workspace\.package\][^\[]*?^version\s*=\s*"([^"]+)"', (ROOT / "Cargo.toml").read_text(), re.M | re.S
+).group(1)
 
 
 def run(trainio: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -35,8 +36,12 @@ def fresh_clone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     importing polars, pyarrow, numpy or plotly fails, so help that needs them fails."""
     tmp = tmp_path_factory.mktemp("cli")
     clone = tmp / "trainio"
-    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{ROOT}", str(clone)],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        ["git", "clone", "-q", "--depth", "1", f"file://{ROOT}", str(clone)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert not (clone / ".venv").exists() and not (clone / "target").exists()
     assert not (clone / "analysis" / "trainio_analysis" / "_native.so").exists()
     poison = tmp / "poison"

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainio_testlib import ROOT  # noqa: E402
+from trainio_testlib import ROOT
 
 DEMO = ROOT / "scripts" / "demo.sh"
 
@@ -37,8 +37,13 @@ def test_demo_names_the_gpu_count_where_au_falls_below_90(tmp_path: Path) -> Non
     if os.geteuid() != 0:
         pytest.skip("needs root (loop device, cgroup, BPF)")
     out = tmp_path / "demo"
-    p = subprocess.Popen([str(DEMO)], env={**os.environ, "TRAINIO_DEMO_OUT": str(out)},
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [str(DEMO)],
+        env={**os.environ, "TRAINIO_DEMO_OUT": str(out)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         log, _ = p.communicate(timeout=300)
     finally:
@@ -56,7 +61,7 @@ def test_demo_names_the_gpu_count_where_au_falls_below_90(tmp_path: Path) -> Non
     assert not curve[3]["pass"] and curve[3]["au_percent"] < 90, curve[3]
     # The drive is the limit: 4 GPUs want 320 MiB/s and get the throttle's 200.
     assert curve[4]["throughput_mib_s"] == pytest.approx(200, rel=0.10), curve[4]
-    summary = log[log.index("== summary"):]
+    summary = log[log.index("== summary") :]
     assert "AU falls below 90% at 3 GPUs: the 200 MiB/s drive keeps 2 GPU(s) >= 90% busy" in summary, summary
     assert (out / "report.html").stat().st_size > 0
 
@@ -65,8 +70,13 @@ def test_demo_refuses_a_bad_drive_bandwidth(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root")
     out = tmp_path / "demo"
-    r = subprocess.run([str(DEMO)], env={**os.environ, "TRAINIO_DEMO_OUT": str(out), "TRAINIO_DEMO_DRIVE_MIBS": "fast"},
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [str(DEMO)],
+        env={**os.environ, "TRAINIO_DEMO_OUT": str(out), "TRAINIO_DEMO_DRIVE_MIBS": "fast"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "TRAINIO_DEMO_DRIVE_MIBS=fast" in r.stderr, r.stderr
     assert not out.exists()

@@ -45,15 +45,17 @@ def test_replay_at_the_recorded_gpu_count_reproduces_the_original(work):
     blocks = cmp_["bytes_read"]
     # A block completion the kernel did not hand to the probe (docs/recorder.md) is counted
     # by the recorder; a trace that counts none must hold every byte read.
-    missing = {k: sum(n for p, n in m["lost_events"].items() if p.startswith("block_rq_complete:"))
-               for k, m in r["meta"].items()}
+    missing = {
+        k: sum(n for p, n in m["lost_events"].items() if p.startswith("block_rq_complete:"))
+        for k, m in r["meta"].items()
+    }
     if not any(missing.values()):
         assert blocks["a"] == blocks["b"] == orig["bytes_read"], f"the block layer saw other reads: {r['meta']}"
     else:
         assert max(blocks["a"], blocks["b"]) <= orig["bytes_read"], r["meta"]
         print(f"completions the traces lack, as they say: {missing}")
     assert orig["gpu_steps"] * 4 >= 300  # reads of 1 MiB: a few hundred requests at least
-    detail = (f"\ncompare: {cmp_}\nAU {orig['au_percent']:.2f} vs {rep['au_percent']:.2f}")
+    detail = f"\ncompare: {cmp_}\nAU {orig['au_percent']:.2f} vs {rep['au_percent']:.2f}"
     assert abs(cmp_["throughput_rel_error"]) <= 0.05, detail
     assert abs(rep["au_percent"] - orig["au_percent"]) <= 2.0, detail
     assert cmp_["qd_w1_issue"] <= 1.0, detail

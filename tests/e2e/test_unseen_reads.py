@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainio_testlib import ROOT, mounted_loop_fs, run, trainio  # noqa: E402
+from trainio_testlib import ROOT, mounted_loop_fs, run, trainio
 
 MiB = 1 << 20
 SIZE_MB = 64
@@ -51,8 +51,17 @@ def data_file():
 
 
 READERS = {
-    "io_uring": lambda f: ["fio", "--name=uring", "--ioengine=io_uring", "--rw=read", "--bs=1M",
-                           f"--filename={f}", f"--size={SIZE_MB}M", "--direct=0", "--output=/dev/null"],
+    "io_uring": lambda f: [
+        "fio",
+        "--name=uring",
+        "--ioengine=io_uring",
+        "--rw=read",
+        "--bs=1M",
+        f"--filename={f}",
+        f"--size={SIZE_MB}M",
+        "--direct=0",
+        "--output=/dev/null",
+    ],
     "mmap": lambda f: [PY, "-c", MMAP_READER, str(f)],
 }
 
@@ -78,15 +87,25 @@ def test_reads_the_file_layer_cannot_see_are_reported_and_not_replayed(data_file
     human = trainio("analyze", trace, timeout=300)
     assert "INCOMPLETE" in human.stdout, human.stdout
     data_dir = mnt / "replay"
-    r = trainio("replay", "--trace", trace, "--data-dir", data_dir, "--gpus", "1", "--generate", "-q",
-                timeout=300)
+    r = trainio("replay", "--trace", trace, "--data-dir", data_dir, "--gpus", "1", "--generate", "-q", timeout=300)
     assert r.returncode == 2, (r.returncode, r.stderr)
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "--allow-incomplete" in lines[0] and str(trace) in lines[0], r.stderr
     assert not data_dir.exists(), "nothing written when the replay is refused"
     if model["gpus"]:
-        ok = trainio("replay", "--trace", trace, "--data-dir", data_dir, "--gpus", "1", "--generate",
-                     "--allow-incomplete", "-q", timeout=300)
+        ok = trainio(
+            "replay",
+            "--trace",
+            trace,
+            "--data-dir",
+            data_dir,
+            "--gpus",
+            "1",
+            "--generate",
+            "--allow-incomplete",
+            "-q",
+            timeout=300,
+        )
         assert ok.returncode == 0, ok.stderr
     run(["rm", "-rf", str(data_dir)])
 
@@ -110,8 +129,17 @@ def test_io_uring_requests_are_file_layer_rows_with_record_io_uring(data_file, t
     _evict(f)
     trace = tmp_path / "trace"
     target = mnt / "out.bin" if how == "write" else f
-    cmd = ["fio", "--name=uring", "--ioengine=io_uring", "--bs=1M", f"--filename={target}",
-           f"--size={SIZE_MB}M", "--direct=0", "--output=/dev/null", *URING[how]]
+    cmd = [
+        "fio",
+        "--name=uring",
+        "--ioengine=io_uring",
+        "--bs=1M",
+        f"--filename={target}",
+        f"--size={SIZE_MB}M",
+        "--direct=0",
+        "--output=/dev/null",
+        *URING[how],
+    ]
     rec = trainio("record", "-q", "--io-uring", "-o", trace, "--", *cmd, timeout=300)
     assert rec.returncode == 0, rec.stderr
     import pyarrow.dataset as ds

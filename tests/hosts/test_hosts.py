@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from testbed import TestBed, need_testbed_tools, netns_pids
+
 from trainio_testlib import TRAINIO, run
 
 pytestmark = [pytest.mark.root]
@@ -51,8 +51,21 @@ def mem_total_bytes() -> int:
 
 
 def datagen(wl: Path, data: Path, gpus: int, steps: int) -> None:
-    p = run([str(TRAINIO), "datagen", "--workload", str(wl), "--data-dir", str(data), "--gpus", str(gpus),
-             "--steps", str(steps)], timeout=120)
+    p = run(
+        [
+            str(TRAINIO),
+            "datagen",
+            "--workload",
+            str(wl),
+            "--data-dir",
+            str(data),
+            "--gpus",
+            str(gpus),
+            "--steps",
+            str(steps),
+        ],
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
 
 
@@ -110,9 +123,10 @@ def test_replay_288_gpus_over_3_hosts(bed3, tmp_path):
     steps = 5
     datagen(wl, data, 288, steps)
     out = tmp_path / "r.json"
-    cmd = bed3.mpirun({"h1": 2, "h2": 2, "h3": 2},
-                      [TRAINIO, "replay", "--workload", wl, "--data-dir", data, "--gpus", 288, "--steps", steps,
-                       "--json", out])
+    cmd = bed3.mpirun(
+        {"h1": 2, "h2": 2, "h3": 2},
+        [TRAINIO, "replay", "--workload", wl, "--data-dir", data, "--gpus", 288, "--steps", steps, "--json", out],
+    )
     p = run(cmd, timeout=120, env=bed3.mpi_env())
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -148,9 +162,28 @@ def test_sweep_over_2_hosts(bed3, tmp_path):
     data = bed3.shared / "sweep"
     wl = workload(tmp_path / "wl.yaml", compute=0.1)
     curve = tmp_path / "curve.json"
-    cmd = bed3.mpirun({"h1": 2, "h2": 2},
-                      [TRAINIO, "sweep", "--workload", wl, "--data-dir", data, "--generate", "--steps", 4,
-                       "--start-gpus", 4, "--max-gpus", 16, "--threshold", 75, "--json", curve])
+    cmd = bed3.mpirun(
+        {"h1": 2, "h2": 2},
+        [
+            TRAINIO,
+            "sweep",
+            "--workload",
+            wl,
+            "--data-dir",
+            data,
+            "--generate",
+            "--steps",
+            4,
+            "--start-gpus",
+            4,
+            "--max-gpus",
+            16,
+            "--threshold",
+            75,
+            "--json",
+            curve,
+        ],
+    )
     p = run(cmd, timeout=120, env=bed3.mpi_env())
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads(curve.read_text())
@@ -186,8 +219,10 @@ def test_rank_killed_on_host2_ends_the_job_everywhere(bed3, tmp_path):
     data = bed3.shared / "kill"
     wl = workload(tmp_path / "wl.yaml", compute=0.5)
     datagen(wl, data, 12, 60)
-    cmd = bed3.mpirun({"h1": 2, "h2": 2, "h3": 2},
-                      [TRAINIO, "replay", "--workload", wl, "--data-dir", data, "--gpus", 12, "--steps", 60])
+    cmd = bed3.mpirun(
+        {"h1": 2, "h2": 2, "h3": 2},
+        [TRAINIO, "replay", "--workload", wl, "--data-dir", data, "--gpus", 12, "--steps", 60],
+    )
     job = subprocess.Popen(cmd, env=bed3.mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -225,8 +260,10 @@ def test_rank_failing_on_host2_names_rank_and_host(bed3, tmp_path):
     try:
         assert any(data.iterdir())  # the machine still sees the data
         assert bed3.on_host("h2", ["ls", "-A", data]).stdout == ""
-        cmd = bed3.mpirun({"h1": 2, "h2": 2, "h3": 2},
-                          [TRAINIO, "replay", "--workload", wl, "--data-dir", data, "--gpus", 6, "--steps", 5])
+        cmd = bed3.mpirun(
+            {"h1": 2, "h2": 2, "h3": 2},
+            [TRAINIO, "replay", "--workload", wl, "--data-dir", data, "--gpus", 6, "--steps", 5],
+        )
         t0 = time.monotonic()
         p = run(cmd, timeout=60, env=bed3.mpi_env())
         took = time.monotonic() - t0
@@ -255,8 +292,24 @@ def test_the_step_barrier_crosses_hosts(bed3, tmp_path):
     try:
         for mode, extra in (("barrier", []), ("no-barrier", ["--no-barrier"])):
             out = tmp_path / f"{mode}.json"
-            cmd = bed3.mpirun({"h1": 2, "h2": 2}, [TRAINIO, "replay", "--workload", wl, "--data-dir", data,
-                                                    "--gpus", 4, "--steps", steps, "--json", out, *extra])
+            cmd = bed3.mpirun(
+                {"h1": 2, "h2": 2},
+                [
+                    TRAINIO,
+                    "replay",
+                    "--workload",
+                    wl,
+                    "--data-dir",
+                    data,
+                    "--gpus",
+                    4,
+                    "--steps",
+                    steps,
+                    "--json",
+                    out,
+                    *extra,
+                ],
+            )
             p = run(cmd, timeout=60, env=bed3.mpi_env())
             assert p.returncode == 0, p.stderr[-3000:]
             results[mode] = {h["host"]: h for h in json.loads(out.read_text())["per_host"]}

@@ -39,8 +39,9 @@ SSHD = "/usr/sbin/sshd"
 def need_testbed_tools() -> None:
     if os.geteuid() != 0:
         pytest.fail("the multi-host tests need root (network namespaces, loop devices)")
-    missing = [t for t in ("ip", "unshare", "nsenter", "mpirun", "ssh", "ssh-keygen", "/usr/sbin/sshd")
-               if not shutil.which(t)]
+    missing = [
+        t for t in ("ip", "unshare", "nsenter", "mpirun", "ssh", "ssh-keygen", "/usr/sbin/sshd") if not shutil.which(t)
+    ]
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: run scripts/install-deps.sh (openssh-server, openmpi-bin)")
 
@@ -89,7 +90,7 @@ class TestBed:
 
     # -- set-up ---------------------------------------------------------------------------
 
-    def __enter__(self) -> "TestBed":
+    def __enter__(self) -> TestBed:
         try:
             dev, _, mnt = self._stack.enter_context(mounted_loop_fs(self.shared_mb))
             self.shared, self.shared_dev = mnt, dev
@@ -174,16 +175,21 @@ class TestBed:
         """A command prefix that runs argv as `host`: in its network namespace, a new UTS
         namespace named `host`, and a private mount namespace with the test bed's
         /etc/hosts and its own /run (sshd's privilege separation directory lives there)."""
-        script = (f"mount --bind {self.tmp / 'hosts'} /etc/hosts && "
-                  "mount -t tmpfs -o mode=755 trainio-run /run && mkdir -m 755 /run/sshd && "
-                  f"hostname {host} && {setup}exec \"$@\"")
+        script = (
+            f"mount --bind {self.tmp / 'hosts'} /etc/hosts && "
+            "mount -t tmpfs -o mode=755 trainio-run /run && mkdir -m 755 /run/sshd && "
+            f'hostname {host} && {setup}exec "$@"'
+        )
         return ["ip", "netns", "exec", self.ns(host), "unshare", "--uts", "--mount", "sh", "-c", script, host]
 
     def _start_sshd(self, h: str) -> None:
         log = open(self.tmp / f"{h}.sshd.log", "wb")
         self.sshd[h] = subprocess.Popen(
             [*self._on_host_cmd(h), SSHD, "-D", "-e", "-f", str(self.tmp / f"{h}.sshd_config")],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
         log.close()
 
     def _wait_ssh(self, h: str, timeout: float = 20) -> None:

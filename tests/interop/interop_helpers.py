@@ -7,8 +7,8 @@ from pathlib import Path
 
 import polars as pl
 
-from trainio_testlib import trainio
 from trainio_analysis.trace import scan_trace
+from trainio_testlib import trainio
 
 
 def ok(*args, timeout: float = 300, **kw) -> str:
@@ -39,7 +39,20 @@ def block_requests(trace: Path, dev: str) -> pl.DataFrame:
 def fio_job(dev: str, *extra: str) -> list[str]:
     """A bursty job, shaped like training steps: 32 random reads and writes (70/30) of three
     sizes at QD 4, then 100 ms without I/O; 640 requests."""
-    return ["fio", "--name=job", f"--filename={dev}", "--rw=randrw", "--rwmixread=70",
-            "--bssplit=4k/40:64k/30:256k/30", "--ioengine=libaio", "--direct=1", "--iodepth=4",
-            "--thinktime=100ms", "--thinktime_blocks=32", "--number_ios=640", "--randrepeat=0",
-            "--output-format=terse", *extra]
+    return [
+        "fio",
+        "--name=job",
+        f"--filename={dev}",
+        "--rw=randrw",
+        "--rwmixread=70",
+        "--bssplit=4k/40:64k/30:256k/30",
+        "--ioengine=libaio",
+        "--direct=1",
+        "--iodepth=4",
+        "--thinktime=100ms",
+        "--thinktime_blocks=32",
+        "--number_ios=640",
+        "--randrepeat=0",
+        "--output-format=terse",
+        *extra,
+    ]

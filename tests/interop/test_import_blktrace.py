@@ -19,8 +19,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
 from interop_helpers import block_requests, fio_job, ok
+
 from trainio_analysis.trace import read_metadata, scan_trace
 from trainio_testlib import loop_device, majmin
 
@@ -61,8 +61,18 @@ def test_imported_blktrace_has_trainios_requests_and_queue_depths(tmp_path: Path
         pytest.fail("this test needs root (loop devices, BPF, tracefs): run it as root")
     with loop_device(256) as dev:
         with kernel_blktrace(dev, tmp_path / "blkparse.txt"):
-            ok("record", "-q", "--layers", "block", "--dev", dev, "-o", tmp_path / "recorded", "--",
-               *fio_job(dev, "--iodepth=8"))
+            ok(
+                "record",
+                "-q",
+                "--layers",
+                "block",
+                "--dev",
+                dev,
+                "-o",
+                tmp_path / "recorded",
+                "--",
+                *fio_job(dev, "--iodepth=8"),
+            )
         ok("import", "--blktrace", tmp_path / "blkparse.txt", "-o", tmp_path / "imported")
         mm = majmin(dev)
     meta = read_metadata(tmp_path / "imported")
@@ -72,16 +82,20 @@ def test_imported_blktrace_has_trainios_requests_and_queue_depths(tmp_path: Path
     recorded, imported = block_requests(tmp_path / "recorded", mm), block_requests(tmp_path / "imported", mm)
     assert imported.height == recorded.height == 640
     # the same requests: op, device offset, size
-    assert collections.Counter(zip(imported["op"], imported["offset"], imported["bytes"], strict=True)) == \
-        collections.Counter(zip(recorded["op"], recorded["offset"], recorded["bytes"], strict=True))
+    assert collections.Counter(
+        zip(imported["op"], imported["offset"], imported["bytes"], strict=True)
+    ) == collections.Counter(zip(recorded["op"], recorded["offset"], recorded["bytes"], strict=True))
     # and in the same order of issue
     assert imported["offset"].to_list() == recorded["offset"].to_list()
 
-    scores = json.loads(ok("compare", tmp_path / "recorded", tmp_path / "imported", "--layer", "block",
-                           "--dev", mm, "--json"))
-    print(f"\nblktrace import: {imported.height} requests; QD W1 per issue {scores['qd_w1_issue']:.3f}, "
-          f"time-weighted {scores['qd_w1_time']:.3f}, busy-time {scores['qd_w1_time_busy']:.3f}; "
-          f"QD per issue max {int(recorded['queue_depth'].max())} / {int(imported['queue_depth'].max())}")
+    scores = json.loads(
+        ok("compare", tmp_path / "recorded", tmp_path / "imported", "--layer", "block", "--dev", mm, "--json")
+    )
+    print(
+        f"\nblktrace import: {imported.height} requests; QD W1 per issue {scores['qd_w1_issue']:.3f}, "
+        f"time-weighted {scores['qd_w1_time']:.3f}, busy-time {scores['qd_w1_time_busy']:.3f}; "
+        f"QD per issue max {int(recorded['queue_depth'].max())} / {int(imported['queue_depth'].max())}"
+    )
     assert scores["qd_w1_issue"] <= 0.5
     assert scores["qd_w1_time_busy"] <= 0.5
     assert int(imported["queue_depth"].max()) > 1  # the job kept several in flight
@@ -107,9 +121,7 @@ CPU0 (8,0):
 Total (8,0):
 """
     (tmp_path / "a.txt").write_text(text)
-    classic = "\n".join(
-        " ".join(f for i, f in enumerate(line.split()) if i != 2) for line in text.splitlines()[:11]
-    )
+    classic = "\n".join(" ".join(f for i, f in enumerate(line.split()) if i != 2) for line in text.splitlines()[:11])
     (tmp_path / "b.txt").write_text("# tracer: blk\n#\n" + classic + "\n")
     for name in ("a", "b"):
         ok("import", "--blktrace", tmp_path / f"{name}.txt", "-o", tmp_path / name)
@@ -124,5 +136,7 @@ Total (8,0):
         assert df["queue_depth"].to_list() == [1, 2, 1, 1]
         assert df["comm"].to_list() == ["job", "job", "kworker/1:1H", "job"]
         assert read_metadata(tmp_path / name)["lost_events"] == {
-            "blktrace:completion_unseen": 0, "blktrace:dispatch_unseen": 0}
+            "blktrace:completion_unseen": 0,
+            "blktrace:dispatch_unseen": 0,
+        }
         assert df.filter(pl.col("op") == "flush")["pid"].to_list() == [77]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
 from interop_helpers import analyze_json, ok
+
 from trainio_analysis.trace import read_metadata, scan_trace
 from trainio_testlib import trainio
 
@@ -39,8 +39,9 @@ def dftracer_preload() -> Path:
     try:
         import dftracer
     except ImportError:
-        pytest.fail("the dftracer package is not installed: scripts/install-deps.sh installs "
-                    "tests/interop/requirements.txt")
+        pytest.fail(
+            "the dftracer package is not installed: scripts/install-deps.sh installs tests/interop/requirements.txt"
+        )
     lib = Path(dftracer.__file__).parent / "lib64" / "libdftracer_preload.so"
     assert lib.is_file(), f"{lib}: dftracer's preload library is missing"
     return lib
@@ -50,8 +51,9 @@ def file_reads(trace: Path, data: Path) -> dict[str, pl.DataFrame]:
     """Reads of each file under ``data``: offset, bytes, bytes asked, in issue order."""
     df = (
         scan_trace(trace)
-        .filter((pl.col("layer") == "file") & (pl.col("op") == "read")
-                & pl.col("file").str.starts_with(str(data) + "/"))
+        .filter(
+            (pl.col("layer") == "file") & (pl.col("op") == "read") & pl.col("file").str.starts_with(str(data) + "/")
+        )
         .sort("issue_ns")
         .collect()
     )
@@ -69,12 +71,29 @@ def test_imported_dftracer_trace_agrees_with_trainio_record(tmp_path: Path) -> N
     for name, size in (("a.bin", (1 << 20) + 123), ("b.bin", 300 << 10), ("c.bin", 65536 + 7)):
         (data / name).write_bytes(os.urandom(size))
     (tmp_path / "reader.py").write_text(READER)
-    env = {"DFTRACER_ENABLE": "1", "DFTRACER_INC_METADATA": "1", "DFTRACER_INIT": "PRELOAD",
-           "DFTRACER_LOG_FILE": str(tmp_path / "dft" / "trace"), "DFTRACER_DATA_DIR": str(data),
-           "LD_PRELOAD": str(preload)}
+    env = {
+        "DFTRACER_ENABLE": "1",
+        "DFTRACER_INC_METADATA": "1",
+        "DFTRACER_INIT": "PRELOAD",
+        "DFTRACER_LOG_FILE": str(tmp_path / "dft" / "trace"),
+        "DFTRACER_DATA_DIR": str(data),
+        "LD_PRELOAD": str(preload),
+    }
     (tmp_path / "dft").mkdir()
-    ok("record", "-q", "--layers", "file", "-o", tmp_path / "recorded", "--",
-       "env", *(f"{k}={v}" for k, v in env.items()), sys.executable, tmp_path / "reader.py", data)
+    ok(
+        "record",
+        "-q",
+        "--layers",
+        "file",
+        "-o",
+        tmp_path / "recorded",
+        "--",
+        "env",
+        *(f"{k}={v}" for k, v in env.items()),
+        sys.executable,
+        tmp_path / "reader.py",
+        data,
+    )
     pfw = sorted((tmp_path / "dft").glob("trace-*.pfw*"))
     assert len(pfw) == 1, pfw
     with gzip.open(pfw[0], "rt") if pfw[0].name.endswith(".gz") else open(pfw[0]) as f:
@@ -103,23 +122,75 @@ def test_imported_dftracer_trace_agrees_with_trainio_record(tmp_path: Path) -> N
     assert r["bytes_read"] == sum(int(v["bytes"].sum()) for v in recorded.values())
     ok("report", tmp_path / "imported", "-o", tmp_path / "report.html")
     assert (tmp_path / "report.html").stat().st_size > 0
-    ok("replay", "--trace", tmp_path / "imported", "--data-dir", tmp_path / "replay-data", "--generate",
-       "--gpus", 1, "--json", tmp_path / "replay.json")
+    ok(
+        "replay",
+        "--trace",
+        tmp_path / "imported",
+        "--data-dir",
+        tmp_path / "replay-data",
+        "--generate",
+        "--gpus",
+        1,
+        "--json",
+        tmp_path / "replay.json",
+    )
     replay = json.loads((tmp_path / "replay.json").read_text())
     assert replay["gpus"] == 1 and replay["settings"]["mode"] == "trace"
-    print(f"\ndftracer import: {r['reads']} reads, {r['bytes_read']} bytes over {len(recorded)} files "
-          f"agree with trainio record read by read")
+    print(
+        f"\ndftracer import: {r['reads']} reads, {r['bytes_read']} bytes over {len(recorded)} files "
+        f"agree with trainio record read by read"
+    )
 
 
 def test_dftracer_1_lines_with_fname_and_position_tracking(tmp_path: Path) -> None:
     """dftracer 1 wrote fname and size in args and wrapped its lines in a JSON array."""
     events = [
         {"name": "open64", "cat": "POSIX", "pid": 7, "tid": 8, "ts": 100, "dur": 2, "args": {"fname": "/d/x"}},
-        {"name": "read", "cat": "POSIX", "pid": 7, "tid": 8, "ts": 110, "dur": 5, "args": {"fname": "/d/x", "size": 4096}},
-        {"name": "read", "cat": "POSIX", "pid": 7, "tid": 8, "ts": 120, "dur": 5, "args": {"fname": "/d/x", "size": 100}},
-        {"name": "lseek64", "cat": "POSIX", "pid": 7, "tid": 8, "ts": 130, "dur": 1, "args": {"fname": "/d/x", "ret": 10}},
-        {"name": "read", "cat": "POSIX", "pid": 7, "tid": 8, "ts": 140, "dur": 5, "args": {"fname": "/d/x", "size": 50}},
-        {"name": "pread64", "cat": "POSIX", "pid": 7, "tid": 9, "ts": 142, "dur": 10, "args": {"fname": "/d/x", "size": 8, "offset": 999}},
+        {
+            "name": "read",
+            "cat": "POSIX",
+            "pid": 7,
+            "tid": 8,
+            "ts": 110,
+            "dur": 5,
+            "args": {"fname": "/d/x", "size": 4096},
+        },
+        {
+            "name": "read",
+            "cat": "POSIX",
+            "pid": 7,
+            "tid": 8,
+            "ts": 120,
+            "dur": 5,
+            "args": {"fname": "/d/x", "size": 100},
+        },
+        {
+            "name": "lseek64",
+            "cat": "POSIX",
+            "pid": 7,
+            "tid": 8,
+            "ts": 130,
+            "dur": 1,
+            "args": {"fname": "/d/x", "ret": 10},
+        },
+        {
+            "name": "read",
+            "cat": "POSIX",
+            "pid": 7,
+            "tid": 8,
+            "ts": 140,
+            "dur": 5,
+            "args": {"fname": "/d/x", "size": 50},
+        },
+        {
+            "name": "pread64",
+            "cat": "POSIX",
+            "pid": 7,
+            "tid": 9,
+            "ts": 142,
+            "dur": 10,
+            "args": {"fname": "/d/x", "size": 8, "offset": 999},
+        },
         {"name": "close", "cat": "POSIX", "pid": 7, "tid": 8, "ts": 160, "dur": 1, "args": {"fname": "/d/x"}},
     ]
     src = tmp_path / "t.pfw"

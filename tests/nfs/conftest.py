@@ -27,8 +27,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import guest  # noqa: E402
-
+import guest
 
 #: Why boots were retried this session: a passing test may hide a wedged first boot, so the
 #: run's summary lists them.
@@ -47,16 +46,17 @@ def pytest_collection_modifyitems(config, items):
         if "nfs_guest" in getattr(item, "fixturenames", ()):
             missing = [m for m in ("nfs", "slow") if item.get_closest_marker(m) is None]
             if missing:
-                raise pytest.UsageError(
-                    f"{item.nodeid} uses nfs_guest but lacks @pytest.mark.{', '.join(missing)}")
+                raise pytest.UsageError(f"{item.nodeid} uses nfs_guest but lacks @pytest.mark.{', '.join(missing)}")
 
 
 @pytest.fixture(scope="session")
 def nfs_guest_image() -> Path:
     """The guest image's cache directory, built if needed."""
     if shutil.which(guest.QEMU) is None:
-        pytest.skip(f"{guest.QEMU} is not installed (scripts/install-deps.sh installs "
-                    "qemu-system-x86): cannot boot the NFS guest")
+        pytest.skip(
+            f"{guest.QEMU} is not installed (scripts/install-deps.sh installs "
+            "qemu-system-x86): cannot boot the NFS guest"
+        )
     return guest.build_image()
 
 

@@ -91,8 +91,13 @@ class GuestResult:
             f = left.split()
             if f[4] == mountpoint:
                 fstype, source, super_options = (right.split(" ", 2) + ["", ""])[:3]
-                return {"dev": f[2], "fstype": fstype, "source": source,
-                        "options": f[5], "super_options": super_options}
+                return {
+                    "dev": f[2],
+                    "fstype": fstype,
+                    "source": source,
+                    "options": f[5],
+                    "super_options": super_options,
+                }
         raise KeyError(f"{mountpoint} not in the guest's mountinfo")
 
 
@@ -101,15 +106,15 @@ def build_image(cache: Path | None = None) -> Path:
     directory. Needs root the first time (debootstrap); a complete cache needs nothing."""
     cache = Path(cache) if cache else default_cache()
     env = dict(os.environ, TRAINIO_GUEST_CACHE=str(cache))
-    proc = subprocess.run([str(SCRIPTS / "build-image.sh")], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run([str(SCRIPTS / "build-image.sh")], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise GuestError(f"build-image.sh failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
     return cache
 
 
-def _make_payload(path: Path, script_text: str, files: dict[str, str | os.PathLike] | None,
-                  script_timeout: int) -> None:
+def _make_payload(
+    path: Path, script_text: str, files: dict[str, str | os.PathLike] | None, script_timeout: int
+) -> None:
     def root_owned(ti: tarfile.TarInfo) -> tarfile.TarInfo:
         ti.uid = ti.gid = 0
         ti.uname = ti.gname = "root"
@@ -139,8 +144,7 @@ def _make_payload(path: Path, script_text: str, files: dict[str, str | os.PathLi
 
 def wedged(console: str) -> str | None:
     """Why the guest whose console this is counts as wedged (see WEDGE_STUCK_S), or None."""
-    worst = max(((int(m.group(2)), m.group(1)) for m in _SOFT_LOCKUP.finditer(console)),
-                default=None)
+    worst = max(((int(m.group(2)), m.group(1)) for m in _SOFT_LOCKUP.finditer(console)), default=None)
     if worst and worst[0] >= WEDGE_STUCK_S:
         return f"soft lockup: CPU#{worst[1]} stuck for {worst[0]} s"
     stalls = len(_RCU_STALL.findall(console))
@@ -152,8 +156,7 @@ def wedged(console: str) -> str | None:
 def wedge_report(console: str, lines: int = 60) -> str:
     """What to show of a wedged boot: the last marker line before the first lockup or stall
     report (the step it happened in) and that report's first `lines` lines (its backtrace)."""
-    first = min((m.start() for rx in (_SOFT_LOCKUP, _RCU_STALL) for m in rx.finditer(console)),
-                default=None)
+    first = min((m.start() for rx in (_SOFT_LOCKUP, _RCU_STALL) for m in rx.finditer(console)), default=None)
     if first is None:
         return console[-3000:]
     start = console.rfind("\n", 0, first) + 1
@@ -163,20 +166,37 @@ def wedge_report(console: str, lines: int = 60) -> str:
     return f"last marker before it: {last_step}\nfirst report:\n{report}"
 
 
-def _qemu_command(cache: Path, work: Path, smp: int, mem_mib: int,
-                  kernel_args: str) -> list[str]:
+def _qemu_command(cache: Path, work: Path, smp: int, mem_mib: int, kernel_args: str) -> list[str]:
     def disk(name: str, file: Path, opts: str) -> list[str]:
-        return ["-drive", f"file={file},if=none,id={name},format=raw{opts}",
-                "-device", f"virtio-blk-pci,drive={name},serial=trainio-{name}"]
+        return [
+            "-drive",
+            f"file={file},if=none,id={name},format=raw{opts}",
+            "-device",
+            f"virtio-blk-pci,drive={name},serial=trainio-{name}",
+        ]
 
     return [
-        QEMU, "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(smp),
-        "-m", str(mem_mib), "-nographic", "-no-reboot", "-nic", "none",
-        "-kernel", str(cache / "vmlinuz"), "-initrd", str(cache / "initrd.img"),
+        QEMU,
+        "-accel",
+        "tcg,thread=multi",
+        "-cpu",
+        "max",
+        "-smp",
+        str(smp),
+        "-m",
+        str(mem_mib),
+        "-nographic",
+        "-no-reboot",
+        "-nic",
+        "none",
+        "-kernel",
+        str(cache / "vmlinuz"),
+        "-initrd",
+        str(cache / "initrd.img"),
         # softlockup_all_cpu_backtrace: a lockup report shows what every CPU was doing;
         # loglevel=5 lets its stack lines (KERN_DEFAULT, level 4) reach the console.
-        "-append", f"console=ttyS0 panic=1 loglevel=5 mitigations=off "
-                   f"softlockup_all_cpu_backtrace=1 {kernel_args}".strip(),
+        "-append",
+        f"console=ttyS0 panic=1 loglevel=5 mitigations=off softlockup_all_cpu_backtrace=1 {kernel_args}".strip(),
         *disk("root", cache / "root.img", ",snapshot=on"),
         *disk("payload", work / "payload.tar", ",readonly=on"),
         *disk("out", work / "out.img", ""),
@@ -195,8 +215,7 @@ def _boot_once(cmd: list[str], work: Path, console_path: Path, timeout: float):
     wedge = None
     seen = 0
     with open(console_path, "wb") as console_f:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console_f,
-                                stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console_f, stderr=subprocess.STDOUT, env=env)
         try:
             while True:
                 try:
@@ -227,11 +246,20 @@ def _boot_once(cmd: list[str], work: Path, console_path: Path, timeout: float):
     return console, script_at, total, timed_out, wedge
 
 
-def run_guest(script_text: str, files: dict[str, str | os.PathLike] | None = None, *,
-              outdir: str | os.PathLike | None = None, cache: str | os.PathLike | None = None,
-              timeout: float = 600, script_timeout: float | None = None, retries: int = 1,
-              smp: int = 2, mem_mib: int = 2048, out_size_mib: int = 1024,
-              kernel_args: str = "") -> GuestResult:
+def run_guest(
+    script_text: str,
+    files: dict[str, str | os.PathLike] | None = None,
+    *,
+    outdir: str | os.PathLike | None = None,
+    cache: str | os.PathLike | None = None,
+    timeout: float = 600,
+    script_timeout: float | None = None,
+    retries: int = 1,
+    smp: int = 2,
+    mem_mib: int = 2048,
+    out_size_mib: int = 1024,
+    kernel_args: str = "",
+) -> GuestResult:
     """Boots the guest, runs `script_text` (bash) in it, returns its result.
 
     files: {name in /payload: host path (file or directory)}. outdir: where the guest's /out
@@ -246,8 +274,7 @@ def run_guest(script_text: str, files: dict[str, str | os.PathLike] | None = Non
         raise GuestError(f"{QEMU} not found: run scripts/install-deps.sh")
     for f in ("vmlinuz", "initrd.img", "root.img", "export.img", "stamp"):
         if not (cache / f).exists():
-            raise GuestError(f"guest image incomplete ({cache / f} missing): "
-                             "run scripts/nfs-guest/build-image.sh")
+            raise GuestError(f"guest image incomplete ({cache / f} missing): run scripts/nfs-guest/build-image.sh")
     if script_timeout is None:
         script_timeout = max(30, timeout - 120)
     outdir = Path(outdir) if outdir else Path(tempfile.mkdtemp(prefix="trainio-guest-out-"))
@@ -258,27 +285,26 @@ def run_guest(script_text: str, files: dict[str, str | os.PathLike] | None = Non
         _make_payload(work / "payload.tar", script_text, files, int(script_timeout))
         failures = []
         for attempt in range(1, retries + 2):
-            cmd = _qemu_command(cache, work, smp, mem_mib,
-                                f"trainio.attempt={attempt} {kernel_args}")
+            cmd = _qemu_command(cache, work, smp, mem_mib, f"trainio.attempt={attempt} {kernel_args}")
             out_img = work / "out.img"
             with open(out_img, "wb") as f:
                 f.truncate(out_size_mib << 20)
             console_path = work / f"console-{attempt}.log"
-            console, script_at, total, timed_out, wedge = _boot_once(cmd, work, console_path,
-                                                                     timeout)
+            console, script_at, total, timed_out, wedge = _boot_once(cmd, work, console_path, timeout)
             (outdir / f"console-{attempt}.log").write_text(console)
             (outdir / "console.log").write_text(console)
             if wedge:
-                where = "after the script started" if script_at is not None else \
-                    "before the script started"
-                failures.append(f"boot {attempt}: wedged ({wedge}) {where}, killed after "
-                                f"{total:.1f} s; {wedge_report(console)}")
+                where = "after the script started" if script_at is not None else "before the script started"
+                failures.append(
+                    f"boot {attempt}: wedged ({wedge}) {where}, killed after {total:.1f} s; {wedge_report(console)}"
+                )
                 continue
             if script_at is not None:
                 break
             why = "timed out" if timed_out else "qemu exited"
-            failures.append(f"boot {attempt}: {why} after {total:.1f} s before the script started;"
-                            f" console tail:\n{console[-3000:]}")
+            failures.append(
+                f"boot {attempt}: {why} after {total:.1f} s before the script started; console tail:\n{console[-3000:]}"
+            )
         else:
             raise GuestError("no boot ran the script to its end\n" + "\n\n".join(failures))
 
@@ -289,8 +315,9 @@ def run_guest(script_text: str, files: dict[str, str | os.PathLike] | None = Non
                 else:  # pragma: no cover - Python without extraction filters
                     tar.extractall(outdir)
         except tarfile.TarError as e:
-            raise GuestError(f"no output from the guest ({e}); timed out: {timed_out}; "
-                             f"console tail:\n{console[-3000:]}") from None
+            raise GuestError(
+                f"no output from the guest ({e}); timed out: {timed_out}; console tail:\n{console[-3000:]}"
+            ) from None
 
     def read(name: str) -> str:
         p = outdir / name
@@ -298,28 +325,45 @@ def run_guest(script_text: str, files: dict[str, str | os.PathLike] | None = Non
 
     rc_text = read("returncode").strip()
     if not rc_text:
-        raise GuestError(f"the guest gave no return code; setup.log:\n{read('setup.log')[-3000:]}"
-                         f"\nconsole tail:\n{console[-3000:]}")
+        raise GuestError(
+            f"the guest gave no return code; setup.log:\n{read('setup.log')[-3000:]}\nconsole tail:\n{console[-3000:]}"
+        )
     m = re.search(r"script_start_uptime=([\d.]+)", read("timing"))
     return GuestResult(
-        returncode=int(rc_text), stdout=read("stdout"), stderr=read("stderr"), outdir=outdir,
-        console=console, kernel=read("uname").strip(), attempts=attempt,
-        boot_to_script_s=script_at, total_s=total,
-        guest_uptime_at_script_s=float(m.group(1)) if m else float("nan"), failures=failures)
+        returncode=int(rc_text),
+        stdout=read("stdout"),
+        stderr=read("stderr"),
+        outdir=outdir,
+        console=console,
+        kernel=read("uname").strip(),
+        attempts=attempt,
+        boot_to_script_s=script_at,
+        total_s=total,
+        guest_uptime_at_script_s=float(m.group(1)) if m else float("nan"),
+        failures=failures,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="scripts/nfs-guest/run.sh",
         description="Boot the NFS test guest, run SCRIPT in it (env NFS41, NFS3, EXPORT, OUT, "
-                    "PAYLOAD; cwd /payload), unpack its $OUT into --out. Exits with the "
-                    "script's status.")
+        "PAYLOAD; cwd /payload), unpack its $OUT into --out. Exits with the "
+        "script's status.",
+    )
     ap.add_argument("script", help="bash script to run in the guest ('-' reads stdin)")
-    ap.add_argument("--file", "-f", action="append", default=[], metavar="NAME=HOSTPATH",
-                    help="put HOSTPATH (file or directory) at /payload/NAME; repeatable")
+    ap.add_argument(
+        "--file",
+        "-f",
+        action="append",
+        default=[],
+        metavar="NAME=HOSTPATH",
+        help="put HOSTPATH (file or directory) at /payload/NAME; repeatable",
+    )
     ap.add_argument("--out", "-o", required=True, help="host directory for the guest's /out")
-    ap.add_argument("--cache", default=None, help="image cache (default $TRAINIO_GUEST_CACHE "
-                    "or /var/cache/trainio/nfs-guest)")
+    ap.add_argument(
+        "--cache", default=None, help="image cache (default $TRAINIO_GUEST_CACHE or /var/cache/trainio/nfs-guest)"
+    )
     ap.add_argument("--timeout", type=float, default=600, help="hard limit per boot, seconds")
     ap.add_argument("--script-timeout", type=float, default=None)
     ap.add_argument("--no-build", action="store_true", help="fail instead of building the image")
@@ -335,8 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_build:
         build_image(cache)
     try:
-        r = run_guest(script_text, files, outdir=a.out, cache=cache, timeout=a.timeout,
-                      script_timeout=a.script_timeout)
+        r = run_guest(script_text, files, outdir=a.out, cache=cache, timeout=a.timeout, script_timeout=a.script_timeout)
     except GuestError as e:
         print(f"run.sh: {e}", file=sys.stderr)
         return 125
@@ -344,9 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr.write(r.stderr)
     for f in r.failures:
         print(f"run.sh: {f.splitlines()[0]}", file=sys.stderr)
-    print(f"run.sh: kernel {r.kernel}, script rc {r.returncode}, boot-to-script "
-          f"{r.boot_to_script_s:.1f} s (guest uptime {r.guest_uptime_at_script_s:.1f} s), total "
-          f"{r.total_s:.1f} s, attempts {r.attempts}, output in {r.outdir}", file=sys.stderr)
+    print(
+        f"run.sh: kernel {r.kernel}, script rc {r.returncode}, boot-to-script "
+        f"{r.boot_to_script_s:.1f} s (guest uptime {r.guest_uptime_at_script_s:.1f} s), total "
+        f"{r.total_s:.1f} s, attempts {r.attempts}, output in {r.outdir}",
+        file=sys.stderr,
+    )
     return r.returncode
 
 

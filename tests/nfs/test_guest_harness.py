@@ -20,43 +20,65 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 import guest  # tests/nfs/guest.py, put on sys.path by conftest.py
+import pytest
 
 pytestmark = [pytest.mark.nfs, pytest.mark.slow]
 
 # Tracepoints the NFS recorder needs.
 TRACEPOINTS = [
-    "nfs/nfs_initiate_read", "nfs/nfs_readpage_done",
-    "nfs/nfs_initiate_write", "nfs/nfs_writeback_done",
-    "nfs/nfs_initiate_commit", "nfs/nfs_commit_done",
-    "sunrpc/rpc_task_begin", "sunrpc/rpc_task_end",
-    "sunrpc/xprt_transmit", "sunrpc/rpc_stats_latency",
+    "nfs/nfs_initiate_read",
+    "nfs/nfs_readpage_done",
+    "nfs/nfs_initiate_write",
+    "nfs/nfs_writeback_done",
+    "nfs/nfs_initiate_commit",
+    "nfs/nfs_commit_done",
+    "sunrpc/rpc_task_begin",
+    "sunrpc/rpc_task_end",
+    "sunrpc/xprt_transmit",
+    "sunrpc/rpc_stats_latency",
 ]
 
 # Field offsets the BPF code reads (REFERENCE.md §5; the commit events as seen on the guest
 # kernel 6.1.0-56-cloud-amd64): event -> {field: offset}.
 EXPECTED_OFFSETS = {
     "nfs/nfs_initiate_read": {"dev": 8, "fhandle": 12, "fileid": 16, "offset": 24, "count": 32},
-    "nfs/nfs_readpage_done": {"dev": 8, "fhandle": 12, "fileid": 16, "offset": 24,
-                              "arg_count": 32, "res_count": 36, "eof": 40, "error": 44},
-    "nfs/nfs_initiate_write": {"dev": 8, "fhandle": 12, "fileid": 16, "offset": 24, "count": 32,
-                               "stable": 40},
-    "nfs/nfs_writeback_done": {"dev": 8, "fhandle": 12, "fileid": 16, "offset": 24,
-                               "arg_count": 32, "res_count": 36, "error": 40, "stable": 48,
-                               "verifier": 56},
+    "nfs/nfs_readpage_done": {
+        "dev": 8,
+        "fhandle": 12,
+        "fileid": 16,
+        "offset": 24,
+        "arg_count": 32,
+        "res_count": 36,
+        "eof": 40,
+        "error": 44,
+    },
+    "nfs/nfs_initiate_write": {"dev": 8, "fhandle": 12, "fileid": 16, "offset": 24, "count": 32, "stable": 40},
+    "nfs/nfs_writeback_done": {
+        "dev": 8,
+        "fhandle": 12,
+        "fileid": 16,
+        "offset": 24,
+        "arg_count": 32,
+        "res_count": 36,
+        "error": 40,
+        "stable": 48,
+        "verifier": 56,
+    },
     "nfs/nfs_initiate_commit": {"dev": 8, "fhandle": 12, "fileid": 16, "offset": 24, "count": 32},
-    "nfs/nfs_commit_done": {"dev": 8, "fhandle": 12, "fileid": 16, "offset": 24, "error": 32,
-                            "stable": 40, "verifier": 48},
-    "sunrpc/rpc_task_begin": {"task_id": 8, "client_id": 12, "action": 16, "runstate": 24,
-                              "status": 32, "flags": 36},
-    "sunrpc/rpc_task_end": {"task_id": 8, "client_id": 12, "action": 16, "runstate": 24,
-                            "status": 32, "flags": 36},
-    "sunrpc/xprt_transmit": {"task_id": 8, "client_id": 12, "xid": 16, "seqno": 20,
-                             "status": 24},
-    "sunrpc/rpc_stats_latency": {"task_id": 8, "client_id": 12, "xid": 16, "backlog": 32,
-                                 "rtt": 40, "execute": 48},
+    "nfs/nfs_commit_done": {
+        "dev": 8,
+        "fhandle": 12,
+        "fileid": 16,
+        "offset": 24,
+        "error": 32,
+        "stable": 40,
+        "verifier": 48,
+    },
+    "sunrpc/rpc_task_begin": {"task_id": 8, "client_id": 12, "action": 16, "runstate": 24, "status": 32, "flags": 36},
+    "sunrpc/rpc_task_end": {"task_id": 8, "client_id": 12, "action": 16, "runstate": 24, "status": 32, "flags": 36},
+    "sunrpc/xprt_transmit": {"task_id": 8, "client_id": 12, "xid": 16, "seqno": 20, "status": 24},
+    "sunrpc/rpc_stats_latency": {"task_id": 8, "client_id": 12, "xid": 16, "backlog": 32, "rtt": 40, "execute": 48},
 }
 
 PATTERN_BYTES = 3 * 1024 * 1024 + 4096  # not a multiple of the 1 MiB dd block: a short last write
@@ -121,8 +143,9 @@ def _build_rust_hello(tmp: Path) -> tuple[dict[str, Path], str]:
     for name, extra in (("hello-dynamic", []), ("hello-static", ["-C", "target-feature=+crt-static"])):
         out = tmp / name
         try:
-            p = subprocess.run([rustc, "-O", *extra, "-o", str(out), str(src)],
-                               capture_output=True, text=True, timeout=300)
+            p = subprocess.run(
+                [rustc, "-O", *extra, "-o", str(out), str(src)], capture_output=True, text=True, timeout=300
+            )
         except OSError as e:
             errors += f"{name}: {e}\n"
             continue
@@ -142,8 +165,7 @@ def harness(nfs_guest, tmp_path_factory):
     files = {"pattern.bin": pattern, **binaries}
     script = GUEST_SCRIPT.replace("@TRACEPOINTS@", " ".join(TRACEPOINTS))
     result = nfs_guest(script, files, timeout=400)
-    return {"result": result, "pattern": pattern, "binaries": binaries,
-            "rust_errors": rust_errors}
+    return {"result": result, "pattern": pattern, "binaries": binaries, "rust_errors": rust_errors}
 
 
 def test_status_stdout_stderr_and_out_come_back(harness):
@@ -226,8 +248,14 @@ def test_the_tracepoints_fire_for_both_mounts(harness):
     for mp in ("/mnt/nfs41", "/mnt/nfs3"):
         major, minor = (int(x) for x in r.mount(mp)["dev"].split(":"))
         devs.add(f"{major:02x}:{minor:02x}")
-    for ev in ("nfs_initiate_read", "nfs_readpage_done", "nfs_initiate_write",
-               "nfs_writeback_done", "nfs_initiate_commit", "nfs_commit_done"):
+    for ev in (
+        "nfs_initiate_read",
+        "nfs_readpage_done",
+        "nfs_initiate_write",
+        "nfs_writeback_done",
+        "nfs_initiate_commit",
+        "nfs_commit_done",
+    ):
         assert seen[ev] == devs, f"{ev}: devs {seen[ev]}, mounts {devs}"
 
 
@@ -282,8 +310,7 @@ def test_a_wedged_boot_is_killed_early_and_retried(nfs_guest_image, tmp_path):
     assert r.stdout.strip() == "ran on trainio.attempt=2"
     assert r.attempts == 2 and len(r.failures) == 1, r.failures
     f = r.failures[0]
-    assert f.startswith("boot 1: wedged (soft lockup: CPU#1 stuck for 61 s) after the script "
-                        "started, killed after "), f
+    assert f.startswith("boot 1: wedged (soft lockup: CPU#1 stuck for 61 s) after the script started, killed after "), f
     killed_after = float(re.search(r"killed after ([\d.]+) s", f).group(1))
     assert killed_after < 150, f  # the script would have slept until the 280 s script timeout
     assert "last marker before it: TRAINIO-GUEST: script-start" in f, f

@@ -141,8 +141,11 @@ def test_direct_write_then_read_is_recorded_exactly(guest_run, mount: str) -> No
         assert rows["dev"].unique().to_list() == [dev], "every row is on the mount's s_dev"
         assert vers in options
         assert (rows["file"] == f"{point}/data.bin").all(), "fileid is named from the file layer's open"
-        files = scan_trace(path).filter((pl.col("layer") == "file") & (pl.col("op") == op)
-                                        & (pl.col("file") == f"{point}/data.bin")).collect()
+        files = (
+            scan_trace(path)
+            .filter((pl.col("layer") == "file") & (pl.col("op") == op) & (pl.col("file") == f"{point}/data.bin"))
+            .collect()
+        )
         assert files["bytes"].sum() == 8 * MiB
         assert (files["bytes"] > 0).sum() == 128, "128 transfers of 64 KiB (a read at EOF returns 0)"
         assert (files["dev"] == dev).all()
@@ -177,15 +180,22 @@ def test_eight_concurrent_readers_raise_queue_depth_within_bounds(guest_run) -> 
 def test_block_and_file_layers_work_on_the_guest_kernel(guest_run) -> None:
     path = trace(guest_run, "loop")
     loopdev = (guest_run.outdir / "loopdev").read_text().strip()
-    major, minor = ((guest_run.outdir / "loopdev.majmin").read_text().strip().split(":"))
+    major, minor = (guest_run.outdir / "loopdev.majmin").read_text().strip().split(":")
     dev = f"{int(major, 16)}:{int(minor, 16)}"
-    block = scan_trace(path).filter((pl.col("layer") == "block") & (pl.col("dev") == dev)
-                                    & (pl.col("op") == "read")).collect()
+    block = (
+        scan_trace(path)
+        .filter((pl.col("layer") == "block") & (pl.col("dev") == dev) & (pl.col("op") == "read"))
+        .collect()
+    )
     assert block["bytes"].sum() == 64 * MiB
     assert_covers_once(block, 64 * MiB)
     assert (block["queue_depth"] >= 1).all()
-    reads = scan_trace(path).filter((pl.col("layer") == "file") & (pl.col("op") == "read")
-                                    & (pl.col("file") == loopdev)).collect().sort("issue_ns")
+    reads = (
+        scan_trace(path)
+        .filter((pl.col("layer") == "file") & (pl.col("op") == "read") & (pl.col("file") == loopdev))
+        .collect()
+        .sort("issue_ns")
+    )
     assert reads["offset"].to_list() == [i * MiB for i in range(64)]
     meta = read_metadata(path)
     assert meta["kernel_release"].startswith("6.1.")
@@ -212,7 +222,6 @@ def test_nfs_request_rate_recorded_without_loss(guest_run) -> None:
     rate = rows.height / seconds
     print(f"NFS READs recorded in the guest: {rows.height} in {seconds:.2f} s = {rate:,.0f}/s, 0 lost")
     assert rows.height > 1000
-
 
 
 @pytest.mark.nfs
@@ -269,8 +278,12 @@ def test_mountstats_counters_agree_with_the_joined_rows(guest_run, name: str) ->
     before, after = start["ops"].get(proc, {}), close["ops"][proc]
     delta = {k: after[k] - before.get(k, 0) for k in after}
     assert delta["ops"] == rows.height, (
-        f"{proc} RPCs during the recording = {op} rows", delta, rows.height, rows["rpc_xid"].n_unique(),
-        rows.filter(ambiguous(rows)).height)
+        f"{proc} RPCs during the recording = {op} rows",
+        delta,
+        rows.height,
+        rows["rpc_xid"].n_unique(),
+        rows.filter(ambiguous(rows)).height,
+    )
     assert delta["trans"] == (rows["rpc_retrans"] + 1).sum(), "transmissions counted per xid"
     payload = delta["bytes_recv"] if op == "read" else delta["bytes_sent"]
     assert payload >= rows["bytes"].sum(), "RPC bytes include the data"

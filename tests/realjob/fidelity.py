@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from harness import device_of, drop_caches, run_job, throttled_cgroup
+
 from trainio_testlib import TRAINIO
 
 MiB = 1 << 20
@@ -26,9 +27,9 @@ MiB = 1 << 20
 @dataclasses.dataclass
 class Scenario:
     name: str
-    regime: str                 # compute-bound | storage-bound
+    regime: str  # compute-bound | storage-bound
     workers: int
-    fmt: str                    # npz | raw
+    fmt: str  # npz | raw
     sample_bytes: int
     throttle_mib: int | None
     ranks: int = 2
@@ -37,7 +38,7 @@ class Scenario:
     steps: int = 40
     odirect: bool = False
     realtime: bool = False
-    double: bool = False        # also replay at 2x the GPUs
+    double: bool = False  # also replay at 2x the GPUs
 
     @property
     def files(self) -> int:
@@ -45,14 +46,24 @@ class Scenario:
 
 
 def _replay(trace: Path, data_dir: Path, gpus: int, sc: Scenario, majmin: str, out: Path) -> dict:
-    cmd = [str(TRAINIO), "replay", "--trace", str(trace), "--data-dir", str(data_dir),
-           "--gpus", str(gpus), "--json", str(out), "-q"]
+    cmd = [
+        str(TRAINIO),
+        "replay",
+        "--trace",
+        str(trace),
+        "--data-dir",
+        str(data_dir),
+        "--gpus",
+        str(gpus),
+        "--json",
+        str(out),
+        "-q",
+    ]
     if sc.odirect:
         cmd.append("--odirect")
     if sc.realtime:
         cmd.append("--realtime")
-    gen = [str(TRAINIO), "datagen", "--trace", str(trace), "--data-dir", str(data_dir),
-           "--gpus", str(gpus), "--force"]
+    gen = [str(TRAINIO), "datagen", "--trace", str(trace), "--data-dir", str(data_dir), "--gpus", str(gpus), "--force"]
     g = subprocess.run(gen, capture_output=True, text=True, timeout=300)
     if g.returncode != 0:
         raise RuntimeError(f"datagen failed ({g.returncode}): {g.stderr[-3000:]}")
@@ -85,13 +96,26 @@ def run_scenario(sc: Scenario, mnt: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="trainio-fidelity-") as tmp:
         tmp = Path(tmp)
         trace = tmp / "trace"
-        run = run_job(data, ranks=sc.ranks, workers=sc.workers, batch=sc.batch,
-                      compute_ms=sc.compute_ms, fmt=sc.fmt, odirect=sc.odirect,
-                      throttle_bps=sc.throttle_mib * MiB if sc.throttle_mib else None,
-                      record_dir=trace, steps=sc.steps, realtime=sc.realtime)
+        run = run_job(
+            data,
+            ranks=sc.ranks,
+            workers=sc.workers,
+            batch=sc.batch,
+            compute_ms=sc.compute_ms,
+            fmt=sc.fmt,
+            odirect=sc.odirect,
+            throttle_bps=sc.throttle_mib * MiB if sc.throttle_mib else None,
+            record_dir=trace,
+            steps=sc.steps,
+            realtime=sc.realtime,
+        )
         job = run.job
-        a = subprocess.run([str(TRAINIO), "analyze", str(trace), "--layer", "file", "--json"],
-                           capture_output=True, text=True, timeout=300)
+        a = subprocess.run(
+            [str(TRAINIO), "analyze", str(trace), "--layer", "file", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if a.returncode != 0:
             raise RuntimeError(f"analyze failed: {a.stderr}")
         analysis = json.loads(a.stdout)

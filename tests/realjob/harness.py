@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +39,7 @@ SUFFIX = {"npz": ".npz", "raw": ".raw"}
 
 
 # ---------------------------------------------------------------------------- data sets
+
 
 def make_dataset(directory: Path | str, n_files: int, sample_bytes: int, fmt: str) -> list[Path]:
     """Writes n_files samples of sample_bytes random bytes each into `directory` (created):
@@ -107,13 +107,14 @@ def drop_caches(data_dir: Path | str | None = None) -> None:
 
 # ---------------------------------------------------------------------------- the job
 
+
 @dataclasses.dataclass
 class JobRun:
-    job: dict                       # job.py's JSON
-    recorder_summary: str | None    # `trainio record`'s closing summary, when recorded
+    job: dict  # job.py's JSON
+    recorder_summary: str | None  # `trainio record`'s closing summary, when recorded
     stdout: str
     stderr: str
-    elapsed_s: float                # launch to exit, torch imports included
+    elapsed_s: float  # launch to exit, torch imports included
 
 
 class JobFailed(RuntimeError):
@@ -127,14 +128,41 @@ def recorder_summary(stderr: str) -> str:
     return stderr[at:] if at >= 0 else ""
 
 
-def job_command(data_dir: Path | str, out: Path | str, *, ranks: int, workers: int, batch: int,
-                compute_ms: float, fmt: str, odirect: bool = False, steps: int | None = None,
-                epochs: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
+def job_command(
+    data_dir: Path | str,
+    out: Path | str,
+    *,
+    ranks: int,
+    workers: int,
+    batch: int,
+    compute_ms: float,
+    fmt: str,
+    odirect: bool = False,
+    steps: int | None = None,
+    epochs: int = 1,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
     """torchrun --standalone --nproc-per-node=RANKS job.py ... (the venv's torchrun)."""
-    cmd = [str(TORCHRUN), "--standalone", f"--nproc-per-node={ranks}", str(JOB),
-           "--data", str(data_dir), "--format", fmt, "--batch-size", str(batch),
-           "--num-workers", str(workers), "--compute-ms", str(compute_ms),
-           "--epochs", str(epochs), "--out", str(out)]
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        f"--nproc-per-node={ranks}",
+        str(JOB),
+        "--data",
+        str(data_dir),
+        "--format",
+        fmt,
+        "--batch-size",
+        str(batch),
+        "--num-workers",
+        str(workers),
+        "--compute-ms",
+        str(compute_ms),
+        "--epochs",
+        str(epochs),
+        "--out",
+        str(out),
+    ]
     if steps is not None:
         cmd += ["--steps", str(steps)]
     if odirect:
@@ -142,12 +170,26 @@ def job_command(data_dir: Path | str, out: Path | str, *, ranks: int, workers: i
     return cmd + list(extra)
 
 
-def run_job(data_dir: Path | str, *, ranks: int, workers: int, batch: int, compute_ms: float,
-            fmt: str, odirect: bool = False, throttle_bps: int | None = None,
-            record_dir: Path | str | None = None, record_args: tuple[str, ...] = (),
-            steps: int | None = None, epochs: int = 1, drop_all_caches: bool = False,
-            realtime: bool = False, timeout: float = 180, extra: tuple[str, ...] = (),
-            throttle_wbps: int | None = None) -> JobRun:
+def run_job(
+    data_dir: Path | str,
+    *,
+    ranks: int,
+    workers: int,
+    batch: int,
+    compute_ms: float,
+    fmt: str,
+    odirect: bool = False,
+    throttle_bps: int | None = None,
+    record_dir: Path | str | None = None,
+    record_args: tuple[str, ...] = (),
+    steps: int | None = None,
+    epochs: int = 1,
+    drop_all_caches: bool = False,
+    realtime: bool = False,
+    timeout: float = 180,
+    extra: tuple[str, ...] = (),
+    throttle_wbps: int | None = None,
+) -> JobRun:
     """Evicts the samples from the page cache (everything with `drop_all_caches`), then
     runs job.py over the samples in `data_dir` with torchrun at `ranks` ranks of `workers`
     DataLoader workers each (OMP_NUM_THREADS=1), with job.py's `extra` arguments.
@@ -165,9 +207,19 @@ def run_job(data_dir: Path | str, *, ranks: int, workers: int, batch: int, compu
     afterwards, whatever happened."""
     with tempfile.TemporaryDirectory(prefix="trainio-realjob-") as tmp:
         out = Path(tmp) / "job.json"
-        cmd = job_command(data_dir, out, ranks=ranks, workers=workers, batch=batch,
-                          compute_ms=compute_ms, fmt=fmt, odirect=odirect, steps=steps, epochs=epochs,
-                          extra=extra)
+        cmd = job_command(
+            data_dir,
+            out,
+            ranks=ranks,
+            workers=workers,
+            batch=batch,
+            compute_ms=compute_ms,
+            fmt=fmt,
+            odirect=odirect,
+            steps=steps,
+            epochs=epochs,
+            extra=extra,
+        )
         if realtime:
             cmd = ["chrt", "--fifo", "1", *cmd]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -178,8 +230,9 @@ def run_job(data_dir: Path | str, *, ranks: int, workers: int, batch: int, compu
                 cmd = [str(TRAINIO), "record", "-o", str(record_dir), *map(str, record_args), "--", *cmd]
             drop_caches(None if drop_all_caches else data_dir)
             t0 = time.monotonic()
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+            )
             try:
                 stdout, stderr = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -193,7 +246,7 @@ def run_job(data_dir: Path | str, *, ranks: int, workers: int, batch: int, compu
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     stdout, stderr = proc.communicate()
-                raise JobFailed(f"job timed out after {timeout} s: {' '.join(cmd)}\n{stderr[-4000:]}")
+                raise JobFailed(f"job timed out after {timeout} s: {' '.join(cmd)}\n{stderr[-4000:]}") from None
             finally:
                 if proc.poll() is None:
                     with contextlib.suppress(ProcessLookupError):
@@ -205,17 +258,24 @@ def run_job(data_dir: Path | str, *, ranks: int, workers: int, batch: int, compu
         if not out.exists():
             raise JobFailed(f"job wrote no {out}:\n{stderr[-4000:]}")
         job = json.loads(out.read_text())
-    return JobRun(job=job, recorder_summary=recorder_summary(stderr) if record_dir is not None else None,
-                  stdout=stdout, stderr=stderr, elapsed_s=elapsed)
+    return JobRun(
+        job=job,
+        recorder_summary=recorder_summary(stderr) if record_dir is not None else None,
+        stdout=stdout,
+        stderr=stderr,
+        elapsed_s=elapsed,
+    )
 
 
 def summary(run: JobRun) -> str:
     """One line: ranks, workers, AU, MiB/s, samples/s, wall."""
     j = run.job
-    return (f"ranks {j['world_size']} workers {j['num_workers']} {j['format']}"
-            f"{' odirect' if j['odirect'] else ''}: AU {j['au']:.3f}  {j['mib_per_s']:.1f} MiB/s"
-            f"  {j['samples_per_s']:.1f} samples/s  steps {j['steps']}  job wall {j['wall_s']:.2f} s"
-            f"  elapsed {run.elapsed_s:.2f} s")
+    return (
+        f"ranks {j['world_size']} workers {j['num_workers']} {j['format']}"
+        f"{' odirect' if j['odirect'] else ''}: AU {j['au']:.3f}  {j['mib_per_s']:.1f} MiB/s"
+        f"  {j['samples_per_s']:.1f} samples/s  steps {j['steps']}  job wall {j['wall_s']:.2f} s"
+        f"  elapsed {run.elapsed_s:.2f} s"
+    )
 
 
 if __name__ == "__main__":
@@ -240,8 +300,17 @@ if __name__ == "__main__":
         for w in a.workers:
             for t in a.throttle_mib:
                 rec = a.record / str(n) if a.record else None
-                r = run_job(mnt / a.format, ranks=a.ranks, workers=w, batch=a.batch,
-                            compute_ms=a.compute_ms, fmt=a.format, odirect=a.odirect,
-                            throttle_bps=int(t * 2**20) or None, steps=a.steps, record_dir=rec)
+                r = run_job(
+                    mnt / a.format,
+                    ranks=a.ranks,
+                    workers=w,
+                    batch=a.batch,
+                    compute_ms=a.compute_ms,
+                    fmt=a.format,
+                    odirect=a.odirect,
+                    throttle_bps=int(t * 2**20) or None,
+                    steps=a.steps,
+                    record_dir=rec,
+                )
                 print(f"throttle {t:g} MiB/s | {summary(r)}", flush=True)
                 n += 1

@@ -108,8 +108,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None, help="at most this many steps per epoch")
     ap.add_argument("--odirect", action="store_true", help="raw format: read with O_DIRECT")
     ap.add_argument("--out", type=Path, required=True, help="the job's JSON (written by rank 0)")
-    ap.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
-                    help="save a checkpoint after every N-th step of an epoch (0: never)")
+    ap.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="save a checkpoint after every N-th step of an epoch (0: never)",
+    )
     ap.add_argument("--checkpoint-dir", type=Path, help="where the checkpoints go")
     ap.add_argument("--checkpoint-mib", type=float, default=8.0, help="MiB of state per rank")
     args = ap.parse_args(argv)
@@ -133,25 +138,25 @@ def save_checkpoint(state: dict, path: Path) -> dict:
 def train(args: argparse.Namespace, rank: int, world: int) -> dict:
     """The training loop of one rank; returns its figures."""
     dataset = SampleFiles(args.data, args.format, args.odirect)
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=SEED,
-                                 drop_last=True)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
-                        num_workers=args.num_workers, persistent_workers=False)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=SEED, drop_last=True)
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers, persistent_workers=False
+    )
     compute_s = args.compute_ms / 1000.0
     grad = torch.zeros(1)
     checkpoints: list[dict] = []
     if args.checkpoint_every:
-        half = int(args.checkpoint_mib * 2**20) // 8      # float32 elements in half the state
+        half = int(args.checkpoint_mib * 2**20) // 8  # float32 elements in half the state
         gen = torch.Generator().manual_seed(SEED + rank)
         state = {"model": torch.rand(half, generator=gen), "optimizer": torch.rand(half, generator=gen)}
         args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
 
     steps = samples = bytes_read = 0
-    timed_samples = timed_bytes = 0          # steps 2..n of each epoch
+    timed_samples = timed_bytes = 0  # steps 2..n of each epoch
     timed_compute = timed_wait = timed_span = 0.0
     first_ns = last_ns = None
-    waits: list[float] = []                  # every step's wait for its batch, s
-    ends: list[int] = []                     # every step's end, CLOCK_MONOTONIC ns
+    waits: list[float] = []  # every step's wait for its batch, s
+    ends: list[int] = []  # every step's end, CLOCK_MONOTONIC ns
     start = time.monotonic_ns()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
@@ -191,7 +196,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
                 timed_compute += slept
                 timed_wait += (t1 - t0) / 1e9
             prev_end = end
-        del it                                  # shuts this epoch's workers down
+        del it  # shuts this epoch's workers down
         steps += n
         if step_one_end is not None:
             timed_span += (prev_end - step_one_end) / 1e9
@@ -243,26 +248,29 @@ def main(argv: list[str] | None = None) -> int:
         ranks = [mine]
     if rank == 0:
         files = SampleFiles(args.data, args.format, args.odirect).paths
-        write_json(args.out, {
-            "world_size": world,
-            "num_workers": args.num_workers,
-            "batch_size": args.batch_size,
-            "format": args.format,
-            "odirect": args.odirect,
-            "epochs": args.epochs,
-            "compute_s_configured": args.compute_ms / 1000.0,
-            "record_bytes": os.path.getsize(files[0]),
-            "ranks": ranks,
-            "steps": sum(r["steps"] for r in ranks),
-            "samples": sum(r["samples"] for r in ranks),
-            "bytes_read": sum(r["bytes_read"] for r in ranks),
-            "samples_per_s": sum(r["samples_per_s"] for r in ranks),
-            "mib_per_s": sum(r["mib_per_s"] for r in ranks),
-            "au": sum(r["au"] for r in ranks) / world,
-            "wall_s": max(r["wall_s"] for r in ranks),
-            "first_step_ns": min(r["first_step_ns"] for r in ranks),
-            "last_step_ns": max(r["last_step_ns"] for r in ranks),
-        })
+        write_json(
+            args.out,
+            {
+                "world_size": world,
+                "num_workers": args.num_workers,
+                "batch_size": args.batch_size,
+                "format": args.format,
+                "odirect": args.odirect,
+                "epochs": args.epochs,
+                "compute_s_configured": args.compute_ms / 1000.0,
+                "record_bytes": os.path.getsize(files[0]),
+                "ranks": ranks,
+                "steps": sum(r["steps"] for r in ranks),
+                "samples": sum(r["samples"] for r in ranks),
+                "bytes_read": sum(r["bytes_read"] for r in ranks),
+                "samples_per_s": sum(r["samples_per_s"] for r in ranks),
+                "mib_per_s": sum(r["mib_per_s"] for r in ranks),
+                "au": sum(r["au"] for r in ranks) / world,
+                "wall_s": max(r["wall_s"] for r in ranks),
+                "first_step_ns": min(r["first_step_ns"] for r in ranks),
+                "last_step_ns": max(r["last_step_ns"] for r in ranks),
+            },
+        )
     return 0
 
 

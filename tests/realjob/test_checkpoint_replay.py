@@ -18,8 +18,8 @@ the file layer) replays it at the recorded GPU count and records itself. Then:
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -29,12 +29,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import dataset_fs, device_of, drop_caches, run_job, throttled_cgroup  # noqa: E402
-from trainio_testlib import TRAINIO  # noqa: E402
+from harness import dataset_fs, device_of, drop_caches, run_job, throttled_cgroup
+
+from trainio_testlib import TRAINIO
 
 # isort: split
-import polars as pl  # noqa: E402
-from trainio_analysis.trace import scan_trace  # noqa: E402
+import polars as pl
+
+from trainio_analysis.trace import scan_trace
 
 MiB = 1 << 20
 RANKS, BATCH, STEPS, EVERY, CKPT_MIB = 2, 4, 26, 4, 32
@@ -70,10 +72,18 @@ def test_checkpoints_of_a_real_job_are_replayed_after_their_steps(tmp_path: Path
     with dataset_fs({"data": (n_files, SAMPLE, "npz")}, slack_mb=slack) as (_dev, _mm, mnt):
         trace, replay_trace = tmp_path / "job", tmp_path / "replay"
         ckdir = mnt / "checkpoints"
-        run = run_job(mnt / "data", ranks=RANKS, workers=0, batch=BATCH, compute_ms=50, fmt="npz",
-                      record_dir=trace, steps=STEPS, throttle_wbps=WRITE_CAP,
-                      extra=("--checkpoint-every", str(EVERY), "--checkpoint-dir", str(ckdir),
-                             "--checkpoint-mib", str(CKPT_MIB)))
+        run = run_job(
+            mnt / "data",
+            ranks=RANKS,
+            workers=0,
+            batch=BATCH,
+            compute_ms=50,
+            fmt="npz",
+            record_dir=trace,
+            steps=STEPS,
+            throttle_wbps=WRITE_CAP,
+            extra=("--checkpoint-every", str(EVERY), "--checkpoint-dir", str(ckdir), "--checkpoint-mib", str(CKPT_MIB)),
+        )
         saves = [c for r in run.job["ranks"] for c in r["checkpoints"]]
         steps = [EVERY * (k + 1) for k in range(checkpoints)]
         assert sorted({c["step"] for c in saves}) == steps and len(saves) == checkpoints * RANKS
@@ -96,19 +106,38 @@ def test_checkpoints_of_a_real_job_are_replayed_after_their_steps(tmp_path: Path
 
         # The replay, recorded, at the recorded GPU count on the same file system.
         data_dir = mnt / "replay"
-        gen = subprocess.run([str(TRAINIO), "datagen", "--trace", str(trace), "--data-dir", str(data_dir),
-                              "--gpus", str(RANKS)], capture_output=True, text=True, timeout=300)
+        gen = subprocess.run(
+            [str(TRAINIO), "datagen", "--trace", str(trace), "--data-dir", str(data_dir), "--gpus", str(RANKS)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert gen.returncode == 0, gen.stderr
         drop_caches(data_dir)
-        cmd = [str(TRAINIO), "replay", "--trace", str(trace), "--data-dir", str(data_dir),
-               "--gpus", str(RANKS), "--io-engine", "psync", "--record", str(replay_trace),
-               "--json", str(tmp_path / "replay.json"), "-q"]
+        cmd = [
+            str(TRAINIO),
+            "replay",
+            "--trace",
+            str(trace),
+            "--data-dir",
+            str(data_dir),
+            "--gpus",
+            str(RANKS),
+            "--io-engine",
+            "psync",
+            "--record",
+            str(replay_trace),
+            "--json",
+            str(tmp_path / "replay.json"),
+            "-q",
+        ]
         with throttled_cgroup(device_of(data_dir), None, wbps=WRITE_CAP) as th:
             rep = subprocess.run(th.wrap(cmd), capture_output=True, text=True, timeout=600)
         assert rep.returncode == 0, rep.stderr
         result = json.loads((tmp_path / "replay.json").read_text())
-        assert result["writes"]["bytes"] == sum(b["bytes"] for g in model["gpus"] for b in g["write_bursts"]
-                                                if b["after_step"] is not None)
+        assert result["writes"]["bytes"] == sum(
+            b["bytes"] for g in model["gpus"] for b in g["write_bursts"] if b["after_step"] is not None
+        )
 
         b = trainio_json("analyze", str(replay_trace), "--layer", "file")
         replayed = placed_bytes(b["job_model"])
@@ -123,8 +152,11 @@ def test_checkpoints_of_a_real_job_are_replayed_after_their_steps(tmp_path: Path
         # Besides --data-dir, only the results file the replay was told to write (--json,
         # through a temporary file beside it that is renamed into place).
         results = re.compile(re.escape(str(tmp_path)) + r"/(replay\.json|\.replay\.json\.tmp-\d+)$")
-        outside = [f for f in writes["file"].unique().to_list()
-                   if not str(f).startswith(f"{data_dir}/") and not results.match(str(f))]
+        outside = [
+            f
+            for f in writes["file"].unique().to_list()
+            if not str(f).startswith(f"{data_dir}/") and not results.match(str(f))
+        ]
         assert outside == [], f"the replay wrote outside --data-dir: {outside}"
         assert rows.filter(pl.col("op") == "fsync").height >= len(saves)
         job_rows = scan_trace(trace).filter((pl.col("layer") == "file") & (pl.col("op") == "fsync")).collect()
@@ -132,8 +164,10 @@ def test_checkpoints_of_a_real_job_are_replayed_after_their_steps(tmp_path: Path
 
         c = trainio_json("compare", str(trace), str(replay_trace), "--layer", "file")
         w = c["writes"]
-        print(f"compare writes: bytes A {w['bytes']['a']} B {w['bytes']['b']} "
-              f"({w['bytes_rel_error']:+.3%}); MiB/s A {w['mib_s']['a']:.1f} B {w['mib_s']['b']:.1f} "
-              f"({w['mib_s_rel_error']:+.2%})")
+        print(
+            f"compare writes: bytes A {w['bytes']['a']} B {w['bytes']['b']} "
+            f"({w['bytes_rel_error']:+.3%}); MiB/s A {w['mib_s']['a']:.1f} B {w['mib_s']['b']:.1f} "
+            f"({w['mib_s_rel_error']:+.2%})"
+        )
         assert abs(w["bytes_rel_error"]) <= 0.05
         assert abs(w["mib_s_rel_error"]) <= 0.05

@@ -27,17 +27,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import dataset_fs, run_job, summary  # noqa: E402
+from harness import dataset_fs, run_job, summary
 
 # isort: split
-from trainio_testlib import majmin  # noqa: E402
+from trainio_testlib import majmin
 
 MiB = 1 << 20
 RANKS, BATCH, COMPUTE_MS = 2, 4, 50
-NPZ_FILES, NPZ_BYTES = 400, 1 * MiB        # 50 steps per rank
-RAW_FILES, RAW_BYTES = 800, 256 << 10      # 100 steps per rank
-STEPS = 40                                 # per rank and epoch
-THROTTLE = {0: 60 * MiB, 2: 100 * MiB}     # per worker count: AU ~0.4 and ~0.6
+NPZ_FILES, NPZ_BYTES = 400, 1 * MiB  # 50 steps per rank
+RAW_FILES, RAW_BYTES = 800, 256 << 10  # 100 steps per rank
+STEPS = 40  # per rank and epoch
+THROTTLE = {0: 60 * MiB, 2: 100 * MiB}  # per worker count: AU ~0.4 and ~0.6
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +68,9 @@ def check_figures(job: dict, workers: int) -> None:
 def test_compute_bound(data, workers: int) -> None:
     _dev, mnt = data
     fmt = "npz" if workers else "raw"
-    run = run_job(mnt / fmt, ranks=RANKS, workers=workers, batch=BATCH, compute_ms=COMPUTE_MS,
-                  fmt=fmt, steps=STEPS, realtime=True)
+    run = run_job(
+        mnt / fmt, ranks=RANKS, workers=workers, batch=BATCH, compute_ms=COMPUTE_MS, fmt=fmt, steps=STEPS, realtime=True
+    )
     print(summary(run))
     job = run.job
     check_figures(job, workers)
@@ -84,8 +85,17 @@ def test_storage_bound(data, workers: int, tmp_path: Path) -> None:
     dev, mnt = data
     rbps = THROTTLE[workers]
     record = tmp_path / "trace" if workers else None
-    run = run_job(mnt / "npz", ranks=RANKS, workers=workers, batch=BATCH, compute_ms=COMPUTE_MS,
-                  fmt="npz", steps=STEPS, throttle_bps=rbps, record_dir=record)
+    run = run_job(
+        mnt / "npz",
+        ranks=RANKS,
+        workers=workers,
+        batch=BATCH,
+        compute_ms=COMPUTE_MS,
+        fmt="npz",
+        steps=STEPS,
+        throttle_bps=rbps,
+        record_dir=record,
+    )
     print(summary(run))
     job = run.job
     check_figures(job, workers)
@@ -97,12 +107,17 @@ def test_storage_bound(data, workers: int, tmp_path: Path) -> None:
     # every read whatever process issued it; prefetching workers may read a little more).
     segments = sorted(record.glob("seg-*.parquet"))
     assert segments, f"no segments in {record}: {run.recorder_summary}"
-    from trainio_analysis.trace import scan_trace
     import polars as pl
 
-    block = (scan_trace(record)
-             .filter((pl.col("layer") == "block") & (pl.col("op") == "read") & (pl.col("dev") == majmin(dev)))
-             .select(pl.col("bytes").sum()).collect().item())
+    from trainio_analysis.trace import scan_trace
+
+    block = (
+        scan_trace(record)
+        .filter((pl.col("layer") == "block") & (pl.col("op") == "read") & (pl.col("dev") == majmin(dev)))
+        .select(pl.col("bytes").sum())
+        .collect()
+        .item()
+    )
     assert block >= 0.95 * job["bytes_read"], (block, job["bytes_read"])
 
 

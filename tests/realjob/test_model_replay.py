@@ -26,8 +26,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fidelity import MiB, Scenario, run_scenario  # noqa: E402
-from harness import dataset_fs  # noqa: E402
+from fidelity import MiB, Scenario, run_scenario
+from harness import dataset_fs
 
 SCENARIOS = [
     Scenario("compute-w2", "compute-bound", 2, "npz", MiB, None, realtime=True),
@@ -54,10 +54,12 @@ def fs():
 def test_model_and_replay_of_a_real_job(fs, sc: Scenario) -> None:
     r = run_scenario(sc, fs)
     model, job = r["model"], r["job"]
-    print(f"\n{sc.name}: job AU {r['job_au_percent']:.1f}% {r['job_mib_s']:.1f} MiB/s; "
-          f"model compute {r['compute_ms']} ms, needs {r['required_mib_s']} MiB/s "
-          f"(true {r['required_true_mib_s']:.1f}); replay AU {r['replay_au_percent']:.1f}% "
-          f"{r['replay_mib_s']:.1f} MiB/s")
+    print(
+        f"\n{sc.name}: job AU {r['job_au_percent']:.1f}% {r['job_mib_s']:.1f} MiB/s; "
+        f"model compute {r['compute_ms']} ms, needs {r['required_mib_s']} MiB/s "
+        f"(true {r['required_true_mib_s']:.1f}); replay AU {r['replay_au_percent']:.1f}% "
+        f"{r['replay_mib_s']:.1f} MiB/s"
+    )
     assert model["incomplete"] is None
     # GPUs found = ranks, exactly; each with its workers.
     assert r["gpus_found"] == sc.ranks, model

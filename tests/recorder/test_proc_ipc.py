@@ -93,9 +93,23 @@ def test_workers_fork_rename_and_hand_batches_over_a_polled_pipe(tmp_path: Path)
         data.write_bytes(os.urandom(1 << 18))
         go_r, go_w = os.pipe()
         rec = subprocess.Popen(
-            [str(TRAINIO), "record", "--layers", "file", "-o", str(out), "--",
-             sys.executable, str(script), str(go_r), str(data)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(go_r,),
+            [
+                str(TRAINIO),
+                "record",
+                "--layers",
+                "file",
+                "-o",
+                str(out),
+                "--",
+                sys.executable,
+                str(script),
+                str(go_r),
+                str(data),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            pass_fds=(go_r,),
         )
         os.close(go_r)
         try:
@@ -145,8 +159,9 @@ def test_workers_fork_rename_and_hand_batches_over_a_polled_pipe(tmp_path: Path)
     assert (rank_exit["error"], rank_exit["ppid"]) == (0, rec.pid)
     assert (proc["issue_ns"] == proc["complete_ns"]).all()
     assert proc["ppid"].null_count() == 0
-    assert (df.filter(pl.col("layer") != "proc")["ppid"].null_count()
-            == df.height - proc.height), "ppid is null on every other layer"
+    assert df.filter(pl.col("layer") != "proc")["ppid"].null_count() == df.height - proc.height, (
+        "ppid is null on every other layer"
+    )
 
     # ipc: the workers' batches written to the pipe that the rank polls and reads.
     batch = ipc.filter(pl.col("file") == pipe)
@@ -184,7 +199,10 @@ def test_workers_fork_rename_and_hand_batches_over_a_polled_pipe(tmp_path: Path)
     assert {"file", "proc", "ipc"} <= set(meta["layers"])
     assert meta["events"]["proc"] == proc.height and meta["events"]["ipc"] == ipc.height
     assert sum(meta["lost_events"].values()) == 0
-    summary = {line.split()[0]: line.split() for line in err.splitlines()
-               if line.startswith("  proc ") or line.startswith("  ipc ")}
+    summary = {
+        line.split()[0]: line.split()
+        for line in err.splitlines()
+        if line.startswith("  proc ") or line.startswith("  ipc ")
+    }
     assert summary["proc"][1:] == ["-", str(proc.height), "-", "-"], err
     assert "ipc" in summary, err

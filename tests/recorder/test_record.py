@@ -37,7 +37,9 @@ def rows(trace: Path, **eq) -> pl.DataFrame:
 def _missed_completions(trace: Path) -> int:
     """Block completions the recorder counted as not seen (docs/recorder.md)."""
     lost = read_metadata(trace)["lost_events"]
-    return sum(n for k, n in lost.items() if k.startswith("block_rq_complete:") and k != "block_rq_complete:ringbuf_full")
+    return sum(
+        n for k, n in lost.items() if k.startswith("block_rq_complete:") and k != "block_rq_complete:ringbuf_full"
+    )
 
 
 def _assert_nothing_lost_but_missed_completions(err: str) -> None:
@@ -45,13 +47,25 @@ def _assert_nothing_lost_but_missed_completions(err: str) -> None:
     if "lost events: 0" in err:
         return
     listed = re.findall(r"^    (\S+): (\d+)$", err, flags=re.M)
-    assert listed and all(k.startswith("block_rq_complete:") and k != "block_rq_complete:ringbuf_full"
-                          for k, _ in listed), err
+    assert listed and all(
+        k.startswith("block_rq_complete:") and k != "block_rq_complete:ringbuf_full" for k, _ in listed
+    ), err
 
 
 def fio(dev: str, *extra: str, runtime: float | None = None, size: str = "128M") -> list[str]:
-    cmd = ["fio", "--name=t", f"--filename={dev}", "--direct=1", "--rw=randread", "--bs=4k",
-           f"--size={size}", "--randrepeat=1", "--norandommap", "--output-format=json", *extra]
+    cmd = [
+        "fio",
+        "--name=t",
+        f"--filename={dev}",
+        "--direct=1",
+        "--rw=randread",
+        "--bs=4k",
+        f"--size={size}",
+        "--randrepeat=1",
+        "--norandommap",
+        "--output-format=json",
+        *extra,
+    ]
     if runtime:
         cmd += ["--time_based", f"--runtime={runtime}"]
     return cmd
@@ -77,8 +91,9 @@ def finish(p: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
 
 def test_dd_direct_read_is_recorded_exactly(tmp_path: Path, loop_dev: str) -> None:
     out = tmp_path / "trace"
-    res = trainio("record", "-o", out, "--", "dd", f"if={loop_dev}", "of=/dev/null", "bs=1M",
-                  "count=64", "iflag=direct")
+    res = trainio(
+        "record", "-o", out, "--", "dd", f"if={loop_dev}", "of=/dev/null", "bs=1M", "count=64", "iflag=direct"
+    )
     assert res.returncode == 0, res.stderr
     dev = majmin(loop_dev)
 
@@ -130,8 +145,7 @@ def test_nfs_layer_is_skipped_where_the_kernel_has_no_nfs_client(tmp_path: Path)
     if Path("/sys/kernel/tracing/events/nfs").exists() or Path("/sys/kernel/debug/tracing/events/nfs").exists():
         pytest.skip("this kernel has an NFS client: the skip path cannot be shown here")
     out = tmp_path / "t"
-    res = trainio("record", "-o", out, "--", "dd", "if=/dev/zero", f"of={tmp_path / 'f'}", "bs=64k",
-                  "count=4")
+    res = trainio("record", "-o", out, "--", "dd", "if=/dev/zero", f"of={tmp_path / 'f'}", "bs=64k", "count=4")
     assert res.returncode == 0, res.stderr
     assert "skipping nfs" in res.stderr
     meta = read_metadata(out)
@@ -146,8 +160,9 @@ def test_nfs_layer_is_skipped_where_the_kernel_has_no_nfs_client(tmp_path: Path)
 
 def test_fio_iodepth_1_is_queue_depth_1(tmp_path: Path, loop_dev: str) -> None:
     out = tmp_path / "qd1"
-    res = trainio("record", "-o", out, "--dev", loop_dev, "--",
-                  *fio(loop_dev, "--ioengine=psync", "--iodepth=1", "--io_size=16M"))
+    res = trainio(
+        "record", "-o", out, "--dev", loop_dev, "--", *fio(loop_dev, "--ioengine=psync", "--iodepth=1", "--io_size=16M")
+    )
     assert res.returncode == 0, res.stderr
     block = rows(out, layer="block", op="read")
     assert block.height >= 4096
@@ -158,8 +173,15 @@ def test_fio_iodepth_1_is_queue_depth_1(tmp_path: Path, loop_dev: str) -> None:
 @pytest.mark.slow
 def test_fio_iodepth_16_stays_within_16_and_mostly_above_1(tmp_path: Path, loop_dev: str) -> None:
     out = tmp_path / "qd16"
-    res = trainio("record", "-o", out, "--dev", majmin(loop_dev), "--",
-                  *fio(loop_dev, "--ioengine=io_uring", "--iodepth=16", "--io_size=64M"))
+    res = trainio(
+        "record",
+        "-o",
+        out,
+        "--dev",
+        majmin(loop_dev),
+        "--",
+        *fio(loop_dev, "--ioengine=io_uring", "--iodepth=16", "--io_size=64M"),
+    )
     assert res.returncode == 0, res.stderr
     qd = rows(out, layer="block", op="read")["queue_depth"]
     # 64 MiB of 4 KiB reads: 16384 requests (session 9: 0.71-0.95 of them met another in
@@ -195,8 +217,14 @@ os.close(fd)
     path = str(data / "sample.bin")
     reads = rows(out, layer="file", op="read", file=path).sort("issue_ns")
     got = list(zip(reads["offset"], reads["bytes_requested"], reads["bytes"]))
-    assert got == [(0, 1000, 1000), (1000, 3000, 3000), (8192, 4096, 4096), (4000, 300, 300),
-                   (16384, 1536, 1536), (60000, 10000, 5536)]
+    assert got == [
+        (0, 1000, 1000),
+        (1000, 3000, 3000),
+        (8192, 4096, 4096),
+        (4000, 300, 300),
+        (16384, 1536, 1536),
+        (60000, 10000, 5536),
+    ]
     assert (reads["queue_depth"] == 1).all()
     opens = rows(out, layer="file", op="open", file=path)
     closes = rows(out, layer="file", op="close", file=path)
@@ -323,9 +351,22 @@ os.waitpid(worker, 0)
 def test_sigkill_leaves_readable_segments_and_no_programs(tmp_path: Path, loop_dev: str) -> None:
     out = tmp_path / "killed"
     tracer = subprocess.Popen(
-        [str(TRAINIO), "record", "-o", str(out), "--segment-s", "0.3", "--dev", loop_dev, "--",
-         *fio(loop_dev, "--ioengine=psync", runtime=30)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            str(TRAINIO),
+            "record",
+            "-o",
+            str(out),
+            "--segment-s",
+            "0.3",
+            "--dev",
+            loop_dev,
+            "--",
+            *fio(loop_dev, "--ioengine=psync", runtime=30),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while len(list(out.glob("seg-*.parquet"))) < 2 and time.monotonic() < deadline:
@@ -353,8 +394,17 @@ def test_sigkill_leaves_readable_segments_and_no_programs(tmp_path: Path, loop_d
 @pytest.mark.slow
 def test_tiny_ring_buffer_reports_lost_events(tmp_path: Path, loop_dev: str) -> None:
     out = tmp_path / "lossy"
-    res = trainio("record", "-o", out, "--ringbuf-mb", "0.004", "--dev", loop_dev, "--",
-                  *fio(loop_dev, "--ioengine=io_uring", "--iodepth=32", runtime=2))
+    res = trainio(
+        "record",
+        "-o",
+        out,
+        "--ringbuf-mb",
+        "0.004",
+        "--dev",
+        loop_dev,
+        "--",
+        *fio(loop_dev, "--ioengine=io_uring", "--iodepth=32", runtime=2),
+    )
     assert res.returncode == 0, res.stderr
     lost = read_metadata(out)["lost_events"]
     assert lost["block_rq_complete:ringbuf_full"] > 0
@@ -383,8 +433,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     (full / "keep.txt").write_text("precious")
     _one_line_exit_2(trainio("record", "-o", full, "--", "true"), str(full), "not empty")
     assert [p.name for p in full.iterdir()] == ["keep.txt"]
-    nobody = run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(TRAINIO),
-                  "record", "-o", str(tmp_path / "n"), "--", "true"])
+    nobody = run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            str(TRAINIO),
+            "record",
+            "-o",
+            str(tmp_path / "n"),
+            "--",
+            "true",
+        ]
+    )
     _one_line_exit_2(nobody, "root")
 
 
@@ -400,8 +462,11 @@ def test_cgroup_mode_traces_only_the_cgroup_and_stops_at_duration(tmp_path: Path
     proc = other = rec = None
     try:
         # Both read when told to, once the recorder says it is recording.
-        proc = subprocess.Popen(["sh", "-c", f"echo $$ > {cg}/cgroup.procs; read go; cat {inside} > /dev/null"],
-                                stdin=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            ["sh", "-c", f"echo $$ > {cg}/cgroup.procs; read go; cat {inside} > /dev/null"],
+            stdin=subprocess.PIPE,
+            text=True,
+        )
         other = subprocess.Popen(["sh", "-c", f"read go; cat {outside} > /dev/null"], stdin=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 10
         while str(proc.pid) not in (cg / "cgroup.procs").read_text().split():
@@ -451,12 +516,15 @@ def test_device_filter_and_request_tables(tmp_path: Path, one_slot: bool) -> Non
     out = tmp_path / "t"
     env = {**os.environ, **({"TRAINIO_TEST_ONE_SLOT_TABLES": "1"} if one_slot else {})}
     with loop_device(64) as a, loop_device(64) as b, loop_device(64) as c:
-        script = (f"fio --name=a --filename={a} --direct=1 --rw=randread --bs=4k --size=16M "
-                  f"--ioengine=io_uring --iodepth=16 --output-format=terse >/dev/null & "
-                  f"dd if={b} of=/dev/null bs=1M count=8 iflag=direct status=none & "
-                  f"dd if={c} of=/dev/null bs=1M count=8 iflag=direct status=none & wait")
-        res = trainio("record", "-o", out, "--layers", "block", "--dev", a, "--dev", majmin(b),
-                      "--", "sh", "-c", script, env=env)
+        script = (
+            f"fio --name=a --filename={a} --direct=1 --rw=randread --bs=4k --size=16M "
+            f"--ioengine=io_uring --iodepth=16 --output-format=terse >/dev/null & "
+            f"dd if={b} of=/dev/null bs=1M count=8 iflag=direct status=none & "
+            f"dd if={c} of=/dev/null bs=1M count=8 iflag=direct status=none & wait"
+        )
+        res = trainio(
+            "record", "-o", out, "--layers", "block", "--dev", a, "--dev", majmin(b), "--", "sh", "-c", script, env=env
+        )
         assert res.returncode == 0, res.stderr
         block = rows(out, layer="block", op="read")
         per_dev = {d: g for (d,), g in block.group_by("dev")}
@@ -489,15 +557,33 @@ def test_batched_completions_of_a_quiet_cpu_are_written_while_recording(tmp_path
     out = tmp_path / "t"
     script = f"dd if={loop_dev} of=/dev/null bs=4k count=5 iflag=direct status=none; sleep 8"
     tracer = subprocess.Popen(
-        [str(TRAINIO), "record", "-o", str(out), "--layers", "block", "--dev", loop_dev,
-         "--segment-s", "0.2", "--", "sh", "-c", script],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            str(TRAINIO),
+            "record",
+            "-o",
+            str(out),
+            "--layers",
+            "block",
+            "--dev",
+            loop_dev,
+            "--segment-s",
+            "0.2",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         written, deadline = 0, time.monotonic() + 5
         while written < 5 and time.monotonic() < deadline:
             time.sleep(0.1)
-            written = sum(pl.read_parquet(seg).filter(pl.col("layer") == "block").height
-                          for seg in out.glob("seg-*.parquet"))
+            written = sum(
+                pl.read_parquet(seg).filter(pl.col("layer") == "block").height for seg in out.glob("seg-*.parquet")
+            )
         assert tracer.poll() is None, "the command was still running"
         assert written == 5, f"{written} of 5 block rows in finished segments after 5 s"
     finally:
@@ -513,11 +599,28 @@ def test_batches_still_held_at_the_end_are_written(tmp_path: Path, loop_dev: str
     CPU it cannot run on; forced here by a test setting) read from the map. Every request
     must arrive either way."""
     out = tmp_path / "t"
-    env = {**os.environ, "TRAINIO_TEST_BATCH_AGE_MS": "3600000",
-           **({"TRAINIO_TEST_SKIP_FINAL_FLUSH": "1"} if final == "map-read" else {})}
-    res = trainio("record", "-o", out, "--layers", "block", "--dev", loop_dev, "--",
-                  "dd", f"if={loop_dev}", "of=/dev/null", "bs=4k", "count=45", "iflag=direct",
-                  env=env)
+    env = {
+        **os.environ,
+        "TRAINIO_TEST_BATCH_AGE_MS": "3600000",
+        **({"TRAINIO_TEST_SKIP_FINAL_FLUSH": "1"} if final == "map-read" else {}),
+    }
+    res = trainio(
+        "record",
+        "-o",
+        out,
+        "--layers",
+        "block",
+        "--dev",
+        loop_dev,
+        "--",
+        "dd",
+        f"if={loop_dev}",
+        "of=/dev/null",
+        "bs=4k",
+        "count=45",
+        "iflag=direct",
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     block = rows(out, layer="block", op="read").sort("offset")
     # Only full batches (32) leave before the end: at least 13 of the 45 were held.
@@ -544,8 +647,11 @@ def _max_overlap(starts: list[int], ends: list[int]) -> int:
 
 def _start_recorder(out: Path, dev: str) -> subprocess.Popen[str]:
     """A block-layer recorder of `dev` around `sleep`, returned once it says it records."""
-    p = subprocess.Popen([str(TRAINIO), "record", "-o", str(out), "--layers", "block", "--dev", dev,
-                          "--", "sleep", "600"], stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [str(TRAINIO), "record", "-o", str(out), "--layers", "block", "--dev", dev, "--", "sleep", "600"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert p.stderr is not None
     for line in p.stderr:
         if "recording" in line:
@@ -566,9 +672,20 @@ def test_two_recorders_account_for_every_request_the_device_counts(tmp_path: Pat
     missed = 0
     with loop_device(64, fill=True) as dev:
         loads = [
-            ["fio", "--name=q", f"--filename={dev}", "--direct=1", "--rw=randread", "--bs=4k",
-             "--ioengine=psync", "--numjobs=16", "--io_size=8M", "--size=64M", "--norandommap",
-             "--output=/dev/stdout"],
+            [
+                "fio",
+                "--name=q",
+                f"--filename={dev}",
+                "--direct=1",
+                "--rw=randread",
+                "--bs=4k",
+                "--ioengine=psync",
+                "--numjobs=16",
+                "--io_size=8M",
+                "--size=64M",
+                "--norandommap",
+                "--output=/dev/stdout",
+            ],
             ["dd", f"if={dev}", "bs=1M", "count=48", "iflag=direct", "of=/dev/zero", "status=none"],
             ["dd", f"if={dev}", "bs=4M", "count=12", "of=/dev/zero", "status=none"],
         ]
@@ -590,24 +707,28 @@ def test_two_recorders_account_for_every_request_the_device_counts(tmp_path: Pat
                 b = rows(t, layer="block")
                 lost = read_metadata(t)["lost_events"]
                 missed_keys = {"block_rq_complete:unseen", "block_rq_complete:in_flight_at_end"}
-                assert not any(n for k, n in lost.items() if k not in missed_keys), lost
+                assert not any(n for k, n in lost.items() if k not in missed_keys), (lost, err[-2000:])
                 unseen = lost.get("block_rq_complete:unseen", 0)
                 in_flight = lost.get("block_rq_complete:in_flight_at_end", 0)
                 missed += unseen + in_flight
                 if b.height + unseen + in_flight != device:
-                    failures.append(f"run {run_no}: {t.name} has {b.height} requests, "
-                                    f"{unseen} unseen, {in_flight} in flight; device {device}")
+                    failures.append(
+                        f"run {run_no}: {t.name} has {b.height} requests, "
+                        f"{unseen} unseen, {in_flight} in flight; device {device}"
+                    )
                 if not unseen and not in_flight and int(b["bytes"].sum()) != after[1] - before[1]:
-                    failures.append(f"run {run_no}: {t.name} bytes {int(b['bytes'].sum())}, "
-                                    f"device {after[1] - before[1]}")
+                    failures.append(
+                        f"run {run_no}: {t.name} bytes {int(b['bytes'].sum())}, device {after[1] - before[1]}"
+                    )
                 small = b.filter(pl.col("bytes") == 4096)
                 # A missed completion keeps its request in the kernel's in-flight count until
                 # the request is issued again: at most one more per unseen completion. The
                 # trace's own intervals never overlap more than 16 deep.
                 qd = small["queue_depth"].max()
                 if qd > 16 + unseen:
-                    failures.append(f"run {run_no}: {t.name} has queue depth {qd} among 16 readers "
-                                    f"with {unseen} unseen completions")
+                    failures.append(
+                        f"run {run_no}: {t.name} has queue depth {qd} among 16 readers with {unseen} unseen completions"
+                    )
                 overlap = _max_overlap(small["issue_ns"].to_list(), small["complete_ns"].to_list())
                 if overlap > 16:
                     failures.append(f"run {run_no}: {t.name} has {overlap} requests overlapping")
@@ -620,9 +741,23 @@ def test_a_second_signal_stops_recording_a_command_that_ignores_signals(tmp_path
     second SIGINT ends the recording: the trace is written, the recorder exits 130 and
     names the command still running (which it leaves alone)."""
     out = tmp_path / "t"
-    tracer = subprocess.Popen([str(TRAINIO), "record", "-o", str(out), "--layers", "file", "--",
-                               "bash", "-c", "trap '' INT TERM; echo ready; exec sleep 120 >/dev/null 2>&1"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tracer = subprocess.Popen(
+        [
+            str(TRAINIO),
+            "record",
+            "-o",
+            str(out),
+            "--layers",
+            "file",
+            "--",
+            "bash",
+            "-c",
+            "trap '' INT TERM; echo ready; exec sleep 120 >/dev/null 2>&1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     left = None
     try:
         assert tracer.stdout is not None and tracer.stdout.readline().strip() == "ready"
@@ -670,9 +805,19 @@ def test_a_full_disk_keeps_finished_segments_and_counts_what_it_lost(tmp_path: P
     run(["mount", "-t", "tmpfs", "-o", "size=4m", "none", str(small)], check=True)
     try:
         before = _sys_stat(loop_dev)
-        res = trainio("record", "-o", str(small / "t"), "--layers", "block", "--dev", loop_dev,
-                      "--segment-s", "0.2", "--",
-                      *fio(loop_dev, "--ioengine=psync", "--numjobs=4", runtime=10, size="64M"))
+        res = trainio(
+            "record",
+            "-o",
+            str(small / "t"),
+            "--layers",
+            "block",
+            "--dev",
+            loop_dev,
+            "--segment-s",
+            "0.2",
+            "--",
+            *fio(loop_dev, "--ioengine=psync", "--numjobs=4", runtime=10, size="64M"),
+        )
         after = _sys_stat(loop_dev)
         assert res.returncode == 0, res.stderr
         assert "No space left on device" in res.stderr and "finished segments are intact" in res.stderr
@@ -682,8 +827,12 @@ def test_a_full_disk_keeps_finished_segments_and_counts_what_it_lost(tmp_path: P
         assert lost["segment_write_failed"] > 0, lost
         b = rows(t, layer="block")
         assert b.height > 0
-        accounted = (b.height + lost["segment_write_failed"] + lost.get("block_rq_complete:unseen", 0)
-                     + lost.get("block_rq_complete:in_flight_at_end", 0))
+        accounted = (
+            b.height
+            + lost["segment_write_failed"]
+            + lost.get("block_rq_complete:unseen", 0)
+            + lost.get("block_rq_complete:in_flight_at_end", 0)
+        )
         assert accounted == after[0] - before[0], (b.height, lost, after[0] - before[0])
         a = trainio("analyze", "--json", str(t))
         assert a.returncode == 0, a.stderr
@@ -718,9 +867,14 @@ except OSError:
     assert res.returncode == 0, res.stderr
     ops = rows(out, layer="file", file=str(path)).sort("issue_ns")
     got = list(zip(ops["op"], ops["offset"], ops["bytes"], ops["bytes_requested"], ops["queue_depth"]))
-    assert got == [("open", None, 0, 0, 0), ("write", 0, 65536, 65536, 1), ("fsync", None, 0, 0, 0),
-                   ("fdatasync", None, 0, 0, 0), ("sync_file_range", 4096, 0, 8192, 0),
-                   ("close", None, 0, 0, 0)]
+    assert got == [
+        ("open", None, 0, 0, 0),
+        ("write", 0, 65536, 65536, 1),
+        ("fsync", None, 0, 0, 0),
+        ("fdatasync", None, 0, 0, 0),
+        ("sync_file_range", 4096, 0, 8192, 0),
+        ("close", None, 0, 0, 0),
+    ]
     assert (ops["error"] == 0).all() and ops["fd"].n_unique() == 1
     syncs = scan_trace(out).filter(pl.col("op").is_in(["fsync", "fdatasync", "sync_file_range"])).collect()
     assert syncs.height == 3, syncs

@@ -9,12 +9,15 @@ import pytest
 from replay_helpers import run_trainio, write_workload
 
 
-@pytest.mark.parametrize(("key", "value", "says"), [
-    ("record_length_bytes", "1e30", "beyond 1 TiB"),
-    ("record_length_bytes", ".nan", "finite"),
-    ("computation_time", ".nan", "finite"),
-    ("num_files_train", "1e20", "too large"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("record_length_bytes", "1e30", "beyond 1 TiB"),
+        ("record_length_bytes", ".nan", "finite"),
+        ("computation_time", ".nan", "finite"),
+        ("num_files_train", "1e20", "too large"),
+    ],
+)
 def test_bad_numbers_are_one_line_exit_2(tmpfs_dir: Path, key: str, value: str, says: str) -> None:
     wl = write_workload(tmpfs_dir / "wl.yaml", files=8, record=64 << 10)
     text = wl.read_text()
@@ -39,6 +42,5 @@ def test_a_typo_is_named_and_object_storage_is_refused(tmpfs_dir: Path) -> None:
     p = run_trainio("replay", "--workload", s3, "--data-dir", tmpfs_dir / "e", check=False)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "storage.storage_type: s3" in p.stderr and not (tmpfs_dir / "e").exists()
-    run_trainio("datagen", "--workload", s3, "--data-dir", tmpfs_dir / "e",
-                "--param", "storage.storage_type=local_fs")
+    run_trainio("datagen", "--workload", s3, "--data-dir", tmpfs_dir / "e", "--param", "storage.storage_type=local_fs")
     assert (tmpfs_dir / "e" / "train").is_dir()

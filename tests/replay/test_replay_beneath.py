@@ -63,20 +63,37 @@ def test_checkpoint_writes_refuse_a_linked_checkpoint_folder(tmpfs_dir: Path) ->
     data = tmpfs_dir / "d"
     data.mkdir()
     (data / "checkpoints").symlink_to(out)
-    scale = ["model.num_layers=2", "model.transformer.vocab_size=1024", "model.transformer.hidden_size=256",
-             "model.transformer.ffn_hidden_size=512", "checkpoint.num_checkpoints_write=1",
-             "checkpoint.num_checkpoints_read=0", "checkpoint.time_between_checkpoints=0",
-             "checkpoint.checkpoint_folder=checkpoints"]
+    scale = [
+        "model.num_layers=2",
+        "model.transformer.vocab_size=1024",
+        "model.transformer.hidden_size=256",
+        "model.transformer.ffn_hidden_size=512",
+        "checkpoint.num_checkpoints_write=1",
+        "checkpoint.num_checkpoints_read=0",
+        "checkpoint.time_between_checkpoints=0",
+        "checkpoint.checkpoint_folder=checkpoints",
+    ]
     args = [a for s in scale for a in ("--param", s)]
-    p = run_trainio("replay", "--workload", ROOT / "configs" / "llama3_8b.yaml", "--gpus", 8,
-                    "--data-dir", data, "--force", *args, check=False)
+    p = run_trainio(
+        "replay",
+        "--workload",
+        ROOT / "configs" / "llama3_8b.yaml",
+        "--gpus",
+        8,
+        "--data-dir",
+        data,
+        "--force",
+        *args,
+        check=False,
+    )
     assert p.returncode == 2 and "symbolic link" in p.stderr, (p.stdout, p.stderr)
     _untouched(out)
     # The same run into a real folder writes its files there.
     (data / "checkpoints").unlink()
     j = tmpfs_dir / "r.json"
-    run_trainio("replay", "--workload", ROOT / "configs" / "llama3_8b.yaml", "--gpus", 8,
-                "--data-dir", data, *args, "--json", j)
+    run_trainio(
+        "replay", "--workload", ROOT / "configs" / "llama3_8b.yaml", "--gpus", 8, "--data-dir", data, *args, "--json", j
+    )
     written = sum(f.stat().st_size for f in (data / "checkpoints").rglob("*") if f.is_file())
     assert written == load_json(j)["checkpoint"]["planned_bytes"] and written > 0
     assert not any(os.path.islink(p) for p in (data / "checkpoints").rglob("*"))

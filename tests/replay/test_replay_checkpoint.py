@@ -67,8 +67,9 @@ def test_real_llama_files_plan_the_published_totals(tmp_path):
         before = f.read_bytes()
         gpus, table_gib = TABLE[hidden_size(f)]
         out = tmp_path / f"{f.parent.name}-{f.stem}.json"
-        p = run_trainio("replay", "--workload", f, "--gpus", gpus, "--data-dir", tmp_path / "never",
-                        "--plan-only", "--json", out)
+        p = run_trainio(
+            "replay", "--workload", f, "--gpus", gpus, "--data-dir", tmp_path / "never", "--plan-only", "--json", out
+        )
         c = load_json(out)["checkpoint"]
         assert c["planned_gib"] == pytest.approx(table_gib, rel=0.005), (f, c["planned_gib"])
         assert c["planned_bytes"] == sum(c["bytes_per_gpu"]) == c["model_bytes"] + c["optimizer_bytes"]
@@ -82,11 +83,26 @@ def test_real_llama_files_plan_the_published_totals(tmp_path):
 def test_subset_mode_writes_the_first_gpus_share(tmp_path):
     f = ROOT / "configs" / "llama3_405b.yaml"
     out = tmp_path / "s.json"
-    run_trainio("replay", "--workload", f, "--gpus", 8, "--data-dir", tmp_path / "never", "--plan-only",
-                "--checkpoint-mode", "subset", "--param", "model.parallelism.data=2", "--json", out)
+    run_trainio(
+        "replay",
+        "--workload",
+        f,
+        "--gpus",
+        8,
+        "--data-dir",
+        tmp_path / "never",
+        "--plan-only",
+        "--checkpoint-mode",
+        "subset",
+        "--param",
+        "model.parallelism.data=2",
+        "--json",
+        out,
+    )
     full = tmp_path / "f.json"
-    run_trainio("replay", "--workload", f, "--gpus", 512, "--data-dir", tmp_path / "never", "--plan-only",
-                "--json", full)
+    run_trainio(
+        "replay", "--workload", f, "--gpus", 512, "--data-dir", tmp_path / "never", "--plan-only", "--json", full
+    )
     s, w = load_json(out)["checkpoint"], load_json(full)["checkpoint"]
     assert s["mode"] == "subset" and s["world"] == 512 and len(s["bytes_per_gpu"]) == 8
     # DLIO's subset: ranks 0..7 of the 512-rank job, the same shards they write there.
@@ -112,8 +128,7 @@ def test_subset_mode_writes_the_first_gpus_share(tmp_path):
 )
 def test_bad_checkpoint_keys_are_one_line_errors(tmp_path, param, words):
     f = ROOT / "configs" / "llama3_8b.yaml"
-    p = run_trainio("replay", "--workload", f, "--gpus", 8, "--data-dir", tmp_path / "d", "--param", param,
-                    check=False)
+    p = run_trainio("replay", "--workload", f, "--gpus", 8, "--data-dir", tmp_path / "d", "--param", param, check=False)
     assert p.returncode == 2, p
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
@@ -122,8 +137,17 @@ def test_bad_checkpoint_keys_are_one_line_errors(tmp_path, param, words):
 
 
 def test_default_mode_needs_whole_model_parallel_groups(tmp_path):
-    p = run_trainio("replay", "--workload", ROOT / "configs" / "llama3_70b.yaml", "--gpus", 12, "--data-dir",
-                    tmp_path / "d", "--plan-only", check=False)
+    p = run_trainio(
+        "replay",
+        "--workload",
+        ROOT / "configs" / "llama3_70b.yaml",
+        "--gpus",
+        12,
+        "--data-dir",
+        tmp_path / "d",
+        "--plan-only",
+        check=False,
+    )
     assert p.returncode == 2 and "not a multiple of TP×PP" in p.stderr, p.stderr
 
 
@@ -155,8 +179,20 @@ def test_scaled_checkpoint_on_ext4_writes_the_planned_bytes(tmp_path, loop_fs):
     data = mnt / "data"
     out = tmp_path / "r.json"
     mpirun = ("mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2")
-    p = run_trainio("replay", "--workload", ROOT / "configs" / "llama3_405b.yaml", "--gpus", 8,
-                    "--data-dir", data, *params(SCALE), "--json", out, prefix=mpirun, timeout=300)
+    p = run_trainio(
+        "replay",
+        "--workload",
+        ROOT / "configs" / "llama3_405b.yaml",
+        "--gpus",
+        8,
+        "--data-dir",
+        data,
+        *params(SCALE),
+        "--json",
+        out,
+        prefix=mpirun,
+        timeout=300,
+    )
     r = load_json(out)
     c = r["checkpoint"]
     assert r["ranks"] == 2 and r["gpus"] == 8
@@ -188,9 +224,20 @@ def test_throttled_checkpoint_runs_at_the_throttle(tmp_path, loop_fs, throttle):
     bps = 100 * MIB
     th = throttle(majmin, bps, wbps=bps)
     out = tmp_path / "r.json"
-    run_trainio("replay", "--workload", ROOT / "configs" / "llama3_8b.yaml", "--gpus", 4,
-                "--data-dir", mnt / "data", *params([p for p in SCALE if "parallelism" not in p]),
-                "--json", out, prefix=in_cgroup(th.path), timeout=300)
+    run_trainio(
+        "replay",
+        "--workload",
+        ROOT / "configs" / "llama3_8b.yaml",
+        "--gpus",
+        4,
+        "--data-dir",
+        mnt / "data",
+        *params([p for p in SCALE if "parallelism" not in p]),
+        "--json",
+        out,
+        prefix=in_cgroup(th.path),
+        timeout=300,
+    )
     c = load_json(out)["checkpoint"]
     (w,), (rd,) = c["writes"], c["reads"]
     assert w["throughput_mib_s"] == pytest.approx(100.0, rel=0.10), w
@@ -240,8 +287,7 @@ def test_training_checkpoints_stop_the_gpus_and_stay_out_of_au(tmpfs_dir, rule, 
     wl = tmpfs_dir / "wl.yaml"
     wl.write_text(TRAINING.format(rule=rule))
     out = tmpfs_dir / "r.json"
-    run_trainio("replay", "--workload", wl, "--gpus", 2, "--data-dir", tmpfs_dir / "d", "--generate",
-                "--json", out)
+    run_trainio("replay", "--workload", wl, "--gpus", 2, "--data-dir", tmpfs_dir / "d", "--generate", "--json", out)
     r = load_json(out)
     c = r["checkpoint"]
     assert [(x["epoch"], x["step"]) for x in c["writes"]] == expected
@@ -254,8 +300,19 @@ def test_training_checkpoints_stop_the_gpus_and_stay_out_of_au(tmpfs_dir, rule, 
     assert r["wall_s"] >= 32 * 0.02 + stood
     assert r["au_percent"] >= 95.0, (r["au_percent"], stood, r["wall_s"])
     plain = tmpfs_dir / "p.json"
-    run_trainio("replay", "--workload", wl, "--gpus", 2, "--data-dir", tmpfs_dir / "d", "--json", plain,
-                "--param", "workflow.checkpoint=false")
+    run_trainio(
+        "replay",
+        "--workload",
+        wl,
+        "--gpus",
+        2,
+        "--data-dir",
+        tmpfs_dir / "d",
+        "--json",
+        plain,
+        "--param",
+        "workflow.checkpoint=false",
+    )
     p = load_json(plain)
     assert "checkpoint" not in p
     assert r["au_percent"] == pytest.approx(p["au_percent"], abs=3.0)
@@ -264,14 +321,16 @@ def test_training_checkpoints_stop_the_gpus_and_stay_out_of_au(tmpfs_dir, rule, 
 def test_training_checkpoints_need_the_barrier(tmpfs_dir):
     wl = tmpfs_dir / "wl.yaml"
     wl.write_text(TRAINING.format(rule=""))
-    p = run_trainio("replay", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--generate", "--no-barrier",
-                    check=False)
+    p = run_trainio(
+        "replay", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--generate", "--no-barrier", check=False
+    )
     assert p.returncode == 2 and "--no-barrier" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
 def test_checkpoint_only_workload_has_no_dataset(tmp_path):
-    p = run_trainio("datagen", "--workload", ROOT / "configs" / "llama3_8b.yaml", "--data-dir", tmp_path / "d",
-                    check=False)
+    p = run_trainio(
+        "datagen", "--workload", ROOT / "configs" / "llama3_8b.yaml", "--data-dir", tmp_path / "d", check=False
+    )
     assert p.returncode == 2 and "checkpoint-only" in p.stderr
     assert not (tmp_path / "d").exists()
 
@@ -280,8 +339,19 @@ def test_refuses_a_foreign_directory(tmp_path):
     d = tmp_path / "d"
     d.mkdir()
     (d / "precious").write_text("x")
-    p = run_trainio("replay", "--workload", ROOT / "configs" / "llama3_8b.yaml", "--gpus", 8, "--data-dir", d,
-                    *params(SCALE[3:]), "--param", "model.num_layers=1", check=False)
+    p = run_trainio(
+        "replay",
+        "--workload",
+        ROOT / "configs" / "llama3_8b.yaml",
+        "--gpus",
+        8,
+        "--data-dir",
+        d,
+        *params(SCALE[3:]),
+        "--param",
+        "model.num_layers=1",
+        check=False,
+    )
     assert p.returncode == 2 and "not empty" in p.stderr
     assert os.listdir(d) == ["precious"]
 
@@ -292,14 +362,29 @@ def test_recorded_checkpoint_holds_the_planned_writes(tmp_path, loop_fs):
     """`--record` traces the checkpoint run: at the file layer every checkpoint file is
     written with exactly its planned bytes and read back in full."""
     import polars as pl
+
     from trainio_analysis.trace import scan_trace
 
     if not (ROOT / "target" / "release" / "trainio-record").exists():
         pytest.fail("the recorder is not built: run 'make'")
     _dev, _majmin, mnt = loop_fs
     data, trace, out = mnt / "data", tmp_path / "trace", tmp_path / "r.json"
-    run_trainio("replay", "--workload", ROOT / "configs" / "llama3_405b.yaml", "--gpus", 8, "--data-dir", data,
-                *params(SCALE), "--record", trace, "--json", out, "-q", timeout=300)
+    run_trainio(
+        "replay",
+        "--workload",
+        ROOT / "configs" / "llama3_405b.yaml",
+        "--gpus",
+        8,
+        "--data-dir",
+        data,
+        *params(SCALE),
+        "--record",
+        trace,
+        "--json",
+        out,
+        "-q",
+        timeout=300,
+    )
     c = load_json(out)["checkpoint"]
     rows = (
         scan_trace(trace)

@@ -20,8 +20,18 @@ def test_throttled_device_au_and_throughput_match_the_bandwidth(tmp_path, loop_f
     run_trainio("datagen", "--workload", wl, "--data-dir", mnt / "data")
     th = throttle(majmin, BPS)
     out = tmp_path / "r.json"
-    run_trainio("replay", "--workload", wl, "--data-dir", mnt / "data", "--odirect", "--json", out,
-                prefix=in_cgroup(th.path), timeout=120)
+    run_trainio(
+        "replay",
+        "--workload",
+        wl,
+        "--data-dir",
+        mnt / "data",
+        "--odirect",
+        "--json",
+        out,
+        prefix=in_cgroup(th.path),
+        timeout=120,
+    )
     r = load_json(out)
     predicted_au = 100 * 0.05 / (4 * MIB / BPS)  # 62.5 %
     assert r["steps"] == 60
@@ -39,8 +49,23 @@ def test_sweep_finds_what_the_bandwidth_supports(tmp_path, loop_fs, throttle):
     wl = write_workload(tmp_path / "wl.yaml", files=8, record=MIB, batch=1, threads=2, compute=0.1, au=0.70)
     th = throttle(majmin, BPS)
     curve = tmp_path / "curve.json"
-    p = run_trainio("sweep", "--workload", wl, "--data-dir", mnt / "data", "--generate", "--odirect",
-                    "--steps", 20, "--max-gpus", 16, "--json", curve, prefix=in_cgroup(th.path), timeout=600)
+    p = run_trainio(
+        "sweep",
+        "--workload",
+        wl,
+        "--data-dir",
+        mnt / "data",
+        "--generate",
+        "--odirect",
+        "--steps",
+        20,
+        "--max-gpus",
+        16,
+        "--json",
+        curve,
+        prefix=in_cgroup(th.path),
+        timeout=600,
+    )
     s = load_json(curve)
     assert s["supported_gpus"] == 7, p.stdout
     gpus = [pt["gpus"] for pt in s["curve"]]

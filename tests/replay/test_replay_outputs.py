@@ -38,8 +38,7 @@ def test_an_unwritable_json_path_is_refused_before_the_run(tmpfs_dir: Path, case
         target.symlink_to(tmpfs_dir / "real.json")
     try:
         for cmd in (["replay", "--generate", "--gpus", 1], ["sweep", "--max-gpus", "2", "--start-gpus", 1]):
-            p = run_trainio(*cmd, "--workload", wl, "--data-dir", tmpfs_dir / "d",
-                            "--json", target, check=False)
+            p = run_trainio(*cmd, "--workload", wl, "--data-dir", tmpfs_dir / "d", "--json", target, check=False)
             assert p.returncode == 2, (cmd, p.stdout, p.stderr)
             lines = p.stderr.strip().splitlines()
             assert len(lines) == 1 and "--json" in lines[0] and str(target) in lines[0], p.stderr
@@ -61,8 +60,9 @@ def test_a_full_disk_after_the_run_prints_the_results_and_leaves_no_partial_file
         old.write_text('{"previous": true}')
         # Fill what is left, so that the results cannot be written when the run ends.
         subprocess.run(["dd", "if=/dev/zero", f"of={small / 'fill'}", "bs=4k"], capture_output=True)
-        p = run_trainio("replay", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--gpus", 1,
-                        "--json", old, check=False)
+        p = run_trainio(
+            "replay", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--gpus", 1, "--json", old, check=False
+        )
         assert p.returncode != 0
         assert "could not be saved" in p.stderr and str(old) in p.stderr, p.stderr
         start = p.stdout.index("{")
@@ -92,8 +92,20 @@ def test_a_failed_recorder_does_not_take_the_replays_results(tmpfs_dir: Path) ->
     t = threading.Thread(target=kill_recorder)
     t.start()
     try:
-        p = run_trainio("replay", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--gpus", 1,
-                        "--record", tmpfs_dir / "rec", "--json", out, check=False)
+        p = run_trainio(
+            "replay",
+            "--workload",
+            wl,
+            "--data-dir",
+            tmpfs_dir / "d",
+            "--gpus",
+            1,
+            "--record",
+            tmpfs_dir / "rec",
+            "--json",
+            out,
+            check=False,
+        )
     finally:
         killed.append(True)
         t.join()

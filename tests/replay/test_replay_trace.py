@@ -12,7 +12,7 @@ import pytest
 from replay_helpers import ROOT, TRAINIO, load_json, run_trainio, write_workload
 
 sys.path.insert(0, str(ROOT / "analysis"))
-from trainio_analysis.trace import write_trace  # noqa: E402
+from trainio_analysis.trace import write_trace
 
 KIB = 1 << 10
 MS = 1_000_000
@@ -20,9 +20,22 @@ MS = 1_000_000
 
 def file_read(pid, path, offset, size, issue_ms, dur_ms, qd, fd=5, tid=None, dev="0:27"):
     return {
-        "layer": "file", "op": "read", "issue_ns": int(issue_ms * MS), "complete_ns": int((issue_ms + dur_ms) * MS),
-        "insert_ns": None, "dev": dev, "offset": offset, "bytes": size, "bytes_requested": size,
-        "queue_depth": qd, "pid": pid, "tid": pid if tid is None else tid, "comm": f"loader{pid}", "fd": fd, "file": path, "error": 0,
+        "layer": "file",
+        "op": "read",
+        "issue_ns": int(issue_ms * MS),
+        "complete_ns": int((issue_ms + dur_ms) * MS),
+        "insert_ns": None,
+        "dev": dev,
+        "offset": offset,
+        "bytes": size,
+        "bytes_requested": size,
+        "queue_depth": qd,
+        "pid": pid,
+        "tid": pid if tid is None else tid,
+        "comm": f"loader{pid}",
+        "fd": fd,
+        "file": path,
+        "error": 0,
         "flags": 0,
     }
 
@@ -42,8 +55,9 @@ def synthetic_rows():
     for step in range(3):
         for k in range(4):
             f = f"/data/a{k % 2}.npz"
-            rows.append(file_read(100, f, (step * 2 + k // 2) * 256 * KIB, 256 * KIB, t + 0.1 * k, 2.0, k + 1,
-                                  tid=1000 + k))
+            rows.append(
+                file_read(100, f, (step * 2 + k // 2) * 256 * KIB, 256 * KIB, t + 0.1 * k, 2.0, k + 1, tid=1000 + k)
+            )
         t += 2.5 + 50.0
     t = 1000.0
     for step in range(3):
@@ -96,8 +110,20 @@ def test_trace_computation_time_override(tmpfs_dir):
     trace = tmpfs_dir / "trace"
     write_trace(trace, synthetic_rows())
     out = tmpfs_dir / "r.json"
-    run_trainio("replay", "--trace", trace, "--data-dir", tmpfs_dir / "d", "--generate", "--gpus", 2,
-                "--computation-time", 0.01, "--json", out)
+    run_trainio(
+        "replay",
+        "--trace",
+        trace,
+        "--data-dir",
+        tmpfs_dir / "d",
+        "--generate",
+        "--gpus",
+        2,
+        "--computation-time",
+        0.01,
+        "--json",
+        out,
+    )
     r = load_json(out)
     assert all(g["compute_s"] == pytest.approx(0.03, rel=0.2) for g in r["per_gpu"])
 
@@ -143,11 +169,25 @@ def test_recorded_trace_replays_end_to_end(tmpfs_dir):
     src = tmpfs_dir / "src"
     src.mkdir()
     trace = tmpfs_dir / "trace"
-    subprocess.run([str(TRAINIO), "record", "--output", str(trace), "--layers", "file", "--",
-                    sys.executable, str(script), str(src)], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            str(TRAINIO),
+            "record",
+            "--output",
+            str(trace),
+            "--layers",
+            "file",
+            "--",
+            sys.executable,
+            str(script),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     out = tmpfs_dir / "r.json"
-    run_trainio("replay", "--trace", trace, "--data-dir", tmpfs_dir / "data", "--generate", "--gpus", 2,
-                "--json", out)
+    run_trainio("replay", "--trace", trace, "--data-dir", tmpfs_dir / "data", "--generate", "--gpus", 2, "--json", out)
     r = load_json(out)
     t = r["settings"]["templates"][0]
     assert t["comm"].startswith("python")
@@ -173,8 +213,21 @@ def test_record_traces_the_replay_and_the_trace_replays(tmpfs_dir):
     wl = write_workload(tmpfs_dir / "wl.yaml", files=32, record=256 * KIB, batch=4, threads=3, compute=0.03)
     trace = tmpfs_dir / "trace"
     out1 = tmpfs_dir / "r1.json"
-    run_trainio("replay", "--workload", wl, "--data-dir", tmpfs_dir / "d1", "--generate", "--io-engine", "psync",
-                "--record", trace, "--json", out1, timeout=120)
+    run_trainio(
+        "replay",
+        "--workload",
+        wl,
+        "--data-dir",
+        tmpfs_dir / "d1",
+        "--generate",
+        "--io-engine",
+        "psync",
+        "--record",
+        trace,
+        "--json",
+        out1,
+        timeout=120,
+    )
     assert list(trace.glob("seg-*.parquet"))
     out2 = tmpfs_dir / "r2.json"
     run_trainio("replay", "--trace", trace, "--data-dir", tmpfs_dir / "d2", "--generate", "--json", out2)

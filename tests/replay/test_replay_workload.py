@@ -15,8 +15,7 @@ def test_tmpfs_small_workload_keeps_au_above_95(tmpfs_dir):
     """1 MiB samples, batch 4, 0.05 s compute on tmpfs: storage is never the bottleneck."""
     wl = write_workload(tmpfs_dir / "wl.yaml", files=48, record=MIB, batch=4, compute=0.05, epochs=2)
     out = tmpfs_dir / "r.json"
-    run_trainio("replay", "--workload", wl, "--data-dir", tmpfs_dir / "data", "--generate", "--gpus", 2,
-                "--json", out)
+    run_trainio("replay", "--workload", wl, "--data-dir", tmpfs_dir / "data", "--generate", "--gpus", 2, "--json", out)
     r = load_json(out)
     assert r["gpus"] == 2 and r["ranks"] == 1 and r["hosts"] == 1
     assert r["au_percent"] >= 95.0, r["au_percent"]
@@ -51,8 +50,10 @@ def test_compute_bound_au_tracks_the_sleep(tmpfs_dir):
 def test_no_barrier_means_no_barrier_wait(tmpfs_dir):
     wl = write_workload(tmpfs_dir / "wl.yaml", files=16, record=64 << 10, batch=2, compute=0.01)
     (tmpfs_dir / "wl.yaml").write_text(
-        (tmpfs_dir / "wl.yaml").read_text().replace("computation_time: 0.01",
-                                                   "computation_time:\n    type: uniform\n    min: 0.0\n    max: 0.02"))
+        (tmpfs_dir / "wl.yaml")
+        .read_text()
+        .replace("computation_time: 0.01", "computation_time:\n    type: uniform\n    min: 0.0\n    max: 0.02")
+    )
     out_b, out_n = tmpfs_dir / "b.json", tmpfs_dir / "n.json"
     args = ("replay", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--generate", "--gpus", 4)
     run_trainio(*args, "--json", out_b)
@@ -111,8 +112,9 @@ def test_datagen_owns_its_directory_and_refuses_foreign_ones(tmpfs_dir):
 
 def test_record_size_distribution_varies_file_sizes(tmpfs_dir):
     wl = write_workload(tmpfs_dir / "wl.yaml", files=20, record=200_000)
-    wl.write_text(wl.read_text().replace("record_length_bytes: 200000",
-                                         "record_length: 200000\n  record_length_stdev: 50000"))
+    wl.write_text(
+        wl.read_text().replace("record_length_bytes: 200000", "record_length: 200000\n  record_length_stdev: 50000")
+    )
     run_trainio("datagen", "--workload", wl, "--data-dir", tmpfs_dir / "d")
     sizes = [f.stat().st_size for f in (tmpfs_dir / "d" / "train").iterdir()]
     assert len(set(sizes)) > 5
@@ -122,8 +124,22 @@ def test_record_size_distribution_varies_file_sizes(tmpfs_dir):
 @pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("demo-*.yaml")))
 def test_demo_configs_run(tmpfs_dir, config):
     out = tmpfs_dir / "r.json"
-    run_trainio("replay", "--workload", ROOT / "configs" / config, "--data-dir", tmpfs_dir / "d", "--generate",
-                "--gpus", 2, "--steps", 5, "--epochs", 1, "--json", out)
+    run_trainio(
+        "replay",
+        "--workload",
+        ROOT / "configs" / config,
+        "--data-dir",
+        tmpfs_dir / "d",
+        "--generate",
+        "--gpus",
+        2,
+        "--steps",
+        5,
+        "--epochs",
+        1,
+        "--json",
+        out,
+    )
     r = load_json(out)
     assert r["gpus"] == 2 and r["steps"] == 5 and r["bytes_read"] > 0
 
@@ -135,8 +151,19 @@ def test_mpirun_two_ranks_five_gpus(tmpfs_dir):
     run_trainio("datagen", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--gpus", 5)
     out = tmpfs_dir / "r.json"
     mpirun = ("mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2")
-    run_trainio("replay", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--gpus", 5, "--json", out,
-                prefix=mpirun, timeout=120)
+    run_trainio(
+        "replay",
+        "--workload",
+        wl,
+        "--data-dir",
+        tmpfs_dir / "d",
+        "--gpus",
+        5,
+        "--json",
+        out,
+        prefix=mpirun,
+        timeout=120,
+    )
     r = load_json(out)
     assert r["gpus"] == 5 and r["ranks"] == 2 and r["hosts"] == 1
     assert sorted(g["gpu"] for g in r["per_gpu"]) == [0, 1, 2, 3, 4]
@@ -155,8 +182,7 @@ def test_a_failing_rank_ends_the_job_naming_it(tmpfs_dir):
     victim = sorted((data / "train").iterdir())[3]
     victim.unlink()
     mpirun = ("mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2")
-    p = run_trainio("replay", "--workload", wl, "--data-dir", data, "--gpus", 4, prefix=mpirun, check=False,
-                    timeout=60)
+    p = run_trainio("replay", "--workload", wl, "--data-dir", data, "--gpus", 4, prefix=mpirun, check=False, timeout=60)
     assert p.returncode != 0
     assert "rank 1" in p.stderr and victim.name in p.stderr, p.stderr
 
@@ -164,8 +190,20 @@ def test_a_failing_rank_ends_the_job_naming_it(tmpfs_dir):
 def test_sweep_doubles_to_max_gpus_on_fast_storage(tmpfs_dir):
     wl = write_workload(tmpfs_dir / "wl.yaml", files=4, record=64 << 10, batch=2, compute=0.01)
     curve = tmpfs_dir / "curve.json"
-    p = run_trainio("sweep", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--generate", "--steps", 5,
-                    "--max-gpus", 4, "--json", curve)
+    p = run_trainio(
+        "sweep",
+        "--workload",
+        wl,
+        "--data-dir",
+        tmpfs_dir / "d",
+        "--generate",
+        "--steps",
+        5,
+        "--max-gpus",
+        4,
+        "--json",
+        curve,
+    )
     s = load_json(curve)
     assert [pt["gpus"] for pt in s["curve"]] == [1, 2, 4]
     assert s["supported_gpus"] == 4 and s["limited_by_max_gpus"] is True
@@ -181,7 +219,8 @@ def test_without_mpirun_one_rank_with_or_without_mpi_init(tmpfs_dir):
     run_trainio("datagen", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--gpus", 2)
     for env in ({}, {"TRAINIO_MPI": "1"}):
         out = tmpfs_dir / "r.json"
-        run_trainio("replay", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--gpus", 2, "--json", out, env=env,
-                    timeout=60)
+        run_trainio(
+            "replay", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--gpus", 2, "--json", out, env=env, timeout=60
+        )
         r = load_json(out)
         assert r["gpus"] == 2 and r["ranks"] == 1 and r["steps"] == 1
