@@ -21,9 +21,9 @@
  * of the arguments before running the program (~500 ns of the ~1.1 us a traced read costs
  * here, make bench-file), and closing each link waits out an RCU grace period (~1.4 s at
  * the end of a recording). One BTF program on raw_syscalls sys_enter/sys_exit, dispatching
- * on the syscall number, avoids both, but runs on every syscall of every task: it cost
+ * on the syscall number, avoids both, but runs on every syscall of every task: it costs
  * ~75 ns per untraced syscall and 5 points of bench-tracer's 4 KiB io_uring IOPS (fio
- * makes one io_uring_enter per I/O), so it was not kept (session 8).
+ * makes one io_uring_enter per I/O), so the probes are per-syscall (docs/recorder.md).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>

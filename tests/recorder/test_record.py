@@ -184,8 +184,8 @@ def test_fio_iodepth_16_stays_within_16_and_mostly_above_1(tmp_path: Path, loop_
     )
     assert res.returncode == 0, res.stderr
     qd = rows(out, layer="block", op="read")["queue_depth"]
-    # 64 MiB of 4 KiB reads: 16384 requests (session 9: 0.71-0.95 of them met another in
-    # flight, the low end with both CPUs busy elsewhere).
+    # 64 MiB of 4 KiB reads: 16384 requests, of which 0.71-0.95 meet another in flight
+    # (the low end with both CPUs busy elsewhere).
     counts = qd.value_counts().sort("queue_depth")
     # A completion the kernel does not hand to the probe is counted instead (docs/recorder.md),
     # and keeps its request in the in-flight count until the request is issued again.

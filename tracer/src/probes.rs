@@ -623,7 +623,7 @@ impl<'o> Probes<'o> {
     /// Detaches every program now; maps stay readable until the skeletons are dropped.
     /// One link at a time: each classic tracepoint's close waits out an RCU grace period
     /// (~70 ms here, ~1.4 s for the file layer), but closing them from several threads at
-    /// once soft-locked the CPUs of the NFS guest's 6.1 kernel (session 7).
+    /// once can soft-lock the CPUs of the NFS guest's 6.1 kernel.
     pub fn detach(&self) {
         self.detached.set(true);
         self.links.borrow_mut().clear();
