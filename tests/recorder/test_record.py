@@ -165,9 +165,12 @@ def test_fio_iodepth_1_is_queue_depth_1(tmp_path: Path, loop_dev: str) -> None:
     )
     assert res.returncode == 0, res.stderr
     block = rows(out, layer="block", op="read")
-    assert block.height >= 4096
+    # A completion the kernel did not hand to the probe is counted, not lost; until its
+    # request comes back, the kernel-side depth counts it as in flight (docs/recorder.md).
+    missed = _missed_completions(out)
+    assert block.height + missed >= 4096, (block.height, res.stderr)
     assert block["dev"].unique().to_list() == [majmin(loop_dev)], "--dev filters other devices out"
-    assert (block["queue_depth"] == 1).all()
+    assert block["queue_depth"].min() == 1 and block["queue_depth"].max() <= 1 + missed, missed
 
 
 @pytest.mark.slow
