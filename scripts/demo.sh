@@ -2,9 +2,9 @@
 # The demo (README command one, via `make demo`): a loop device over a file, throttled by a
 # cgroup to stand for a drive that reads TRAINIO_DEMO_DRIVE_MIBS MiB/s (200 by default);
 # on it, record a scaled-down unet3d-like training at 2 simulated GPUs (40 steps), analyze
-# it, write the HTML report, replay the recorded trace at 4 GPUs (recorded too), compare,
-# and sweep for the GPU count at which AU falls below 90%. Devices, mounts and the cgroup
-# are cleaned up however it ends.
+# it, replay the recorded trace at 4 GPUs (recorded too), compare, sweep for the GPU count
+# at which AU falls below 90%, and write the HTML report with the sweep's curve. Devices,
+# mounts and the cgroup are cleaned up however it ends.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 T="$root/bin/trainio"
@@ -101,12 +101,12 @@ step "compare: original ($gpus GPUs) vs replay ($replay_gpus GPUs), block layer"
 "$T" compare "$out/original" "$out/replay-$replay_gpus" --layer block
 "$T" compare "$out/original" "$out/replay-$replay_gpus" --layer block --json > "$out/compare.json"
 
-step "report"
-"$T" report "$out/original" "$out/replay-$replay_gpus" -o "$out/report.html"
-
 step "sweep: the GPU count at which AU falls below 90% on the ${drive_mibs} MiB/s drive"
 throttled "$T" sweep -q --workload "$workload" --data-dir "$mnt/data" --generate --odirect --max-gpus 64 \
   --steps "$sweep_steps" --param train.epochs=1 --json "$out/sweep.json"
+
+step "report (with the sweep's AU curve)"
+"$T" report "$out/original" "$out/replay-$replay_gpus" --sweep "$out/sweep.json" -o "$out/report.html"
 
 step "summary"
 "$root/.venv/bin/python" - "$out" "$drive_mibs" "$cgver" "$replay_gpus" <<'PY'

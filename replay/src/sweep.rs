@@ -58,37 +58,7 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
         curve.push(Point { gpus: n, pass, summary: s });
         Ok(pass)
     };
-    // Doubling.
-    let (mut good, mut bad) = (0u64, None);
-    let mut n = start;
-    loop {
-        if trial(n)? {
-            good = n;
-            if n >= args.max_gpus {
-                break;
-            }
-            n = (n * 2).min(args.max_gpus);
-        } else {
-            bad = Some(n);
-            break;
-        }
-    }
-    // Bisection between the last pass and the first fail.
-    if let Some(mut hi) = bad {
-        let mut lo = good.max(start.saturating_sub(1));
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if mid < start {
-                break;
-            }
-            if trial(mid)? {
-                lo = mid;
-                good = mid;
-            } else {
-                hi = mid;
-            }
-        }
-    }
+    let (good, bad) = search(start, args.max_gpus, &mut trial)?;
     if !cluster.is_root() {
         return Ok(());
     }
@@ -134,4 +104,91 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
     crate::output::save_json(&json_path, &out)?;
     println!("curve saved to {}", json_path.display());
     Ok(())
+}
+
+/// The most GPUs that pass, from `start` to `max`: doubling from `start` until a count
+/// fails (or `max` passes), then bisection between the last pass and the first fail.
+/// Returns (most that passed, 0 if even `start` failed; the least that failed, None if
+/// `max` passed). Assumes passing is monotone in the GPU count: each count is tried once.
+pub fn search(start: u64, max: u64, mut trial: impl FnMut(u64) -> Result<bool>) -> Result<(u64, Option<u64>)> {
+    let (mut good, mut bad) = (0u64, None);
+    let mut n = start;
+    loop {
+        if trial(n)? {
+            good = n;
+            if n >= max {
+                break;
+            }
+            n = (n * 2).min(max);
+        } else {
+            bad = Some(n);
+            break;
+        }
+    }
+    if let Some(mut hi) = bad {
+        let mut lo = good.max(start.saturating_sub(1));
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if trial(mid)? {
+                lo = mid;
+                good = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        bad = Some(hi);
+    }
+    Ok((good, bad))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::search;
+
+    /// Runs the search against storage that feeds `fed` GPUs; returns its answer and the
+    /// counts tried, in order.
+    fn run(start: u64, max: u64, fed: u64) -> ((u64, Option<u64>), Vec<u64>) {
+        let mut tried = Vec::new();
+        let out = search(start, max, |n| {
+            tried.push(n);
+            Ok(n <= fed)
+        })
+        .unwrap();
+        (out, tried)
+    }
+
+    #[test]
+    fn finds_the_most_gpus_fed_with_doubling_then_bisection() {
+        let (out, tried) = run(1, 64, 7);
+        assert_eq!(out, (7, Some(8)));
+        assert_eq!(tried, vec![1, 2, 4, 8, 6, 7]);
+        for fed in 1..=200u64 {
+            for start in [1u64, 2, 3, 5, 16] {
+                let max = 128;
+                let ((good, bad), tried) = run(start, max, fed);
+                let want = if fed < start { 0 } else { fed.min(max) };
+                assert_eq!(good, want, "start {start} fed {fed}");
+                assert_eq!(bad, (fed < max).then_some((fed + 1).max(start)), "start {start} fed {fed}");
+                let mut once = tried.clone();
+                once.sort_unstable();
+                once.dedup();
+                assert_eq!(once.len(), tried.len(), "a count tried twice: {tried:?}");
+                assert!(tried.iter().all(|&n| n >= start && n <= max), "{tried:?}");
+                // doubling and bisection: about 2·log2 of the answer's range, not linear
+                assert!(tried.len() <= 2 * (64 - max.leading_zeros()) as usize + 1, "{tried:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn max_reached_or_start_failing() {
+        assert_eq!(run(1, 10, 1000), ((10, None), vec![1, 2, 4, 8, 10]));
+        assert_eq!(run(4, 64, 2), ((0, Some(4)), vec![4]));
+    }
+
+    #[test]
+    fn a_failed_trial_is_an_error_not_a_verdict() {
+        let err = search(1, 8, |n| if n == 4 { anyhow::bail!("rank 1 failed") } else { Ok(true) });
+        assert!(err.is_err());
+    }
 }

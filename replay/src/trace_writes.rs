@@ -136,7 +136,8 @@ pub fn summary(per_rank: &[Vec<crate::checkpointing::CheckpointIo>]) -> serde_js
         let l = longest.entry((c.epoch, c.step)).or_default();
         *l = l.max(c.duration_s);
     }
-    let duration_s: f64 = longest.values().sum();
+    // fold from +0.0: an empty f64 sum is -0.0, which prints as "-0.00".
+    let duration_s: f64 = longest.values().fold(0.0, |a, b| a + b);
     serde_json::json!({
         "bursts": ios.len(),
         "bytes": bytes,
@@ -149,6 +150,9 @@ pub fn summary(per_rank: &[Vec<crate::checkpointing::CheckpointIo>]) -> serde_js
 
 /// The results' human line for `writes`.
 pub fn human(w: &serde_json::Value) -> String {
+    if w["bursts"].as_u64() == Some(0) {
+        return String::new(); // a trace without write bursts: nothing to say
+    }
     format!(
         "  writes      {} burst(s) from the trace, {:.2} MiB in {:.2} s ({:.1} MiB/s while writing)\n",
         w["bursts"],
@@ -161,6 +165,13 @@ pub fn human(w: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_bursts_no_line_and_no_negative_zero() {
+        let w = summary(&[]);
+        assert_eq!(w["duration_s"].as_f64().unwrap().to_bits(), 0.0f64.to_bits());
+        assert_eq!(human(&w), "");
+    }
 
     #[test]
     fn a_burst_writes_its_ranges_and_syncs_in_order() {

@@ -64,6 +64,7 @@ def test_demo_names_the_gpu_count_where_au_falls_below_90(tmp_path: Path) -> Non
     summary = log[log.index("== summary") :]
     assert "AU falls below 90% at 3 GPUs: the 200 MiB/s drive keeps 2 GPU(s) >= 90% busy" in summary, summary
     assert (out / "report.html").stat().st_size > 0
+    assert "GPUs supported" in (out / "report.html").read_text(), "the report carries the sweep's answer"
 
 
 def test_demo_refuses_a_bad_drive_bandwidth(tmp_path: Path) -> None:
