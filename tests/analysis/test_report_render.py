@@ -1,6 +1,8 @@
 """report: the sizing report of a 1-GPU and a 15-GPU recording of the same job side by
 side, rendered in headless Chromium: every plot drawn with its axis titles, the summary's
-answer, nothing fetched from the network, a screenshot that is not blank."""
+answer, nothing fetched from the network, a screenshot that is not blank. Once on traces
+built row by row (every figure known), once on real recordings (trainio record of the
+emulated training at 1 and 15 MPI ranks on a loop device)."""
 
 from __future__ import annotations
 
@@ -230,6 +232,69 @@ def test_sizing_report_of_1_and_15_gpus_renders_in_headless_chromium(tmp_path: P
     keep = Path(__file__).resolve().parents[2] / "results" / "test-report.png"
     keep.parent.mkdir(exist_ok=True)
     shutil.copy(shot, keep)  # for a person to look at
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_report_of_recorded_1_and_15_gpu_trainings(tmp_path: Path) -> None:
+    """The same emulated training recorded with `trainio record` at 1 and at 15 GPUs (one
+    MPI rank per GPU, psync reads on ext4 over a loop device), reported side by side: the
+    job model finds 1 and 15 GPUs with the same bytes per step, mpirun is left out of the
+    per-GPU view, and every plot is drawn with its axis titles."""
+    import os
+
+    from trainio_testlib import FIDELITY_WORKLOAD, MPI_ROOT_ENV, TRAINIO, mounted_loop_fs, run
+
+    if os.geteuid() != 0:
+        pytest.fail("needs root (loop device, BPF)")
+    wl = tmp_path / "wl.yaml"
+    wl.write_text(FIDELITY_WORKLOAD.format(record=256 << 10, batch=2, threads=2, compute=0.02))
+    env = {**os.environ, **MPI_ROOT_ENV}
+    steps = 6
+    traces = []
+    with mounted_loop_fs(15 * steps * 2 // 4 + 128) as (dev, _mm, mnt):
+        data = mnt / "data"
+        p = run([str(TRAINIO), "datagen", "-q", "--workload", str(wl), "--data-dir", str(data), "--gpus", "15",
+                 "--steps", str(steps)], timeout=300, env=env)  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        for gpus in (1, 15):
+            t = tmp_path / f"gpus-{gpus}"
+            p = run(
+                [str(TRAINIO), "record", "-q", "-o", str(t), "--dev", dev, "--",
+                 "mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(gpus),
+                 str(TRAINIO), "replay", "-q", "--workload", str(wl), "--data-dir", str(data), "--gpus", str(gpus),
+                 "--steps", str(steps), "--odirect", "--io-engine", "psync"],
+                timeout=600,
+                env=env,
+            )  # fmt: skip
+            assert p.returncode == 0, p.stderr[-3000:]
+            traces.append(t)
+    out = tmp_path / "report.html"
+    res = run_cli("report", *map(str, traces), "--layer", "file", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    text = out.read_text()
+    assert not re.search(r"<script[^>]*\ssrc=|<link\b|<iframe|<img\b", text, re.I)
+    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=15000"]  # fmt: skip
+    dom = subprocess.run(
+        [*base, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=180, check=True
+    ).stdout
+    sections = _plot_sections(dom, list(PLOT_IDS))
+    for div_id, section in sections.items():
+        assert 'class="main-svg"' in section, f"{div_id}: no svg rendered"
+        assert _axis_titles(section), f"{div_id}: no axis titles"
+    summary = dom[dom.index('id="summary"') : dom.index(f'id="{PLOT_IDS[0]}"')]
+    assert re.search(r"GPUs found</td><td>1</td><td>15</td>", summary), summary
+    # A batch of 2 x 256 KiB per step at both counts. The model's steps are bursts of the
+    # reader threads' reads, which merge the batches the readers prefetch (#18): one to
+    # three batches per step, not exactly one.
+    per_step = re.search(r"bytes per step</td><td>([\d.]+) KiB</td><td>([\d.]+) KiB</td>", summary)
+    assert per_step and all(512 <= float(v) <= 1536 for v in per_step.groups()), summary
+    assert ">GPU 14<" in sections["gpus"] and "mpirun" not in sections["gpus"]
+    shot = tmp_path / "recorded.png"
+    subprocess.run([*base, "--window-size=1400,6400", f"--screenshot={shot}", out.as_uri()],
+                   capture_output=True, timeout=180, check=True)  # fmt: skip
+    assert _png_rows(shot)[2] > 1000, "the screenshot is (nearly) blank"
 
 
 def test_bad_sweep_is_refused_before_anything_is_written(tmp_path: Path) -> None:
