@@ -566,13 +566,17 @@ def row_group_constant(segment: Segment, index: int, column: str) -> str | int |
     """The value of a column when the statistics show it is the same in every row of the
     row group (and never null), else None."""
     stats = segment.column_stats(index, column)
-    if stats is None or not stats.has_min_max or stats.null_count != 0 or stats.min != stats.max:
+    try:
+        if stats is None or not stats.has_min_max or stats.null_count != 0 or stats.min != stats.max:
+            return None
+        # a writer may truncate long string bounds: only exact ones prove a constant
+        if not (getattr(stats, "is_min_value_exact", True) and getattr(stats, "is_max_value_exact", True)):
+            return None
+        value = stats.min
+        return value.decode() if isinstance(value, bytes) else value
+    except (UnicodeDecodeError, ValueError, pa.ArrowException):
+        # bounds that do not decode prove nothing: the rows themselves are read instead
         return None
-    # a writer may truncate long string bounds: only exact ones prove a constant
-    if not (getattr(stats, "is_min_value_exact", True) and getattr(stats, "is_max_value_exact", True)):
-        return None
-    value = stats.min
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _row_group_stat(segment: Segment, index: int, column: str, which: str) -> int | None:

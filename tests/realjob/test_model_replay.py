@@ -13,7 +13,9 @@ reads that the replay does not reproduce and whose cause is not found yet)
   record size x batch / compute;
 - `trainio replay --trace` at the recorded GPU count, on the same device under the same
   throttle, reads every GPU's whole data at the job's throughput (within 10 %) and AU
-  (within 4 points: see the assertions); at twice the GPUs, twice the bytes.
+  (within 4 points compute-bound; storage-bound within 3 of the job's AU scaled by the
+  two runs' throughputs, and 6 of the job's own: see the assertions); at twice the GPUs,
+  twice the bytes.
 """
 
 from __future__ import annotations
@@ -81,10 +83,17 @@ def test_model_and_replay_of_a_real_job(fs, sc: Scenario) -> None:
     assert r["replay_mib_s"] == pytest.approx(r["job_mib_s"], rel=0.10)
     # AU: the job's own figure counts its per-step loop and all-reduce (~1 ms of 50)
     # as lost time, the model as compute (a trace cannot tell them apart), so the
-    # replay's AU sits up to ~2 points above the job's, and one run of the job moves
-    # by a few points from the next: the test allows 4 (make bench-realjob prints the
-    # errors against the 2-point target).
-    assert abs(r["replay_au_percent"] - r["job_au_percent"]) <= 4.0
+    # replay's AU sits up to ~2 points above the job's. And one run of the job moves by
+    # a few points from the next: storage-bound, AU follows the throughput the device
+    # gave that run (the job read 95.8 MiB/s under the 100 MiB/s cap in one CI rehearsal,
+    # its replay 100.8: AU 60.0 and 64.3). So the replay's AU is checked against the
+    # job's scaled by the two runs' throughputs (within 3 points: the bias and noise),
+    # and against the job's own within 6 (make bench-realjob prints the errors against
+    # the 2-point target).
+    scaled = r["job_au_percent"] * r["replay_mib_s"] / r["job_mib_s"]
+    if sc.regime == "storage-bound":
+        assert abs(r["replay_au_percent"] - scaled) <= 3.0, (r["replay_au_percent"], scaled)
+    assert abs(r["replay_au_percent"] - r["job_au_percent"]) <= (6.0 if sc.regime == "storage-bound" else 4.0)
     if sc.double:
         assert r["replay2_bytes"] == 2 * r["replay_bytes"]
     assert job["world_size"] == sc.ranks
