@@ -923,44 +923,43 @@ SEC("tp_btf/io_uring_complete")
 int BPF_PROG(tio_uring_complete, struct io_ring_ctx *ring, void *req, struct io_uring_cqe *cqe)
 {
 	__u64 key = (__u64)req;
-	struct uring_pending *p = bpf_map_lookup_elem(&uring_inflight, &key);
+	struct uring_pending *found = bpf_map_lookup_elem(&uring_inflight, &key), p;
 	struct file_bits fb = {};
 	struct file_event *e;
 	struct file *f;
 
-	if (!p)
+	if (!found)
 		return 0;
-	leave_flight(p->pid);
+	/* Taken out of the map at once: every path below is done with it. */
+	p = *found;
+	bpf_map_delete_elem(&uring_inflight, &key);
+	leave_flight(p.pid);
 	f = BPF_CORE_READ((struct io_kiocb *)req, file);
 	if (f) {
 		read_file_bits(f, &fb);
-		if (!storage(read_identity(&fb))) {
-			bpf_map_delete_elem(&uring_inflight, &key);
+		if (!storage(read_identity(&fb)))
 			return 0;
-		}
 	}
 	e = bpf_ringbuf_reserve(&file_events, sizeof(*e), 0);
 	if (!e) {
 		count_lost(TRAINIO_LOST_FILE_RINGBUF);
-		bpf_map_delete_elem(&uring_inflight, &key);
 		return 0;
 	}
 	e->kind = TRAINIO_KIND_FILE;
-	e->op = p->op;
-	e->enter_ns = p->submit_ns;
+	e->op = p.op;
+	e->enter_ns = p.submit_ns;
 	e->exit_ns = bpf_ktime_get_ns();
-	e->offset = p->offset;
-	e->requested = p->requested;
+	e->offset = p.offset;
+	e->requested = p.requested;
 	e->ret = BPF_CORE_READ(cqe, res);
 	e->ino = fb.ino;
-	e->pid = p->pid;
-	e->tid = p->tid;
-	e->fd = p->fd;
-	e->queue_depth = p->queue_depth;
+	e->pid = p.pid;
+	e->tid = p.tid;
+	e->fd = p.fd;
+	e->queue_depth = p.queue_depth;
 	e->dev = fb.dev;
 	e->flags = fb.flags;
-	__builtin_memcpy(e->comm, p->comm, sizeof(e->comm));
-	bpf_map_delete_elem(&uring_inflight, &key);
+	__builtin_memcpy(e->comm, p.comm, sizeof(e->comm));
 	submit_batched(file_events, e);
 	return 0;
 }

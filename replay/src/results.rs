@@ -77,12 +77,7 @@ pub fn summarize(reports: &[RankReport], settings: &Settings, threshold_percent:
     let au_mean = au.iter().sum::<f64>() / n;
     let au_min = au.iter().copied().fold(f64::INFINITY, f64::min);
     let au_min = if au_min.is_finite() { au_min } else { 0.0 };
-    let mut hist = BTreeMap::new();
-    for r in reports {
-        for &(us, c) in &r.run.overshoot_us {
-            *hist.entry(us).or_insert(0) += c;
-        }
-    }
+    let hist = overshoot_hist(reports.iter());
     let cpu_s: f64 = reports.iter().map(|r| r.cpu_s).sum();
     // Total client RAM: each host counted once.
     let mut ram_by_host = BTreeMap::new();
@@ -162,6 +157,17 @@ pub fn summarize(reports: &[RankReport], settings: &Settings, threshold_percent:
     })
 }
 
+/// The sleep-overshoot histograms of `reports`, merged (µs → count).
+fn overshoot_hist<'a>(reports: impl Iterator<Item = &'a RankReport>) -> BTreeMap<u64, u64> {
+    let mut hist = BTreeMap::new();
+    for r in reports {
+        for &(us, c) in &r.run.overshoot_us {
+            *hist.entry(us).or_insert(0) += c;
+        }
+    }
+    hist
+}
+
 /// One entry per distinct host name, in name order: its ranks' share of the job (the
 /// figures of the whole job, restricted to the GPUs and processes of that host).
 fn per_host(reports: &[RankReport], wall_s: f64) -> Vec<serde_json::Value> {
@@ -179,12 +185,7 @@ fn per_host(reports: &[RankReport], wall_s: f64) -> Vec<serde_json::Value> {
             let au: Vec<f64> = gpus.iter().map(|g| g.au * 100.0).collect();
             let au_min = au.iter().copied().fold(f64::INFINITY, f64::min);
             let cpu_s: f64 = rs.iter().map(|r| r.cpu_s).sum();
-            let mut hist = BTreeMap::new();
-            for r in &rs {
-                for &(us, c) in &r.run.overshoot_us {
-                    *hist.entry(us).or_insert(0) += c;
-                }
-            }
+            let hist = overshoot_hist(rs.iter().copied());
             json!({
                 "host": host,
                 "ranks": rs.iter().map(|r| r.rank).collect::<Vec<_>>(),
