@@ -123,6 +123,12 @@ print(f"drive             : reads capped at {drive:.0f} MiB/s (cgroup v{cgver} t
 print(f"emulated training : {orig['gpus']} GPUs, {orig['steps']} steps each ({orig['epochs']} epochs), "
       f"AU {orig['au_percent']:.1f}%, {orig['throughput_mib_s']:.0f} MiB/s; one GPU needs {need:.0f} MiB/s "
       f"({st['batch_size']} x {st['nominal_sample_bytes'] / 2**20:g} MiB per {st['computation_time_mean_s']:g} s step)")
+gm = (json.loads((out / "original-file-analysis.json").read_text()).get("job_model") or {}).get("gpus") or []
+if gm:
+    steps = sorted(len(g["steps"]) for g in gm)
+    print(f"model of the trace: {len(gm)} GPUs, {steps[0]}{'' if steps[0] == steps[-1] else '-%d' % steps[-1]} steps each, "
+          f"compute {gm[0]['compute_s'] * 1e3:.1f} ms/step, {gm[0]['bytes_per_step'] / 2**20:.1f} MiB/step: "
+          f"one GPU needs {gm[0]['required_mib_s']:.0f} MiB/s")
 print(f"replay of trace   : {rep['gpus']} GPUs, {rep['steps']} steps x {rep['epochs']} epochs, AU {rep['au_percent']:.1f}%, "
       f"{rep['throughput_mib_s']:.0f} MiB/s (the recorded job at {rep['gpus']} GPUs on the same drive)")
 def top(hist, n=6):

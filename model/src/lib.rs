@@ -1074,6 +1074,9 @@ fn build_gpu(
         let mut tids: HashMap<u32, u32> = HashMap::new();
         let mut busy = i64::MIN;
         let mut cur: Option<Step> = None;
+        // Per read of the current burst, and per finished burst: (issue, complete) ns.
+        let mut cur_times: Vec<(i64, i64)> = Vec::new();
+        let mut step_times: Vec<Vec<(i64, i64)>> = Vec::new();
         let mut open_count = 0u32;
         // Per burst: time inside read syscalls (their union), to tell I/O from the
         // loader's own CPU time in the burst.
@@ -1090,7 +1093,10 @@ fn build_gpu(
                 if let Some(mut s) = cur.take() {
                     s.interval_s = Some((r.issue_ns - busy) as f64 / 1e9);
                     close_burst(&s, io_ns, &mut cpu);
-                    finish_burst(&mut s, open_count, &mut steps);
+                    if finish_burst(&mut s, open_count, &mut steps) {
+                        step_times.push(std::mem::take(&mut cur_times));
+                    }
+                    cur_times.clear();
                 }
                 open_count = 0;
                 io_ns = 0;
@@ -1124,13 +1130,16 @@ fn build_gpu(
                     rd.reader = stream;
                     s.reads.push(rd);
                     s.bytes += rd.len;
+                    cur_times.push((r.issue_ns, r.complete_ns));
                 }
                 _ => {}
             }
         }
         if let Some(mut s) = cur.take() {
             close_burst(&s, io_ns, &mut cpu);
-            finish_burst(&mut s, open_count, &mut steps);
+            if finish_burst(&mut s, open_count, &mut steps) {
+                step_times.push(std::mem::take(&mut cur_times));
+            }
         }
         let mut handoff = if cpu.is_empty() { 0.0 } else { cpu.iter().sum::<f64>() / cpu.len() as f64 };
         for s in &mut steps {
@@ -1148,7 +1157,19 @@ fn build_gpu(
             for (k, st) in steps.iter_mut().enumerate() {
                 st.period_s = periods.get(k).copied().or(median);
             }
-            intervals_override = Some(periods);
+            let (regrouped, split, joined) = regroup_bursts(std::mem::take(&mut steps), &step_times);
+            steps = regrouped;
+            if split > 0 {
+                warnings.push(format!(
+                    "GPU {index} (pid {rank}): {split} burst(s) held several whole batches read back to back (the loader filling its prefetch queue): each split into its batches"
+                ));
+            }
+            if joined > 0 {
+                warnings.push(format!(
+                    "GPU {index} (pid {rank}): {joined} batch(es) spread over several bursts (a read stalled past the step gap): each joined into one step"
+                ));
+            }
+            intervals_override = Some(steps.iter().filter_map(|s| s.period_s).collect());
             handoff = 0.0;
         }
         handoff_s = handoff;
@@ -1221,9 +1242,10 @@ fn distinct_files(reads: &[Read]) -> u32 {
     reads.iter().map(|r| r.file).collect::<HashSet<_>>().len() as u32
 }
 
-fn finish_burst(s: &mut Step, opens: u32, steps: &mut Vec<Step>) {
+/// Pushes a finished burst onto `steps`; false for a burst without data reads.
+fn finish_burst(s: &mut Step, opens: u32, steps: &mut Vec<Step>) -> bool {
     if s.reads.is_empty() {
-        return; // opens and closes only: no data read
+        return false; // opens and closes only: no data read
     }
     s.samples = if opens > 0 { opens } else { distinct_files(&s.reads) };
     steps.push(std::mem::replace(
@@ -1239,6 +1261,134 @@ fn finish_burst(s: &mut Step, opens: u32, steps: &mut Vec<Step>) {
             period_s: None,
         },
     ));
+    true
+}
+
+/// Loader threads that read ahead fill their prefetch queue at an epoch's start (and catch
+/// up after a stall) with several batches read back to back: one burst that holds k whole
+/// batches. A burst that read k (≥ 2) times as many files as the modal burst's B is split
+/// into k steps of B files each (in the order of their first read), each starting at its
+/// first read; the burst's recorded period is shared evenly between them, so the replay
+/// keeps the recorded pace and the step period stays the compute time. Files, not opens,
+/// count here: a thread reading ahead opens its next sample in one burst and reads it in
+/// the next. Conversely, consecutive bursts that together read B files (a batch whose last
+/// read stalled past the step gap) are one step. Returns the steps, how many bursts were
+/// split and how many steps were joined from several bursts.
+/// `times`: per step, the (issue, complete) ns of each of its reads.
+fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, usize, usize) {
+    let files_of = |s: &Step| {
+        let mut order: Vec<u32> = Vec::new();
+        for r in &s.reads {
+            if !order.contains(&r.file) {
+                order.push(r.file);
+            }
+        }
+        order
+    };
+    let mut counts: HashMap<usize, usize> = HashMap::new();
+    for s in &steps {
+        *counts.entry(files_of(s).len()).or_default() += 1;
+    }
+    // The modal batch: the most common count of files read (the smaller on a tie), seen in
+    // at least a quarter of the bursts and at least 3 times.
+    let Some((batch, seen)) = counts.iter().map(|(&b, &n)| (b, n)).max_by_key(|&(b, n)| (n, std::cmp::Reverse(b)))
+    else {
+        return (steps, 0, 0);
+    };
+    if batch == 0 || seen < 3 || seen * 4 < steps.len() || times.len() != steps.len() {
+        return (steps, 0, 0);
+    }
+    let mut out = Vec::with_capacity(steps.len());
+    let (mut split, mut joined) = (0, 0);
+    for (s, t) in steps.into_iter().zip(times) {
+        let order = files_of(&s);
+        let k = order.len() / batch;
+        if k < 2 || order.len() % batch != 0 || t.len() != s.reads.len() {
+            out.push(s);
+            continue;
+        }
+        split += 1;
+        // Samples: one per file when the burst counted one per file, else shared evenly.
+        let samples = |i: usize| {
+            if s.samples as usize == order.len() {
+                batch as u32
+            } else {
+                s.samples / k as u32 + u32::from(i < s.samples as usize % k)
+            }
+        };
+        let mut parts: Vec<Step> = (0..k)
+            .map(|i| Step {
+                reads: Vec::new(),
+                bytes: 0,
+                samples: samples(i),
+                first_read_ns: i64::MAX,
+                ready_ns: i64::MIN,
+                interval_s: None,
+                wait_s: 0.0,
+                period_s: s.period_s.map(|p| p / k as f64),
+            })
+            .collect();
+        for (r, &(issue, done)) in s.reads.iter().zip(t) {
+            let part = &mut parts[order.iter().position(|&f| f == r.file).unwrap_or(0) / batch];
+            part.reads.push(*r);
+            part.bytes += r.len;
+            part.first_read_ns = part.first_read_ns.min(issue);
+            part.ready_ns = part.ready_ns.max(done);
+        }
+        // The first batch starts with the burst (its opens included).
+        parts[0].first_read_ns = parts[0].first_read_ns.min(s.first_read_ns);
+        for i in 0..parts.len() {
+            parts[i].wait_s = (parts[i].ready_ns - parts[i].first_read_ns).max(0) as f64 / 1e9;
+            parts[i].interval_s = match parts.get(i + 1) {
+                Some(next) => Some((next.first_read_ns - parts[i].ready_ns).max(0) as f64 / 1e9),
+                None => s.interval_s,
+            };
+        }
+        out.extend(parts);
+    }
+    // A batch split by a stalled read: consecutive bursts of fewer files than B whose files
+    // together are B make one step.
+    let mut steps = Vec::with_capacity(out.len());
+    let mut i = 0;
+    while i < out.len() {
+        let mut files = files_of(&out[i]);
+        let mut j = i + 1;
+        while files.len() < batch && j < out.len() {
+            let mut union = files.clone();
+            for f in files_of(&out[j]) {
+                if !union.contains(&f) {
+                    union.push(f);
+                }
+            }
+            if union.len() > batch {
+                break;
+            }
+            files = union;
+            j += 1;
+        }
+        if j > i + 1 && files.len() == batch {
+            let mut s = out[i].clone();
+            for next in &out[i + 1..j] {
+                s.reads.extend_from_slice(&next.reads);
+                s.bytes += next.bytes;
+                s.samples += next.samples;
+                s.ready_ns = s.ready_ns.max(next.ready_ns);
+                s.interval_s = next.interval_s;
+                s.period_s = match (s.period_s, next.period_s) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    (a, b) => a.or(b),
+                };
+            }
+            s.wait_s = (s.ready_ns - s.first_read_ns).max(0) as f64 / 1e9;
+            steps.push(s);
+            joined += 1;
+            i = j;
+        } else {
+            steps.push(out[i].clone());
+            i += 1;
+        }
+    }
+    (steps, split, joined)
 }
 
 /// The model as JSON (without the per-read lists).

@@ -420,3 +420,110 @@ fn write_bursts_are_placed_after_the_steps_taken_before_them() {
         describe(&m)
     );
 }
+
+/// A rank whose loader threads (not processes, no handoff in the trace) read ahead: per
+/// epoch, a first burst of `fill` whole batches read back to back (the prefetch queue
+/// filling), then one batch per `compute_ms` as the GPU frees a slot; `batch` samples of
+/// 1 MiB, each read by one of 4 threads in 2 ms, 4 at a time, 0.1 ms apart.
+fn rank_with_reader_threads(
+    input: &mut Input,
+    rank: u32,
+    fill: u32,
+    batch: u32,
+    compute_ms: i64,
+    epochs: u32,
+    per_epoch: u32,
+) {
+    input.proc_rows.push(proc_row("fork", rank, 100, "python", 1_000 * MS));
+    let mut t = 1_010 * MS;
+    let mut sample = 0u32;
+    let mut burst = |input: &mut Input, at: i64, batches: u32| {
+        for i in 0..batches * batch {
+            let f = format!("/data/r{rank}/s{sample:05}.bin");
+            sample += 1;
+            let (tid, slot) = (rank * 100 + i % 4, (i / 4) as i64);
+            let issue = at + slot * 2_200_000 + (i % 4) as i64 * 10_000;
+            input.file.push(OwnedRow { tid, ..file_open(rank, "python", &f, issue - 50_000) });
+            input.file.push(OwnedRow { tid, ..file_read(rank, "python", &f, 0, MIB as i64, issue, 2 * MS - 20_000) });
+        }
+    };
+    for _ in 0..epochs {
+        burst(input, t, fill);
+        // The GPU takes the first batch when the fill ends, then one per compute time;
+        // each batch taken frees a slot that the loader refills at once.
+        let filled = t + (fill * batch).div_ceil(4) as i64 * 2_200_000;
+        for k in 0..per_epoch - fill {
+            burst(input, filled + (k as i64 + 1) * compute_ms * MS, 1);
+        }
+        t = filled + (per_epoch as i64 + 4) * compute_ms * MS;
+    }
+}
+
+#[test]
+fn a_burst_of_whole_batches_read_ahead_is_split_into_its_steps() {
+    let mut input = Input::default();
+    rank_with_reader_threads(&mut input, 200, 5, 4, 50, 2, 20);
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    assert!(g.paced && !g.synchronous, "{}", describe(&m).join("\n"));
+    assert_eq!(g.steps.len(), 40, "{}", describe(&m).join("\n"));
+    assert!(g.steps.iter().all(|s| s.samples == 4 && s.bytes == 4 * MIB), "every step one batch");
+    // Each step's reads are its own 4 samples' files, in the order they were read.
+    let mut seen: Vec<u32> = Vec::new();
+    for s in &g.steps {
+        let mut files: Vec<u32> = s.reads.iter().map(|r| r.file).collect();
+        files.sort_unstable();
+        files.dedup();
+        assert_eq!(files.len(), 4);
+        assert!(files.iter().all(|f| !seen.contains(f)));
+        seen.extend(files);
+    }
+    let c = g.compute_s.unwrap();
+    assert!(close(c, 0.050, 0.01), "compute {c}");
+    assert!(close(g.required_mib_s.unwrap(), 80.0, 0.01), "{:?}", g.required_mib_s);
+    // The fill's period is shared by its 5 batches: the recorded pace is kept.
+    let span: f64 = g.steps.iter().filter_map(|s| s.period_s).sum();
+    let starts = (g.steps.last().unwrap().first_read_ns - g.steps[0].first_read_ns) as f64 / 1e9;
+    assert!(close(span - g.steps.last().unwrap().period_s.unwrap(), starts, 1e-6), "{span} vs {starts}");
+    assert!(m.warnings.iter().any(|w| w.contains("2 burst(s) held several whole batches")), "{:?}", m.warnings);
+}
+
+#[test]
+fn a_burst_that_is_not_whole_batches_stays_one_step() {
+    let mut input = Input::default();
+    rank_with_reader_threads(&mut input, 200, 1, 4, 50, 1, 12);
+    // One extra 2-sample read-ahead joins the 4th burst: 6 samples, not whole batches.
+    let at = input.file.iter().filter(|r| &*r.op == "read").nth(12).unwrap().issue_ns;
+    for i in 0..2 {
+        let f = format!("/data/r200/extra{i}.bin");
+        input.file.push(OwnedRow { tid: 20_000 + i, ..file_open(200, "python", &f, at + 3 * MS) });
+        input.file.push(OwnedRow {
+            tid: 20_000 + i,
+            ..file_read(200, "python", &f, 0, MIB as i64, at + 3 * MS + 50_000, MS)
+        });
+    }
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    assert_eq!(g.steps.len(), 12, "{}", describe(&m).join("\n"));
+    assert_eq!(g.steps.iter().filter(|s| s.samples == 6).count(), 1);
+    assert!(!m.warnings.iter().any(|w| w.contains("whole batches")), "{:?}", m.warnings);
+}
+
+#[test]
+fn a_batch_split_by_a_stalled_read_is_joined_into_one_step() {
+    let mut input = Input::default();
+    rank_with_reader_threads(&mut input, 200, 3, 4, 50, 1, 20);
+    // In the 10th single-batch burst, the last sample's read starts 20 ms late and takes
+    // 5 ms: its burst ends before it, past the step gap, and it is a burst of its own.
+    let reads: Vec<usize> = input.file.iter().enumerate().filter(|(_, r)| &*r.op == "read").map(|(i, _)| i).collect();
+    let late = reads[4 * (3 + 9) + 3];
+    input.file[late].issue_ns += 20 * MS;
+    input.file[late].complete_ns = input.file[late].issue_ns + 5 * MS;
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    assert_eq!(g.steps.len(), 20, "{}", describe(&m).join("\n"));
+    assert!(g.steps.iter().all(|s| s.bytes == 4 * MIB), "every step one batch");
+    assert!(m.warnings.iter().any(|w| w.contains("1 batch(es) spread over several bursts")), "{:?}", m.warnings);
+    let c = g.compute_s.unwrap();
+    assert!(close(c, 0.050, 0.01), "compute {c}");
+}

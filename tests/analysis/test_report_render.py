@@ -285,11 +285,10 @@ def test_report_of_recorded_1_and_15_gpu_trainings(tmp_path: Path) -> None:
         assert _axis_titles(section), f"{div_id}: no axis titles"
     summary = dom[dom.index('id="summary"') : dom.index(f'id="{PLOT_IDS[0]}"')]
     assert re.search(r"GPUs found</td><td>1</td><td>15</td>", summary), summary
-    # A batch of 2 x 256 KiB per step at both counts. The model's steps are bursts of the
-    # reader threads' reads, which merge the batches the readers prefetch (#18): one to
-    # three batches per step, not exactly one.
+    # A batch of 2 x 256 KiB per step at both counts: the model's steps are bursts of the
+    # reader threads' reads, and a burst of several whole batches read ahead is split.
     per_step = re.search(r"bytes per step</td><td>([\d.]+) KiB</td><td>([\d.]+) KiB</td>", summary)
-    assert per_step and all(512 <= float(v) <= 1536 for v in per_step.groups()), summary
+    assert per_step and all(float(v) == 512 for v in per_step.groups()), summary
     assert ">GPU 14<" in sections["gpus"] and "mpirun" not in sections["gpus"]
     shot = tmp_path / "recorded.png"
     subprocess.run([*base, "--window-size=1400,6400", f"--screenshot={shot}", out.as_uri()],
