@@ -2,7 +2,7 @@
 
 One streaming pass over the row groups does everything that grows with the trace
 (counting, the throughput timeline, size and latency distributions, the queue-depth
-sweep of :mod:`trainio_analysis.sweep`); a thread pool decodes and pre-sorts the next
+sweep of :mod:`trainio_analysis.qd_sweep`); a thread pool decodes and pre-sorts the next
 row groups while the main thread sweeps the current one, so both cores work and at most
 ``2 * workers`` row groups are in memory. The small per-process table of the file layer
 is a polars streaming group-by.
@@ -33,19 +33,19 @@ import pyarrow as pa
 from trainio_analysis import kernels
 from trainio_analysis import trace as tr
 from trainio_analysis.errors import SelectionError, TraceError
+from trainio_analysis.qd_sweep import (
+    CODE_ISSUE,
+    GroupState,
+    QueueDepthSweep,
+    TailExchange,
+    sweep_slices,
+)
 from trainio_analysis.sketch import (
     N_BUCKETS,
     QuantileSketch,
     log_bucket,
     pow2_bucket,
     pow2_label,
-)
-from trainio_analysis.sweep import (
-    CODE_ISSUE,
-    GroupState,
-    QueueDepthSweep,
-    TailExchange,
-    sweep_slices,
 )
 
 MIB = float(1 << 20)

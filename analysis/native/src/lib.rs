@@ -44,7 +44,7 @@ fn same_len(n: usize, m: usize, name: &str) -> PyResult<()> {
     }
 }
 
-/// Sorted event keys of one group's requests: `sweep.event_keys` then `sweep._sort_keys`.
+/// Sorted event keys of one group's requests: `qd_sweep.event_keys` then `qd_sweep._sort_keys`.
 ///
 /// Issue keys `4 (issue - offset) + 1`, completion keys `4 (complete - offset)` (+2 for a
 /// zero-latency request). Rows near completion order (what the tracer writes) make the
@@ -136,7 +136,7 @@ fn equal_issue_neighbours(py: Python<'_>, keys: PyReadonlyArray1<'_, i64>) -> Py
     Ok(py.detach(|| k.windows(2).any(|w| w[0] == w[1] && (w[0] & 3) == CODE_ISSUE)))
 }
 
-/// `sweep.summarize(sweep.merge_sorted(keys, [more]))`: the sweep of two sorted runs
+/// `qd_sweep.summarize(qd_sweep.merge_sorted(keys, [more]))`: the sweep of two sorted runs
 /// of event keys merged (not materialized), not both empty, as a tuple
 /// `(t_first, t_last, q_min, q_last, level_counts, time_hist, ends, starts)`.
 #[pyfunction]
