@@ -95,6 +95,11 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
             if let (Some(path), true) = (&args.json, cluster.is_root()) {
                 output::check(path, "--json")?;
             }
+            // So is the recorder --record runs, before the dataset is generated.
+            let recorder_program = match &args.record {
+                Some(_) if cluster.is_root() => Some(record::find_recorder()?),
+                _ => None,
+            };
             let job = Job::prepare(&args.run)?;
             if args.gpus < cluster.size as u64 {
                 anyhow::bail!(replay::InputError(format!(
@@ -116,8 +121,8 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
             if job.workload.train && job.generate {
                 job.datagen(cluster, args.gpus)?;
             }
-            let recorder = match &args.record {
-                Some(dir) if cluster.is_root() => Some(record::Recorder::start(dir)?),
+            let recorder = match (&args.record, &recorder_program) {
+                (Some(dir), Some(program)) => Some(record::Recorder::start(program, dir)?),
                 _ => None,
             };
             // The results are shown and saved before the recorder is stopped: a recording

@@ -1,7 +1,7 @@
 //! CPU per row of the tracer's write path, without a kernel or a device: block rows shaped
 //! like `make bench-tracer`'s (4 KiB random reads of a 1 GiB device, QD up to 32, one fio
 //! thread, ~4 µs apart) are built into 4 Ki-row batches (as the drain does: FLUSH_ROWS in
-//! tracer/src/record.rs) and encoded into Parquet segments (as the encoder thread does).
+//! tracer/src/events.rs) and encoded into Parquet segments (as the encoder thread does).
 //! Prints ns per row for each stage and the bytes per row on disk.
 //!
 //!   cargo run --release -p trainio-schema --example encode_bench [ROWS [BATCH_ROWS]]

@@ -6,6 +6,7 @@
 //! `seg-NNNNNN.parquet.partial` and renamed when closed, so every `.parquet` file in a
 //! trace is complete even if the writer was killed.
 
+mod encoding;
 mod read;
 mod segment;
 mod write;

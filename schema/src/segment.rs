@@ -1,8 +1,8 @@
-//! One Parquet segment file. Its column chunks are encoded here: the dictionary-encoded
-//! string columns (`layer`, `op`, `dev`, `comm`, `file`) by DictChunk, the Int64, Int32
-//! and UInt32 columns by IntChunk; a column of any other type would go through the
-//! parquet crate's Arrow column writer. The crate still lays out the file, footer and
-//! row groups.
+//! One Parquet segment file. Its column chunks are assembled here, into pages and row
+//! groups: the dictionary-encoded string columns (`layer`, `op`, `dev`, `comm`, `file`)
+//! by DictChunk, the Int64, Int32 and UInt32 columns by IntChunk, their values encoded by
+//! encoding.rs; a column of any other type goes through the parquet crate's Arrow column
+//! writer. The crate lays out the file, footer and row groups.
 //!
 //! Why: the crate's writer hashes and compares every row's string to rebuild a dictionary
 //! and its min/max statistics, although the rows arrive as Arrow dictionaries of one or
@@ -44,6 +44,8 @@ use parquet::file::statistics::{Statistics, ValueStatistics};
 use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
 use rustc_hash::FxHashMap;
+
+use crate::encoding::{delta_binary_packed, index_bit_width, plain_byte_arrays, rle_hybrid, RunList};
 
 /// Values per data page of a dictionary column (the crate's default page row limit).
 const PAGE_VALUES: usize = 20_000;
@@ -448,7 +450,7 @@ impl DictChunk {
 
     /// Encodes the pending rows into pages of PAGE_VALUES rows; with `all`, the rest too.
     fn cut_pages(&mut self, all: bool) {
-        let bit_width = (32 - (self.values.len().saturating_sub(1) as u32).leading_zeros()).max(1) as u8;
+        let bit_width = index_bit_width(self.values.len());
         while let Some((rows, levels, present)) = self.chunk.next_page(all, self.indices.len) {
             let mut values = vec![bit_width];
             values.extend(rle_hybrid(&self.indices.take(present), bit_width));
@@ -467,14 +469,7 @@ impl DictChunk {
     fn finish(mut self) -> Result<(Bytes, ColumnCloseResult)> {
         self.cut_pages(true);
         // Without values (every row null) there is no dictionary: PLAIN pages of levels.
-        let dictionary = (!self.values.is_empty()).then(|| {
-            let mut plain = Vec::new();
-            for v in &self.values {
-                plain.extend_from_slice(&(v.len() as u32).to_le_bytes());
-                plain.extend_from_slice(v);
-            }
-            (plain, self.values.len() as u32)
-        });
+        let dictionary = (!self.values.is_empty()).then(|| (plain_byte_arrays(&self.values), self.values.len() as u32));
         let statistics = self.chunk.statistics.then(|| {
             let min = self.values.iter().min().map(|v| ByteArray::from(v.to_vec()));
             let max = self.values.iter().max().map(|v| ByteArray::from(v.to_vec()));
@@ -591,82 +586,6 @@ impl IntChunk {
     }
 }
 
-const DELTA_BLOCK: usize = 128;
-const DELTA_MINIBLOCKS: usize = 4;
-const DELTA_MINIBLOCK: usize = DELTA_BLOCK / DELTA_MINIBLOCKS;
-
-/// DELTA_BINARY_PACKED encoding of `values` (at least one), deltas wrapping at 32 bits
-/// when `int32`: a header (block size, miniblocks per block, count, first value), then
-/// per block of 128 deltas its minimum (zigzag) and four miniblock bit widths, each
-/// miniblock's deltas less the minimum bit-packed (the last one padded with zeros; the
-/// widths of miniblocks past the last value are 0 and have no bytes).
-fn delta_binary_packed(values: &[i64], int32: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + values.len() / 8);
-    put_varint(&mut out, DELTA_BLOCK as u64);
-    put_varint(&mut out, DELTA_MINIBLOCKS as u64);
-    put_varint(&mut out, values.len() as u64);
-    put_zigzag(&mut out, values[0]);
-    let mut deltas = [0u64; DELTA_BLOCK];
-    let mut i = 1;
-    while i < values.len() {
-        let m = (values.len() - i).min(DELTA_BLOCK);
-        // values[i - 1..i + m]: the block's m deltas and the value before them.
-        let span = &values[i - 1..i + m];
-        if span.iter().all(|&v| v == span[0]) {
-            // Zero deltas: minimum 0, widths 0, no miniblock bytes.
-            out.extend_from_slice(&[0; 1 + DELTA_MINIBLOCKS]);
-            i += m;
-            continue;
-        }
-        let mut min = i64::MAX;
-        for (d, w) in deltas.iter_mut().zip(span.windows(2)) {
-            let delta =
-                if int32 { i64::from((w[1] as i32).wrapping_sub(w[0] as i32)) } else { w[1].wrapping_sub(w[0]) };
-            *d = delta as u64;
-            min = min.min(delta);
-        }
-        put_zigzag(&mut out, min);
-        let widths_at = out.len();
-        out.extend_from_slice(&[0; DELTA_MINIBLOCKS]);
-        for (k, mini) in deltas[..m].chunks(DELTA_MINIBLOCK).enumerate() {
-            let mut packed = [0u64; DELTA_MINIBLOCK];
-            let mut any = 0u64;
-            for (p, &d) in packed.iter_mut().zip(mini) {
-                *p = (d as i64).wrapping_sub(min) as u64 & if int32 { u64::from(u32::MAX) } else { u64::MAX };
-                any |= *p;
-            }
-            let width = 64 - any.leading_zeros();
-            out[widths_at + k] = width as u8;
-            pack(&mut out, &packed, width);
-        }
-        i += m;
-    }
-    out
-}
-
-/// Appends 32 values of `width` bits each, little-endian bit order (4 × width bytes).
-fn pack(out: &mut Vec<u8>, values: &[u64; DELTA_MINIBLOCK], width: u32) {
-    if width == 0 {
-        return;
-    }
-    let (mut acc, mut bits) = (0u128, 0u32);
-    for &v in values {
-        acc |= u128::from(v) << bits;
-        bits += width;
-        if bits >= 64 {
-            out.extend_from_slice(&(acc as u64).to_le_bytes());
-            acc >>= 64;
-            bits -= 64;
-        }
-    }
-    // 32 × width bits: what is left is 0 or 32 bits.
-    out.extend_from_slice(&(acc as u64).to_le_bytes()[..(bits / 8) as usize]);
-}
-
-fn put_zigzag(out: &mut Vec<u8>, v: i64) {
-    put_varint(out, ((v << 1) ^ (v >> 63)) as u64);
-}
-
 fn compress(zstd_level: Option<i32>, body: Vec<u8>) -> Result<(Bytes, usize)> {
     thread_local! {
         /// One zstd context per thread and level, reused for every page (a context per
@@ -684,101 +603,6 @@ fn compress(zstd_level: Option<i32>, body: Vec<u8>) -> Result<(Bytes, usize)> {
     Ok((out.into(), len))
 }
 
-/// Values as runs of one value: (value, count), no two neighbours equal, count > 0.
-#[derive(Default)]
-struct RunList {
-    runs: std::collections::VecDeque<(u32, u32)>,
-    /// Values in all runs.
-    len: usize,
-}
-
-impl RunList {
-    #[inline]
-    fn push_n(&mut self, v: u32, n: usize) {
-        if n == 0 {
-            return;
-        }
-        self.len += n;
-        match self.runs.back_mut() {
-            Some(last) if last.0 == v && (last.1 as usize) + n <= u32::MAX as usize => last.1 += n as u32,
-            _ => self.runs.push_back((v, n as u32)),
-        }
-    }
-
-    /// Removes the first `n` values (n <= len) and returns their runs.
-    fn take(&mut self, mut n: usize) -> Vec<(u32, u32)> {
-        self.len -= n;
-        let mut out = Vec::new();
-        while n > 0 {
-            let front = self.runs.front_mut().expect("n <= len");
-            if (front.1 as usize) <= n {
-                n -= front.1 as usize;
-                out.push(self.runs.pop_front().expect("front exists"));
-            } else {
-                front.1 -= n as u32;
-                out.push((front.0, n as u32));
-                n = 0;
-            }
-        }
-        out
-    }
-}
-
-/// Parquet's RLE/bit-packed hybrid encoding of the values of `runs` (each < 2^bit_width),
-/// without a length prefix: runs of 8 or more equal values as RLE runs, the rest
-/// bit-packed in groups of 8 (the last group padded with zeros; readers stop at the page's
-/// count).
-fn rle_hybrid(runs: &[(u32, u32)], bit_width: u8) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut literals: Vec<u32> = Vec::new();
-    for &(v, run) in runs {
-        let run = run as usize;
-        // A literal group must be complete before a run can start: top it up from the run.
-        let fill = (8 - literals.len() % 8) % 8;
-        if run >= fill + 8 {
-            literals.extend(std::iter::repeat_n(v, fill));
-            flush_literals(&mut out, &mut literals, bit_width);
-            put_varint(&mut out, ((run - fill) as u64) << 1);
-            out.extend_from_slice(&v.to_le_bytes()[..usize::from(bit_width).div_ceil(8)]);
-        } else {
-            literals.extend(std::iter::repeat_n(v, run));
-        }
-    }
-    if !literals.is_empty() {
-        literals.resize(literals.len().div_ceil(8) * 8, 0);
-        flush_literals(&mut out, &mut literals, bit_width);
-    }
-    out
-}
-
-/// Writes `literals` (a multiple of 8 values) as one bit-packed run, and empties it.
-fn flush_literals(out: &mut Vec<u8>, literals: &mut Vec<u32>, bit_width: u8) {
-    if literals.is_empty() {
-        return;
-    }
-    put_varint(out, ((literals.len() / 8) as u64) << 1 | 1);
-    let (mut acc, mut bits) = (0u64, 0u32);
-    for &v in literals.iter() {
-        acc |= u64::from(v) << bits;
-        bits += u32::from(bit_width);
-        while bits >= 8 {
-            out.push(acc as u8);
-            acc >>= 8;
-            bits -= 8;
-        }
-    }
-    debug_assert_eq!(bits, 0, "8 values fill whole bytes");
-    literals.clear();
-}
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -792,6 +616,54 @@ mod tests {
         let d = a.as_dictionary::<Int32Type>();
         let values = d.values().as_string::<i32>();
         d.keys().iter().map(|k| k.map(|k| values.value(k as usize).to_string())).collect()
+    }
+
+    /// One Int64 column (nullable) through a segment file and back through the parquet
+    /// crate's reader.
+    fn int64_round_trip(name: &str, values: &[Option<i64>]) -> Vec<Option<i64>> {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, true)]));
+        let path = std::env::temp_dir().join(format!("trainio-segment-{name}-{}.parquet", std::process::id()));
+        let mut seg =
+            SegmentFile::new(File::create(&path).unwrap(), schema.clone(), WriterProperties::default()).unwrap();
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(values.to_vec()))]).unwrap();
+        seg.write(&batch).unwrap();
+        seg.close().unwrap();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap().build().unwrap();
+        let got =
+            reader.flat_map(|b| b.unwrap().column(0).as_primitive::<Int64Type>().iter().collect::<Vec<_>>()).collect();
+        std::fs::remove_file(&path).unwrap();
+        got
+    }
+
+    /// The encodings' edge cases as the reader sees them: a page without values (every
+    /// row null), one value, blocks of equal values (bit width 0), deltas that need 64
+    /// bits, negative deltas, and a null between values.
+    #[test]
+    fn integer_edge_cases_read_back() {
+        let mut v = 0i64;
+        let wide: Vec<i64> = (0..70)
+            .map(|i| {
+                v = v.wrapping_add(if i == 0 {
+                    0
+                } else if i % 2 == 1 {
+                    i64::MIN
+                } else {
+                    i64::MAX
+                });
+                v
+            })
+            .collect();
+        let cases: Vec<(&str, Vec<Option<i64>>)> = vec![
+            ("all-null", vec![None; 5]),
+            ("one", vec![Some(-7)]),
+            ("constant", vec![Some(42); 129 + 128 + 3]),
+            ("wide", wide.into_iter().map(Some).collect()),
+            ("down", (0..300).map(|i| Some(1_000 - 3 * i * i)).collect()),
+            ("gaps", vec![Some(5), None, Some(3), None, None, Some(i64::MIN)]),
+        ];
+        for (name, values) in cases {
+            assert_eq!(int64_round_trip(name, &values), values, "{name}");
+        }
     }
 
     /// Columns shaped to reach every path: long runs, short runs and single values mixed

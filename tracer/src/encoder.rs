@@ -23,6 +23,8 @@ use anyhow::{anyhow, Result};
 use arrow_array::RecordBatch;
 use trainio_schema::{keys, TraceWriter};
 
+use crate::events::FLUSH_ROWS;
+
 /// Unwritten rows past which the encoder runs at normal priority (~80 bytes each in
 /// Arrow: ~320 MiB).
 const MAX_BACKLOG_ROWS: u64 = 4 << 20;
@@ -162,7 +164,7 @@ impl Encoder {
         // Room for 4 × MAX_BACKLOG_ROWS in the drain's batches: the row and age bounds act
         // first; a full queue blocks the drain (the kernel ring buffer then absorbs, and
         // counts what it cannot).
-        let (tx, rx) = sync_channel(4 * (MAX_BACKLOG_ROWS as usize / crate::record::FLUSH_ROWS));
+        let (tx, rx) = sync_channel(4 * (MAX_BACKLOG_ROWS as usize / FLUSH_ROWS));
         let shared = Arc::new(Shared {
             tid: AtomicI32::new(0),
             sent: AtomicU64::new(0),

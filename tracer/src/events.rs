@@ -13,6 +13,13 @@ use crate::bpf::{trainio_file_op as fop, trainio_kind as kind, trainio_nfs_op as
 use crate::bpf::{trainio_ipc_op as ipcop, trainio_ipc_type as ipct, trainio_proc_op as procop};
 use crate::host::ProcInfo;
 
+/// Rows per batch: the drain loop (record.rs) hands the collector's batch to the encoder
+/// at this many rows, and the encoder sizes its queue by it. Small batches keep the rows
+/// in the caches between the two threads and the encoder's bursts short: 64 Ki-row
+/// batches (~5 MB of columns) cost the traced job ~3 points of IOPS more than 4 Ki
+/// (docs/recorder.md).
+pub const FLUSH_ROWS: usize = 4 * 1024;
+
 const KIND_BLOCK: u32 = kind::TRAINIO_KIND_BLOCK.0;
 const KIND_FILE: u32 = kind::TRAINIO_KIND_FILE.0;
 const KIND_OPEN: u32 = kind::TRAINIO_KIND_OPEN.0;
@@ -125,7 +132,7 @@ impl Collector {
             // Headroom for the rows one turn of the drain loop adds past FLUSH_ROWS (~400
             // at 200k events/s, more after a stall): a column that outgrows its capacity
             // is copied whole.
-            batch: BatchBuilder::with_capacity(2 * crate::record::FLUSH_ROWS),
+            batch: BatchBuilder::with_capacity(2 * FLUSH_ROWS),
             devs: FxHashMap::default(),
             fds: HashMap::new(),
             inodes: HashMap::new(),

@@ -18,7 +18,7 @@ use trainio_schema::{keys, Layer, SegmentLimits, TraceWriter, SCHEMA_MINOR, SCHE
 
 use crate::cli::{usage, Args};
 use crate::encoder::{thread_cpu_ns, Encoder};
-use crate::events::Collector;
+use crate::events::{Collector, FLUSH_ROWS};
 use crate::host;
 use crate::probes::{Probes, Settings, Target};
 
@@ -40,10 +40,6 @@ fn next_poll(rows: usize, since: Duration) -> Duration {
     }
 }
 
-/// Rows per batch handed to the encoder. Small batches keep the rows in the caches between
-/// the two threads and the encoder's bursts short: 64 Ki-row batches (~5 MB of columns)
-/// cost the traced job ~3 points of IOPS more than 4 Ki (docs/recorder.md).
-pub const FLUSH_ROWS: usize = 4 * 1024;
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// How often each CPU's batch of block completions is checked for age (block.bpf.c:
 /// written once its first event is 50 ms old, so rows lag the kernel by at most ~150 ms).

@@ -44,7 +44,7 @@ fn same_len(n: usize, m: usize, name: &str) -> PyResult<()> {
     }
 }
 
-/// Sorted event keys of one group's requests: `sweep.event_keys` then `sweep._sort_keys`.
+/// Sorted event keys of one group's requests: `qd_sweep.event_keys` then `qd_sweep._sort_keys`.
 ///
 /// Issue keys `4 (issue - offset) + 1`, completion keys `4 (complete - offset)` (+2 for a
 /// zero-latency request). Rows near completion order (what the tracer writes) make the
@@ -129,14 +129,14 @@ fn merge_with(a: &[i64], nb: usize, b: impl Fn(usize) -> i64) -> Vec<i64> {
 }
 
 /// Whether two sorted keys are equal and one of them is an issue:
-/// `analyze._equal_neighbours` for one group.
+/// `analyze_decode.equal_neighbours` for one group.
 #[pyfunction]
 fn equal_issue_neighbours(py: Python<'_>, keys: PyReadonlyArray1<'_, i64>) -> PyResult<bool> {
     let k = slice(&keys, "keys")?;
     Ok(py.detach(|| k.windows(2).any(|w| w[0] == w[1] && (w[0] & 3) == CODE_ISSUE)))
 }
 
-/// `sweep.summarize(sweep.merge_sorted(keys, [more]))`: the sweep of two sorted runs
+/// `qd_sweep.summarize(qd_sweep.merge_sorted(keys, [more]))`: the sweep of two sorted runs
 /// of event keys merged (not materialized), not both empty, as a tuple
 /// `(t_first, t_last, q_min, q_last, level_counts, time_hist, ends, starts)`.
 #[pyfunction]
@@ -263,7 +263,7 @@ fn sweep(k: &[i64]) -> (i64, i64, i64, i64, Vec<i64>, Vec<f64>, Vec<i64>, Vec<i6
     (k[0] >> 2, prev_t, lo, q, levels, time, ends, starts)
 }
 
-/// The counting half of `analyze._Analyzer._prepare` in one pass over a row group.
+/// The counting half of `analyze_decode.Decoder.prepare` in one pass over a row group.
 ///
 /// Rows are those where `mask` is true (all when None). `op` holds each row's op code
 /// (None: every row has op code `only_op`); `kind[op]` is 0 read, 1 write, 2 other and
