@@ -97,9 +97,9 @@ step "replay: the recorded trace at $replay_gpus simulated GPUs, recorded too"
 throttled "$T" replay -q --trace "$out/original" --data-dir "$mnt/trace-data" --generate --gpus "$replay_gpus" --odirect \
   --json "$out/replay-$replay_gpus.json" --record "$out/replay-$replay_gpus"
 
-step "compare: original ($gpus GPUs) vs replay ($replay_gpus GPUs), block layer"
-"$T" compare "$out/original" "$out/replay-$replay_gpus" --layer block
-"$T" compare "$out/original" "$out/replay-$replay_gpus" --layer block --json > "$out/compare.json"
+step "compare: original ($gpus GPUs) vs replay ($replay_gpus GPUs), block layer of the drive"
+"$T" compare "$out/original" "$out/replay-$replay_gpus" --layer block --dev "$majmin"
+"$T" compare "$out/original" "$out/replay-$replay_gpus" --layer block --dev "$majmin" --json > "$out/compare.json"
 
 step "sweep: the GPU count at which AU falls below 90% on the ${drive_mibs} MiB/s drive"
 throttled "$T" sweep -q --workload "$workload" --data-dir "$mnt/data" --generate --odirect --max-gpus 64 \
