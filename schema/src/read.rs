@@ -122,7 +122,7 @@ fn segment_minor(seg: &Path, meta: &HashMap<String, String>) -> Result<u32, Trac
     }
 }
 
-fn file_metadata(seg: &Path) -> Result<HashMap<String, String>, TraceError> {
+pub(crate) fn file_metadata(seg: &Path) -> Result<HashMap<String, String>, TraceError> {
     let file = File::open(seg).map_err(|e| bad(seg, format!("cannot open: {e}")))?;
     let reader = guard_decoder(seg, || {
         SerializedFileReader::new(file).map_err(|e| bad(seg, format!("not a readable Parquet file ({e})")))
