@@ -64,6 +64,16 @@ pub fn segment_paths(path: &Path) -> Result<Vec<PathBuf>, TraceError> {
         .collect();
     segs.sort();
     if segs.is_empty() {
+        if let Ok(Some(members)) = crate::trace_set_members(path) {
+            return Err(bad(
+                path,
+                format!(
+                    "a trace set of {} hosts, read here one host at a time: give one of its traces ({})",
+                    members.len(),
+                    members[0].path.display()
+                ),
+            ));
+        }
         return Err(bad(path, "empty trace (no seg-*.parquet segments)"));
     }
     Ok(segs)
