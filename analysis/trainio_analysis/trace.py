@@ -448,6 +448,19 @@ def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
     are not: :func:`read_rows` and :func:`read_row_group` check them as SCHEMA.md's
     *Readers* section says, and are what the analyzer reads through.
     """
+    members = trace_set_members(path)
+    if members is not None:
+        # as read_row_group reads a set: one clock, devices as HOST/MAJ:MIN
+        return pl.concat(
+            [
+                scan_trace(m.path).with_columns(
+                    *(pl.col(c) + m.shift_ns for c in TIME_COLUMNS),
+                    pl.concat_str(pl.lit(f"{m.host}/"), pl.col("dev")).alias("dev"),
+                )
+                for m in members
+            ],
+            how="vertical",
+        )
     lf = scan_segments(open_trace(path))
     return lf.with_columns(pl.col(sorted(STRING_COLUMNS)).cast(pl.String))
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from trainio_analysis.trace import write_trace
+from trainio_analysis.trace import read_rows, scan_trace, write_trace
 from trainio_testlib import trainio
 
 MS = 1_000_000
@@ -84,6 +85,10 @@ def test_set_is_one_job_on_one_clock(tmp_path):
     only = analyze_json(job, "--dev", "h2/7:0")
     assert only["bytes_read"] == 5 * 128 * KIB
     assert [h["events"] for h in only["per_host"]] == [0, 5]
+    # The readers that return rows see the same: scan_trace and read_rows.
+    for rows in (scan_trace(job).collect(), pl.from_arrow(read_rows(job))):
+        assert sorted(rows["dev"].unique().to_list()) == ["h1/7:0", "h2/7:0"]
+        assert rows["issue_ns"].min() == 100 * S and rows["issue_ns"].max() == 100 * S + 40 * MS
     # One member alone is still a plain trace.
     assert "per_host" not in analyze_json(job / "h1")
     # compare and report take the set as one trace too: the job against one of its hosts.
