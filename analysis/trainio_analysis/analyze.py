@@ -193,6 +193,66 @@ class _Analyzer:
         return out
 
 
+def _per_host(
+    members: list[tr.Member], job: dict[str, Any], sel: Selection, burst_gap_ms: float, workers: int
+) -> list[dict[str, Any]]:
+    """Each host's figures in a trace set's analysis: its member analyzed alone (the
+    job's layer, the selection's device when it is on that host, its pid), placed on the
+    job's clock; its GPUs are the job model's GPUs on that host."""
+    gpus: dict[str, int] = {}
+    for g in (job.get("job_model") or {}).get("gpus", []):
+        gpus[g.get("host")] = gpus.get(g.get("host"), 0) + 1
+    out = []
+    for m in members:
+        entry: dict[str, Any] = {
+            "host": m.host,
+            "path": str(m.path),
+            "clock_offset_ns": m.clock_offset_ns,
+            "shift_ns": m.shift_ns,
+            "gpus": gpus.get(m.host, 0),
+        }
+        dev = sel.dev
+        if dev is not None and "/" in dev:
+            host, _, dev = dev.partition("/")
+            if host != m.host:
+                out.append({**entry, "events": 0})
+                continue
+        try:
+            r = _Analyzer(
+                m.path,
+                Selection(layer=job["selection"]["layer"], dev=dev, pid=sel.pid),
+                None,
+                burst_gap_ms,
+                workers,
+                with_model=False,
+            ).run()
+        except SelectionError:
+            out.append({**entry, "events": 0})  # nothing of the selection on this host
+            continue
+        tp = r["throughput_mib_s"]
+        entry.update(
+            {
+                "events": r["events"],
+                "reads": r["reads"],
+                "writes": r["writes"],
+                "bytes_read": r["bytes_read"],
+                "bytes_written": r["bytes_written"],
+                # on the job's clock: seconds after the job's start
+                "start_s": (r["start_ns"] + m.shift_ns - job["start_ns"]) / 1e9,
+                "end_s": (r["end_ns"] + m.shift_ns - job["start_ns"]) / 1e9,
+                "duration_s": r["duration_s"],
+                "throughput_mib_s": {k: tp[k] for k in ("mean", "read_mean", "write_mean", "peak")},
+                "iops": r["iops"],
+                "qd_mean_time": r["qd_mean_time"],
+                "latency_us": r["latency_us"],
+                "devices": sorted(r["groups"]) if r["selection"]["grouped_by"] == "dev" else [],
+                "lost_events": r["lost_events"]["total"],
+            }
+        )
+        out.append(entry)
+    return out
+
+
 def analyze(
     path: str | os.PathLike[str],
     *,
@@ -229,7 +289,11 @@ def analyze(
     """
     sel = Selection(layer=layer, dev=dev, pid=pid)
     try:
-        return _Analyzer(path, sel, bin_s, burst_gap_ms, workers, with_model, step_gap_ms).run()
+        out = _Analyzer(path, sel, bin_s, burst_gap_ms, workers, with_model, step_gap_ms).run()
+        members = tr.trace_set_members(path)
+        if members is not None:
+            out["per_host"] = _per_host(members, out, sel, burst_gap_ms, workers)
+        return out
     except (pa.ArrowException, pl.exceptions.PolarsError) as exc:
         # every read goes through trace.py, which names the file; this is the net
         msg = f"{path}: unreadable ({tr.first_line(exc)})"

@@ -28,7 +28,7 @@ from typing import Any
 import polars as pl
 
 from trainio_analysis.interop import InputError, output_directory, write_text_atomically
-from trainio_analysis.trace import read_metadata, scan_trace
+from trainio_analysis.trace import read_metadata, scan_trace, trace_set_members
 
 IOLOG_HEADER = "fio version 3 iolog"
 #: trainio op -> fio iolog action, per layer; other ops have no fio equivalent.
@@ -91,6 +91,10 @@ def export_fio(
     """Write DIR/pid-PID-COMM.iolog per process and DIR/replay.fio; returns a summary
     ``{"layer", "origin_ns", "jobs": [{"iolog", "pid", "comm", "requests", "bytes",
     "iodepth", "targets"}], "skipped_ops": {op: rows}}``."""
+    if trace_set_members(trace) is not None:
+        # an iolog replays one host's requests on one host
+        msg = f"{trace}: a trace set (one trace per host): export one host's trace, {Path(trace) / 'HOST'}"
+        raise InputError(msg)
     meta = read_metadata(trace)
     devices = _device_names(meta)
     if dev is not None and dev not in devices.values() and ":" not in dev:

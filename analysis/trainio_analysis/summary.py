@@ -74,6 +74,7 @@ def format_summary(r: dict[str, Any]) -> str:
         f"{_size(b['mean_bytes'])}, {b['mean_duration_s'] * 1e3:.2f} ms long, "
         f"{b['mean_gap_s'] * 1e3:.2f} ms apart",
     ]
+    lines.extend(_host_lines(r.get("per_host")))
     steps = r.get("steps")
     if steps and steps["compute_time_s"] is not None:
         lines.append(
@@ -103,6 +104,25 @@ def format_summary(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _host_lines(hosts: list[dict] | None) -> list[str]:
+    """A trace set's hosts: each one's share of the job, on the job's clock."""
+    if not hosts:
+        return []
+    out = [f"  hosts        {len(hosts)}: the figures above are the job's; each host's:"]
+    for h in hosts:
+        head = f"    {h['host']:<12} {h['gpus']} GPU(s)"
+        if not h["events"]:
+            out.append(f"{head}, nothing selected")
+            continue
+        out.append(
+            f"{head}, {h['events']:,} events, read {_size(h['bytes_read'])}, written {_size(h['bytes_written'])}, "
+            f"mean {h['throughput_mib_s']['mean']:.1f} MiB/s, {h['start_s']:.3f}-{h['end_s']:.3f} s"
+            + (f", devices {', '.join(h['devices'])}" if h["devices"] else "")
+            + (f", LOST {h['lost_events']:,} events" if h["lost_events"] else "")
+        )
+    return out
+
+
 def _write_lines(w: dict | None) -> list[str]:
     """The job's write bursts (file layer: checkpoints, logs), apart from its reads."""
     if not w or not w["count"]:
@@ -126,7 +146,9 @@ def _model_lines(m: dict | None) -> list[str]:
         workers = [str(x["pid"]) for x in g["members"] if x["role"] == "worker"]
         c = g["compute_s"]
         out.append(
-            f"    GPU {g['index']}: pid {g['rank_pid']} {g['comm']}"
+            f"    GPU {g['index']}"
+            + (f" on {g['host']}" if g.get("host") else "")
+            + f": pid {g['rank_pid']} {g['comm']}"
             + (f" + {len(workers)} worker(s) {','.join(workers)}" if workers else "")
             + f"; {len(g['steps'])} steps ({g['step_signal']}), "
             + (f"compute {c * 1e3:.1f} ms/step, " if c is not None else "")
@@ -142,7 +164,8 @@ def _model_lines(m: dict | None) -> list[str]:
                 f"{_size(sum(b['bytes'] for b in bursts))}, {sum(b['syncs'] for b in bursts)} sync(s)"
             )
     for x in m["left_out"]:
-        out.append(f"    left out: pid {x['pid']} {x['comm']} {_size(x['bytes'])}: {x['why']}")
+        on = f" on {x['host']}" if x.get("host") else ""
+        out.append(f"    left out: pid {x['pid']}{on} {x['comm']} {_size(x['bytes'])}: {x['why']}")
     if m["incomplete"]:
         out.append(f"  INCOMPLETE   {m['incomplete']}")
     for w in m["warnings"]:

@@ -25,7 +25,7 @@ import json
 import os
 import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +144,10 @@ class Segment:
     arrow_schema: pa.Schema | None = None
     #: ``trainio.schema_minor`` of the segment (0 when absent)
     minor: int = 0
+    #: In a trace set: ns added to the segment's times to put them on the set's clock
+    shift_ns: int = 0
+    #: In a trace set: the member's host, which prefixes its devices (``HOST/MAJ:MIN``)
+    host: str | None = None
 
     def column_stats(self, index: int, column: str) -> Any:
         """Parquet statistics of ``column`` in row group ``index`` (None if absent)."""
@@ -260,14 +264,94 @@ def _check_segment(path: Path, pf: pq.ParquetFile) -> int:
     return minor
 
 
+@dataclass(frozen=True)
+class Member:
+    """One host's trace in a trace set."""
+
+    host: str
+    path: Path
+    #: ``trainio.clock_offset_ns`` (wall clock - CLOCK_MONOTONIC; 0 when absent)
+    clock_offset_ns: int
+    #: added to the member's times to put them on the set's clock (the first member's)
+    shift_ns: int
+
+
+def trace_set_members(path: str | os.PathLike[str]) -> list[Member] | None:
+    """The members of a trace set in name order, or None when ``path`` is not a set.
+
+    A trace set (traces/SCHEMA.md, *Trace sets*) is a directory without segments of its
+    own whose subdirectories are traces, one per host, read as one job. A set whose
+    members disagree is refused: a subdirectory that is not a trace, two members from the
+    same host, members of different schema versions. The Rust reader
+    (``schema/src/set.rs``) accepts and refuses the same.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    dirs = []
+    for entry in p.iterdir():
+        if entry.name.startswith("seg-") and entry.name.endswith(".parquet"):
+            return None  # a trace of its own
+        if entry.is_dir():
+            dirs.append(entry)
+    if not dirs:
+        return None
+    members: list[Member] = []
+    first_version: tuple[Path, str] | None = None
+    for d in sorted(dirs):
+        files = sorted(d.glob(SEGMENT_GLOB))
+        if not files:
+            msg = f"{p}: {d} is not a trace (no {SEGMENT_GLOB}): a trace set holds only per-host traces"
+            raise TraceError(msg)
+        pf = _open_segment(files[-1])
+        _check_segment(files[-1], pf)
+        raw = _raw_metadata(pf)
+        host = raw.get(META_PREFIX + "hostname", "").strip()
+        if not host:
+            msg = f"{d}: no trainio.hostname: a member of a trace set must name its host"
+            raise TraceError(msg)
+        major = raw.get(META_PREFIX + "schema_version", "?").strip()
+        version = f"{major}.{raw.get(META_PREFIX + 'schema_minor', '0').strip()}"
+        if first_version is None:
+            first_version = (d, version)
+        elif first_version[1] != version:
+            msg = (
+                f"{p}: members of different schema versions: {first_version[0]} is {first_version[1]}, "
+                f"{d} is {version} (record every host with the same trainio)"
+            )
+            raise TraceError(msg)
+        for m in members:
+            if m.host == host:
+                msg = f"{p}: {m.path} and {d} were both recorded on host {host}: one trace per host"
+                raise TraceError(msg)
+        offset_raw = raw.get(META_PREFIX + "clock_offset_ns", "0").strip()
+        try:
+            offset = int(offset_raw)
+        except ValueError:
+            msg = f"{d}: trainio.clock_offset_ns {offset_raw[:24]!r} is not an integer"
+            raise TraceError(msg) from None
+        members.append(Member(host, d, offset, 0))
+    base = members[0].clock_offset_ns
+    return [Member(m.host, m.path, m.clock_offset_ns, m.clock_offset_ns - base) for m in members]
+
+
 def open_trace(path: str | os.PathLike[str]) -> list[Segment]:
-    """Validate a trace from its footers and describe its segments.
+    """Validate a trace (or a trace set) from its footers and describe its segments.
+
+    The segments of a set are its members' in member order, each carrying the member's
+    host and clock shift, which :func:`read_row_group` and the row-group statistics apply.
 
     Raises
     ------
     TraceError
         not a trace, not Parquet, unknown schema version, a missing column, or no rows.
     """
+    members = trace_set_members(path)
+    if members is not None:
+        out = []
+        for m in members:
+            out += [replace(s, shift_ns=m.shift_ns, host=m.host) for s in open_trace(m.path)]
+        return out
     files = list_segments(path)
     if not files:
         msg = f"{path}: empty trace (no {SEGMENT_GLOB} segments)"
@@ -288,8 +372,12 @@ def open_trace(path: str | os.PathLike[str]) -> list[Segment]:
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Key-value metadata of the trace, from its last segment, prefix stripped.
 
-    JSON values are decoded and integer values converted.
+    JSON values are decoded and integer values converted. A trace set's metadata is its
+    members' as one job (:func:`_set_metadata`).
     """
+    members = trace_set_members(path)
+    if members is not None:
+        return _set_metadata(members, [read_metadata(m.path) for m in members])
     files = list_segments(path)
     if not files:
         msg = f"{path}: empty trace (no {SEGMENT_GLOB} segments)"
@@ -316,6 +404,41 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     return out
 
 
+def _set_metadata(members: Sequence[Member], metas: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A trace set's metadata: the first member's, with the job's span on the set's clock
+    (earliest start, latest end), every member's devices (``dev`` as ``HOST/MAJ:MIN``),
+    layers, events and lost events summed, and ``hosts``: each member's host, path and
+    clock offset."""
+    out = dict(metas[0])
+    starts = [
+        m["start_ns"] + h.shift_ns for h, m in zip(members, metas, strict=True) if isinstance(m.get("start_ns"), int)
+    ]
+    ends = [m["end_ns"] + h.shift_ns for h, m in zip(members, metas, strict=True) if isinstance(m.get("end_ns"), int)]
+    if starts:
+        out["start_ns"] = min(starts)
+    if ends:
+        out["end_ns"] = max(ends)
+    out["hostname"] = ",".join(h.host for h in members)
+    devices, layers, events, lost = [], [], {}, {}
+    for h, m in zip(members, metas, strict=True):
+        for d in m.get("devices") or []:
+            if isinstance(d, dict):
+                devices.append({**d, "dev": f"{h.host}/{d['dev']}" if d.get("dev") else d.get("dev"), "host": h.host})
+        for layer in m.get("layers") or []:
+            if layer not in layers:
+                layers.append(layer)
+        for key, target in (("events", events), ("lost_events", lost)):
+            for k, v in (m.get(key) or {}).items() if isinstance(m.get(key), dict) else ():
+                if isinstance(v, int):
+                    target[k] = target.get(k, 0) + v
+    out.update(devices=devices, layers=layers, events=events, lost_events=lost)
+    out["hosts"] = [
+        {"host": h.host, "path": str(h.path), "clock_offset_ns": h.clock_offset_ns, "shift_ns": h.shift_ns}
+        for h in members
+    ]
+    return out
+
+
 def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
     """All rows of a trace as a lazy frame (segments concatenated in name order).
 
@@ -325,6 +448,19 @@ def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
     are not: :func:`read_rows` and :func:`read_row_group` check them as SCHEMA.md's
     *Readers* section says, and are what the analyzer reads through.
     """
+    members = trace_set_members(path)
+    if members is not None:
+        # as read_row_group reads a set: one clock, devices as HOST/MAJ:MIN
+        return pl.concat(
+            [
+                scan_trace(m.path).with_columns(
+                    *(pl.col(c) + m.shift_ns for c in TIME_COLUMNS),
+                    pl.concat_str(pl.lit(f"{m.host}/"), pl.col("dev")).alias("dev"),
+                )
+                for m in members
+            ],
+            how="vertical",
+        )
     lf = scan_segments(open_trace(path))
     return lf.with_columns(pl.col(sorted(STRING_COLUMNS)).cast(pl.String))
 
@@ -385,7 +521,37 @@ def read_row_group(
     except (pa.ArrowException, OSError, ValueError) as exc:
         msg = f"{segment.path}: row group {index} unreadable ({first_line(exc)})"
         raise TraceError(msg) from None
-    return check_rows(segment, index, table, layer=layer, op=op)
+    table = check_rows(segment, index, table, layer=layer, op=op)
+    return _on_set_clock(segment, table) if segment.host is not None else table
+
+
+#: Columns that hold times on the trace's clock, moved by a set member's shift.
+TIME_COLUMNS = ("issue_ns", "complete_ns", "insert_ns")
+
+
+def _host_dev(host: str, dev: Any) -> Any:
+    return None if dev is None else f"{host}/{dev}"
+
+
+def _on_set_clock(segment: Segment, table: pa.Table) -> pa.Table:
+    """A set member's rows as the set reads them: times on the set's clock, devices as
+    ``HOST/MAJ:MIN`` (two hosts' 259:0 are two devices)."""
+    host = segment.host
+    for name in table.column_names:
+        if name in TIME_COLUMNS and segment.shift_ns:
+            col = pa.compute.add(table[name], pa.scalar(segment.shift_ns, pa.int64()))
+        elif name == "dev":
+            chunks = []
+            for ch in table[name].chunks:
+                if not pa.types.is_dictionary(ch.type):
+                    ch = ch.dictionary_encode()
+                values = pa.array([_host_dev(host, v) for v in ch.dictionary.to_pylist()], pa.string())
+                chunks.append(pa.DictionaryArray.from_arrays(ch.indices.cast(pa.int32()), values))
+            col = pa.chunked_array(chunks, pa.dictionary(pa.int32(), pa.string())) if chunks else table[name]
+        else:
+            continue
+        table = table.set_column(table.schema.get_field_index(name), name, col)
+    return table
 
 
 def check_constants(segment: Segment, index: int, layer: str, op: str | None) -> None:
@@ -573,7 +739,12 @@ def row_group_constant(segment: Segment, index: int, column: str) -> str | int |
         if not (getattr(stats, "is_min_value_exact", True) and getattr(stats, "is_max_value_exact", True)):
             return None
         value = stats.min
-        return value.decode() if isinstance(value, bytes) else value
+        value = value.decode() if isinstance(value, bytes) else value
+        if segment.host is not None and column == "dev":
+            return _host_dev(segment.host, value)
+        if column in TIME_COLUMNS:
+            return value + segment.shift_ns
+        return value
     except (UnicodeDecodeError, ValueError, pa.ArrowException):
         # bounds that do not decode prove nothing: the rows themselves are read instead
         return None
@@ -583,7 +754,7 @@ def _row_group_stat(segment: Segment, index: int, column: str, which: str) -> in
     stats = segment.column_stats(index, column)
     if stats is None or not stats.has_min_max:
         return None
-    return int(getattr(stats, which))
+    return int(getattr(stats, which)) + (segment.shift_ns if column in TIME_COLUMNS else 0)
 
 
 def row_group_min(segment: Segment, index: int, column: str) -> int | None:

@@ -36,7 +36,7 @@ use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 use serde::Serialize;
-use trainio_schema::{read_rows, segment_paths, Layer, OwnedRow};
+use trainio_schema::{read_rows, segment_paths, trace_set_members, Layer, OwnedRow};
 
 pub mod writes;
 
@@ -146,6 +146,9 @@ pub struct Member {
 #[derive(Clone, Debug, Serialize)]
 pub struct GpuModel {
     pub index: usize,
+    /// The host the GPU ran on, in the model of a trace set (None: one trace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     pub rank_pid: u32,
     pub comm: String,
     pub members: Vec<Member>,
@@ -194,6 +197,9 @@ pub struct GpuModel {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct LeftOut {
+    /// The host, in the model of a trace set (None: one trace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     pub pid: u32,
     pub comm: String,
     pub bytes: u64,
@@ -202,6 +208,9 @@ pub struct LeftOut {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Coverage {
+    /// The host, in the model of a trace set (None: one trace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     pub pid: u32,
     pub comm: String,
     pub block_read_bytes: u64,
@@ -230,6 +239,9 @@ pub struct JobModel {
     pub warnings: Vec<String>,
     /// Every traced process's write bursts, the job's checkpoints among them.
     pub writes: writes::WriteSummary,
+    /// The hosts of a trace set's model, in member order (empty: one trace).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
 }
 
 /// What the model reads from a trace.
@@ -330,10 +342,88 @@ fn block_sums(seg: &Path, input: &mut Input) -> Result<(), String> {
     Ok(())
 }
 
-/// The job model of a trace.
+/// The job model of a trace, or of a trace set (the per-host traces of one job, see
+/// [`combine`]).
 pub fn infer_trace(trace: &Path, opts: &Options) -> Result<JobModel, String> {
+    if let Some(members) = trace_set_members(trace).map_err(|e| e.to_string())? {
+        let mut parts = Vec::with_capacity(members.len());
+        for m in members {
+            let input = load_input(&m.path)?;
+            let model = infer(&input, opts).map_err(|e| format!("{}: {e}", m.path.display()))?;
+            parts.push((m.host, m.shift_ns, model));
+        }
+        return Ok(combine(parts));
+    }
     let input = load_input(trace)?;
     infer(&input, opts).map_err(|e| format!("{}: {e}", trace.display()))
+}
+
+/// One job's model from its hosts' models: (host, shift onto the set's clock, model). The
+/// GPUs are every host's, numbered in host order, their times moved onto the set's clock;
+/// the job's figures are computed over them as [`infer`] computes one host's.
+pub fn combine(parts: Vec<(String, i64, JobModel)>) -> JobModel {
+    let mut gpus = Vec::new();
+    let mut left_out = Vec::new();
+    let mut coverage = Vec::new();
+    let mut warnings = Vec::new();
+    let mut incomplete = Vec::new();
+    let mut bursts = Vec::new();
+    let mut hosts = Vec::new();
+    let mut devs: Vec<String> = Vec::new();
+    let mut grouping = String::new();
+    for (host, shift, m) in parts {
+        if grouping.is_empty() {
+            grouping = m.grouping.clone();
+        }
+        if let Some(d) = &m.data_dev {
+            if !devs.contains(d) {
+                devs.push(d.clone());
+            }
+        }
+        for mut g in m.gpus {
+            g.index = gpus.len();
+            g.host = Some(host.clone());
+            for s in &mut g.steps {
+                s.first_read_ns += shift;
+                s.ready_ns += shift;
+            }
+            for b in &mut g.write_bursts {
+                b.start_ns += shift;
+                b.end_ns += shift;
+            }
+            gpus.push(g);
+        }
+        left_out.extend(m.left_out.into_iter().map(|l| LeftOut { host: Some(host.clone()), ..l }));
+        coverage.extend(m.coverage.into_iter().map(|c| Coverage { host: Some(host.clone()), ..c }));
+        warnings.extend(m.warnings.into_iter().map(|w| format!("{host}: {w}")));
+        incomplete.extend(m.incomplete.map(|w| format!("{host}: {w}")));
+        bursts.extend(m.writes.bursts.into_iter().map(|mut b| {
+            b.start_ns += shift;
+            b.end_ns += shift;
+            b
+        }));
+        hosts.push(host);
+    }
+    bursts.sort_by_key(|b| (b.start_ns, b.end_ns));
+    let computes: Vec<f64> = gpus.iter().filter_map(|g| g.compute_s).collect();
+    let bps: Vec<f64> = gpus.iter().filter(|g| !g.steps.is_empty()).map(|g| g.bytes_per_step).collect();
+    let reqs: Vec<f64> = gpus.iter().filter_map(|g| g.required_mib_s).collect();
+    JobModel {
+        // one device when every host read the same MAJ:MIN (shared storage seen alike)
+        data_dev: (devs.len() == 1).then(|| devs[0].clone()),
+        grouping: format!("{grouping}; {} hosts", hosts.len()),
+        compute_s: quantile(&computes, 0.5),
+        bytes_per_step: quantile(&bps, 0.5),
+        required_mib_s_per_gpu: quantile(&reqs, 0.5),
+        steps: gpus.iter().map(|g| g.steps.len() as u64).sum(),
+        gpus,
+        left_out,
+        coverage,
+        incomplete: (!incomplete.is_empty()).then(|| incomplete.join("; ")),
+        warnings,
+        writes: writes::summarize(bursts),
+        hosts,
+    }
 }
 
 #[derive(Default)]
@@ -519,6 +609,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
                         worker_of.insert(pid, (r, format!("descends from rank {r}")));
                     }
                     None => left_out.push(LeftOut {
+                        host: None,
                         pid,
                         comm: comm_of(pid, &reader_comm[&pid]),
                         bytes: reader_bytes[&pid],
@@ -586,6 +677,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
             for pid in std::iter::once(*rank).chain(ws.iter().copied()) {
                 if let Some(&b) = reader_bytes.get(&pid) {
                     left_out.push(LeftOut {
+                        host: None,
                         pid,
                         comm: comm_of(pid, &reader_comm[&pid]),
                         bytes: b,
@@ -665,6 +757,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         .iter()
         .filter(|(pid, b)| traced.contains(pid) && **b > 0)
         .map(|(&pid, &b)| Coverage {
+            host: None,
             pid,
             comm: comm_of(pid, "?"),
             block_read_bytes: b,
@@ -771,6 +864,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         incomplete,
         warnings,
         writes: writes::summarize(job_bursts),
+        hosts: Vec::new(),
     })
 }
 
@@ -1203,6 +1297,7 @@ fn build_gpu(
     };
     GpuModel {
         index,
+        host: None,
         rank_pid: rank,
         comm,
         workers: workers.len(),
@@ -1411,8 +1506,9 @@ pub fn describe(m: &JobModel) -> Vec<String> {
     for g in &m.gpus {
         let workers: Vec<String> = g.members.iter().filter(|x| x.role == "worker").map(|x| x.pid.to_string()).collect();
         out.push(format!(
-            "  GPU {}: rank pid {} ({}){}; {} steps ({}), compute {}/step, {:.2} MiB/step, {:.1} samples/step, needs {}",
+            "  GPU {}{}: rank pid {} ({}){}; {} steps ({}), compute {}/step, {:.2} MiB/step, {:.1} samples/step, needs {}",
             g.index,
+            g.host.as_deref().map(|h| format!(" on {h}")).unwrap_or_default(),
             g.rank_pid,
             g.comm,
             if workers.is_empty() { String::new() } else { format!(" + {} worker(s) {}", workers.len(), workers.join(",")) },

@@ -527,3 +527,28 @@ fn a_batch_split_by_a_stalled_read_is_joined_into_one_step() {
     let c = g.compute_s.unwrap();
     assert!(close(c, 0.050, 0.01), "compute {c}");
 }
+
+#[test]
+fn a_trace_sets_model_is_every_hosts_gpus_on_one_clock() {
+    // h1: one rank; h2: the same pid (another kernel), a slower reader, its clock 7 s
+    // behind h1's (shift +7 s onto the set's clock).
+    let (mut a, mut b) = (Input::default(), Input::default());
+    launcher_reads(&mut a, 100);
+    rank_alone(&mut a, 200, 100, 4, 8, 50, 10);
+    launcher_reads(&mut b, 100);
+    rank_alone(&mut b, 200, 100, 4, 40, 50, 12);
+    let (ma, mb) = (infer(&a, &Options::default()).unwrap(), infer(&b, &Options::default()).unwrap());
+    let first_b = mb.gpus[0].steps[0].first_read_ns;
+    let m = combine(vec![("h1".into(), 0, ma.clone()), ("h2".into(), 7_000 * MS, mb.clone())]);
+    assert_eq!(m.hosts, ["h1", "h2"]);
+    let gpus: Vec<_> = m.gpus.iter().map(|g| (g.index, g.host.as_deref(), g.rank_pid, g.steps.len())).collect();
+    assert_eq!(gpus, [(0, Some("h1"), 200, 10), (1, Some("h2"), 200, 12)]);
+    assert_eq!(m.steps, 22);
+    assert_eq!(m.gpus[1].steps[0].first_read_ns, first_b + 7_000 * MS);
+    assert_eq!(m.gpus[0].steps[0].first_read_ns, ma.gpus[0].steps[0].first_read_ns);
+    // the job's figures over both hosts' GPUs: the median of two is their mean
+    let need = (ma.gpus[0].required_mib_s.unwrap() + mb.gpus[0].required_mib_s.unwrap()) / 2.0;
+    assert!(close(m.required_mib_s_per_gpu.unwrap(), need, 1e-9));
+    assert!(m.left_out.iter().all(|l| l.host.is_some()));
+    assert!(describe(&m)[2].starts_with("  GPU 1 on h2: rank pid 200"), "{:?}", describe(&m));
+}

@@ -45,6 +45,8 @@ pub struct TemplateStep {
 
 #[derive(Debug, Clone)]
 pub struct Template {
+    /// The host the GPU was recorded on (a trace set), None for one trace.
+    pub host: Option<String>,
     /// The rank's pid in the recording.
     pub pid: u32,
     pub comm: String,
@@ -112,6 +114,7 @@ pub fn load_templates(
         .map(|g| {
             let compute = g.compute_s.unwrap_or(0.0);
             Template {
+                host: g.host.clone(),
                 pid: g.rank_pid,
                 comm: g.comm.clone(),
                 files: g.files.clone(),

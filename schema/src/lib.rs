@@ -9,12 +9,14 @@
 mod encoding;
 mod read;
 mod segment;
+mod set;
 mod write;
 
 pub use read::{
     guard_decoder, is_segment_name, one_line, quiet_decoder_panics, read_metadata, read_rows, segment_paths, OwnedRow,
     TraceError,
 };
+pub use set::{trace_set_members, Member};
 pub use write::{BatchBuilder, RowKeys, SegmentLimits, TraceWriter};
 
 use std::sync::Arc;

@@ -64,6 +64,16 @@ pub fn segment_paths(path: &Path) -> Result<Vec<PathBuf>, TraceError> {
         .collect();
     segs.sort();
     if segs.is_empty() {
+        if let Ok(Some(members)) = crate::trace_set_members(path) {
+            return Err(bad(
+                path,
+                format!(
+                    "a trace set of {} hosts, read here one host at a time: give one of its traces ({})",
+                    members.len(),
+                    members[0].path.display()
+                ),
+            ));
+        }
         return Err(bad(path, "empty trace (no seg-*.parquet segments)"));
     }
     Ok(segs)
@@ -122,7 +132,7 @@ fn segment_minor(seg: &Path, meta: &HashMap<String, String>) -> Result<u32, Trac
     }
 }
 
-fn file_metadata(seg: &Path) -> Result<HashMap<String, String>, TraceError> {
+pub(crate) fn file_metadata(seg: &Path) -> Result<HashMap<String, String>, TraceError> {
     let file = File::open(seg).map_err(|e| bad(seg, format!("cannot open: {e}")))?;
     let reader = guard_decoder(seg, || {
         SerializedFileReader::new(file).map_err(|e| bad(seg, format!("not a readable Parquet file ({e})")))

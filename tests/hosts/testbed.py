@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from trainio_testlib import MPI_ROOT_ENV, SESSION_MARK, mounted_loop_fs
+from trainio_testlib import MPI_ROOT_ENV, SESSION_MARK, loop_device, mounted_loop_fs
 
 SUBNET = "10.23.0"
 SSHD = "/usr/sbin/sshd"
@@ -232,6 +232,19 @@ class TestBed:
         """argv in the namespaces of `host`'s sshd (what a process started there sees)."""
         pid = self.sshd[host].pid  # ip netns exec, unshare and sh exec: this pid is sshd's
         return _run("nsenter", "-t", pid, "-n", "-u", "-m", *argv, check=check)
+
+    def local_disks(self, hosts: list[str], size_mb: int = 64) -> tuple[Path, dict[str, str]]:
+        """Local storage: a loop device per host, each seen by its host at the same path
+        (the returned node, a bind mount in that host's mount namespace only), as
+        /dev/nvme0n1 is each cluster node's own drive. Returns (that path, host -> the
+        machine's /dev/loopN). Detached at close(), with the test bed."""
+        node = self.tmp / f"local-disk-{uuid.uuid4().hex[:6]}"
+        node.touch()
+        devs = {}
+        for h in hosts:
+            devs[h] = self._stack.enter_context(loop_device(size_mb))
+            self.on_host(h, ["mount", "--bind", devs[h], node])
+        return node, devs
 
     def processes(self, host: str) -> list[tuple[int, str]]:
         """(pid, command name) of every process running on `host` (its network namespace)."""

@@ -22,13 +22,19 @@ pub struct Args {
     #[arg(short, long)]
     pub output: PathBuf,
 
+    /// Write this host's trace into OUTPUT/HOSTNAME, so that one recorder per host (e.g.
+    /// `mpirun -npernode 1 trainio record --per-host -o SET …`) makes a trace set that
+    /// analyze, report, compare and replay --trace read as one job
+    #[arg(long)]
+    pub per_host: bool,
+
     /// Layers to record, comma-separated: block, file, nfs (a layer the kernel lacks is
     /// skipped with a note)
     #[arg(long, value_delimiter = ',', default_value = "block,file,nfs")]
     pub layers: Vec<String>,
 
-    /// Block device to record (name like loop0, /dev/nvme0n1, or MAJ:MIN); repeatable.
-    /// Default: all devices
+    /// Block device to record (name like loop0, a device node's path like /dev/nvme0n1 or
+    /// /dev/disk/by-id/…, or MAJ:MIN); repeatable. Default: all devices
     #[arg(long = "dev", value_name = "NAME|MAJ:MIN")]
     pub devs: Vec<String>,
 

@@ -48,8 +48,15 @@ fn parse_majmin(s: &str) -> Option<(u32, u32)> {
 /// Resolves `--dev` (a name like `loop0`/`/dev/nvme0n1` or `MAJ:MIN`) to the whole disk
 /// whose requests the block probes see. A partition resolves to its disk.
 pub fn resolve_block_device(spec: &str) -> Result<(u32, String)> {
+    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::MetadataExt;
+    let node = fs::metadata(spec).ok().filter(|m| m.file_type().is_block_device());
     let sys = if let Some((ma, mi)) = parse_majmin(spec) {
         PathBuf::from(format!("/sys/dev/block/{ma}:{mi}"))
+    } else if let Some(m) = node {
+        // a device node (or a link to one) at any path: the device it stands for
+        let rdev = m.rdev();
+        PathBuf::from(format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev)))
     } else {
         let name = spec.trim_start_matches("/dev/");
         PathBuf::from(format!("/sys/class/block/{name}"))

@@ -155,6 +155,26 @@ fn as_usage(e: anyhow::Error) -> anyhow::Error {
     anyhow::Error::new(crate::cli::Usage(format!("{e:#}")))
 }
 
+/// `--per-host`: this host's trace in the set `set` is `set/HOSTNAME` (SCHEMA.md, *Trace
+/// sets*). The set directory may hold other hosts' traces, not a trace of its own.
+fn per_host_output(set: &Path) -> Result<PathBuf> {
+    let host = host::hostname();
+    if host.is_empty() || host.contains('/') || host == "." || host == ".." {
+        usage!("--per-host: this host's name {host:?} cannot name a directory");
+    }
+    if set.is_dir() {
+        let own = std::fs::read_dir(set)?
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_str().is_some_and(trainio_schema::is_segment_name));
+        if own {
+            usage!("--output {}: holds a trace of its own, so it cannot be a set of per-host traces", set.display());
+        }
+    } else if set.exists() {
+        usage!("--output {}: exists and is not a directory", set.display());
+    }
+    Ok(set.join(host))
+}
+
 /// Every check that can fail on bad input, before anything is loaded or written.
 fn preflight(args: &Args) -> Result<Checked> {
     // SAFETY: geteuid has no preconditions.
@@ -417,7 +437,10 @@ fn segment_metadata(
     ]
 }
 
-pub fn run(args: Args) -> Result<i32> {
+pub fn run(mut args: Args) -> Result<i32> {
+    if args.per_host {
+        args.output = per_host_output(&args.output)?;
+    }
     let checked = preflight(&args)?;
     std::fs::create_dir_all(&args.output)
         .with_context(|| format!("creating {}", args.output.display()))
