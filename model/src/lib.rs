@@ -977,6 +977,8 @@ fn build_gpu(
     let readers;
     let synchronous;
     let mut intervals_override: Option<Vec<f64>> = None;
+    // Reader threads: how many batches the loader was seen to read ahead (at least 2).
+    let mut read_ahead = 2usize;
     let handoff_s: f64;
     if !data_pipes.is_empty() {
         step_signal = "handoff";
@@ -1251,8 +1253,11 @@ fn build_gpu(
             for (k, st) in steps.iter_mut().enumerate() {
                 st.period_s = periods.get(k).copied().or(median);
             }
-            let (regrouped, split, joined) = regroup_bursts(std::mem::take(&mut steps), &step_times);
+            let (regrouped, split, joined, deepest) = regroup_bursts(std::mem::take(&mut steps), &step_times);
             steps = regrouped;
+            // A fill of k batches read back to back: the replay's loader may read as far ahead
+            // (each batch still starts no earlier than its recorded time).
+            read_ahead = read_ahead.max(deepest);
             if split > 0 {
                 warnings.push(format!(
                     "GPU {index} (pid {rank}): {split} burst(s) held several whole batches read back to back (the loader filling its prefetch queue): each split into its batches"
@@ -1308,7 +1313,7 @@ fn build_gpu(
         prefetch_batches: if !workers.is_empty() && step_signal == "handoff" {
             2 * workers.len()
         } else if paced {
-            2
+            read_ahead
         } else {
             1
         },
@@ -1368,9 +1373,10 @@ fn finish_burst(s: &mut Step, opens: u32, steps: &mut Vec<Step>) -> bool {
 /// count here: a thread reading ahead opens its next sample in one burst and reads it in
 /// the next. Conversely, consecutive bursts that together read B files (a batch whose last
 /// read stalled past the step gap) are one step. Returns the steps, how many bursts were
-/// split and how many steps were joined from several bursts.
+/// split, how many steps were joined from several bursts, and the most batches one burst
+/// held.
 /// `times`: per step, the (issue, complete) ns of each of its reads.
-fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, usize, usize) {
+fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, usize, usize, usize) {
     let files_of = |s: &Step| {
         let mut order: Vec<u32> = Vec::new();
         for r in &s.reads {
@@ -1384,17 +1390,17 @@ fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, us
     for s in &steps {
         *counts.entry(files_of(s).len()).or_default() += 1;
     }
-    // The modal batch: the most common count of files read (the smaller on a tie), seen in
-    // at least a quarter of the bursts and at least 3 times.
+    // The modal batch: the most common count of files read (the smaller on a tie), at least 2,
+    // seen in at least half the bursts and at least 3 times.
     let Some((batch, seen)) = counts.iter().map(|(&b, &n)| (b, n)).max_by_key(|&(b, n)| (n, std::cmp::Reverse(b)))
     else {
-        return (steps, 0, 0);
+        return (steps, 0, 0, 1);
     };
-    if batch == 0 || seen < 3 || seen * 4 < steps.len() || times.len() != steps.len() {
-        return (steps, 0, 0);
+    if batch < 2 || seen < 3 || seen * 2 < steps.len() || times.len() != steps.len() {
+        return (steps, 0, 0, 1);
     }
     let mut out = Vec::with_capacity(steps.len());
-    let (mut split, mut joined) = (0, 0);
+    let (mut split, mut joined, mut deepest) = (0, 0, 1);
     for (s, t) in steps.into_iter().zip(times) {
         let order = files_of(&s);
         let k = order.len() / batch;
@@ -1403,6 +1409,7 @@ fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, us
             continue;
         }
         split += 1;
+        deepest = deepest.max(k);
         // Samples: one per file when the burst counted one per file, else shared evenly.
         let samples = |i: usize| {
             if s.samples as usize == order.len() {
@@ -1483,7 +1490,7 @@ fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, us
             i += 1;
         }
     }
-    (steps, split, joined)
+    (steps, split, joined, deepest)
 }
 
 /// The model as JSON (without the per-read lists).

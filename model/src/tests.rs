@@ -486,6 +486,8 @@ fn a_burst_of_whole_batches_read_ahead_is_split_into_its_steps() {
     let starts = (g.steps.last().unwrap().first_read_ns - g.steps[0].first_read_ns) as f64 / 1e9;
     assert!(close(span - g.steps.last().unwrap().period_s.unwrap(), starts, 1e-6), "{span} vs {starts}");
     assert!(m.warnings.iter().any(|w| w.contains("2 burst(s) held several whole batches")), "{:?}", m.warnings);
+    // The loader read 5 batches ahead at each epoch's start: the replay's may too.
+    assert_eq!(g.prefetch_batches, 5);
 }
 
 #[test]
