@@ -111,8 +111,14 @@ impl Program for WorkloadProgram {
             .iter()
             .map(|&k| {
                 let file = files[(k as u64 / spf) as usize];
-                let sample_size = self.layout.files[file].size / spf;
-                SampleRead { file: file as u32, offset: (k as u64 % spf) * sample_size, len: sample_size }
+                let sample = self.layout.files[file].sample;
+                let shape = crate::formats::shape(self.layout.format, spf, sample);
+                let stride = if self.layout.format == crate::formats::Format::TfRecord {
+                    sample + crate::formats::TFRECORD_FRAME
+                } else {
+                    sample
+                };
+                SampleRead { file: file as u32, offset: shape.data + (k as u64 % spf) * stride, len: sample }
             })
             .collect::<Vec<_>>();
         Batch { samples: reads.len() as u32, reads, streams: Vec::new() }
@@ -139,7 +145,7 @@ impl Program for WorkloadProgram {
     }
 
     fn max_request(&self) -> u64 {
-        let largest = self.layout.files.iter().map(|f| f.size / self.layout.samples_per_file).max().unwrap_or(1);
+        let largest = self.layout.files.iter().map(|f| f.sample).max().unwrap_or(1);
         self.transfer_size.min(largest)
     }
 }

@@ -312,6 +312,7 @@ impl Job {
                 files: Vec::new(),
                 samples_per_file: 1,
                 description: format!("checkpoints of {}", self.workload.name),
+                format: crate::formats::Format::Raw,
             })?;
         }
         cluster.barrier();
