@@ -240,6 +240,217 @@ pub fn write_file(
     }
 }
 
+/// One read request of a plan: (offset, bytes asked).
+pub type Req = (u64, u64);
+
+/// CPython's `io.BufferedReader` (Modules/_io/bufferedio.c) over a file of `size` bytes
+/// with a buffer of `bs` (the file's st_blksize): the read syscalls a sequence of reads
+/// and seeks makes. The buffer holds `[start, end)`; the raw file position is `end`.
+struct PyFile {
+    bs: u64,
+    size: u64,
+    start: u64,
+    end: u64,
+    pos: u64,
+    out: Vec<Req>,
+}
+
+impl PyFile {
+    fn new(bs: u64, size: u64) -> PyFile {
+        PyFile { bs, size, start: 0, end: 0, pos: 0, out: Vec::new() }
+    }
+
+    /// A read syscall at the raw position; returns the bytes it got.
+    fn raw(&mut self, n: u64) -> u64 {
+        self.out.push((self.end, n));
+        let got = n.min(self.size.saturating_sub(self.end));
+        self.end += got;
+        got
+    }
+
+    /// seek(target, SEEK_SET/SEEK_CUR): within the buffer when some of it is left,
+    /// otherwise an lseek that drops the buffer.
+    fn seek(&mut self, target: u64) {
+        if self.end > self.pos && target >= self.start && target <= self.end {
+            self.pos = target;
+        } else {
+            self.start = target;
+            self.end = target;
+            self.pos = target;
+        }
+    }
+
+    /// seek(offset, SEEK_END): always an lseek.
+    fn seek_end(&mut self, back: u64) {
+        let t = self.size.saturating_sub(back);
+        self.start = t;
+        self.end = t;
+        self.pos = t;
+    }
+
+    /// read(n): from the buffer; else what is left of it, then whole buffers' worth
+    /// straight into the caller's memory, then one buffer fill for the rest.
+    fn read(&mut self, n: u64) {
+        let avail = self.end - self.pos;
+        if n <= avail {
+            self.pos += n;
+            return;
+        }
+        let mut remaining = n - avail;
+        self.start = self.end;
+        self.pos = self.end;
+        loop {
+            let r = remaining / self.bs * self.bs;
+            if r == 0 {
+                break;
+            }
+            let got = self.raw(r);
+            remaining -= got;
+            if got == 0 {
+                self.start = self.end;
+                self.pos = self.end;
+                return;
+            }
+        }
+        self.start = self.end;
+        self.pos = self.end;
+        while remaining > 0 && self.end - self.start < self.bs {
+            let got = self.raw(self.bs - (self.end - self.start));
+            if got == 0 {
+                break;
+            }
+            let take = remaining.min(got);
+            self.pos += take;
+            remaining -= take;
+        }
+    }
+
+    /// read() to the end: FileIO.readall (CPython 3.11) sizes one read from fstat, then a
+    /// 1-byte read finds the end.
+    fn read_all(&mut self) {
+        self.start = self.end;
+        let left = self.size.saturating_sub(self.end);
+        self.raw(left + 1);
+        self.raw(1);
+        self.start = self.end;
+        self.pos = self.end;
+    }
+}
+
+/// zipfile's ZipExtFile of a stored member over a _SharedFile: reads of at least 4096
+/// (MIN_READ_SIZE), what a read got beyond what was asked kept in its own buffer.
+struct ZipExt {
+    shared: u64,
+    left: u64,
+    rb_len: u64,
+    rb_off: u64,
+}
+
+impl ZipExt {
+    fn shared_read(&mut self, f: &mut PyFile, n: u64) {
+        f.seek(self.shared);
+        f.read(n);
+        self.shared = f.pos;
+    }
+
+    fn read(&mut self, f: &mut PyFile, n: u64) {
+        let end = n + self.rb_off;
+        if end < self.rb_len {
+            self.rb_off = end;
+            return;
+        }
+        let mut n = end - self.rb_len;
+        self.rb_len = 0;
+        self.rb_off = 0;
+        while n > 0 && self.left > 0 {
+            let want = n.max(4096).min(self.left);
+            self.shared_read(f, want);
+            self.left -= want;
+            if n < want {
+                self.rb_len = want;
+                self.rb_off = n;
+                break;
+            }
+            n -= want;
+        }
+    }
+}
+
+/// numpy.load's reads of an npz written by datagen (`np.load(f)["x"]`, numpy 2.x under
+/// CPython 3.11): the magic, zipfile's search for the end records, the central
+/// directory, the member's local header, then the array through ZipExtFile in numpy's
+/// 256 KiB chunks (format.read_array), all through a BufferedReader of `bs` bytes.
+/// Measured with `trainio record` on numpy.load (docs/replay.md, *Formats*).
+pub fn npz_plan(s: &Shape, bs: u64) -> Vec<Req> {
+    let mut f = PyFile::new(bs, s.size);
+    // np.load: the magic, then back to 0.
+    f.read(6);
+    f.seek(0);
+    // zipfile._EndRecData: the end record (read to the end), the zip64 locator before it.
+    f.seek_end(0);
+    f.seek_end(ZIP_END);
+    f.read_all();
+    f.seek_end(ZIP_END + 20);
+    f.read(20);
+    // _RealGetContents: the central directory.
+    f.seek(s.central);
+    f.read(ZIP_CENTRAL + NPZ_MEMBER.len() as u64);
+    // ZipFile.open: the local header through a _SharedFile (a seek to its own position
+    // before every read), then the member through a ZipExtFile.
+    let mut z = ZipExt { shared: 0, left: s.member, rb_len: 0, rb_off: 0 };
+    z.shared_read(&mut f, ZIP_LOCAL);
+    z.shared_read(&mut f, NPZ_MEMBER.len() as u64);
+    z.shared_read(&mut f, ZIP64_EXTRA);
+    // NpzFile.__getitem__: the magic, then seek(0) within ZipExtFile's buffer.
+    z.read(&mut f, 6);
+    z.rb_off = 0;
+    // format.read_array: magic and version, header length, header, then the data.
+    z.read(&mut f, 8);
+    z.read(&mut f, 2);
+    z.read(&mut f, s.header - 10);
+    let mut data = s.member - s.header;
+    while data > 0 {
+        let n = data.min(NUMPY_BUFFER);
+        z.read(&mut f, n);
+        data -= n;
+    }
+    f.out
+}
+
+/// numpy.format.BUFFER_SIZE: read_array reads a non-file stream in chunks of this.
+pub const NUMPY_BUFFER: u64 = 1 << 18;
+
+/// numpy.load's reads of an npy (numpy 2.x, CPython 3.11, glibc): the magic through a
+/// BufferedReader, then numpy.fromfile on a dup of the descriptor through a glibc FILE
+/// of `bs` bytes (its seek to the data reads the header again, its fread reads whole
+/// buffers straight into the array, then one buffer for the tail).
+pub fn npy_plan(s: &Shape, bs: u64) -> Vec<Req> {
+    let mut out = vec![(0, bs), (0, s.header), (0, bs)];
+    let have = bs.saturating_sub(s.header).min(s.size - s.header);
+    let want = s.size - s.header - have;
+    let direct = want / bs * bs;
+    if direct > 0 {
+        out.push((bs, direct));
+    }
+    if want > direct {
+        out.push((bs + direct, bs));
+    }
+    out
+}
+
+/// TensorFlow's RecordReader over a file of `size` bytes with an input buffer of
+/// `buffer`: preads of `buffer` from 0 to the end; the one that returns less than asked
+/// is followed by a pread for the rest (PosixRandomAccessFile::Read reads until a pread
+/// returns 0), then one more at the end for the next record's header, which returns 0.
+pub fn tfrecord_plan(size: u64, buffer: u64) -> Vec<Req> {
+    let mut out: Vec<Req> = (0..size.div_ceil(buffer)).map(|k| (k * buffer, buffer)).collect();
+    if size % buffer != 0 {
+        out.push((size, buffer - size % buffer));
+    }
+    out.push((size, buffer));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,5 +484,45 @@ mod tests {
         assert_eq!(out.len() as u64, s.size);
         assert_eq!(&out[s.central as usize..s.central as usize + 4], b"PK\x01\x02");
         assert_eq!(patched.unwrap().0, 14);
+    }
+    #[test]
+    fn npz_plan_is_what_numpy_load_read() {
+        // strace of np.load(f)["x"] on numpy.savez's 3146084-byte npz (st_blksize 4096).
+        let s = shape(Format::Npz, 1, 3145828);
+        let plan = npz_plan(&s, 4096);
+        let size = 3146084;
+        let mut want = vec![
+            (0, 4096),
+            (size - 22, 23),
+            (size, 1),
+            (size - 42, 4096),
+            (3146011, 4096),
+            (0, 4096),
+            (4096, 4096),
+            (8192, 253952),
+            (262144, 4096),
+        ];
+        let mut at = 266240;
+        while at + 258048 < size {
+            want.push((at, 258048));
+            want.push((at + 258048, 4096));
+            at += 262144;
+        }
+        assert_eq!(&plan[..want.len()], &want[..]);
+        assert_eq!(plan.len(), want.len(), "{:?}", &plan[want.len()..]);
+        assert_eq!(*plan.last().unwrap(), (3145728, 4096), "the last fill reaches the end");
+    }
+
+    #[test]
+    fn npy_plan_is_what_numpy_load_read() {
+        let s = shape(Format::Npy, 1, 3145828);
+        assert_eq!(s.size, 3145956);
+        assert_eq!(npy_plan(&s, 4096), [(0, 4096), (0, 128), (0, 4096), (4096, 3141632), (3145728, 4096)]);
+    }
+
+    #[test]
+    fn tfrecord_plan_streams_the_file() {
+        assert_eq!(tfrecord_plan(600, 256), [(0, 256), (256, 256), (512, 256), (600, 168), (600, 256)]);
+        assert_eq!(tfrecord_plan(512, 256), [(0, 256), (256, 256), (512, 256)]);
     }
 }
