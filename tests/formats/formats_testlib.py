@@ -3,10 +3,15 @@ conftest): workload files with a dataset format, and a plain TFRecord framing ch
 
 from __future__ import annotations
 
+import json
+import os
 import struct
+import sys
 from pathlib import Path
 
 from trainio_testlib import TRAINIO, run
+
+REAL_READER = Path(__file__).resolve().parent / "real_reader.py"
 
 
 def write_workload(
@@ -92,3 +97,38 @@ def tfrecords(path: Path) -> list[bytes]:
         out.append(data)
         pos += 16 + length
     return out
+
+
+def drop_cache(data: Path) -> None:
+    """Evicts the dataset's pages (and only those) so the next reader reads the device."""
+    for p in (data / "train").rglob("*"):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def record_real(out: Path, fmt: str, data: Path, *, spf: int, batch: int, threads: int, wrap=list) -> None:
+    """`trainio record` of the real reader (real_reader.py) reading the dataset; `wrap`
+    turns the reader's command into the one to trace (e.g. Throttle.wrap)."""
+    reader = [sys.executable, REAL_READER, fmt, data, "--spf", spf, "--batch", batch, "--threads", threads]
+    trainio("record", "-o", out, "--layers", "block,file", "--", *wrap(reader))
+
+
+def record_emulation(out: Path, wl: Path, data: Path, *params, wrap=list) -> dict:
+    """`trainio record` of the replay of workload `wl` on the dataset (psync: its reads
+    are syscalls the file layer sees); returns the replay's results."""
+    res = out.with_name(out.name + ".json")
+    replay = [TRAINIO, "replay", "-q", "--workload", wl, "--data-dir", data, "--gpus", 1, "--json", res]
+    trainio("record", "-o", out, "--layers", "block,file", "--", *wrap([*replay, "--io-engine", "psync", *params]))
+    return json.loads(res.read_text())
+
+
+def compare(a: Path, b: Path, majmin: str, layer: str) -> dict:
+    """`trainio compare --json` of two traces on one device and layer."""
+    return json.loads(trainio("compare", "--json", "--layer", layer, "--dev", majmin, a, b).stdout)
+
+
+def analyze(trace: Path, majmin: str, layer: str = "block") -> dict:
+    return json.loads(trainio("analyze", "--json", "--layer", layer, "--dev", majmin, trace).stdout)

@@ -12,7 +12,8 @@ with `trainio record` next to the emulation (tests/formats, make bench-formats).
   an input buffer of BYTES (TF's default 256 KiB) filled with pread at the file position
   (PosixRandomAccessFile::Read: pread until the buffer is full or a pread returns 0),
   records parsed out of it and their CRCs skipped. TensorFlow itself is not installed
-  (its wheel is ~600 MB); this reader issues the reads TF's C++ reader issues.
+  (its wheel is ~600 MB); this reader issues the reads TF's C++ reader issues, one process
+  per interleave slot (TF's slot threads run C++ at once; Python threads would not).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import argparse
 import os
 import struct
 import sys
-import threading
 from pathlib import Path
 
 
@@ -38,24 +38,41 @@ def load_sample(fmt: str, path: Path, row: int):
     return np.load(path)[row]
 
 
-def pytorch(fmt: str, files: list[Path], spf: int, batch: int, workers: int, steps: int) -> None:
-    samples = [(f, k) for f in files for k in range(spf)]
-    steps = min(steps, len(samples) // batch)
+def run_together(jobs: list) -> None:
+    """Runs each job in a process of its own, all started at once: they wait for the
+    parent to have forked the last one (as a loader's workers or TF's slot threads start
+    together), so the first does not read alone while the others are being forked."""
+    r, w = os.pipe()
     pids = []
-    for w in range(workers):
+    for job in jobs:
         pid = os.fork()
         if pid == 0:
             try:
-                for b in range(w, steps, workers):
-                    for f, k in samples[b * batch : (b + 1) * batch]:
-                        load_sample(fmt, f, k)
+                os.close(w)
+                os.read(r, 1)
+                job()
             finally:
                 os._exit(0)
         pids.append(pid)
+    os.close(w)
     for pid in pids:
         _, status = os.waitpid(pid, 0)
         if status != 0:
-            sys.exit(f"worker exited {status}")
+            sys.exit(f"reader exited {status}")
+
+
+def pytorch(fmt: str, files: list[Path], spf: int, batch: int, workers: int, steps: int) -> None:
+    samples = [(f, k) for f in files for k in range(spf)]
+    steps = min(steps, len(samples) // batch)
+
+    def worker(w: int) -> None:
+        for b in range(w, steps, workers):
+            for f, k in samples[b * batch : (b + 1) * batch]:
+                load_sample(fmt, f, k)
+
+    if fmt == "npz" or fmt == "npy":
+        import numpy  # noqa: F401  (imported before the workers start, as in a DataLoader)
+    run_together([lambda w=w: worker(w) for w in range(workers)])
 
 
 class TFRecordStream:
@@ -81,48 +98,42 @@ class TFRecordStream:
         self.buf, self.pos = b"".join(got), 0
         return bool(self.buf)
 
-    def _read(self, n: int) -> bytes | None:
+    def _take(self, n: int, keep: bool) -> bytes | None:
+        """The next n bytes of the stream (only kept when asked: a record's data is
+        skipped, as the CRC check is), filling the buffer when it runs out."""
         out = []
         while n > 0:
             if self.pos == len(self.buf) and not self._fill():
                 return None
-            take = self.buf[self.pos : self.pos + n]
-            self.pos += len(take)
-            n -= len(take)
-            out.append(take)
+            k = min(n, len(self.buf) - self.pos)
+            if keep:
+                out.append(self.buf[self.pos : self.pos + k])
+            self.pos += k
+            n -= k
         return b"".join(out)
 
-    def next(self) -> bytes | None:
-        header = self._read(12)
+    def next(self) -> bool:
+        header = self._take(12, True)
         if header is None:
             os.close(self.fd)
-            return None
+            return False
         (length,) = struct.unpack_from("<Q", header)
-        data = self._read(length + 4)
-        return data[:length]
+        return self._take(length + 4, False) is not None
 
 
 def tensorflow(files: list[Path], threads: int, buffer: int) -> None:
-    """Parallel interleave, cycle W, block 1: slot s streams its files one after another
-    (the next input file goes to the slot whose file ended); one thread per slot."""
-    queue = list(files)
-    lock = threading.Lock()
+    """Parallel interleave, cycle W, block 1: slot s streams files s, s+W, … one after
+    another (the next input file goes to the slot whose file ended: with files of equal
+    size, that order). TF's slots are threads of C++ code that run at once; here each slot
+    is a process, so Python's GIL does not serialize them."""
 
-    def slot() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                path = queue.pop(0)
+    def slot(s: int) -> None:
+        for path in files[s::threads]:
             stream = TFRecordStream(path, buffer)
-            while stream.next() is not None:
+            while stream.next():
                 pass
 
-    ts = [threading.Thread(target=slot) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    run_together([lambda s=s: slot(s) for s in range(threads)])
 
 
 def main() -> None:
