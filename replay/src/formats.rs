@@ -444,7 +444,7 @@ pub fn npy_plan(s: &Shape, bs: u64) -> Vec<Req> {
 /// returns 0), then one more at the end for the next record's header, which returns 0.
 pub fn tfrecord_plan(size: u64, buffer: u64) -> Vec<Req> {
     let mut out: Vec<Req> = (0..size.div_ceil(buffer)).map(|k| (k * buffer, buffer)).collect();
-    if size % buffer != 0 {
+    if !size.is_multiple_of(buffer) {
         out.push((size, buffer - size % buffer));
     }
     out.push((size, buffer));

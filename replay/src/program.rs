@@ -21,6 +21,8 @@ use std::path::PathBuf;
 
 /// (epoch, sample order of that epoch).
 type EpochOrder = (u64, Vec<u32>);
+/// (epoch, that epoch's batches).
+type EpochBatches = (u64, Vec<Batch>);
 
 pub struct WorkloadProgram {
     pub layout: Layout,
@@ -46,7 +48,7 @@ pub struct WorkloadProgram {
     /// default is 256 KiB).
     tf_buffer: u64,
     /// TFRecord: per local GPU, (epoch, that epoch's batches) of the interleave.
-    streamed: RefCell<Vec<Option<(u64, Vec<Batch>)>>>,
+    streamed: RefCell<Vec<Option<EpochBatches>>>,
 }
 
 /// TensorFlow's reader buffer when the workload sets no transfer_size.

@@ -6,12 +6,14 @@ largest), per-issue queue depth (mean), throughput over the active span, and
 
 Set-up: ext4 on a loop device over /dev/shm (4 KiB blocks, no lazy init, noatime), one
 simulated GPU, 32 files of 1 MiB (npz, npy) or 32 TFRecord files of 8 × 128 KiB records,
-batch 2, `--threads` readers; the page cache of the dataset is dropped (fadvise) before
-each side. Real readers: tests/formats/real_reader.py (numpy.load in worker processes;
+batch 2, `--threads` readers, the device's reads capped by a cgroup at `--mibs` (300
+MiB/s: storage-bound, so the device and not the readers' CPU on a busy host sets the
+pace; 0 for no cap); the page cache of the dataset is dropped (fadvise) before each
+side. Real readers: tests/formats/real_reader.py (numpy.load in worker processes;
 TensorFlow's TFRecord reads written in Python, TensorFlow not being installed). The
 replay runs with `--io-engine psync`. Targets: size W1 <= 0.5 octave, QD W1 <= 1.
 
-    sudo .venv/bin/python tests/bench/bench_formats.py [--threads 2 4]
+    sudo .venv/bin/python tests/bench/bench_formats.py [--threads 2 4] [--mibs 300]
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ def run_case(mnt: Path, majmin: str, work: Path, fmt: str, loader: str, spf: int
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--mibs", type=int, default=0, help="cap the device's reads at this many MiB/s (0: no cap)")
+    ap.add_argument(
+        "--mibs", type=int, default=300, help="cap the device's reads at this many MiB/s (default 300; 0: no cap)"
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_formats: needs root (loop device, BPF)")

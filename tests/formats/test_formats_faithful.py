@@ -27,8 +27,8 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 # Reads of the loop device capped at this (bytes/s) by a cgroup.
 CAP = 300 << 20
-# (format, samples per file, sample bytes): 16 files of 1 MiB, batch 2, 2 workers.
-CASES = [("npz", 1, 1 << 20), ("npy", 1, 1 << 20), ("tfrecord", 8, 128 << 10)]
+# (format, loader, samples per file, sample bytes): 16 files of 1 MiB, batch 2, 2 readers.
+CASES = [("npz", "pytorch", 1, 1 << 20), ("npy", "pytorch", 1, 1 << 20), ("tfrecord", "tensorflow", 8, 128 << 10)]
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +52,13 @@ def _file_reads(trace: Path, majmin: str) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
-@pytest.mark.parametrize(("fmt", "spf", "record"), CASES, ids=[c[0] for c in CASES])
-def test_emulation_reads_as_the_real_reader(fs, tmp_path: Path, fmt: str, spf: int, record: int) -> None:
+@pytest.mark.parametrize(("fmt", "loader", "spf", "record"), CASES, ids=[c[0] for c in CASES])
+def test_emulation_reads_as_the_real_reader(fs, tmp_path: Path, fmt: str, loader: str, spf: int, record: int) -> None:
     _, majmin, mnt = fs
     data = mnt / f"data-{fmt}"
-    wl = write_workload(tmp_path / "w.yaml", fmt=fmt, files=16, spf=spf, record=record, batch=2, threads=2)
+    wl = write_workload(
+        tmp_path / "w.yaml", fmt=fmt, loader=loader, files=16, spf=spf, record=record, batch=2, threads=2
+    )
     trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
     real, emu = tmp_path / "real", tmp_path / "emu"
     # Storage-bound: at 300 MiB/s the device, not the readers' CPU on a busy host, sets
@@ -65,7 +67,7 @@ def test_emulation_reads_as_the_real_reader(fs, tmp_path: Path, fmt: str, spf: i
         drop_cache(data)
         record_real(real, fmt, data, spf=spf, batch=2, threads=2, wrap=th.wrap)
         drop_cache(data)
-        record_emulation(emu, wl, data, wrap=th.wrap)
+        result = record_emulation(emu, wl, data, wrap=th.wrap)
 
     block = compare(real, emu, majmin, "block")
     assert block["bytes_read"]["a"] > 0 and block["bytes_read"]["b"] > 0
@@ -78,6 +80,17 @@ def test_emulation_reads_as_the_real_reader(fs, tmp_path: Path, fmt: str, spf: i
     assert got == want
     calls = Counter(n for reads in want.values() for _, n in reads)
     bs = next((data / "train").iterdir()).stat().st_blksize
+    model, buffer = {
+        "npz": ("numpy-npz", bs),
+        "npy": ("numpy-npy", bs),
+        "tfrecord": ("tfrecord-interleave", 256 << 10),
+    }[fmt]
+    assert result["settings"]["reader"] == {
+        "format": fmt,
+        "data_loader": loader,
+        "model": model,
+        "buffer_bytes": buffer,
+    }
     if fmt == "npz":
         # numpy's 256 KiB chunks through zipfile's buffered reader (whole buffers of the
         # file's st_blksize straight through, one buffer fill after), never 1 MiB
