@@ -325,4 +325,60 @@ mod tests {
         seen.dedup();
         assert_eq!(seen.len(), 12);
     }
+
+    #[test]
+    fn tfrecord_is_an_interleave_of_streams() {
+        let y = "dataset:\n  format: tfrecord\n  num_files_train: 4\n  num_samples_per_file: 4\n  record_length_bytes: 100000\nreader:\n  data_loader: tensorflow\n  batch_size: 2\n  read_threads: 2\ntrain:\n  computation_time: 0.1\n";
+        let w = Workload::from_yaml(y, "t").unwrap();
+        let layout = Layout::from_workload(&w, 1, 0, Path::new("/d"));
+        let size = layout.files[0].size;
+        assert_eq!(size, 4 * (102400 + 16));
+        let p = WorkloadProgram::new(&w, layout, 1, &[0], 1 << 20, 0, false, TF_BUFFER);
+        assert!(p.recorded(), "streams go to their slot's reader");
+        assert_eq!(p.steps_per_epoch, 8);
+        let batches: Vec<Batch> = (0..8).map(|s| p.batch(0, 0, s)).collect();
+        assert!(batches.iter().all(|b| b.samples == 2));
+        // The first batch: one record of each slot's first file, so the first read of both.
+        let first: Vec<(u32, u64, u32)> =
+            batches[0].reads.iter().zip(&batches[0].streams).map(|(r, &s)| (r.file, r.offset, s)).collect();
+        assert_eq!(first, [(0, 0, 0), (1, 0, 1)]);
+        // Every file read once, whole, in TF's order, by one slot (files 0, 2 by slot 0),
+        // and closed by its last read only.
+        let plan = formats::tfrecord_plan(size, TF_BUFFER);
+        for f in 0..4u32 {
+            let reads: Vec<(SampleRead, u32)> = batches
+                .iter()
+                .flat_map(|b| b.reads.iter().copied().zip(b.streams.iter().copied()))
+                .filter(|(r, _)| r.file == f)
+                .collect();
+            let got: Vec<(u64, u64)> = reads.iter().map(|(r, _)| (r.offset, r.len)).collect();
+            assert_eq!(got, plan, "file {f}");
+            assert!(reads.iter().all(|&(_, s)| s == f % 2), "file {f} stays on its slot");
+            let closes: Vec<bool> = reads.iter().map(|(r, _)| r.close).collect();
+            assert_eq!(closes.iter().filter(|&&c| c).count(), 1);
+            assert!(*closes.last().unwrap());
+        }
+    }
+
+    #[test]
+    fn npz_samples_are_numpy_loads_chained_on_one_open() {
+        let y = "dataset:\n  format: npz\n  num_files_train: 2\n  num_samples_per_file: 1\n  record_length_bytes: 3145828\nreader:\n  batch_size: 1\n  read_threads: 1\ntrain:\n  computation_time: 0.1\n";
+        let w = Workload::from_yaml(y, "t").unwrap();
+        let layout = Layout::from_workload(&w, 1, 0, Path::new("/d"));
+        let shape = formats::shape(Format::Npz, 1, layout.files[0].sample);
+        let p = WorkloadProgram::new(&w, layout, 1, &[0], 1 << 20, 0, false, TF_BUFFER);
+        let b = p.batch(0, 0, 1);
+        let want = formats::npz_plan(&shape, 4096);
+        assert_eq!(b.reads.iter().map(|r| (r.offset, r.len)).collect::<Vec<_>>(), want);
+        assert!(b.reads.iter().all(|r| r.file == 1));
+        assert!(!b.reads[0].chain && b.reads[1..].iter().all(|r| r.chain), "one open per sample");
+        assert!(p.max_request() >= 1 << 18);
+        // Under O_DIRECT numpy cannot read: the sample's bytes in transfer-size requests.
+        let w2 = Workload::from_yaml(y, "t").unwrap();
+        let layout = Layout::from_workload(&w2, 1, 0, Path::new("/d"));
+        let p = WorkloadProgram::new(&w2, layout, 1, &[0], 1 << 20, 0, true, TF_BUFFER);
+        let b = p.batch(0, 0, 0);
+        assert_eq!(b.reads.len(), 4);
+        assert_eq!((b.reads[0].offset, b.reads[0].len), (shape.data, 1 << 20));
+    }
 }
