@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # the interpreter pyo3 builds the analyzer's extension for (analysis/native)
 export PYO3_PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: all deps build venv lint test test-fast bench-tracer bench-file bench-encode bench-analysis bench-replay bench-fidelity bench-realjob demo clean
+.PHONY: all deps build venv lint test test-fast bench-tracer bench-file bench-encode bench-analysis bench-replay bench-fidelity bench-realjob bench-formats demo clean
 
 all: build venv
 
@@ -63,6 +63,12 @@ bench-replay: all
 # scores (throughput ratio, AU, queue-depth W1, request sizes). Needs root.
 bench-fidelity: all
 	$(PY) tests/bench/bench_fidelity.py
+
+# Format x loader faithfulness (#21): the real reader (numpy.load, TensorFlow's TFRecord
+# reads) and the replay's emulation on the same files: request sizes, QD, throughput and
+# compare's W1 scores. Needs root.
+bench-formats: all
+	$(PY) tests/bench/bench_formats.py
 
 # A real PyTorch job (DataLoader workers, npz/raw, buffered/O_DIRECT) compute- and
 # storage-bound: the job model inferred from its trace and its replay against the job's

@@ -9,6 +9,7 @@
 //! with `.trainio-dataset` (JSON) and refuses to write into a non-empty directory without
 //! that marker, or into a device node, unless `--force` is given.
 
+use crate::formats::{self, Format};
 use crate::workload::Workload;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -28,6 +29,8 @@ pub struct DataFile {
     /// Path relative to the data directory.
     pub rel: PathBuf,
     pub size: u64,
+    /// Bytes of one sample (the file's size when it is not laid out in a format).
+    pub sample: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -36,6 +39,8 @@ pub struct Layout {
     pub files: Vec<DataFile>,
     pub samples_per_file: u64,
     pub description: String,
+    /// The files' format (formats.rs): how datagen writes them and the replay reads them.
+    pub format: Format,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -66,6 +71,13 @@ impl Layout {
             .then(|| Normal::new(workload.record_length, workload.record_length_stdev).ok())
             .flatten();
         let digits = (n.max(2) - 1).to_string().len().max(6);
+        let format = Format::parse(&workload.format);
+        let ext = match format {
+            Format::Npz => "npz",
+            Format::Npy => "npy",
+            Format::TfRecord => "tfrecord",
+            Format::Raw => "dat",
+        };
         let files = (0..n)
             .map(|i| {
                 let record = match &normal {
@@ -77,13 +89,13 @@ impl Layout {
                     None => workload.record_length,
                 };
                 let sample = round_up((record.ceil() as u64).max(1), ALIGN);
-                let name = format!("file_{i:0digits$}.dat");
+                let name = format!("file_{i:0digits$}.{ext}");
                 let rel = if workload.num_subfolders_train > 0 {
                     PathBuf::from("train").join(format!("{:04}", i % workload.num_subfolders_train)).join(name)
                 } else {
                     PathBuf::from("train").join(name)
                 };
-                DataFile { rel, size: sample * spf }
+                DataFile { rel, size: formats::shape(format, spf, sample).size, sample }
             })
             .collect();
         Layout {
@@ -91,6 +103,7 @@ impl Layout {
             files,
             samples_per_file: spf,
             description: format!("workload {}", workload.name),
+            format,
         }
     }
 
@@ -223,19 +236,34 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
         }
         let file = beneath.create(&path)?;
         let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-        let mut left = layout.files[i].size;
-        let mut chunk_no = 0u64;
-        while left > 0 {
-            // A distinct stamp per chunk keeps deduplicating storage from collapsing the data.
-            block[..8].copy_from_slice(&(i as u64).to_le_bytes());
-            block[8..16].copy_from_slice(&chunk_no.to_le_bytes());
-            let n = left.min(block.len() as u64) as usize;
-            out.write_all(&block[..n]).with_context(|| format!("writing {}", path.display()))?;
-            left -= n as u64;
-            chunk_no += 1;
-            bar.inc(n as u64);
+        let f = &layout.files[i];
+        // A distinct stamp per MiB of payload keeps deduplicating storage from collapsing
+        // the data.
+        let mut fill = |buf: &mut [u8], at: u64| {
+            let mut k = 0;
+            while k < buf.len() {
+                let pos = at + k as u64;
+                let within = (pos % block.len() as u64) as usize;
+                let n = (buf.len() - k).min(block.len() - within);
+                buf[k..k + n].copy_from_slice(&block[within..within + n]);
+                if within < 16 {
+                    let mut stamp = [0u8; 16];
+                    stamp[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                    stamp[8..].copy_from_slice(&(pos / block.len() as u64).to_le_bytes());
+                    let m = (16 - within).min(n);
+                    buf[k..k + m].copy_from_slice(&stamp[within..within + m]);
+                }
+                k += n;
+            }
+            bar.inc(buf.len() as u64);
+        };
+        let patch = formats::write_file(layout.format, &mut out, layout.samples_per_file, f.sample, &mut fill)
+            .and_then(|p| out.flush().map(|_| p))
+            .with_context(|| format!("writing {}", path.display()))?;
+        if let Some((at, bytes)) = patch {
+            use std::os::unix::fs::FileExt;
+            out.get_ref().write_all_at(&bytes, at).with_context(|| format!("writing {}", path.display()))?;
         }
-        out.flush().with_context(|| format!("writing {}", path.display()))?;
     }
     // One syncfs instead of an fsync per file: O_DIRECT readers must find the data on disk.
     if let Ok(dir) = std::fs::File::open(&layout.root) {

@@ -32,12 +32,24 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// One sample (or one recorded read) to read: a byte range of a file.
+/// One read request (a sample, a part of one, or a recorded read): a byte range of a file.
 #[derive(Debug, Clone, Copy)]
 pub struct SampleRead {
     pub file: u32,
     pub offset: u64,
     pub len: u64,
+    /// Workload mode: issued on the file the worker's previous read left open (the next
+    /// request of a format reader's sequence), not on a new open of the file.
+    pub chain: bool,
+    /// Recorded mode: the file is closed once this read completes (a stream's last read
+    /// of it).
+    pub close: bool,
+}
+
+impl SampleRead {
+    pub fn new(file: u32, offset: u64, len: u64) -> SampleRead {
+        SampleRead { file, offset, len, chain: false, close: false }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -217,6 +229,8 @@ struct Worker {
     fd: i32,
     buf: *mut u8,
     buf_len: usize,
+    /// Bytes the read in flight asked for.
+    asked: u64,
     path: PathBuf,
 }
 
@@ -327,6 +341,7 @@ impl<'a, P: Program> Engine<'a, P> {
                     fd: -1,
                     buf: std::ptr::null_mut(),
                     buf_len: buf_size,
+                    asked: 0,
                     path: PathBuf::new(),
                 });
             }
@@ -691,6 +706,8 @@ impl<'a, P: Program> Engine<'a, P> {
             offset = start;
         }
         let len = len.min(worker.buf_len as u64) as u32;
+        self.workers[w].asked = len as u64;
+        let worker = &self.workers[w];
         if let Some(pool) = &self.pool {
             pool.submit(w, worker.fd, worker.buf, len as usize, offset);
             self.in_flight += 1;
@@ -758,13 +775,19 @@ impl<'a, P: Program> Engine<'a, P> {
         // from the aligned start.
         let lead = if self.options.odirect { (read.offset + worker.pos) % ALIGN } else { 0 };
         worker.pos += got.saturating_sub(lead);
-        if got > 0 && worker.pos < read.len {
+        // A request cut to the buffer's size goes on; a short read is the end of the file.
+        if got > 0 && got >= worker.asked && worker.pos < read.len {
             return self.submit_read(w, read);
         }
         // Sample finished (or the file ended early: a short file is read as it is).
         if self.recorded {
             worker.fd = -1;
             worker.step = None;
+            if read.close {
+                if let Some(fd) = self.open_files.remove(&read.file) {
+                    unsafe { libc::close(fd) };
+                }
+            }
             let slot = self.slot_of(g, step);
             slot.outstanding -= 1;
             if slot.unassigned == 0 && slot.outstanding == 0 {
@@ -773,9 +796,16 @@ impl<'a, P: Program> Engine<'a, P> {
             }
             return self.fill(g);
         }
+        worker.item += 1;
+        worker.pos = 0;
+        let next = self.slot_of(g, step).batch.reads.get(item + 1).copied();
+        if let Some(next) = next.filter(|r| r.chain) {
+            // The reader's next request on the same open file.
+            return self.submit_read(w, next);
+        }
+        let worker = &mut self.workers[w];
         unsafe { libc::close(worker.fd) };
         worker.fd = -1;
-        worker.item += 1;
         self.start_item(w)
     }
 

@@ -9,6 +9,7 @@ mod cluster;
 mod dataset;
 mod datasize;
 mod engine;
+mod formats;
 mod output;
 mod pool;
 mod program;

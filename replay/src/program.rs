@@ -1,9 +1,17 @@
 //! Workload mode: what each simulated GPU reads, derived from a DLIO workload and the
 //! dataset layout. GPU g of N reads its own shard (every N-th file), `batch_size` samples
 //! per step, in file order unless the workload asks for shuffling.
+//!
+//! How a sample is read follows the format's real reader (formats.rs, docs/replay.md,
+//! *Formats*): npz and npy as numpy.load reads them, the file opened and closed per
+//! sample as DLIO's on-demand readers do; TFRecord files streamed by TensorFlow's
+//! parallel interleave (`read_threads` files at once, each read in buffer-sized preads);
+//! other formats, and every format under O_DIRECT, the sample's bytes in
+//! `transfer_size` requests.
 
 use crate::dataset::Layout;
 use crate::engine::{Batch, Program, SampleRead};
+use crate::formats::{self, Format, Req};
 use crate::workload::{ComputeTime, Shuffle, Workload};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -13,6 +21,8 @@ use std::path::PathBuf;
 
 /// (epoch, sample order of that epoch).
 type EpochOrder = (u64, Vec<u32>);
+/// (epoch, that epoch's batches).
+type EpochBatches = (u64, Vec<Batch>);
 
 pub struct WorkloadProgram {
     pub layout: Layout,
@@ -30,10 +40,24 @@ pub struct WorkloadProgram {
     shards: Vec<(u64, Vec<usize>)>,
     /// Per local GPU: (epoch, sample order) so a shuffled order is computed once per epoch.
     orders: RefCell<Vec<Option<EpochOrder>>>,
+    format: Format,
+    odirect: bool,
+    /// The data files' st_blksize: the buffer of Python's and glibc's buffered readers.
+    blksize: u64,
+    /// TFRecord: TensorFlow's reader buffer (DLIO passes reader.transfer_size; TF's
+    /// default is 256 KiB).
+    tf_buffer: u64,
+    /// TFRecord: per local GPU, (epoch, that epoch's batches) of the interleave.
+    streamed: RefCell<Vec<Option<EpochBatches>>>,
 }
 
+/// TensorFlow's reader buffer when the workload sets no transfer_size.
+pub const TF_BUFFER: u64 = 256 << 10;
+
 impl WorkloadProgram {
-    /// `max_steps` caps the steps per epoch (0 = no cap).
+    /// `max_steps` caps the steps per epoch (0 = no cap); `tf_buffer` is TensorFlow's
+    /// reader buffer for TFRecord files.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         workload: &Workload,
         layout: Layout,
@@ -41,7 +65,17 @@ impl WorkloadProgram {
         local: &[u64],
         transfer_size: u64,
         max_steps: u64,
+        odirect: bool,
+        tf_buffer: u64,
     ) -> WorkloadProgram {
+        use std::os::unix::fs::MetadataExt;
+        let blksize = layout
+            .files
+            .first()
+            .and_then(|f| std::fs::metadata(layout.root.join(&f.rel)).ok())
+            .map(|m| m.blksize())
+            .filter(|&b| b > 1)
+            .unwrap_or(4096);
         let shards: Vec<(u64, Vec<usize>)> = local.iter().map(|&g| (g, layout.shard(g, total_gpus))).collect();
         let files_per_gpu = layout.files.len() as u64 / total_gpus;
         let mut steps = files_per_gpu * layout.samples_per_file / workload.batch_size;
@@ -49,6 +83,7 @@ impl WorkloadProgram {
             steps = steps.min(max_steps);
         }
         let n = shards.len();
+        let layout_format = layout.format;
         WorkloadProgram {
             layout,
             batch_size: workload.batch_size,
@@ -63,23 +98,129 @@ impl WorkloadProgram {
             seed: workload.seed,
             shards,
             orders: RefCell::new(vec![None; n]),
+            format: layout_format,
+            odirect,
+            blksize,
+            tf_buffer: tf_buffer.max(1),
+            streamed: RefCell::new(vec![None; n]),
         }
+    }
+
+    /// The order in which GPU `gpu` reads its shard's files in `epoch` (indices into the
+    /// shard).
+    fn file_order(&self, gpu: usize, epoch: u64) -> Vec<u32> {
+        let (global, files) = &self.shards[gpu];
+        let mut order: Vec<u32> = (0..files.len() as u32).collect();
+        if self.file_shuffle != Shuffle::Off {
+            let salt = if self.file_shuffle == Shuffle::Random { rand::random::<u64>() } else { 0 };
+            order.shuffle(&mut StdRng::seed_from_u64(self.seed ^ (epoch << 32) ^ (global << 8) ^ 1 ^ salt));
+        }
+        order
+    }
+
+    /// What `settings.reader` says: the format, the loader, and how the replay reads
+    /// them (docs/replay.md, *Formats*).
+    pub fn reader_json(&self, format: &str, loader: &str) -> serde_json::Value {
+        let (model, buffer) = match (self.odirect, self.format) {
+            (_, Format::TfRecord) => ("tfrecord-interleave", self.tf_buffer),
+            (false, Format::Npz) => ("numpy-npz", self.blksize),
+            (false, Format::Npy) => ("numpy-npy", self.blksize),
+            _ => ("whole-sample", self.transfer_size),
+        };
+        serde_json::json!({
+            "format": format,
+            "data_loader": loader,
+            "model": model,
+            "buffer_bytes": buffer,
+        })
+    }
+
+    /// The requests that read sample `k` of `file` as the format's reader does, on one
+    /// open of the file.
+    fn sample_reads(&self, file: usize, k: u64) -> Vec<SampleRead> {
+        let spf = self.layout.samples_per_file;
+        let sample = self.layout.files[file].sample;
+        let shape = formats::shape(self.format, spf, sample);
+        let reqs: Vec<Req> = match (self.odirect, self.format) {
+            (false, Format::Npz) => formats::npz_plan(&shape, self.blksize),
+            (false, Format::Npy) => formats::npy_plan(&shape, self.blksize),
+            _ => {
+                let stride = if self.format == Format::TfRecord { sample + formats::TFRECORD_FRAME } else { sample };
+                let start = shape.data + k * stride;
+                let step = self.transfer_size.max(1);
+                (0..sample.div_ceil(step)).map(|i| (start + i * step, step.min(sample - i * step))).collect()
+            }
+        };
+        reqs.iter()
+            .enumerate()
+            .map(|(i, &(offset, len))| SampleRead { chain: i > 0, ..SampleRead::new(file as u32, offset, len) })
+            .collect()
+    }
+
+    /// TFRecord: the epoch's batches of GPU `gpu` as TensorFlow's parallel interleave reads
+    /// them: `read_threads` slots, each streaming one file at a time (the next file of the
+    /// shard goes to the slot whose file ended), records taken round-robin from the slots,
+    /// `batch_size` records a batch. A read belongs to the batch of the first record that
+    /// needs its bytes; the read after a file's end (which returns 0) closes it.
+    fn stream_batches(&self, gpu: usize, epoch: u64) -> Vec<Batch> {
+        let files = &self.shards[gpu].1;
+        let spf = self.layout.samples_per_file;
+        let mut queue = self.file_order(gpu, epoch).into_iter().map(|i| files[i as usize]);
+        struct Slot {
+            file: usize,
+            record: u64,
+            plan: Vec<Req>,
+            issued: usize,
+        }
+        let open = |file: usize| {
+            let f = &self.layout.files[file];
+            let size = formats::shape(Format::TfRecord, spf, f.sample).size;
+            Slot { file, record: 0, plan: formats::tfrecord_plan(size, self.tf_buffer), issued: 0 }
+        };
+        let mut slots: Vec<Option<Slot>> = (0..self.read_threads.max(1)).map(|_| queue.next().map(open)).collect();
+        let mut batches = Vec::with_capacity(self.steps_per_epoch as usize);
+        let mut cur = Batch::default();
+        while batches.len() < self.steps_per_epoch as usize && slots.iter().any(Option::is_some) {
+            for (s, slot) in slots.iter_mut().enumerate() {
+                let Some(st) = slot else { continue };
+                let sample = self.layout.files[st.file].sample;
+                let end = (st.record + 1) * (sample + formats::TFRECORD_FRAME);
+                st.record += 1;
+                let last = st.record == spf;
+                while st.issued < st.plan.len() && (last || st.plan[st.issued].0 < end) {
+                    let (offset, len) = st.plan[st.issued];
+                    st.issued += 1;
+                    let close = st.issued == st.plan.len();
+                    cur.reads.push(SampleRead { close, ..SampleRead::new(st.file as u32, offset, len) });
+                    cur.streams.push(s as u32);
+                }
+                cur.samples += 1;
+                if last {
+                    *slot = queue.next().map(open);
+                }
+                if cur.samples as u64 == self.batch_size {
+                    batches.push(std::mem::take(&mut cur));
+                    if batches.len() == self.steps_per_epoch as usize {
+                        break;
+                    }
+                }
+            }
+        }
+        batches.resize_with(self.steps_per_epoch as usize, Batch::default);
+        batches
     }
 
     /// The order in which GPU `gpu` reads its shard's samples in `epoch`.
     pub fn sample_order(&self, gpu: usize, epoch: u64) -> Vec<u32> {
-        let (global, files) = &self.shards[gpu];
+        let global = self.shards[gpu].0;
         let spf = self.layout.samples_per_file as u32;
-        let mut file_order: Vec<u32> = (0..files.len() as u32).collect();
         // Seeded shuffles differ per epoch and per GPU but repeat from run to run.
         let base = self.seed ^ (epoch << 32) ^ (global << 8);
         let rng = |kind: u64, s: Shuffle| {
             let salt = if s == Shuffle::Random { rand::random::<u64>() } else { 0 };
             StdRng::seed_from_u64(base ^ kind ^ salt)
         };
-        if self.file_shuffle != Shuffle::Off {
-            file_order.shuffle(&mut rng(1, self.file_shuffle));
-        }
+        let file_order = self.file_order(gpu, epoch);
         let mut order: Vec<u32> = file_order.iter().flat_map(|&f| (0..spf).map(move |s| f * spf + s)).collect();
         if self.sample_shuffle != Shuffle::Off {
             order.shuffle(&mut rng(2, self.sample_shuffle));
@@ -98,6 +239,14 @@ impl Program for WorkloadProgram {
     }
 
     fn batch(&self, gpu: usize, epoch: u64, step: u64) -> Batch {
+        if self.format == Format::TfRecord {
+            let mut streamed = self.streamed.borrow_mut();
+            if streamed[gpu].as_ref().map(|(e, _)| *e) != Some(epoch) {
+                streamed[gpu] = Some((epoch, self.stream_batches(gpu, epoch)));
+            }
+            let batches = &mut streamed[gpu].as_mut().unwrap().1;
+            return std::mem::take(&mut batches[step as usize]);
+        }
         let mut orders = self.orders.borrow_mut();
         if orders[gpu].as_ref().map(|(e, _)| *e) != Some(epoch) {
             orders[gpu] = Some((epoch, self.sample_order(gpu, epoch)));
@@ -107,15 +256,11 @@ impl Program for WorkloadProgram {
         let files = &self.shards[gpu].1;
         let from = (step * self.batch_size) as usize;
         let to = (from + self.batch_size as usize).min(order.len());
-        let reads = order[from..to]
+        let reads: Vec<SampleRead> = order[from..to]
             .iter()
-            .map(|&k| {
-                let file = files[(k as u64 / spf) as usize];
-                let sample_size = self.layout.files[file].size / spf;
-                SampleRead { file: file as u32, offset: (k as u64 % spf) * sample_size, len: sample_size }
-            })
-            .collect::<Vec<_>>();
-        Batch { samples: reads.len() as u32, reads, streams: Vec::new() }
+            .flat_map(|&k| self.sample_reads(files[(k as u64 / spf) as usize], k as u64 % spf))
+            .collect();
+        Batch { samples: (to - from) as u32, reads, streams: Vec::new() }
     }
 
     fn compute_seconds(&self, _gpu: usize, _epoch: u64, _step: u64, rng: &mut StdRng) -> f64 {
@@ -139,8 +284,21 @@ impl Program for WorkloadProgram {
     }
 
     fn max_request(&self) -> u64 {
-        let largest = self.layout.files.iter().map(|f| f.size / self.layout.samples_per_file).max().unwrap_or(1);
-        self.transfer_size.min(largest)
+        let largest = self.layout.files.iter().map(|f| f.sample).max().unwrap_or(1);
+        let plain = self.transfer_size.min(largest);
+        // A format reader's requests are issued whole when they fit this; longer ones (npy's
+        // read of the array) go in pieces of it.
+        match (self.odirect, self.format) {
+            (_, Format::TfRecord) => plain.max(self.tf_buffer),
+            (false, Format::Npz | Format::Npy) => plain.max(formats::NUMPY_BUFFER.max(self.blksize)),
+            _ => plain,
+        }
+    }
+
+    /// TFRecord files are streamed: each read goes to its interleave slot's reader, files
+    /// stay open until their last read.
+    fn recorded(&self) -> bool {
+        self.format == Format::TfRecord
     }
 }
 
@@ -154,7 +312,7 @@ mod tests {
         let y = "dataset:\n  num_files_train: 12\n  num_samples_per_file: 2\n  record_length_bytes: 8192\nreader:\n  batch_size: 3\n  sample_shuffle: seed\ntrain:\n  computation_time: 0.1\n";
         let w = Workload::from_yaml(y, "t").unwrap();
         let layout = Layout::from_workload(&w, 2, 0, Path::new("/d"));
-        let p = WorkloadProgram::new(&w, layout, 2, &[1], 1 << 20, 0);
+        let p = WorkloadProgram::new(&w, layout, 2, &[1], 1 << 20, 0, false, TF_BUFFER);
         assert_eq!(p.steps_per_epoch, 4, "6 files × 2 samples / batch 3");
         let mut seen = Vec::new();
         for s in 0..4 {
@@ -166,5 +324,61 @@ mod tests {
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), 12);
+    }
+
+    #[test]
+    fn tfrecord_is_an_interleave_of_streams() {
+        let y = "dataset:\n  format: tfrecord\n  num_files_train: 4\n  num_samples_per_file: 4\n  record_length_bytes: 100000\nreader:\n  data_loader: tensorflow\n  batch_size: 2\n  read_threads: 2\ntrain:\n  computation_time: 0.1\n";
+        let w = Workload::from_yaml(y, "t").unwrap();
+        let layout = Layout::from_workload(&w, 1, 0, Path::new("/d"));
+        let size = layout.files[0].size;
+        assert_eq!(size, 4 * (102400 + 16));
+        let p = WorkloadProgram::new(&w, layout, 1, &[0], 1 << 20, 0, false, TF_BUFFER);
+        assert!(p.recorded(), "streams go to their slot's reader");
+        assert_eq!(p.steps_per_epoch, 8);
+        let batches: Vec<Batch> = (0..8).map(|s| p.batch(0, 0, s)).collect();
+        assert!(batches.iter().all(|b| b.samples == 2));
+        // The first batch: one record of each slot's first file, so the first read of both.
+        let first: Vec<(u32, u64, u32)> =
+            batches[0].reads.iter().zip(&batches[0].streams).map(|(r, &s)| (r.file, r.offset, s)).collect();
+        assert_eq!(first, [(0, 0, 0), (1, 0, 1)]);
+        // Every file read once, whole, in TF's order, by one slot (files 0, 2 by slot 0),
+        // and closed by its last read only.
+        let plan = formats::tfrecord_plan(size, TF_BUFFER);
+        for f in 0..4u32 {
+            let reads: Vec<(SampleRead, u32)> = batches
+                .iter()
+                .flat_map(|b| b.reads.iter().copied().zip(b.streams.iter().copied()))
+                .filter(|(r, _)| r.file == f)
+                .collect();
+            let got: Vec<(u64, u64)> = reads.iter().map(|(r, _)| (r.offset, r.len)).collect();
+            assert_eq!(got, plan, "file {f}");
+            assert!(reads.iter().all(|&(_, s)| s == f % 2), "file {f} stays on its slot");
+            let closes: Vec<bool> = reads.iter().map(|(r, _)| r.close).collect();
+            assert_eq!(closes.iter().filter(|&&c| c).count(), 1);
+            assert!(*closes.last().unwrap());
+        }
+    }
+
+    #[test]
+    fn npz_samples_are_numpy_loads_chained_on_one_open() {
+        let y = "dataset:\n  format: npz\n  num_files_train: 2\n  num_samples_per_file: 1\n  record_length_bytes: 3145828\nreader:\n  batch_size: 1\n  read_threads: 1\ntrain:\n  computation_time: 0.1\n";
+        let w = Workload::from_yaml(y, "t").unwrap();
+        let layout = Layout::from_workload(&w, 1, 0, Path::new("/d"));
+        let shape = formats::shape(Format::Npz, 1, layout.files[0].sample);
+        let p = WorkloadProgram::new(&w, layout, 1, &[0], 1 << 20, 0, false, TF_BUFFER);
+        let b = p.batch(0, 0, 1);
+        let want = formats::npz_plan(&shape, 4096);
+        assert_eq!(b.reads.iter().map(|r| (r.offset, r.len)).collect::<Vec<_>>(), want);
+        assert!(b.reads.iter().all(|r| r.file == 1));
+        assert!(!b.reads[0].chain && b.reads[1..].iter().all(|r| r.chain), "one open per sample");
+        assert!(p.max_request() >= 1 << 18);
+        // Under O_DIRECT numpy cannot read: the sample's bytes in transfer-size requests.
+        let w2 = Workload::from_yaml(y, "t").unwrap();
+        let layout = Layout::from_workload(&w2, 1, 0, Path::new("/d"));
+        let p = WorkloadProgram::new(&w2, layout, 1, &[0], 1 << 20, 0, true, TF_BUFFER);
+        let b = p.batch(0, 0, 0);
+        assert_eq!(b.reads.len(), 4);
+        assert_eq!((b.reads[0].offset, b.reads[0].len), (shape.data, 1 << 20));
     }
 }

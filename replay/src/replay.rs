@@ -41,6 +41,9 @@ pub struct Job {
     pub source: String,
     pub data_dir: PathBuf,
     pub transfer_size: u64,
+    /// TensorFlow's reader buffer for TFRecord files: the transfer size when one is given
+    /// (DLIO passes reader.transfer_size as TFRecordDataset's buffer_size), else TF's 256 KiB.
+    pub tf_buffer: u64,
     pub max_steps: u64,
     pub threshold_percent: f64,
     pub barrier: bool,
@@ -211,6 +214,7 @@ impl Job {
             compute_override: rd.computation_time,
             prefetch_override: rd.prefetch_size,
             transfer_size: rd.transfer_size.or(w.transfer_size).unwrap_or(DEFAULT_TRANSFER),
+            tf_buffer: rd.transfer_size.or(w.transfer_size).unwrap_or(crate::program::TF_BUFFER),
             odirect: args.odirect || w.odirect,
             workload: w,
             source: path.display().to_string(),
@@ -312,6 +316,7 @@ impl Job {
                 files: Vec::new(),
                 samples_per_file: 1,
                 description: format!("checkpoints of {}", self.workload.name),
+                format: crate::formats::Format::Raw,
             })?;
         }
         cluster.barrier();
@@ -441,7 +446,16 @@ impl Job {
         let w = &self.workload;
         match &self.templates {
             None => {
-                let program = WorkloadProgram::new(w, layout.clone(), gpus, &local, self.transfer_size, self.max_steps);
+                let program = WorkloadProgram::new(
+                    w,
+                    layout.clone(),
+                    gpus,
+                    &local,
+                    self.transfer_size,
+                    self.max_steps,
+                    self.odirect,
+                    self.tf_buffer,
+                );
                 if program.steps_per_epoch == 0 {
                     bail!(InputError(format!(
                         "each GPU's shard holds fewer samples than one batch ({} files of {} samples for {} GPUs, batch {})",
@@ -483,6 +497,7 @@ impl Job {
                     dataset_files: used.len() as u64,
                     dataset_bytes: used_bytes,
                     params: w.params.clone(),
+                    reader: Some(program.reader_json(&w.format, &w.data_loader)),
                     templates: None,
                 };
                 self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients)
@@ -539,6 +554,7 @@ impl Job {
                     dataset_files: used.len() as u64,
                     dataset_bytes: used_bytes,
                     params: Vec::new(),
+                    reader: None,
                     templates: Some(
                         program
                             .templates()

@@ -43,6 +43,10 @@ pub struct Settings {
     pub dataset_bytes: u64,
     /// `--param KEY=VALUE` overrides applied to the workload file.
     pub params: Vec<String>,
+    /// Workload mode: how the samples are read: the format's reader and the loader
+    /// (program.rs, docs/replay.md *Formats*).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reader: Option<serde_json::Value>,
     /// Trace mode: the recorded processes used as templates.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub templates: Option<Vec<serde_json::Value>>,

@@ -122,11 +122,7 @@ pub fn load_templates(
                     .steps
                     .iter()
                     .map(|s| TemplateStep {
-                        reads: s
-                            .reads
-                            .iter()
-                            .map(|r| SampleRead { file: r.file, offset: r.offset, len: r.len })
-                            .collect(),
+                        reads: s.reads.iter().map(|r| SampleRead::new(r.file, r.offset, r.len)).collect(),
                         streams: s.reads.iter().map(|r| r.reader % MAX_READERS as u32).collect(),
                         samples: s.samples,
                         compute_s: if g.paced { s.period_s.unwrap_or(compute) } else { compute },
@@ -162,10 +158,20 @@ pub fn layout(templates: &[Template], gpus: u64, root: &Path) -> Layout {
     for g in 0..gpus {
         let t = &templates[(g % templates.len() as u64) as usize];
         for (j, (_, size)) in t.files.iter().enumerate() {
-            files.push(DataFile { rel: PathBuf::from(format!("trace/gpu{g:05}/f{j:05}.dat")), size: *size });
+            files.push(DataFile {
+                rel: PathBuf::from(format!("trace/gpu{g:05}/f{j:05}.dat")),
+                size: *size,
+                sample: *size,
+            });
         }
     }
-    Layout { root: root.to_path_buf(), files, samples_per_file: 1, description: "trace replay".into() }
+    Layout {
+        root: root.to_path_buf(),
+        files,
+        samples_per_file: 1,
+        description: "trace replay".into(),
+        format: crate::formats::Format::Raw,
+    }
 }
 
 /// Settings of a trace replay that do not come from the trace.

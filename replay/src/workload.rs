@@ -383,7 +383,7 @@ impl Workload {
         };
         let workload = Workload {
             name,
-            format: string(dataset, "format").unwrap_or_else(|| "npz".into()),
+            format: string(dataset, "format").unwrap_or_default(),
             data_loader: string(reader, "data_loader")
                 .or_else(|| root.get("framework").and_then(Value::as_str).map(str::to_string))
                 .unwrap_or_else(|| "pytorch".into()),

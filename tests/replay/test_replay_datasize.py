@@ -301,7 +301,10 @@ def test_overrides_in_dlio_form_run_a_published_file_unchanged(tmpfs_dir: Path) 
         "train.computation_time=0.001",
         "workflow.checkpoint=false",
     ]
-    assert s["dataset_files"] == 8 and s["dataset_bytes"] == 8 * 65536
+    # unet3d is npz: each file is numpy.savez's zip of one 64 KiB sample, 256 bytes more
+    # (local header 55, npy header 128, central directory and end record 73)
+    assert s["dataset_files"] == 8 and s["dataset_bytes"] == 8 * (65536 + 256)
+    assert s["reader"]["model"] == "numpy-npz"
     assert r["samples"] == 8 and r["epochs"] == 1
 
 
