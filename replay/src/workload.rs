@@ -173,8 +173,9 @@ pub const KNOWN_KEYS: &[&str] = &[
 
 /// Keys of DLIO's sections that trainio does not read and that do not change the I/O it
 /// emulates: no warning for them.
-const QUIET_KEYS: &[&str] = &[
+pub const QUIET_KEYS: &[&str] = &[
     "dataset.record_length_bytes_resize",
+    "dataset.record_length_resize",
     "dataset.num_files_eval",
     "dataset.num_subfolders_eval",
     "dataset.file_prefix",
@@ -347,8 +348,15 @@ impl Workload {
         let checkpoint = if do_checkpoint { Some(CheckpointSpec::from_root(&root, fallback_name)?) } else { None };
         // MLPerf's llama3 files: checkpointing only, no dataset to read.
         let train = !(do_checkpoint && (!do_train || root.get("dataset").is_none()));
-        let (dataset, reader, train_sec) = if train {
+        let (dataset, reader, train_sec) = if train && do_train {
             (section(&root, "dataset")?, section(&root, "reader")?, section(&root, "train")?)
+        } else if train {
+            // MLPerf's *_datagen.yaml (`workflow.train: false`): a dataset, no reader or train.
+            (
+                section(&root, "dataset")?,
+                root.get("reader").filter(|v| v.is_mapping()).unwrap_or(&empty),
+                root.get("train").filter(|v| v.is_mapping()).unwrap_or(&empty),
+            )
         } else {
             (
                 root.get("dataset").filter(|v| v.is_mapping()).unwrap_or(&empty),
