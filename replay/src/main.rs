@@ -19,6 +19,7 @@ mod runrules;
 mod sweep;
 mod trace_input;
 mod trace_writes;
+mod unmodeled;
 mod workload;
 
 use anyhow::Result;

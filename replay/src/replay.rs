@@ -145,6 +145,7 @@ impl Job {
                         path.display()
                     )));
                 }
+                crate::unmodeled::print(path, &w);
                 (w, None, path.clone())
             }
             (None, Some(trace)) => {
