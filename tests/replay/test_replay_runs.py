@@ -4,6 +4,8 @@ rules checked against the results: dataset size, AU threshold, cache, number of 
 from __future__ import annotations
 
 import statistics
+import subprocess
+from pathlib import Path
 
 from replay_helpers import load_json, run_trainio, write_workload
 
@@ -84,3 +86,35 @@ def test_runs_refused_where_nothing_repeats(tmp_path):
     )
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--runs 2" in p.stderr, p.stderr
     assert not (tmp_path / "ck").exists()
+
+
+def sectors_read(dev: str) -> int:
+    return int(Path(f"/sys/block/{Path(dev).name}/stat").read_text().split()[2]) * 512
+
+
+def test_each_run_reads_storage_only_when_the_cache_rule_passes(loop_fs, tmp_path):
+    """On ext4 over a loop device: without --drop-caches the later runs read the page
+    cache (the device sees one dataset's bytes for 3 runs, and the cache rule fails); with
+    it, or with --odirect, every run reads the device (3 datasets' bytes, rule passes)."""
+    dev, _, mnt = loop_fs
+    wl = write_workload(tmp_path / "w.yaml", files=32, record=1 << 20, batch=4, threads=4, compute=0.001)
+    data = mnt / "data"
+    run_trainio("datagen", "--workload", wl, "--gpus", 2, "--data-dir", data, "-q")
+    dataset = 32 << 20
+    seen = {}
+    for label, flags in {"cached": [], "dropped": ["--drop-caches"], "odirect": ["--odirect"]}.items():
+        # Remounting evicts this file system's pages: each case starts with a cold cache.
+        subprocess.run(["umount", str(mnt)], check=True)
+        subprocess.run(["mount", dev, str(mnt)], check=True)
+        before = sectors_read(dev)
+        out = tmp_path / f"{label}.json"
+        run_trainio(
+            "replay", "--workload", wl, "--gpus", 2, "--data-dir", data, "-q", "--runs", 3, "--json", out, *flags
+        )
+        seen[label] = sectors_read(dev) - before
+        j = load_json(out)
+        assert all(r["bytes_read"] == dataset for r in j["runs"]), label
+        cache = by_name(j["rules"])["cache"]
+        assert cache["pass"] == (label != "cached"), (label, cache)
+    assert seen["cached"] < 1.5 * dataset, seen
+    assert seen["dropped"] >= 2.9 * dataset and seen["odirect"] >= 2.9 * dataset, seen
