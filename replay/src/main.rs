@@ -109,6 +109,12 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                     args.gpus, cluster.size
                 )));
             }
+            if job.workload.dataset_only {
+                anyhow::bail!(replay::InputError(format!(
+                    "{}: workflow.train is false and there is no checkpoint: a dataset to generate, nothing to replay (run 'trainio datagen' with it)",
+                    job.source
+                )));
+            }
             if args.runs > 1 && (args.plan_only || !job.workload.train) {
                 anyhow::bail!(replay::InputError(format!(
                     "--runs {}: repeats a training run; {} runs once",

@@ -111,6 +111,9 @@ pub struct Workload {
     /// False for a checkpoint-only workload (`workflow.train: false`, or no `dataset`
     /// section, with `workflow.checkpoint: true`): MLPerf Storage's llama3 files.
     pub train: bool,
+    /// `workflow.train: false` without checkpoints: a dataset to generate, no training
+    /// (MLPerf's *_datagen.yaml).
+    pub dataset_only: bool,
     /// Overrides (`--param KEY=VALUE`, `++workload.KEY=VALUE`) applied to the file, in
     /// order, each as `KEY=VALUE`.
     pub params: Vec<String>,
@@ -413,6 +416,7 @@ impl Workload {
             au_threshold_percent: au.map(|a| if a <= 1.0 { a * 100.0 } else { a }).unwrap_or(90.0),
             checkpoint,
             train: train_flag,
+            dataset_only: train_flag && !do_train,
             params: applied,
         };
         workload.validate()?;

@@ -125,6 +125,9 @@ def test_every_published_training_file_runs_scaled_down(shm):
             # MLPerf's *_datagen.yaml: the dataset only.
             p = run_trainio("datagen", "--workload", f, "--data-dir", data, *extra, *SCALE[:2], *SCALE[6:])
             assert "trainio datagen:" in p.stderr, (f, p.stderr)
+            r = run_trainio("replay", "--workload", f, "--data-dir", data, *extra, *SCALE, check=False)
+            assert r.returncode == 2 and "workflow.train is false" in r.stderr and "trainio datagen" in r.stderr
+            assert [ln for ln in r.stderr.splitlines() if not NOTE.match(ln)] == [r.stderr.splitlines()[-1]], r.stderr
             ran["datagen"] += 1
         else:
             out = shm / "r.json"
