@@ -191,6 +191,10 @@ pub struct ReplayArgs {
     /// Simulated GPUs in the whole job (spread over the MPI ranks).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub gpus: u64,
+    /// Run the training N times on the same dataset (MLPerf: 5) and report each run and
+    /// the mean and spread of AU and throughput.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub runs: u64,
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,

@@ -16,9 +16,11 @@ mod program;
 mod record;
 mod replay;
 mod results;
+mod runrules;
 mod sweep;
 mod trace_input;
 mod trace_writes;
+mod unmodeled;
 mod workload;
 
 use anyhow::Result;
@@ -108,6 +110,19 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                     args.gpus, cluster.size
                 )));
             }
+            if job.workload.dataset_only {
+                anyhow::bail!(replay::InputError(format!(
+                    "{}: workflow.train is false and there is no checkpoint: a dataset to generate, nothing to replay (run 'trainio datagen' with it)",
+                    job.source
+                )));
+            }
+            if args.runs > 1 && (args.plan_only || !job.workload.train) {
+                anyhow::bail!(replay::InputError(format!(
+                    "--runs {}: repeats a training run; {} runs once",
+                    args.runs,
+                    if args.plan_only { "--plan-only" } else { "a checkpoint-only workload" }
+                )));
+            }
             if args.plan_only {
                 let summary = job.plan_only(cluster, args.gpus)?;
                 if cluster.is_root() {
@@ -129,8 +144,8 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
             // The results are shown and saved before the recorder is stopped: a recording
             // that fails does not take the finished replay's results with it.
             let ran = if job.workload.train {
-                job.run_generated(cluster, args.gpus).and_then(|summary| match summary {
-                    Some(s) => show(&results::human(&s), &s, args.json.as_deref()),
+                training_runs(&job, cluster, &args).and_then(|summary| match summary {
+                    Some((human, s)) => show(&human, &s, args.json.as_deref()),
                     None => Ok(()),
                 })
             } else {
@@ -146,6 +161,41 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
         }
         Command::Sweep(args) => sweep::sweep(&args, cluster),
     }
+}
+
+/// `--runs N` runs of a training workload on the same dataset (each dropping the page
+/// cache first with --drop-caches, as one run does), and MLPerf's run rules checked
+/// against their results. Rank 0 gets the human summary and the results: one run's
+/// object with `rules[]` for N = 1, the combined object (runrules::combine) otherwise.
+fn training_runs(job: &Job, cluster: &Cluster, args: &cli::ReplayArgs) -> Result<Option<(String, serde_json::Value)>> {
+    let mut runs = Vec::new();
+    for i in 0..args.runs {
+        if let Some(s) = job.run_generated(cluster, args.gpus)? {
+            if args.runs > 1 {
+                print!("run {} of {}: {}", i + 1, args.runs, results::human(&s));
+            }
+            runs.push(s);
+        }
+    }
+    if runs.is_empty() {
+        return Ok(None);
+    }
+    let threshold_from = match (args.run.threshold, job.templates.is_some()) {
+        (Some(_), _) => "--threshold",
+        (None, true) => "90% by default",
+        (None, false) => "the workload's metric.au, 90% without one",
+    };
+    let workload = job.templates.is_none().then_some(&job.workload);
+    let rules = runrules::check(workload, &runs, threshold_from);
+    if runs.len() == 1 {
+        let mut s = runs.pop().expect("one run");
+        let human = results::human(&s) + &runrules::human_rules(&rules);
+        s["rules"] = serde_json::to_value(&rules)?;
+        return Ok(Some((human, s)));
+    }
+    let combined = runrules::combine(runs, &rules);
+    let human = runrules::human_table(&combined) + &runrules::human_rules(&rules);
+    Ok(Some((human, combined)))
 }
 
 /// `trainio datasize`: MLPerf's rule for the workload, printed (and saved with --json).

@@ -148,6 +148,7 @@ impl Job {
                         path.display()
                     )));
                 }
+                crate::unmodeled::print(path, &w);
                 (w, None, path.clone())
             }
             (None, Some(trace)) => {

@@ -28,6 +28,12 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
         crate::output::check(&json_path, "--json")?;
     }
     let job = Job::prepare(&args.run)?;
+    if job.workload.dataset_only {
+        anyhow::bail!(crate::replay::InputError(format!(
+            "{}: workflow.train is false and there is no checkpoint: a dataset to generate, nothing to sweep (run 'trainio datagen' with it)",
+            job.source
+        )));
+    }
     if !job.workload.train {
         bail!(crate::replay::InputError(format!(
             "{}: a checkpoint-only workload has no AU to sweep: run 'trainio replay' with it",

@@ -111,6 +111,9 @@ pub struct Workload {
     /// False for a checkpoint-only workload (`workflow.train: false`, or no `dataset`
     /// section, with `workflow.checkpoint: true`): MLPerf Storage's llama3 files.
     pub train: bool,
+    /// `workflow.train: false` without checkpoints: a dataset to generate, no training
+    /// (MLPerf's *_datagen.yaml).
+    pub dataset_only: bool,
     /// Overrides (`--param KEY=VALUE`, `++workload.KEY=VALUE`) applied to the file, in
     /// order, each as `KEY=VALUE`.
     pub params: Vec<String>,
@@ -173,8 +176,9 @@ pub const KNOWN_KEYS: &[&str] = &[
 
 /// Keys of DLIO's sections that trainio does not read and that do not change the I/O it
 /// emulates: no warning for them.
-const QUIET_KEYS: &[&str] = &[
+pub const QUIET_KEYS: &[&str] = &[
     "dataset.record_length_bytes_resize",
+    "dataset.record_length_resize",
     "dataset.num_files_eval",
     "dataset.num_subfolders_eval",
     "dataset.file_prefix",
@@ -347,8 +351,15 @@ impl Workload {
         let checkpoint = if do_checkpoint { Some(CheckpointSpec::from_root(&root, fallback_name)?) } else { None };
         // MLPerf's llama3 files: checkpointing only, no dataset to read.
         let train = !(do_checkpoint && (!do_train || root.get("dataset").is_none()));
-        let (dataset, reader, train_sec) = if train {
+        let (dataset, reader, train_sec) = if train && do_train {
             (section(&root, "dataset")?, section(&root, "reader")?, section(&root, "train")?)
+        } else if train {
+            // MLPerf's *_datagen.yaml (`workflow.train: false`): a dataset, no reader or train.
+            (
+                section(&root, "dataset")?,
+                root.get("reader").filter(|v| v.is_mapping()).unwrap_or(&empty),
+                root.get("train").filter(|v| v.is_mapping()).unwrap_or(&empty),
+            )
         } else {
             (
                 root.get("dataset").filter(|v| v.is_mapping()).unwrap_or(&empty),
@@ -405,6 +416,7 @@ impl Workload {
             au_threshold_percent: au.map(|a| if a <= 1.0 { a * 100.0 } else { a }).unwrap_or(90.0),
             checkpoint,
             train: train_flag,
+            dataset_only: train_flag && !do_train,
             params: applied,
         };
         workload.validate()?;

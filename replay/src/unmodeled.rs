@@ -1,0 +1,180 @@
+//! The features of a workload file that the replay does not model, each named in one
+//! line before a run (docs/replay.md, *Inputs*): a key trainio does not read that can
+//! change what the job does, and values of keys it reads that it cannot honour.
+
+use crate::workload::{typo_warnings, Workload, KNOWN_KEYS, QUIET_KEYS};
+use serde_yaml::Value;
+
+/// Formats whose files the replay lays out and reads as their readers do; any other is
+/// opaque bytes read whole.
+const LAID_OUT: &[&str] = &["npz", "npy", "tfrecord"];
+/// Loaders whose concurrency the replay models (worker processes, TF's interleave).
+const LOADERS: &[&str] = &["pytorch", "tensorflow"];
+
+/// Keys whose value decides whether the replay models them (checked below).
+const VALUE_CHECKED: &[&str] = &["reader.dont_use_mmap"];
+
+/// What the replay does instead of an unread key.
+fn why(dotted: &str) -> &'static str {
+    match dotted {
+        "reader.computation_threads" | "reader.preprocess_time" | "reader.preprocess_time_stdev" => {
+            "the samples are not preprocessed: no CPU stage between a sample's read and the step's compute"
+        }
+        _ => "trainio does not read this key",
+    }
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "null".into(),
+        Value::Mapping(_) | Value::Sequence(_) => "{…}".into(),
+        other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
+    }
+}
+
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Bool(b) => *b,
+        Value::String(s) => matches!(s.to_ascii_lowercase().as_str(), "true" | "yes" | "1"),
+        Value::Number(n) => n.as_f64().is_some_and(|x| x != 0.0),
+        _ => false,
+    }
+}
+
+/// Whether `dotted` is a key trainio reads, or a section holding keys it reads
+/// (`model.parallelism`).
+fn known(dotted: &str) -> bool {
+    KNOWN_KEYS.iter().any(|k| *k == dotted || k.starts_with(&format!("{dotted}.")))
+}
+
+/// One line per feature of the workload file (`root`, as read, with the overrides
+/// applied to `w`) that the replay does not model.
+pub fn notes(root: &Value, w: &Workload) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(top) = root.as_mapping() else { return out };
+    let warned: Vec<String> =
+        typo_warnings(root).iter().filter_map(|t| t.split(':').next().map(str::to_string)).collect();
+    // Keys trainio does not read, outside those known not to change the I/O.
+    let mut stack: Vec<(String, &Value)> = Vec::new();
+    for (k, v) in top {
+        let Some(k) = k.as_str() else { continue };
+        match v {
+            Value::Mapping(_) => stack.push((k.to_string(), v)),
+            // `framework` is the loader when reader.data_loader is absent; `model` a name.
+            _ if matches!(k, "framework" | "model") => {}
+            _ => out.push(format!("{k}: {}: {}", scalar(v), why(k))),
+        }
+    }
+    while let Some((prefix, body)) = stack.pop() {
+        for (k, v) in body.as_mapping().into_iter().flatten() {
+            let Some(k) = k.as_str() else { continue };
+            let dotted = format!("{prefix}.{k}");
+            if KNOWN_KEYS.contains(&dotted.as_str()) {
+                // Read whole, a mapping too (`train.computation_time: {mean, stdev}`).
+            } else if known(&dotted) && v.is_mapping() {
+                stack.push((dotted, v));
+            } else if !known(&dotted)
+                && !QUIET_KEYS.contains(&dotted.as_str())
+                && !VALUE_CHECKED.contains(&dotted.as_str())
+                && !warned.contains(&dotted)
+            {
+                out.push(format!("{dotted}: {}: {}", scalar(v), why(&dotted)));
+            }
+        }
+    }
+    out.sort();
+    // Keys read or quiet whose value asks for what the replay does not do.
+    let get = |section: &str, key: &str| root.get(section).and_then(|s| s.get(key));
+    if let Some(c) = get("dataset", "compression").filter(|c| !matches!(scalar(c).as_str(), "none" | "null" | "")) {
+        out.push(format!("dataset.compression: {}: files are written and read uncompressed", scalar(c)));
+    }
+    if get("workflow", "evaluation").is_some_and(truthy) {
+        out.push("workflow.evaluation: true: the evaluation passes (reads of the eval files) are not run".into());
+    }
+    if let Some(t) = get("train", "total_training_steps").filter(|t| t.as_u64().is_some_and(|n| n > 0)) {
+        out.push(format!(
+            "train.total_training_steps: {}: not applied: give --steps to cap the steps per epoch",
+            scalar(t)
+        ));
+    }
+    if get("reader", "dont_use_mmap").is_some_and(|v| !truthy(v)) {
+        out.push("reader.dont_use_mmap: false: reads through mmap are not modeled (the replay issues reads)".into());
+    }
+    if w.train {
+        let format = w.format.to_ascii_lowercase();
+        if !format.is_empty() && !LAID_OUT.contains(&format.as_str()) {
+            out.push(format!(
+                "dataset.format: {}: files are opaque bytes, each sample read whole, not laid out and read as the {} reader does",
+                w.format, w.format
+            ));
+        }
+        let loader = w.data_loader.to_ascii_lowercase();
+        if !LOADERS.contains(&loader.as_str()) {
+            out.push(format!(
+                "reader.data_loader: {}: read as PyTorch's worker processes read ({}'s own pipeline is not modeled)",
+                w.data_loader, w.data_loader
+            ));
+        }
+    }
+    out
+}
+
+/// Prints the notes of the workload file at `path` on standard error (rank 0 only).
+pub fn print(path: &std::path::Path, w: &Workload) {
+    if std::env::var("OMPI_COMM_WORLD_RANK").is_ok_and(|r| r != "0") {
+        return;
+    }
+    let Ok(root) = std::fs::read_to_string(path).map(|t| serde_yaml::from_str::<Value>(&t)) else { return };
+    let Ok(root) = root else { return };
+    for n in notes(&root, w) {
+        eprintln!("trainio: not modeled: {}: {n}", path.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notes_of(yaml: &str) -> Vec<String> {
+        let root: Value = serde_yaml::from_str(yaml).unwrap();
+        notes(&root, &Workload::from_yaml(yaml, "t").unwrap())
+    }
+
+    const BASE: &str = "dataset:\n  num_files_train: 4\n  record_length_bytes: 4096\n  format: npz\nreader:\n  batch_size: 1\n  data_loader: pytorch\ntrain:\n  computation_time: 0.1\n";
+
+    #[test]
+    fn nothing_for_what_is_modeled() {
+        assert_eq!(notes_of(BASE), Vec::<String>::new());
+        let dist = BASE.replace("computation_time: 0.1", "computation_time:\n    mean: 0.1\n    stdev: 0.01");
+        assert_eq!(notes_of(&dist), Vec::<String>::new());
+        let quiet = BASE.replace("  batch_size: 1\n", "  batch_size: 1\n  shuffle_size: 1024\n  dont_use_mmap: True\n");
+        assert_eq!(notes_of(&quiet), Vec::<String>::new());
+    }
+
+    #[test]
+    fn one_line_per_feature() {
+        let y = BASE
+            .replace("  batch_size: 1\n", "  batch_size: 1\n  computation_threads: 8\n  preprocess_time: 0.01\n")
+            .replace("format: npz", "format: hdf5")
+            .replace("data_loader: pytorch", "data_loader: dali")
+            + "workflow:\n  evaluation: True\n";
+        let n = notes_of(&y);
+        assert_eq!(n.len(), 5, "{n:#?}");
+        for key in [
+            "reader.computation_threads: 8:",
+            "reader.preprocess_time: 0.01:",
+            "workflow.evaluation: true:",
+            "dataset.format: hdf5:",
+            "reader.data_loader: dali:",
+        ] {
+            assert_eq!(n.iter().filter(|l| l.starts_with(key)).count(), 1, "{key} in {n:#?}");
+        }
+    }
+
+    #[test]
+    fn a_typo_is_warned_once_not_twice() {
+        let y = BASE.replace("  batch_size: 1\n", "  batch_size: 1\n  read_thread: 4\n");
+        assert_eq!(notes_of(&y), Vec::<String>::new());
+    }
+}
