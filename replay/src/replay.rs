@@ -219,7 +219,9 @@ impl Job {
             odirect: args.odirect || w.odirect,
             workload: w,
             source: path.display().to_string(),
-            data_dir: src.data_dir.clone(),
+            // Absolute: every path beneath it is resolved against the directory opened once
+            // (beneath.rs), and a relative one would be taken twice.
+            data_dir: std::path::absolute(&src.data_dir).unwrap_or_else(|_| src.data_dir.clone()),
             max_steps: src.steps.unwrap_or(0),
             threshold_percent: threshold,
             barrier: !args.no_barrier,

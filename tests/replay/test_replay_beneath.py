@@ -97,3 +97,16 @@ def test_checkpoint_writes_refuse_a_linked_checkpoint_folder(tmpfs_dir: Path) ->
     written = sum(f.stat().st_size for f in (data / "checkpoints").rglob("*") if f.is_file())
     assert written == load_json(j)["checkpoint"]["planned_bytes"] and written > 0
     assert not any(os.path.islink(p) for p in (data / "checkpoints").rglob("*"))
+
+
+def test_a_relative_data_dir_is_the_directory_it_names(tmpfs_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--data-dir d` from the directory holding d: datagen and replay work in d itself
+    (a relative directory is made absolute once, not joined to itself)."""
+    wl = write_workload(tmpfs_dir / "wl.yaml", files=4, record=64 << 10, batch=2, compute=0.01)
+    monkeypatch.chdir(tmpfs_dir)
+    run_trainio("datagen", "--workload", wl, "--data-dir", "d")
+    assert (tmpfs_dir / "d" / ".trainio-dataset").is_file() and len(list((tmpfs_dir / "d" / "train").iterdir())) == 4
+    run_trainio("replay", "--workload", wl, "--data-dir", "d", "--gpus", 1, "--json", "r.json")
+    r = load_json(tmpfs_dir / "r.json")
+    assert r["settings"]["data_dir"] == str(tmpfs_dir / "d") and r["bytes_read"] == 4 * (64 << 10)
+    assert sorted(p.name for p in tmpfs_dir.iterdir()) == ["d", "r.json", "wl.yaml"]
