@@ -20,6 +20,7 @@ mod sweep;
 mod trace_input;
 mod trace_writes;
 mod workload;
+mod yaml_keys;
 
 use anyhow::Result;
 use cli::{Cli, Command};
