@@ -19,6 +19,7 @@ mod results;
 mod sweep;
 mod trace_input;
 mod trace_writes;
+mod uring;
 mod workload;
 mod yaml_keys;
 
