@@ -876,3 +876,7 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
         self.try_consume(g)
     }
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;
