@@ -35,7 +35,7 @@ from trainio_analysis import trace as tr
 from trainio_analysis.analyze_decode import Chunk, Decoder, ProcessTotals
 from trainio_analysis.analyze_plan import Plan, Selection
 from trainio_analysis.analyze_result import Totals, result
-from trainio_analysis.errors import TraceError
+from trainio_analysis.errors import SelectionError, TraceError
 from trainio_analysis.qd_sweep import GroupState, QueueDepthSweep, TailExchange
 from trainio_analysis.sketch import QuantileSketch
 

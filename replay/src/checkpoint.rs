@@ -27,7 +27,7 @@
 //! Tensor bytes are written as they are: torch.save's zip and pickle framing (a few KiB
 //! per file) is not emulated.
 
-use crate::workload::{boolean, number, string};
+use crate::yaml_keys::{boolean, number, string};
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -536,7 +536,7 @@ pub fn read_shards(
     let beneath = &beneath;
     each_rank(ranks, "reader", |r| {
         let align = 4096usize;
-        let len = crate::dataset::round_up(transfer, align as u64) as usize;
+        let len = transfer.div_ceil(align as u64) as usize * align;
         // An aligned buffer, as O_DIRECT needs.
         let mut raw = vec![0u8; len + align];
         let off = raw.as_ptr().align_offset(align);

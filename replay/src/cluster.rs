@@ -57,15 +57,20 @@ pub fn hostname() -> String {
 
 impl Cluster {
     pub fn init() -> anyhow::Result<Cluster> {
-        let hostname = hostname();
         if !launched_by_mpirun() {
-            return Ok(Cluster { world: None, rank: 0, size: 1, hostname });
+            return Ok(Cluster::alone());
         }
+        let hostname = hostname();
         let universe =
             mpi::initialize().ok_or_else(|| anyhow::anyhow!("MPI_Init failed (or MPI was already initialized)"))?;
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
         Ok(Cluster { world: Some((universe, world)), rank, size, hostname })
+    }
+
+    /// One rank on its own, without MPI.
+    pub fn alone() -> Cluster {
+        Cluster { world: None, rank: 0, size: 1, hostname: hostname() }
     }
 
     pub fn is_root(&self) -> bool {

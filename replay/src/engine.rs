@@ -1,5 +1,6 @@
 //! The accelerator model: simulated GPUs, their data-loader workers, and the step barrier,
-//! all driven by one event loop per rank over io_uring.
+//! all driven by one event loop per rank over an I/O backend (`Backend`: io_uring or psync
+//! threads in uring.rs, a fake in the unit tests).
 //!
 //! Why one thread: a simulated GPU is mostly asleep (computing) or waiting for its reads,
 //! so an OS thread per GPU or per reader would spend the host's CPU on context switches
@@ -22,15 +23,13 @@
 //! after the step they followed (Program::writes_after, trace_writes.rs).
 
 use crate::cluster::{Cluster, PendingBarrier};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use io_uring::{opcode, types, IoUring};
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
-use std::path::PathBuf;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
 
 /// One read request (a sample, a part of one, or a recorded read): a byte range of a file.
 #[derive(Debug, Clone, Copy)]
@@ -173,53 +172,33 @@ const ALIGN: u64 = 4096;
 fn stream_of(streams: &[u32], i: usize) -> usize {
     streams.get(i).map(|&s| s as usize).unwrap_or(i)
 }
-/// user_data of the psync engine's eventfd read.
-const EVENTFD_TAG: u64 = u64::MAX;
 
-/// All read buffers of a rank in one anonymous mapping, 2 MiB-aligned and advised for
-/// transparent huge pages, and registered with io_uring when the kernel allows it: an
-/// O_DIRECT read then neither pins 256 small pages per MiB (get_user_pages) nor marks
-/// them dirty one by one, which cost a third of the CPU of a 1 MiB read without it.
-struct BufferArena {
-    map: *mut libc::c_void,
-    map_len: usize,
-    base: *mut u8,
+/// Bytes of one reader slot's buffer: the largest request, rounded up to O_DIRECT's
+/// alignment, plus one alignment unit for an aligned read that starts before its sample.
+pub fn buffer_len(program: &impl Program) -> usize {
+    crate::dataset::round_up(program.max_request().max(1), ALIGN) as usize + ALIGN as usize
 }
 
-const HUGE: usize = 2 << 20;
-
-impl BufferArena {
-    fn new(len: usize) -> Result<BufferArena> {
-        let map_len = len + HUGE;
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            bail!("allocating {} MiB of read buffers: {}", len >> 20, std::io::Error::last_os_error());
-        }
-        let base = ((map as usize).div_ceil(HUGE) * HUGE) as *mut u8;
-        unsafe {
-            libc::madvise(base as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-            // Touch now so no read measures a page fault.
-            std::ptr::write_bytes(base, 0, len);
-        }
-        Ok(BufferArena { map, map_len, base })
-    }
+/// What the state machine needs of the I/O: a clock, files opened and closed, one read per
+/// reader slot in flight at a time, and a wait for completions or a deadline.
+pub trait Backend {
+    /// Sets the clock to 0 and makes the backend ready to read.
+    fn start(&mut self) -> Result<()>;
+    /// ns since `start`.
+    fn now(&self) -> u64;
+    /// Largest read one slot's buffer holds, bytes.
+    fn buf_len(&self) -> u64;
+    /// Opens a data file for reading (O_DIRECT when the options ask for it).
+    fn open(&mut self, path: &Path) -> Result<i32>;
+    fn close(&mut self, fd: i32);
+    /// Reader slot `slot` reads `len` bytes at `offset` of `fd`; the slot has no other read
+    /// in flight.
+    fn submit(&mut self, slot: usize, fd: i32, offset: u64, len: u32) -> Result<()>;
+    /// Submits what is queued and waits up to `wait_ns` (0: not at all; u64::MAX: until a
+    /// completion) for a read to complete; appends the completed reads as (slot, bytes read
+    /// or -errno).
+    fn wait(&mut self, wait_ns: u64, out: &mut Vec<(usize, i32)>) -> Result<()>;
 }
-
-impl Drop for BufferArena {
-    fn drop(&mut self) {
-        unsafe { libc::munmap(self.map, self.map_len) };
-    }
-}
-
 struct Worker {
     gpu: usize,
     /// Step of the batch being read, if any.
@@ -227,8 +206,6 @@ struct Worker {
     item: usize,
     pos: u64,
     fd: i32,
-    buf: *mut u8,
-    buf_len: usize,
     /// Bytes the read in flight asked for.
     asked: u64,
     path: PathBuf,
@@ -278,15 +255,13 @@ struct Gpu {
     stats: GpuStats,
 }
 
-pub struct Engine<'a, P: Program> {
+/// The state machine of one rank's simulated GPUs over backend `B`; worker `w` of the
+/// rank reads through the backend's reader slot `w`.
+pub struct Engine<'a, P: Program, B: Backend> {
     program: &'a P,
     options: EngineOptions,
     cluster: &'a Cluster,
-    ring: IoUring,
-    /// Read buffers; kept alive for the workers' raw pointers.
-    _arena: BufferArena,
-    /// Buffers are registered with io_uring: reads use ReadFixed with the worker's index.
-    fixed_buffers: bool,
+    backend: B,
     workers: Vec<Worker>,
     gpus: Vec<Gpu>,
     timers: BinaryHeap<Reverse<(u64, usize)>>,
@@ -295,17 +270,11 @@ pub struct Engine<'a, P: Program> {
     in_flight: usize,
     at_barrier: usize,
     pending_barrier: Option<PendingBarrier>,
-    t0: Instant,
     /// Largest read request (program.max_request(), which may scan the layout: asked once).
     max_request: u64,
     recorded: bool,
-    /// psync engine: the reader threads, and the buffer the eventfd is read into.
-    pool: Option<crate::pool::ReadPool>,
-    eventfd_buf: Box<u64>,
     /// Recorded mode: open file descriptors by file index, closed at the end.
     open_files: std::collections::HashMap<u32, i32>,
-    /// Opens the data files beneath the data directory, never through a link.
-    beneath: crate::beneath::Beneath,
     overshoot: BTreeMap<u64, u64>,
     bar: ProgressBar,
     /// The workload's checkpoints, written between steps.
@@ -315,18 +284,19 @@ pub struct Engine<'a, P: Program> {
     write_buf: Vec<u8>,
 }
 
-impl<'a, P: Program> Engine<'a, P> {
-    /// `gpus`: global indices of this rank's simulated GPUs; `seed` makes compute draws repeatable.
-    pub fn new(
+impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
+    /// `gpus`: global indices of this rank's simulated GPUs; `seed` makes compute draws
+    /// repeatable; `backend` has a reader slot per worker (Σ `read_threads` of the GPUs).
+    pub fn with_backend(
         program: &'a P,
         gpus: &[u64],
         rank: usize,
         cluster: &'a Cluster,
         options: EngineOptions,
         seed: u64,
+        backend: B,
     ) -> Result<Self> {
         use rand::SeedableRng;
-        let buf_size = crate::dataset::round_up(program.max_request().max(1), ALIGN) as usize + ALIGN as usize;
         let mut workers = Vec::new();
         let mut sims = Vec::new();
         for (local, &global) in gpus.iter().enumerate() {
@@ -339,8 +309,6 @@ impl<'a, P: Program> Engine<'a, P> {
                     item: 0,
                     pos: 0,
                     fd: -1,
-                    buf: std::ptr::null_mut(),
-                    buf_len: buf_size,
                     asked: 0,
                     path: PathBuf::new(),
                 });
@@ -370,18 +338,6 @@ impl<'a, P: Program> Engine<'a, P> {
                 stats: GpuStats { gpu: global, rank, ..Default::default() },
             });
         }
-        let entries = ((workers.len() + 1).max(8) as u32).next_power_of_two().min(32768);
-        let ring =
-            IoUring::new(entries).context("setting up io_uring (is it disabled by kernel.io_uring_disabled?)")?;
-        let arena = BufferArena::new(buf_size * workers.len().max(1))?;
-        for (i, w) in workers.iter_mut().enumerate() {
-            w.buf = unsafe { arena.base.add(i * buf_size) };
-        }
-        // Registration pins the buffers once; without it (old kernel, >16k buffers, a
-        // memlock limit) reads fall back to plain IORING_OP_READ.
-        let iovecs: Vec<libc::iovec> =
-            workers.iter().map(|w| libc::iovec { iov_base: w.buf as *mut libc::c_void, iov_len: buf_size }).collect();
-        let fixed_buffers = workers.len() <= 16384 && unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
         let total = program.epochs() * program.steps_per_epoch();
         let bar = if options.progress && cluster.is_root() { ProgressBar::new(total) } else { ProgressBar::hidden() };
         bar.set_style(
@@ -391,9 +347,7 @@ impl<'a, P: Program> Engine<'a, P> {
             program,
             options,
             cluster,
-            ring,
-            _arena: arena,
-            fixed_buffers,
+            backend,
             workers,
             gpus: sims,
             timers: BinaryHeap::new(),
@@ -401,13 +355,9 @@ impl<'a, P: Program> Engine<'a, P> {
             in_flight: 0,
             at_barrier: 0,
             pending_barrier: None,
-            t0: Instant::now(),
             max_request: program.max_request().max(1),
             recorded: program.recorded(),
-            pool: None,
-            eventfd_buf: Box::new(0),
             open_files: std::collections::HashMap::new(),
-            beneath: crate::beneath::Beneath::new(program.root())?,
             overshoot: BTreeMap::new(),
             bar,
             checkpointer: None,
@@ -424,34 +374,18 @@ impl<'a, P: Program> Engine<'a, P> {
     }
 
     fn now(&self) -> u64 {
-        self.t0.elapsed().as_nanos() as u64
+        self.backend.now()
     }
 
     pub fn run(mut self) -> Result<RankRun> {
-        // The default 50 µs timer slack would be added to every compute sleep.
-        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
-        if self.options.realtime {
-            // Priority 1: above every normal task, below the kernel's own real-time threads.
-            // The loop blocks in io_uring_enter, so it cannot starve the host.
-            let param = libc::sched_param { sched_priority: 1 };
-            if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
-                let e = std::io::Error::last_os_error();
-                bail!("--realtime: sched_setscheduler(SCHED_FIFO): {e} (needs root or CAP_SYS_NICE)");
-            }
-        }
-        self.t0 = Instant::now();
         if self.program.steps_per_epoch() == 0 || self.program.epochs() == 0 {
             bail!("nothing to replay: 0 steps per epoch");
         }
-        if self.options.psync {
-            self.pool = Some(crate::pool::ReadPool::new(self.workers.len())?);
-            self.arm_eventfd()?;
-        }
-        let mut pool_done: Vec<(u64, i32)> = Vec::new();
+        self.backend.start()?;
         for g in 0..self.gpus.len() {
             self.fill(g)?;
         }
-        let mut completions: Vec<(u64, i32)> = Vec::with_capacity(1024);
+        let mut completions: Vec<(usize, i32)> = Vec::with_capacity(1024);
         loop {
             self.fire_timers()?;
             if let Some(b) = self.pending_barrier.as_mut() {
@@ -478,33 +412,11 @@ impl<'a, P: Program> Engine<'a, P> {
             if wait_ns == u64::MAX && self.in_flight == 0 {
                 bail!("internal error: the replay stalled (no reads in flight, no GPU computing)");
             }
-            if wait_ns > 0 {
-                let want = if self.in_flight > 0 || wait_ns != u64::MAX { 1 } else { 0 };
-                let ts = types::Timespec::new()
-                    .sec(wait_ns.min(3_600_000_000_000) / 1_000_000_000)
-                    .nsec((wait_ns % 1_000_000_000) as u32);
-                let args = types::SubmitArgs::new().timespec(&ts);
-                match self.ring.submitter().submit_with_args(want, &args) {
-                    Ok(_) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::ETIME) || e.raw_os_error() == Some(libc::EINTR) => {}
-                    Err(e) => return Err(e).context("io_uring_enter"),
-                }
-            } else {
-                self.ring.submit().context("io_uring_enter")?;
-            }
             completions.clear();
-            completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
-            if let Some(k) = completions.iter().position(|&(w, _)| w == EVENTFD_TAG) {
-                // psync: the eventfd fired; the finished reads wait in the pool's list.
-                completions.swap_remove(k);
-                pool_done.clear();
-                self.pool.as_ref().unwrap().drain(&mut pool_done);
-                completions.extend_from_slice(&pool_done);
-                self.arm_eventfd()?;
-            }
+            self.backend.wait(wait_ns, &mut completions)?;
             for (k, &(w, res)) in completions.iter().enumerate() {
                 self.in_flight -= 1;
-                self.read_done(w as usize, res)?;
+                self.read_done(w, res)?;
                 // A long burst of completions must not delay a GPU whose compute ended.
                 if k % 8 == 7 {
                     self.fire_timers()?;
@@ -512,8 +424,8 @@ impl<'a, P: Program> Engine<'a, P> {
             }
         }
         self.bar.finish_and_clear();
-        for (_, fd) in self.open_files.drain() {
-            unsafe { libc::close(fd) };
+        for (_, fd) in std::mem::take(&mut self.open_files) {
+            self.backend.close(fd);
         }
         let wall_s = self.now() as f64 / 1e9;
         Ok(RankRun {
@@ -679,8 +591,7 @@ impl<'a, P: Program> Engine<'a, P> {
         let fd = match self.open_files.get(&read.file) {
             Some(&fd) => fd,
             None => {
-                let flags = libc::O_RDONLY | if self.options.odirect { libc::O_DIRECT } else { 0 };
-                let fd = std::os::fd::IntoRawFd::into_raw_fd(self.beneath.open(&path, flags, 0)?);
+                let fd = self.backend.open(&path)?;
                 if self.recorded {
                     self.open_files.insert(read.file, fd);
                 }
@@ -705,55 +616,17 @@ impl<'a, P: Program> Engine<'a, P> {
             len = crate::dataset::round_up(offset + len - start, ALIGN);
             offset = start;
         }
-        let len = len.min(worker.buf_len as u64) as u32;
+        let len = len.min(self.backend.buf_len()) as u32;
         self.workers[w].asked = len as u64;
-        let worker = &self.workers[w];
-        if let Some(pool) = &self.pool {
-            pool.submit(w, worker.fd, worker.buf, len as usize, offset);
-            self.in_flight += 1;
-            self.count_issue(w);
-            return Ok(());
-        }
-        let sqe = if self.fixed_buffers {
-            opcode::ReadFixed::new(types::Fd(worker.fd), worker.buf, len, w as u16).offset(offset).build()
-        } else {
-            opcode::Read::new(types::Fd(worker.fd), worker.buf, len).offset(offset).build()
-        }
-        .user_data(w as u64);
-        // SAFETY: the buffer belongs to the worker, which has no other read in flight.
-        unsafe { self.push_sqe(&sqe)? };
+        self.backend.submit(w, self.workers[w].fd, offset, len)?;
         self.in_flight += 1;
         self.count_issue(w);
         Ok(())
     }
-
-    /// Queues one SQE, submitting first if the submission queue is full.
-    ///
-    /// # Safety
-    /// The buffers the SQE points to must stay valid until its completion is reaped.
-    unsafe fn push_sqe(&mut self, sqe: &io_uring::squeue::Entry) -> Result<()> {
-        if self.ring.submission().push(sqe).is_err() {
-            self.ring.submit().context("io_uring_enter")?;
-            self.ring.submission().push(sqe).map_err(|_| anyhow::anyhow!("io_uring submission queue full"))?;
-        }
-        Ok(())
-    }
-
     fn count_issue(&mut self, w: usize) {
         let gpu = &mut self.gpus[self.workers[w].gpu];
         gpu.outstanding += 1;
         gpu.stats.max_outstanding_reads = gpu.stats.max_outstanding_reads.max(gpu.outstanding);
-    }
-
-    /// psync: one read of the eventfd in flight at all times (not counted in in_flight).
-    fn arm_eventfd(&mut self) -> Result<()> {
-        let fd = self.pool.as_ref().unwrap().eventfd;
-        let sqe = opcode::Read::new(types::Fd(fd), &mut *self.eventfd_buf as *mut u64 as *mut u8, 8)
-            .build()
-            .user_data(EVENTFD_TAG);
-        // SAFETY: eventfd_buf lives as long as the engine.
-        unsafe { self.push_sqe(&sqe)? };
-        Ok(())
     }
 
     fn read_done(&mut self, w: usize, res: i32) -> Result<()> {
@@ -785,7 +658,7 @@ impl<'a, P: Program> Engine<'a, P> {
             worker.step = None;
             if read.close {
                 if let Some(fd) = self.open_files.remove(&read.file) {
-                    unsafe { libc::close(fd) };
+                    self.backend.close(fd);
                 }
             }
             let slot = self.slot_of(g, step);
@@ -803,9 +676,8 @@ impl<'a, P: Program> Engine<'a, P> {
             // The reader's next request on the same open file.
             return self.submit_read(w, next);
         }
-        let worker = &mut self.workers[w];
-        unsafe { libc::close(worker.fd) };
-        worker.fd = -1;
+        self.backend.close(self.workers[w].fd);
+        self.workers[w].fd = -1;
         self.start_item(w)
     }
 
@@ -1004,3 +876,7 @@ impl<'a, P: Program> Engine<'a, P> {
         self.try_consume(g)
     }
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

@@ -21,7 +21,9 @@ mod sweep;
 mod trace_input;
 mod trace_writes;
 mod unmodeled;
+mod uring;
 mod workload;
+mod yaml_keys;
 
 use anyhow::Result;
 use cli::{Cli, Command};
