@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -28,3 +30,13 @@ def loop_dev() -> Iterator[str]:
         pytest.fail("this test needs root (loop devices, BPF): run it as root")
     with loop_device(256) as dev:
         yield dev
+
+
+@pytest.fixture
+def tmpfs_dir() -> Iterator[Path]:
+    """A directory on tmpfs (/dev/shm), removed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix="trainio-test-", dir="/dev/shm"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -71,6 +71,17 @@ class _HelpFormatter(argparse.HelpFormatter):
         super().start_section(self._HEADINGS.get(heading, heading) if heading else heading)
 
 
+def _gap_ms(text: str) -> float:
+    """A gap in milliseconds: a finite number above 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of milliseconds") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"'{text}': must be a finite number of milliseconds above 0")
+    return v
+
+
 def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layer",
@@ -88,7 +99,7 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--burst-gap-ms",
-        type=float,
+        type=_gap_ms,
         default=10.0,
         metavar="MS",
         help="idle gaps at least this long separate bursts (default 10)",
@@ -118,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_selection(a)
     a.add_argument(
         "--step-gap-ms",
-        type=float,
+        type=_gap_ms,
         metavar="MS",
         help="job model: gap between the batches of a rank that reads them itself (default: found from the gaps)",
     )

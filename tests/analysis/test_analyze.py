@@ -223,6 +223,19 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("option", ["--burst-gap-ms", "--step-gap-ms"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0", "ten"])
+def test_cli_a_gap_that_is_not_a_positive_finite_number_is_refused(trace_dir: Path, option: str, value: str) -> None:
+    """argparse's usage and one error line naming the option and the value, exit 2, no
+    traceback (`--burst-gap-ms inf` overflowed an integer conversion; -1 and nan ran)."""
+    write_trace(trace_dir, [block(0, 20, qd=1), block(10, 30, qd=2)])
+    res = run_cli("analyze", str(trace_dir), option, value)
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    errors = [line for line in res.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and option in errors[0] and value in errors[0], res.stderr
+    assert "Traceback" not in res.stderr
+
+
 def test_cli_corrupt_row_group_is_one_line_exit_2(trace_dir: Path) -> None:
     import pyarrow.parquet as pq
 

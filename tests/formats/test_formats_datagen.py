@@ -3,22 +3,10 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 from formats_testlib import tfrecords, trainio, write_workload
-
-
-@pytest.fixture
-def shm_dir():
-    d = Path(tempfile.mkdtemp(prefix="trainio-formats-", dir="/dev/shm"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _datagen(tmp: Path, fmt: str, **kw) -> list[Path]:
@@ -28,8 +16,8 @@ def _datagen(tmp: Path, fmt: str, **kw) -> list[Path]:
     return sorted((data / "train").iterdir())
 
 
-def test_npz_is_what_numpy_savez_writes(shm_dir: Path) -> None:
-    files = _datagen(shm_dir, "npz", files=3, spf=2, record=10000)
+def test_npz_is_what_numpy_savez_writes(tmpfs_dir: Path) -> None:
+    files = _datagen(tmpfs_dir, "npz", files=3, spf=2, record=10000)
     assert [f.suffix for f in files] == [".npz"] * 3
     for f in files:
         with np.load(f) as npz:
@@ -38,25 +26,25 @@ def test_npz_is_what_numpy_savez_writes(shm_dir: Path) -> None:
         # two samples of 10000 bytes rounded up to 4 KiB
         assert x.shape == (2, 12288) and x.dtype == np.uint8
         assert len(np.unique(x)) > 200, "payload must not be constant"
-        again = shm_dir / "again.npz"
+        again = tmpfs_dir / "again.npz"
         np.savez(again, x=x)
         assert again.read_bytes() == f.read_bytes(), f"{f}: differs from numpy.savez of its own array"
     first = np.load(files[0])["x"]
     assert not np.array_equal(first, np.load(files[1])["x"]), "files must differ (stamped)"
 
 
-def test_npy_is_what_numpy_save_writes(shm_dir: Path) -> None:
-    files = _datagen(shm_dir, "npy", files=2, spf=3, record=5000)
+def test_npy_is_what_numpy_save_writes(tmpfs_dir: Path) -> None:
+    files = _datagen(tmpfs_dir, "npy", files=2, spf=3, record=5000)
     for f in files:
         x = np.load(f)
         assert x.shape == (3, 8192) and x.dtype == np.uint8
-        again = shm_dir / "again.npy"
+        again = tmpfs_dir / "again.npy"
         np.save(again, x)
         assert again.read_bytes() == f.read_bytes()
 
 
-def test_tfrecord_framing_is_valid(shm_dir: Path) -> None:
-    files = _datagen(shm_dir, "tfrecord", files=2, spf=5, record=3000)
+def test_tfrecord_framing_is_valid(tmpfs_dir: Path) -> None:
+    files = _datagen(tmpfs_dir, "tfrecord", files=2, spf=5, record=3000)
     for f in files:
         assert f.suffix == ".tfrecord"
         records = tfrecords(f)
@@ -64,6 +52,6 @@ def test_tfrecord_framing_is_valid(shm_dir: Path) -> None:
         assert len(set(records)) == 5, "records must differ"
 
 
-def test_other_formats_are_opaque_files(shm_dir: Path) -> None:
-    files = _datagen(shm_dir, "jpeg", files=2, spf=1, record=5000)
+def test_other_formats_are_opaque_files(tmpfs_dir: Path) -> None:
+    files = _datagen(tmpfs_dir, "jpeg", files=2, spf=1, record=5000)
     assert [f.stat().st_size for f in files] == [8192, 8192]

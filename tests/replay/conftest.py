@@ -5,23 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from trainio_testlib import mounted_loop_fs, throttled_cgroup
-
-
-@pytest.fixture
-def tmpfs_dir():
-    """A directory on tmpfs (/dev/shm), removed afterwards."""
-    d = Path(tempfile.mkdtemp(prefix="trainio-replay-test-", dir="/dev/shm"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
