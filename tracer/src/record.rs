@@ -162,15 +162,23 @@ fn per_host_output(set: &Path) -> Result<PathBuf> {
     if host.is_empty() || host.contains('/') || host == "." || host == ".." {
         usage!("--per-host: this host's name {host:?} cannot name a directory");
     }
-    if set.is_dir() {
-        let own = std::fs::read_dir(set)?
-            .filter_map(|e| e.ok())
-            .any(|e| e.file_name().to_str().is_some_and(trainio_schema::is_segment_name));
-        if own {
-            usage!("--output {}: holds a trace of its own, so it cannot be a set of per-host traces", set.display());
+    // One look at the path: the other hosts' recorders create it at the same time (it does
+    // not exist, then it is a directory), so asking twice could see each in turn.
+    match std::fs::metadata(set) {
+        Ok(m) if m.is_dir() => {
+            let own = std::fs::read_dir(set)?
+                .filter_map(|e| e.ok())
+                .any(|e| e.file_name().to_str().is_some_and(trainio_schema::is_segment_name));
+            if own {
+                usage!(
+                    "--output {}: holds a trace of its own, so it cannot be a set of per-host traces",
+                    set.display()
+                );
+            }
         }
-    } else if set.exists() {
-        usage!("--output {}: exists and is not a directory", set.display());
+        Ok(_) => usage!("--output {}: exists and is not a directory", set.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => usage!("--output {}: {e}", set.display()),
     }
     Ok(set.join(host))
 }
