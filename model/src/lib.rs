@@ -1377,14 +1377,11 @@ fn finish_burst(s: &mut Step, opens: u32, steps: &mut Vec<Step>) -> bool {
 /// held.
 /// `times`: per step, the (issue, complete) ns of each of its reads.
 fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, usize, usize, usize) {
+    // A step's files in the order of their first read (a burst of a storage-bound loader
+    // can hold every file of the run: no quadratic search).
     let files_of = |s: &Step| {
-        let mut order: Vec<u32> = Vec::new();
-        for r in &s.reads {
-            if !order.contains(&r.file) {
-                order.push(r.file);
-            }
-        }
-        order
+        let mut seen: HashSet<u32> = HashSet::new();
+        s.reads.iter().map(|r| r.file).filter(|&f| seen.insert(f)).collect::<Vec<u32>>()
     };
     let mut counts: HashMap<usize, usize> = HashMap::new();
     for s in &steps {
@@ -1430,8 +1427,9 @@ fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, us
                 period_s: s.period_s.map(|p| p / k as f64),
             })
             .collect();
+        let position: HashMap<u32, usize> = order.iter().enumerate().map(|(i, &f)| (f, i)).collect();
         for (r, &(issue, done)) in s.reads.iter().zip(t) {
-            let part = &mut parts[order.iter().position(|&f| f == r.file).unwrap_or(0) / batch];
+            let part = &mut parts[position[&r.file] / batch];
             part.reads.push(*r);
             part.bytes += r.len;
             part.first_read_ns = part.first_read_ns.min(issue);
@@ -1453,15 +1451,11 @@ fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, us
     let mut steps = Vec::with_capacity(out.len());
     let mut i = 0;
     while i < out.len() {
-        let mut files = files_of(&out[i]);
+        let mut files: HashSet<u32> = files_of(&out[i]).into_iter().collect();
         let mut j = i + 1;
         while files.len() < batch && j < out.len() {
             let mut union = files.clone();
-            for f in files_of(&out[j]) {
-                if !union.contains(&f) {
-                    union.push(f);
-                }
-            }
+            union.extend(files_of(&out[j]));
             if union.len() > batch {
                 break;
             }
