@@ -90,28 +90,26 @@ pub fn check(workload: Option<&Workload>, runs: &[Value], threshold_from: &str) 
     rules.push(Rule { name: "au_threshold", pass: failed == 0, reason });
     let (odirect, dropped) = (s["odirect"].as_bool() == Some(true), s["drop_caches"].as_bool() == Some(true));
     let limit = datasize::RAM_FACTOR as f64 * ram as f64;
+    let dataset = |cmp: &str| {
+        format!(
+            "the dataset the run reads ({}) is {cmp} 5 × the RAM of the {hosts} client host(s) (5 × {} = {})",
+            datasize::gib(bytes as f64),
+            datasize::gib(ram as f64),
+            datasize::gib(limit)
+        )
+    };
     let (pass, reason) = if odirect {
         (true, "every sample is read with O_DIRECT (--odirect or reader.odirect): no page cache".to_string())
     } else if dropped {
         (true, "the page cache is dropped before each run (--drop-caches)".to_string())
     } else if bytes as f64 >= limit {
-        (
-            true,
-            format!(
-                "the dataset the run reads ({}) is ≥ 5 × the RAM of the {hosts} client host(s) (5 × {} = {})",
-                datasize::gib(bytes as f64),
-                datasize::gib(ram as f64),
-                datasize::gib(limit)
-            ),
-        )
+        (true, dataset("≥"))
     } else {
         (
             false,
             format!(
-                "the dataset the run reads ({}) is < 5 × the RAM of the {hosts} client host(s) (5 × {} = {}) and neither --odirect nor --drop-caches is set: reads may come from the page cache",
-                datasize::gib(bytes as f64),
-                datasize::gib(ram as f64),
-                datasize::gib(limit)
+                "{} and neither --odirect nor --drop-caches is set: reads may come from the page cache",
+                dataset("<")
             ),
         )
     };
