@@ -308,10 +308,23 @@ static __always_inline void begin_ipc(struct pending_io *p, __u32 ipc, __u32 op,
 	p->enter_ns = bpf_ktime_get_ns();
 }
 
+/* A socket's send or receive: recorded on sockets only, as ipc rows. */
+static __always_inline bool socket_op(__u32 op)
+{
+	return op >= TRAINIO_FOP_SENDTO && op <= TRAINIO_FOP_RECVMSG;
+}
+
 /* A read or write: it moves data, has a file position and counts in the read concurrency. */
 static __always_inline bool data_op(__u32 op)
 {
-	return op >= TRAINIO_FOP_READ && op <= TRAINIO_FOP_PWRITE64;
+	return (op >= TRAINIO_FOP_READ && op <= TRAINIO_FOP_PWRITE64) ||
+	       (op >= TRAINIO_FOP_WRITEV && op <= TRAINIO_FOP_PWRITEV2) || socket_op(op);
+}
+
+static __always_inline bool write_op(__u32 op)
+{
+	return op == TRAINIO_FOP_WRITE || op == TRAINIO_FOP_PWRITE64 ||
+	       (op >= TRAINIO_FOP_WRITEV && op <= TRAINIO_FOP_SENDMSG);
 }
 
 /* offset < 0: a data op uses the file position at entry; other ops have no offset. */
@@ -335,14 +348,15 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 		ipc = data_op(op) ? ipc_type(mode) : 0;
 		if (!ipc)
 			return 0; /* neither storage nor ipc */
+	} else if (socket_op(op)) {
+		return 0;
 	}
 	p = pending_of(task);
 	if (!p)
 		return 0;
 	if (ipc) {
 		/* Not counted in the process's read concurrency. */
-		begin_ipc(p, ipc, op == TRAINIO_FOP_WRITE || op == TRAINIO_FOP_PWRITE64 ? TRAINIO_IPC_WRITE : TRAINIO_IPC_READ,
-			  fd, requested, &fb);
+		begin_ipc(p, ipc, write_op(op) ? TRAINIO_IPC_WRITE : TRAINIO_IPC_READ, fd, requested, &fb);
 		return 0;
 	}
 	p->ipc = 0;
@@ -472,6 +486,59 @@ int tio_pwrite_enter(struct trace_event_raw_sys_enter *ctx)
 	return enter_io(TRAINIO_FOP_PWRITE64, ARG(0), ARG(2), ARG(3));
 }
 
+SEC("tracepoint/syscalls/sys_enter_writev")
+int tio_writev_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(TRAINIO_FOP_WRITEV, ARG(0), iovec_bytes((void *)ARG(1), ARG(2)), -1);
+}
+
+SEC("tracepoint/syscalls/sys_enter_pwritev")
+int tio_pwritev_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(TRAINIO_FOP_PWRITEV, ARG(0), iovec_bytes((void *)ARG(1), ARG(2)), ARG(3));
+}
+
+/* pwritev2 with pos == -1 writes at the file position, as write() does. */
+SEC("tracepoint/syscalls/sys_enter_pwritev2")
+int tio_pwritev2_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(TRAINIO_FOP_PWRITEV2, ARG(0), iovec_bytes((void *)ARG(1), ARG(2)), ARG(3));
+}
+
+/* sendto/recvfrom(fd, buf, len, ...); sendmsg/recvmsg(fd, msghdr, flags): its iovecs' bytes. */
+static __always_inline __u64 msghdr_bytes(const struct user_msghdr *m)
+{
+	struct user_msghdr h;
+
+	if (bpf_probe_read_user(&h, sizeof(h), m))
+		return 0;
+	return iovec_bytes(h.msg_iov, h.msg_iovlen);
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendto")
+int tio_sendto_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(TRAINIO_FOP_SENDTO, ARG(0), ARG(2), -1);
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendmsg")
+int tio_sendmsg_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(TRAINIO_FOP_SENDMSG, ARG(0), msghdr_bytes((void *)ARG(1)), -1);
+}
+
+SEC("tracepoint/syscalls/sys_enter_recvfrom")
+int tio_recvfrom_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(TRAINIO_FOP_RECVFROM, ARG(0), ARG(2), -1);
+}
+
+SEC("tracepoint/syscalls/sys_enter_recvmsg")
+int tio_recvmsg_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(TRAINIO_FOP_RECVMSG, ARG(0), msghdr_bytes((void *)ARG(1)), -1);
+}
+
 SEC("tracepoint/syscalls/sys_enter_close")
 int tio_close_enter(struct trace_event_raw_sys_enter *ctx)
 {
@@ -512,6 +579,13 @@ EXIT_PROG(tio_preadv_exit, preadv)
 EXIT_PROG(tio_preadv2_exit, preadv2)
 EXIT_PROG(tio_write_exit, write)
 EXIT_PROG(tio_pwrite_exit, pwrite64)
+EXIT_PROG(tio_writev_exit, writev)
+EXIT_PROG(tio_pwritev_exit, pwritev)
+EXIT_PROG(tio_pwritev2_exit, pwritev2)
+EXIT_PROG(tio_sendto_exit, sendto)
+EXIT_PROG(tio_sendmsg_exit, sendmsg)
+EXIT_PROG(tio_recvfrom_exit, recvfrom)
+EXIT_PROG(tio_recvmsg_exit, recvmsg)
 EXIT_PROG(tio_close_exit, close)
 EXIT_PROG(tio_fsync_exit, fsync)
 EXIT_PROG(tio_fdatasync_exit, fdatasync)

@@ -69,6 +69,14 @@ enum trainio_file_op {
 	TRAINIO_FOP_SYNC_FILE_RANGE = 11,
 	TRAINIO_FOP_URING_READ = 12,  /* an io_uring read request (IORING_OP_READ*) */
 	TRAINIO_FOP_URING_WRITE = 13, /* an io_uring write request (IORING_OP_WRITE*) */
+	TRAINIO_FOP_WRITEV = 14,
+	TRAINIO_FOP_PWRITEV = 15,
+	TRAINIO_FOP_PWRITEV2 = 16,
+	/* Socket syscalls: ipc rows only (a collective's sends and receives). */
+	TRAINIO_FOP_SENDTO = 17,
+	TRAINIO_FOP_SENDMSG = 18,
+	TRAINIO_FOP_RECVFROM = 19,
+	TRAINIO_FOP_RECVMSG = 20,
 };
 
 /* Index of the lost-event counters (a per-CPU array in each object). */

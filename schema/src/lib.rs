@@ -1,4 +1,4 @@
-//! The trainio trace format (traces/SCHEMA.md), version 1.3: the one Rust module that knows
+//! The trainio trace format (traces/SCHEMA.md), version 1.5: the one Rust module that knows
 //! its columns, types and metadata keys. The tracer writes through [`TraceWriter`]; the
 //! replayer reads through [`read_rows`].
 //!
@@ -29,7 +29,7 @@ pub const SCHEMA_VERSION: &str = "1";
 /// 1: the `rpc_*` columns. 2: `trainio.recorder_cpu_ns`. 3: the `proc` and `ipc` layers
 /// and the `ppid` column. 4: the file layer's `fsync`, `fdatasync` and `sync_file_range`
 /// ops. A trace without the key is 1.0; readers accept any minor.
-pub const SCHEMA_MINOR: &str = "4";
+pub const SCHEMA_MINOR: &str = "5";
 
 /// Columns added by minor versions: a reader takes them as null when a trace lacks them.
 pub const OPTIONAL_COLUMNS: [&str; 6] =

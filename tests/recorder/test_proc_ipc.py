@@ -195,7 +195,7 @@ def test_workers_fork_rename_and_hand_batches_over_a_polled_pipe(tmp_path: Path)
     assert blocked["complete_ns"] > rank_reads["complete_ns"].max()
 
     meta = read_metadata(out)
-    assert meta["schema_minor"] == 4
+    assert meta["schema_minor"] == 5
     assert {"file", "proc", "ipc"} <= set(meta["layers"])
     assert meta["events"]["proc"] == proc.height and meta["events"]["ipc"] == ipc.height
     assert sum(meta["lost_events"].values()) == 0
@@ -206,3 +206,69 @@ def test_workers_fork_rename_and_hand_batches_over_a_polled_pipe(tmp_path: Path)
     }
     assert summary["proc"][1:] == ["-", str(proc.height), "-", "-"], err
     assert "ipc" in summary, err
+
+
+# Vectored writes to a file, and a socket's sends and receives through each syscall
+# (schema 1.5): a collective's transport (gloo: writev out, recvfrom in) and a checkpoint
+# writer's writev are rows like write() and read().
+VECTORED = r"""
+import json, os, socket, sys
+
+path = sys.argv[1]
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.writev(fd, [b"a" * 1000, b"b" * 3096])               # writev: 4096 at 0
+os.pwritev(fd, [b"e" * 512], -1, os.RWF_DSYNC)          # pwritev2 at the position: 512 at 4096
+os.pwritev(fd, [b"c" * 4096, b"d" * 4096], 8192)        # pwritev: 8192 at 8192
+os.close(fd)
+a, b = socket.socketpair()
+a.send(b"x" * 48)                                       # sendto(fd, buf, 48, 0, NULL, 0)
+got = b.recv(100)                                       # recvfrom(fd, buf, 100, 0, NULL, NULL)
+a.sendmsg([b"y" * 20, b"z" * 12])                       # sendmsg: 32 bytes in 2 iovecs
+data, *_ = b.recvmsg(64)                                # recvmsg: 32 of 64
+print(json.dumps({"a": os.fstat(a.fileno()).st_ino, "b": os.fstat(b.fileno()).st_ino,
+                  "got": len(got), "msg": len(data)}), flush=True)
+"""
+
+
+def test_vectored_writes_and_socket_sends_and_receives_are_recorded(tmp_path: Path) -> None:
+    script = tmp_path / "vectored.py"
+    script.write_text(VECTORED)
+    out = tmp_path / "trace"
+    with mounted_loop_fs(64) as (_dev, majmin, mnt):
+        target = mnt / "ckpt.bin"
+        p = subprocess.run(
+            [
+                str(TRAINIO),
+                "record",
+                "--layers",
+                "file",
+                "-o",
+                str(out),
+                "--",
+                sys.executable,
+                str(script),
+                str(target),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 0, p.stderr
+        size = target.stat().st_size
+    info = json.loads(p.stdout.splitlines()[0])
+    assert (info["got"], info["msg"]) == (48, 32)
+    df = scan_trace(out).collect()
+    writes = df.filter((pl.col("layer") == "file") & (pl.col("op") == "write") & (pl.col("file") == str(target)))
+    got = sorted(zip(writes["offset"].to_list(), writes["bytes"].to_list(), writes["bytes_requested"].to_list()))
+    assert got == [(0, 4096, 4096), (4096, 512, 512), (8192, 8192, 8192)], writes
+    assert size == 16384
+    assert (writes["dev"] == majmin).all()
+    sock = df.filter((pl.col("layer") == "ipc") & pl.col("file").str.starts_with("socket:"))
+    a, b = f"socket:[{info['a']}]", f"socket:[{info['b']}]"
+    sends = sock.filter(pl.col("op") == "write")
+    assert sorted(zip(sends["file"], sends["bytes"], sends["bytes_requested"])) == [(a, 32, 32), (a, 48, 48)], sends
+    recvs = sock.filter(pl.col("op") == "read")
+    assert sorted(zip(recvs["file"], recvs["bytes"], recvs["bytes_requested"])) == [(b, 32, 64), (b, 48, 100)], recvs
+    # Socket syscalls are ipc rows only, and not counted in the read concurrency.
+    assert not df.filter(pl.col("layer") == "file")["file"].str.starts_with("socket:").any()
+    assert read_metadata(out)["schema_minor"] == 5

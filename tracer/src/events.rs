@@ -34,6 +34,9 @@ const FOP_FSYNC: u32 = fop::TRAINIO_FOP_FSYNC.0;
 const FOP_FDATASYNC: u32 = fop::TRAINIO_FOP_FDATASYNC.0;
 const FOP_SYNC_FILE_RANGE: u32 = fop::TRAINIO_FOP_SYNC_FILE_RANGE.0;
 const FOP_URING_WRITE: u32 = fop::TRAINIO_FOP_URING_WRITE.0;
+const FOP_WRITEV: u32 = fop::TRAINIO_FOP_WRITEV.0;
+const FOP_PWRITEV: u32 = fop::TRAINIO_FOP_PWRITEV.0;
+const FOP_PWRITEV2: u32 = fop::TRAINIO_FOP_PWRITEV2.0;
 
 const AT_FDCWD: i32 = -100;
 const REQ_OP_MASK: u32 = 0xff;
@@ -280,7 +283,7 @@ impl Collector {
     fn file(&mut self, e: &file_event) {
         let (op, read) = match e.op {
             FOP_CLOSE => ("close", false),
-            FOP_WRITE | FOP_PWRITE64 | FOP_URING_WRITE => ("write", false),
+            FOP_WRITE | FOP_PWRITE64 | FOP_URING_WRITE | FOP_WRITEV | FOP_PWRITEV | FOP_PWRITEV2 => ("write", false),
             FOP_FSYNC => ("fsync", false),
             FOP_FDATASYNC => ("fdatasync", false),
             FOP_SYNC_FILE_RANGE => ("sync_file_range", false),
