@@ -180,6 +180,14 @@ pub struct GpuModel {
     /// rank receiving a batch from its workers (unpickling, shared-memory handles), or
     /// the loader's own CPU time between a rank's reads. The replay spends it too.
     pub handoff_s: f64,
+    /// What `compute_s` was measured from: `collective` (the batch in hand to the first
+    /// send of the step's collective), `next_get` (an index write to the next get of the
+    /// worker pipe), `gap` (an inline loader's idle gap), `period` (reader threads).
+    pub compute_signal: &'static str,
+    /// With `compute_signal` `collective`: the collective's own time per step, from its
+    /// first send to the next ask for data when no rank waits for another (the 10th
+    /// percentile); 0 otherwise. The replay spends it, outside compute.
+    pub sync_s: f64,
     pub bytes_per_step: f64,
     pub samples_per_step: f64,
     pub required_mib_s: Option<f64>,
@@ -977,6 +985,9 @@ fn build_gpu(
     let readers;
     let synchronous;
     let mut intervals_override: Option<Vec<f64>> = None;
+    // Per step: (from, anchor, to): the GPU has its batch from `from` (its main thread's
+    // last syscall up to `anchor` starts the compute) until it asks for the next at `to`.
+    let mut windows: Vec<(i64, i64, i64)> = Vec::new();
     // Reader threads: how many batches the loader was seen to read ahead (at least 2).
     let mut read_ahead = 2usize;
     let handoff_s: f64;
@@ -1094,6 +1105,7 @@ fn build_gpu(
         let mut computes = Vec::new();
         let mut waits = Vec::new();
         let mut costs = Vec::new();
+        let mut prev_t = i64::MIN;
         for w in marks.windows(2) {
             let (t, next) = (w[0], w[1]);
             let k = pipe_events.partition_point(|e| e.0 <= t);
@@ -1101,6 +1113,13 @@ fn build_gpu(
                 Some(e) if e.0 < next => e.0,
                 _ => next,
             };
+            // The get this index write followed: the handoff the compute starts after.
+            let got = match k.checked_sub(1).map(|i| pipe_events[i].0) {
+                Some(g) if g > prev_t => g,
+                _ => t,
+            };
+            prev_t = t;
+            windows.push((got, t, end));
             computes.push((end - t) as f64 / 1e9);
             let waited: i64 =
                 pipe_events[k..].iter().take_while(|e| e.0 < next).filter(|e| e.2).map(|e| e.1 - e.0).sum();
@@ -1246,6 +1265,13 @@ fn build_gpu(
         // itself, the job read, then computed. Otherwise other threads read ahead.
         let inline = pids.iter().flat_map(|&p| rows_of(&ix.data, p)).all(|r| r.tid == r.pid);
         synchronous = workers.is_empty() && inline;
+        if synchronous {
+            for w in steps.windows(2) {
+                if w[0].interval_s.is_some() {
+                    windows.push((w[0].ready_ns, w[0].ready_ns, w[1].first_read_ns));
+                }
+            }
+        }
         if !synchronous {
             let starts: Vec<i64> = steps.iter().map(|s| s.first_read_ns).collect();
             let periods: Vec<f64> = starts.windows(2).map(|w| (w[1] - w[0]) as f64 / 1e9).collect();
@@ -1281,9 +1307,27 @@ fn build_gpu(
         None => steps.iter().filter_map(|s| s.interval_s).collect(),
     };
     let paced = step_signal == "bursts" && !synchronous;
+    let excluded: HashSet<&str> = data_pipes.union(&index_pipes).copied().collect();
+    let split = collective_split(&windows, rank, rows_of(&ix.ipc, rank), rows_of(&ix.file, rank), &excluded);
     // A step period is the compute when loader threads keep ahead; a gap or a time to
-    // the next get can only be longer than the compute (COMPUTE_QUANTILE).
-    let compute_s = quantile(&intervals, if paced { 0.5 } else { COMPUTE_QUANTILE });
+    // the next get can only be longer than the compute (COMPUTE_QUANTILE); the time to a
+    // collective's first send is the compute itself (collective_split).
+    let (compute_s, sync_s, compute_signal) = match &split {
+        Some((computes, syncs)) => {
+            (quantile(computes, 0.5), quantile(syncs, COMPUTE_QUANTILE).unwrap_or(0.0), "collective")
+        }
+        None => (
+            quantile(&intervals, if paced { 0.5 } else { COMPUTE_QUANTILE }),
+            0.0,
+            if paced {
+                "period"
+            } else if step_signal == "handoff" {
+                "next_get"
+            } else {
+                "gap"
+            },
+        ),
+    };
     let bytes: u64 = steps.iter().map(|s| s.bytes).sum();
     let samples: u64 = steps.iter().map(|s| s.samples as u64).sum();
     let n = steps.len().max(1) as f64;
@@ -1326,6 +1370,8 @@ fn build_gpu(
         interval_p90_s: quantile(&intervals, 0.9),
         wait_s: steps.iter().map(|s| s.wait_s).sum(),
         handoff_s,
+        compute_signal,
+        sync_s,
         bytes_per_step,
         samples_per_step: samples as f64 / n,
         required_mib_s,
@@ -1336,6 +1382,71 @@ fn build_gpu(
         write_bursts: Vec::new(),
         write_files: Vec::new(),
     }
+}
+
+/// A collective's sends in a GPU's compute windows (a data-parallel job's all-reduce
+/// after each step's compute, when its transport is a socket the trace sees: gloo's TCP
+/// pairs, NCCL's socket transport). A socket is the collective's when the rank's threads
+/// send on it in at least half the windows (and 2); the pipes of the handoff are not.
+/// In a window (from, anchor, to) the compute starts at the end of the main thread's
+/// last syscall in [from, anchor] (anchor when there is none: the batch was in hand) and
+/// ends at the first send on a collective socket after it; from that send to `to` is the
+/// collective, with any wait for a slower rank. Returns (computes, syncs) of the windows
+/// that have a send, or None when no socket is the collective's or fewer than half the
+/// windows have a send.
+fn collective_split(
+    windows: &[(i64, i64, i64)],
+    rank: u32,
+    ipc: &[&OwnedRow],
+    file: &[&OwnedRow],
+    excluded: &HashSet<&str>,
+) -> Option<(Vec<f64>, Vec<f64>)> {
+    if windows.len() < 2 {
+        return None;
+    }
+    let mut sends: Vec<(i64, &str)> = ipc
+        .iter()
+        .filter(|r| &*r.op == "write" && r.bytes > 0)
+        .filter_map(|r| {
+            r.file.as_deref().filter(|f| f.starts_with("socket:") && !excluded.contains(f)).map(|f| (r.issue_ns, f))
+        })
+        .collect();
+    sends.sort_unstable();
+    let in_window = |from: i64, to: i64| {
+        let lo = sends.partition_point(|s| s.0 <= from);
+        let hi = sends.partition_point(|s| s.0 < to);
+        &sends[lo..hi.max(lo)]
+    };
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for &(from, _, to) in windows {
+        let mut here: Vec<&str> = in_window(from, to).iter().map(|s| s.1).collect();
+        here.sort_unstable();
+        here.dedup();
+        for f in here {
+            *seen.entry(f).or_default() += 1;
+        }
+    }
+    let need = windows.len().div_ceil(2).max(2);
+    let collective: HashSet<&str> = seen.into_iter().filter(|&(_, n)| n >= need).map(|(f, _)| f).collect();
+    if collective.is_empty() {
+        return None;
+    }
+    let mut main: Vec<i64> =
+        ipc.iter().chain(file.iter()).filter(|r| r.pid == rank && r.tid == rank).map(|r| r.complete_ns).collect();
+    main.sort_unstable();
+    let mut computes = Vec::new();
+    let mut syncs = Vec::new();
+    for &(from, anchor, to) in windows {
+        let last = main.partition_point(|&t| t <= anchor);
+        let start = match last.checked_sub(1).map(|i| main[i]) {
+            Some(t) if t >= from => t,
+            _ => anchor,
+        };
+        let Some(&(c, _)) = in_window(start, to).iter().find(|s| collective.contains(s.1)) else { continue };
+        computes.push((c - start) as f64 / 1e9);
+        syncs.push((to - c) as f64 / 1e9);
+    }
+    (computes.len() >= need).then_some((computes, syncs))
 }
 
 fn distinct_files(reads: &[Read]) -> u32 {
@@ -1507,7 +1618,7 @@ pub fn describe(m: &JobModel) -> Vec<String> {
     for g in &m.gpus {
         let workers: Vec<String> = g.members.iter().filter(|x| x.role == "worker").map(|x| x.pid.to_string()).collect();
         out.push(format!(
-            "  GPU {}{}: rank pid {} ({}){}; {} steps ({}), compute {}/step, {:.2} MiB/step, {:.1} samples/step, needs {}",
+            "  GPU {}{}: rank pid {} ({}){}; {} steps ({}), compute {}/step{}, {:.2} MiB/step, {:.1} samples/step, needs {}",
             g.index,
             g.host.as_deref().map(|h| format!(" on {h}")).unwrap_or_default(),
             g.rank_pid,
@@ -1516,6 +1627,11 @@ pub fn describe(m: &JobModel) -> Vec<String> {
             g.steps.len(),
             g.step_signal,
             f(g.compute_s, 1e3, "ms"),
+            if g.compute_signal == "collective" {
+                format!(" + collective {:.1} ms", g.sync_s * 1e3)
+            } else {
+                String::new()
+            },
             g.bytes_per_step / (1u64 << 20) as f64,
             g.samples_per_step,
             f(g.required_mib_s, 1.0, "MiB/s"),

@@ -75,6 +75,28 @@ fn rank_with_workers(
     compute_ms: i64,
     steps: u32,
 ) {
+    rank_with_workers_ext(input, rank, launcher, workers, batch, read_ms, compute_ms, steps, None);
+}
+
+/// A step's all-reduce after the compute: a runloop thread of the rank sends on the
+/// collective's socket when the compute ends; the rank asks for its next batch `sync_ns`
+/// later plus `peer_wait(k)` waiting for a slower rank.
+struct Collective {
+    sync_ns: i64,
+    peer_wait: fn(usize) -> i64,
+}
+
+fn rank_with_workers_ext(
+    input: &mut Input,
+    rank: u32,
+    launcher: u32,
+    workers: u32,
+    batch: u32,
+    read_ms: i64,
+    compute_ms: i64,
+    steps: u32,
+    collective: Option<&Collective>,
+) {
     let t0 = 1_000 * MS;
     input.proc_rows.push(proc_row("fork", rank, launcher, "python", t0));
     let pipe = format!("pipe:[{}]", 9000 + rank);
@@ -148,6 +170,16 @@ fn rank_with_workers(
             ));
         }
         rank_t = consumed[k] + compute_ms * MS;
+        if let Some(c) = collective {
+            // Unpickling the batch: torch's shared-memory handles arrive over a new socket
+            // per batch (a send of the rank's main thread, not the collective's).
+            let sharer = format!("socket:[{}]", 600_000 + rank as usize * 1000 + k);
+            input.ipc.push(ipc("write", rank, rank, "python", &sharer, consumed[k] + 1_000, consumed[k] + 2_000, 20));
+            let end = consumed[k] + 8_000 + compute_ms * MS;
+            let socket = format!("socket:[{}]", 500_000 + rank);
+            input.ipc.push(ipc("write", rank, rank + 50_000, "pt_gloo_runloop", &socket, end, end + 2_000, 48));
+            rank_t = end + c.sync_ns + (c.peer_wait)(k);
+        }
     }
 }
 
@@ -553,4 +585,78 @@ fn a_trace_sets_model_is_every_hosts_gpus_on_one_clock() {
     assert!(close(m.required_mib_s_per_gpu.unwrap(), need, 1e-9));
     assert!(m.left_out.iter().all(|l| l.host.is_some()));
     assert!(describe(&m)[2].starts_with("  GPU 1 on h2: rank pid 200"), "{:?}", describe(&m));
+}
+
+#[test]
+fn a_collectives_first_send_ends_the_compute() {
+    // Every step: 50 ms of compute, then an all-reduce of 0.4 ms that waits 0-3 ms for
+    // the other rank. The time to the next get holds all of it (its 10th percentile is
+    // 50.4 ms); the first send on the collective's socket ends the compute.
+    let coll = Collective { sync_ns: 400_000, peer_wait: |k| (k as i64 % 4) * MS };
+    let mut input = Input::default();
+    rank_with_workers_ext(&mut input, 200, 100, 2, 4, 20, 50, 40, Some(&coll));
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    assert_eq!(g.step_signal, "handoff");
+    assert_eq!(g.compute_signal, "collective", "{}", describe(&m).join("\n"));
+    let c = g.compute_s.unwrap();
+    assert!(close(c, 0.050, 0.001), "compute {c}");
+    assert!(close(g.sync_s, 0.0004, 0.05), "sync {}", g.sync_s);
+    // The same job with the collective's sends not in the trace (a transport the trace
+    // does not see): compute from the next get, which holds the all-reduce.
+    input.ipc.retain(|r| !r.file.as_deref().is_some_and(|f| f.starts_with("socket:[5")));
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    assert_eq!(g.compute_signal, "next_get");
+    assert!(g.compute_s.unwrap() > 0.0504, "compute {:?}", g.compute_s);
+    assert_eq!(g.sync_s, 0.0);
+}
+
+#[test]
+fn sends_on_sockets_that_are_not_every_steps_are_no_collective() {
+    // The per-batch sockets of the handoff are each sent on once: no collective.
+    let mut input = Input::default();
+    let coll = Collective { sync_ns: 400_000, peer_wait: |_| 0 };
+    rank_with_workers_ext(&mut input, 200, 100, 2, 4, 20, 50, 40, Some(&coll));
+    // The collective's sends in 10 of the 40 steps only.
+    let mut seen = 0;
+    input.ipc.retain(|r| {
+        if !r.file.as_deref().is_some_and(|f| f.starts_with("socket:[5")) {
+            return true;
+        }
+        seen += 1;
+        seen % 4 == 0
+    });
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.gpus[0].compute_signal, "next_get");
+}
+
+#[test]
+fn an_inline_loaders_compute_ends_at_the_collective() {
+    // A rank reading its own batch (no workers), then 50 ms of compute, then a 0.3 ms
+    // all-reduce that waits 0-3 ms for the other rank.
+    let mut input = Input::default();
+    let (rank, t0) = (200u32, 1_000 * MS);
+    input.proc_rows.push(proc_row("fork", rank, 100, "python", t0));
+    let mut t = t0 + 5 * MS;
+    for k in 0..30i64 {
+        for s in 0..4 {
+            let f = format!("/data/s{k:04}_{s}.bin");
+            input.file.push(file_open(rank, "python", &f, t));
+            t += MS / 5;
+            input.file.push(file_read(rank, "python", &f, 0, MIB as i64, t, 2 * MS));
+            t += 2 * MS + MS / 5;
+        }
+        t += 50 * MS;
+        input.ipc.push(ipc("write", rank, rank + 7, "pt_gloo_runloop", "socket:[4242]", t, t + 2_000, 48));
+        t += 300_000 + (k % 4) * MS;
+    }
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    assert!(g.synchronous);
+    assert_eq!(g.compute_signal, "collective");
+    // the burst ends with its last read; 0.2 ms of the loader's own time follows it
+    let c = g.compute_s.unwrap();
+    assert!(close(c, 0.0502, 0.001), "compute {c}");
+    assert!(close(g.sync_s, 0.0003, 0.05), "sync {}", g.sync_s);
 }

@@ -565,7 +565,7 @@ impl Job {
                             .map(|t| serde_json::json!({
                                 "host": t.host, "pid": t.pid, "comm": t.comm, "files": t.files.len(), "steps": t.steps.len(),
                                 "readers": t.concurrency, "workers": t.workers, "synchronous": t.synchronous, "paced": t.paced,
-                                "prefetch": t.prefetch, "compute_s": t.compute_s, "handoff_s": t.handoff_s, "bytes": t.bytes, "dev": t.dev,
+                                "prefetch": t.prefetch, "compute_s": t.compute_s, "handoff_s": t.handoff_s, "sync_s": t.sync_s, "bytes": t.bytes, "dev": t.dev,
                                 "write_bursts": t.write_bursts.len(), "write_bytes": t.write_bytes(), "write_files": t.write_files.len(),
                                 "write_after_steps": t.write_bursts.keys().collect::<Vec<_>>(),
                             }))

@@ -66,6 +66,8 @@ pub struct Template {
     pub compute_s: f64,
     /// Time the GPU spends taking each batch (model's handoff_s).
     pub handoff_s: f64,
+    /// The collective's own time per step (model's sync_s), spent after the compute.
+    pub sync_s: f64,
     /// The data device (`MAJ:MIN`) whose reads were kept, when the trace names devices.
     pub dev: Option<String>,
     /// Write bursts by the step (1-based) after which they were made.
@@ -137,6 +139,7 @@ pub fn load_templates(
                 bytes: g.bytes,
                 compute_s: compute,
                 handoff_s: g.handoff_s,
+                sync_s: g.sync_s,
                 dev: model.data_dev.clone(),
                 write_bursts: g.write_bursts.iter().filter_map(|b| b.after_step.map(|k| (k, b.ops.clone()))).fold(
                     BTreeMap::new(),
@@ -295,7 +298,11 @@ impl Program for TraceProgram {
         if self.compute_override.is_some() {
             return 0.0;
         }
-        self.templates[self.local[gpu].0].handoff_s
+        // Taking the batch and the step's collective: per step, outside the compute (the
+        // collective's time is spent before the compute, where the replay's step has room
+        // for it; either way it is in the step period and not in AU's compute).
+        let t = &self.templates[self.local[gpu].0];
+        t.handoff_s + t.sync_s
     }
 
     fn synchronous(&self, gpu: usize) -> bool {

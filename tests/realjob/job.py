@@ -153,9 +153,10 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
 
     steps = samples = bytes_read = 0
     timed_samples = timed_bytes = 0  # steps 2..n of each epoch
-    timed_compute = timed_wait = timed_span = 0.0
+    timed_compute = timed_wait = timed_span = timed_sync = 0.0
     first_ns = last_ns = None
     waits: list[float] = []  # every step's wait for its batch, s
+    syncs: list[float] = []  # every step's all_reduce, s
     ends: list[int] = []  # every step's end, CLOCK_MONOTONIC ns
     start = time.monotonic_ns()
     for epoch in range(args.epochs):
@@ -176,14 +177,17 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
             c0 = time.perf_counter()
             time.sleep(compute_s)
             slept = time.perf_counter() - c0
+            s0 = time.perf_counter()
             if world > 1:
                 dist.all_reduce(grad)
+            synced = time.perf_counter() - s0
             n += 1
             if args.checkpoint_every and n % args.checkpoint_every == 0:
                 path = args.checkpoint_dir / f"rank{rank}-step{n}.pt"
                 checkpoints.append({"epoch": epoch, "step": n, **save_checkpoint(state, path)})
             end = time.monotonic_ns()
             waits.append((t1 - t0) / 1e9)
+            syncs.append(synced)
             ends.append(end)
             nbytes = int(sizes.sum())
             samples += len(x)
@@ -194,6 +198,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
                 timed_samples += len(x)
                 timed_bytes += nbytes
                 timed_compute += slept
+                timed_sync += synced
                 timed_wait += (t1 - t0) / 1e9
             prev_end = end
         del it  # shuts this epoch's workers down
@@ -211,6 +216,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
         "wall_s": wall,
         "compute_s": timed_compute,
         "io_wait_s": timed_wait,
+        "sync_s": timed_sync,
         "timed_s": timed_span,
         "au": timed_compute / timed_span if timed_span > 0 else 0.0,
         "samples_per_s": rate,
@@ -218,6 +224,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
         "first_step_ns": first_ns,
         "last_step_ns": last_ns,
         "step_wait_s": [round(w, 6) for w in waits],
+        "step_sync_s": [round(w, 6) for w in syncs],
         "step_end_ns": ends,
         "checkpoints": checkpoints,
     }
