@@ -9,7 +9,11 @@ device under the same cap (`trainio replay --trace`). Columns: GPUs found; compu
 step, configured and inferred; the throughput one GPU needs, true (record size x batch /
 compute) and inferred; the job's and the replay's throughput (MiB/s over steps 2..n) and
 AU (DLIO's formula; between them the model's AU of the recording: DLIO's formula over the
-recorded steps with the inferred compute), and the replay's errors against the job.
+recorded steps with the inferred compute), and the replay's errors against the job; and
+the median block-read latency on the data's device in the job's recording and the
+replay's (recorded too): where they differ, the storage served the two runs unalike (a
+loop device over memory is served by a kernel worker that competes with the job for the
+CPU), and the replay's errors say so rather than how faithful it is.
 Targets (issue #18): GPUs = ranks, compute within
 5 %, need within 10 %, throughput within 5 %, AU within 2 points.
 
@@ -57,10 +61,10 @@ def main() -> int:
         with dataset_fs(sets, slack_mb=slack) as (_dev, _mm, mnt):
             for sc in scs:
                 for _ in range(args.runs):
-                    rows.append(run_scenario(sc, mnt))
+                    rows.append(run_scenario(sc, mnt, record_replay=True))
     head = (
         f"{'scenario':<20} {'regime':<13} {'GPUs':>4} {'compute ms':>16} {'need MiB/s':>16} "
-        f"{'MiB/s job/replay':>18} {'err':>6} {'AU % job/model/replay':>22} {'err':>6}  x2 bytes"
+        f"{'MiB/s job/replay':>18} {'err':>6} {'AU % job/model/replay':>22} {'err':>6} {'dev p50 us':>13}  x2 bytes"
     )
     print(head)
     print("-" * len(head))
@@ -73,6 +77,8 @@ def main() -> int:
         ea = r["replay_au_percent"] - r["job_au_percent"]
         errs_t.append(abs(et))
         errs_au.append(abs(ea))
+        dp = r["device_p50_us"]
+        dev = f"{dp[0]:>6.0f}/{dp[1]:<6.0f}" if dp and None not in dp else f"{'-':>13}"
         x2 = "" if r["replay2_bytes"] is None else f"{r['replay2_bytes'] / r['replay_bytes']:.3f}x"
         print(
             f"{sc.name:<20} {sc.regime:<13} {r['gpus_found']:>2}/{sc.ranks} "
@@ -80,7 +86,7 @@ def main() -> int:
             f"{r['required_true_mib_s']:>6.1f}/{need:>6.1f} "
             f"{r['job_mib_s']:>8.1f}/{r['replay_mib_s']:>8.1f} {et:>+6.1%} "
             f"{r['job_au_percent']:>6.1f}/{r['model_au_percent']:>6.1f}/{r['replay_au_percent']:>6.1f}"
-            f" {ea:>+6.1f}  {x2}"
+            f" {ea:>+6.1f} {dev}  {x2}"
         )
     print(
         f"\nworst |throughput error| {max(errs_t):.1%} (target 5%), worst |AU error| "

@@ -45,7 +45,9 @@ class Scenario:
         return self.ranks * self.batch * (self.steps + 2)
 
 
-def _replay(trace: Path, data_dir: Path, gpus: int, sc: Scenario, majmin: str, out: Path) -> dict:
+def _replay(
+    trace: Path, data_dir: Path, gpus: int, sc: Scenario, majmin: str, out: Path, record: Path | None = None
+) -> dict:
     cmd = [
         str(TRAINIO),
         "replay",
@@ -69,6 +71,9 @@ def _replay(trace: Path, data_dir: Path, gpus: int, sc: Scenario, majmin: str, o
         raise RuntimeError(f"datagen failed ({g.returncode}): {g.stderr[-3000:]}")
     drop_caches(data_dir)
     bps = sc.throttle_mib * MiB if sc.throttle_mib else None
+    if record is not None:
+        # the device's side of the replay (block layer only), to set against the job's
+        cmd = [str(TRAINIO), "record", "--layers", "block", "--dev", majmin, "-o", str(record), "--", *cmd]
     with throttled_cgroup(majmin, bps) as th:
         p = subprocess.run(th.wrap(cmd), capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
@@ -89,8 +94,24 @@ def _steady_mib_s(r: dict) -> float:
     return total_b / MiB / total_t if total_t > 0 else 0.0
 
 
-def run_scenario(sc: Scenario, mnt: Path) -> dict:
-    """Runs one scenario on the file system mounted at `mnt` (data set in mnt/<sc.name>)."""
+def _device_p50_us(trace: Path, majmin: str) -> float | None:
+    """The median latency of the device's block reads in a trace (analyze's latency_us)."""
+    a = subprocess.run(
+        [str(TRAINIO), "analyze", str(trace), "--layer", "block", "--dev", majmin, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if a.returncode != 0:
+        raise RuntimeError(f"analyze failed: {a.stderr}")
+    return (json.loads(a.stdout).get("latency_us") or {}).get("p50")
+
+
+def run_scenario(sc: Scenario, mnt: Path, *, record_replay: bool = False) -> dict:
+    """Runs one scenario on the file system mounted at `mnt` (data set in mnt/<sc.name>).
+    With `record_replay`, the replay at the recorded GPU count runs under `trainio record`
+    (block layer, the data's device) and the result has both runs' median block-read
+    latency on that device: whether the storage served the two alike."""
     data = mnt / sc.name
     majmin = device_of(data)
     with tempfile.TemporaryDirectory(prefix="trainio-fidelity-") as tmp:
@@ -121,7 +142,18 @@ def run_scenario(sc: Scenario, mnt: Path) -> dict:
         analysis = json.loads(a.stdout)
         model = analysis["job_model"]
         replay_dir = mnt / f"{sc.name}-replay"
-        rep = _replay(trace, replay_dir, sc.ranks, sc, majmin, tmp / "replay.json")
+        rep = _replay(
+            trace,
+            replay_dir,
+            sc.ranks,
+            sc,
+            majmin,
+            tmp / "replay.json",
+            tmp / "replay-trace" if record_replay else None,
+        )
+        dev_p50 = (
+            (_device_p50_us(trace, majmin), _device_p50_us(tmp / "replay-trace", majmin)) if record_replay else None
+        )
         rep2 = None
         if sc.double:
             rep2 = _replay(trace, replay_dir, 2 * sc.ranks, sc, majmin, tmp / "replay2.json")
@@ -150,4 +182,6 @@ def run_scenario(sc: Scenario, mnt: Path) -> dict:
         "replay_bytes": rep["bytes_read"],
         "replay2_bytes": rep2["bytes_read"] if rep2 else None,
         "recorded_bytes": sum(g["bytes"] for g in gpus),
+        # median block-read latency on the data's device, job and replay (record_replay)
+        "device_p50_us": dev_p50,
     }

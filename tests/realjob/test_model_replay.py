@@ -4,8 +4,11 @@ Each scenario records job.py (2 ranks under torchrun, gloo all-reduce per step, 
 50 ms compute per step, DataLoader with 0 or 2 worker processes) on ext4 over a loop
 device, compute-bound (no throttle) or storage-bound (reads throttled by a cgroup), then:
 (the compute-bound rank without workers is in make bench-realjob, not here: inside this
-suite its job runs 84-89 % AU where alone it runs 95-96 %, a slowdown of the job's own
-reads that the replay does not reproduce and whose cause is not found yet)
+suite its job runs 84-89 % AU where alone it runs 95-96 %. The device is what slows: the
+loop device over memory is served by a kernel worker that competes for the CPU with the
+job's processes, so the same 256 KiB block reads take longer under the job than under its
+replay, e.g. a median of 471 us against 136 us in one run on this host. make
+bench-realjob prints both runs' median block-read latency next to the errors)
 
 - the job model (`trainio analyze --json`, the same code `replay --trace` uses) finds
   exactly the ranks as GPUs, each rank's workers inside its GPU, the compute time per step
