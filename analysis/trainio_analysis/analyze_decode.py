@@ -97,8 +97,9 @@ class Decoder:
         self.plan = plan
         self._lock = threading.Lock()
         self._file_ids: dict[str, int] = {}
-        #: group id -> the comm of its first row decoded
+        #: group id -> the comm of its first row in the trace (segment path, row group)
         self.comms: dict[int, str] = {}
+        self._comm_at: dict[int, tuple[str, int]] = {}
         # whether the latency sketch still keeps raw values (native path: only then does
         # a chunk return its latencies); it only ever turns False
         self.latency_raw = True
@@ -364,10 +365,13 @@ class Decoder:
             else:
                 pairs = np.unique((gg.astype(np.int64) << 32) | lut[local])
             p.file_pairs.append(pairs)
-        # names: the comm of the first row of each process not named yet
+        # names: the comm of each process's first row in the trace. Row groups decode in
+        # parallel, so a process named from a later row group is named again from an
+        # earlier one (the name then does not depend on which thread finished first).
         present = np.flatnonzero(np.bincount(gid, minlength=n_groups))
+        here = (str(seg.path), index)
         with self._lock:
-            unnamed = [int(k) for k in present if int(k) not in self.comms]
+            unnamed = [int(k) for k in present if self._comm_at.get(int(k), here) >= here]
         if unnamed:
             cols = tr.read_row_group(seg, index, ["comm"])["comm"]
             comms = cols if mask is None else cols.filter(pa.array(mask))
@@ -375,8 +379,9 @@ class Decoder:
             first[gid[::-1]] = np.arange(gid.size - 1, -1, -1)  # the last write wins
             with self._lock:
                 for k in unnamed:
-                    if first[k] >= 0:
-                        self.comms.setdefault(k, comms[int(first[k])].as_py())
+                    if first[k] >= 0 and self._comm_at.get(k, here) >= here:
+                        self.comms[k] = comms[int(first[k])].as_py()
+                        self._comm_at[k] = here
         return p
 
     def _file_codes(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from analysis_helpers import US, block, fread
 
-from trainio_analysis.analyze_decode import Chunk, ProcessTotals
+from trainio_analysis.analyze_decode import Chunk, Decoder, ProcessTotals
 from trainio_analysis.analyze_plan import Plan, Selection
 from trainio_analysis.analyze_result import MIB, Totals, result
 from trainio_analysis.errors import SelectionError
@@ -297,3 +297,17 @@ def test_result_processes_of_the_file_layer(trace_dir: Path) -> None:
     assert (p9["pid"], p9["comm"], p9["files"], p9["concurrency"]["max"]) == (9, "worker", 1, 1)
     assert p9["concurrency"]["mean_time"] == 0.0  # no sweep state for it
     assert p7["gpu"] is None and p7["required_mib_s_per_gpu"] is None
+
+
+def test_a_process_is_named_by_its_first_row_whatever_order_row_groups_decode_in(trace_dir: Path) -> None:
+    # pid 7's first rows carry its main thread's name, later ones a worker thread's (the
+    # comm of a row is its thread's): row groups decode in parallel, in any order.
+    rows = [fread(i, i + 1, pid=7, comm="train.py" if i < 2 else "loader-thread") for i in range(6)]
+    write_trace(trace_dir, rows, row_group_rows=2)
+    plan = Plan(trace_dir, Selection(layer="file"), None)
+    assert len(plan.units) == 3
+    for order in ([0, 1, 2], [2, 1, 0], [1, 2, 0]):
+        d = Decoder(plan)
+        for k in order:
+            d.prepare(plan.units[k])
+        assert d.comms == {0: "train.py"}, order
