@@ -54,6 +54,8 @@ pub struct Job {
     pub progress: bool,
     pub realtime: bool,
     pub psync: bool,
+    /// The page-cache warning was printed (once per command, not once per `--runs` run).
+    pub cache_warned: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// GPUs of rank `rank` when `gpus` are spread over `ranks`: contiguous, the first
@@ -231,6 +233,7 @@ impl Job {
             progress: !args.quiet,
             realtime: args.realtime,
             psync: args.io_engine == crate::cli::IoEngine::Psync,
+            cache_warned: Default::default(),
         })
     }
 
@@ -589,7 +592,11 @@ impl Job {
         clients: Option<(u64, u64)>,
     ) -> Result<Option<serde_json::Value>> {
         if let Some((hosts, client_ram)) = clients {
-            if !self.odirect && !self.drop_caches && used_bytes < 5 * client_ram {
+            if !self.odirect
+                && !self.drop_caches
+                && used_bytes < 5 * client_ram
+                && !self.cache_warned.swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
                 eprintln!(
                     "trainio replay: warning: the dataset ({}) is smaller than 5 × the RAM of the {hosts} client host(s) (5 × {} = {}): reads may come from the page cache and AU would say nothing about storage; pass --odirect or --drop-caches, or generate more data (MLPerf's rule)",
                     datasize::gib(used_bytes as f64),

@@ -58,6 +58,8 @@ def test_three_runs_report_each_run_and_the_spread(tmp_path):
     for stat in ["mean", "min", "max", "stdev"]:
         assert any(line.split()[:1] == [stat] for line in lines), p.stdout
     assert "FAIL dataset_size" in p.stdout and "FAIL cache" in p.stdout and "FAIL runs" in p.stdout
+    # The page-cache warning is said once for the command, not once per run.
+    assert p.stderr.count("smaller than 5 × the RAM") == 1, p.stderr
 
 
 def test_one_run_keeps_its_json_and_adds_the_rules(tmp_path):
