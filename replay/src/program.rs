@@ -4,7 +4,8 @@
 //!
 //! How a sample is read follows the format's real reader (formats.rs, docs/replay.md,
 //! *Formats*): npz and npy as numpy.load reads them, the file opened and closed per
-//! sample as DLIO's on-demand readers do; TFRecord files streamed by TensorFlow's
+//! sample as DLIO's on-demand readers do; hdf5 as h5py opens the file and reads the
+//! sample's row (hdf5.rs), the file opened and closed per sample too; TFRecord files streamed by TensorFlow's
 //! parallel interleave (`read_threads` files at once, each read in buffer-sized preads);
 //! other formats, and every format under O_DIRECT, the sample's bytes in
 //! `transfer_size` requests.
@@ -125,6 +126,7 @@ impl WorkloadProgram {
             (_, Format::TfRecord) => ("tfrecord-interleave", self.tf_buffer),
             (false, Format::Npz) => ("numpy-npz", self.blksize),
             (false, Format::Npy) => ("numpy-npy", self.blksize),
+            (_, Format::Hdf5) => ("h5py-row", crate::hdf5::SIEVE),
             _ => ("whole-sample", self.transfer_size),
         };
         serde_json::json!({
@@ -144,6 +146,7 @@ impl WorkloadProgram {
         let reqs: Vec<Req> = match (self.odirect, self.format) {
             (false, Format::Npz) => formats::npz_plan(&shape, self.blksize),
             (false, Format::Npy) => formats::npy_plan(&shape, self.blksize),
+            (_, Format::Hdf5) => crate::hdf5::plan(spf, sample, k),
             _ => {
                 let stride = if self.format == Format::TfRecord { sample + formats::TFRECORD_FRAME } else { sample };
                 let start = shape.data + k * stride;
@@ -291,6 +294,8 @@ impl Program for WorkloadProgram {
         match (self.odirect, self.format) {
             (_, Format::TfRecord) => plain.max(self.tf_buffer),
             (false, Format::Npz | Format::Npy) => plain.max(formats::NUMPY_BUFFER.max(self.blksize)),
+            // h5py reads a row in one pread, whatever its size.
+            (_, Format::Hdf5) => largest.max(crate::hdf5::SIEVE),
             _ => plain,
         }
     }

@@ -7,7 +7,7 @@ use serde_yaml::Value;
 
 /// Formats whose files the replay lays out and reads as their readers do; any other is
 /// opaque bytes read whole.
-const LAID_OUT: &[&str] = &["npz", "npy", "tfrecord"];
+const LAID_OUT: &[&str] = &["npz", "npy", "tfrecord", "hdf5"];
 /// Loaders whose concurrency the replay models (worker processes, TF's interleave).
 const LOADERS: &[&str] = &["pytorch", "tensorflow"];
 
@@ -20,6 +20,7 @@ fn why(dotted: &str) -> &'static str {
         "reader.computation_threads" | "reader.preprocess_time" | "reader.preprocess_time_stdev" => {
             "the samples are not preprocessed: no CPU stage between a sample's read and the step's compute"
         }
+        "dataset.chunk_dims" => "hdf5 datasets are written and read contiguous, not chunked",
         _ => "trainio does not read this key",
     }
 }
@@ -156,7 +157,7 @@ mod tests {
     fn one_line_per_feature() {
         let y = BASE
             .replace("  batch_size: 1\n", "  batch_size: 1\n  computation_threads: 8\n  preprocess_time: 0.01\n")
-            .replace("format: npz", "format: hdf5")
+            .replace("format: npz", "format: parquet")
             .replace("data_loader: pytorch", "data_loader: dali")
             + "workflow:\n  evaluation: True\n";
         let n = notes_of(&y);
@@ -165,7 +166,7 @@ mod tests {
             "reader.computation_threads: 8:",
             "reader.preprocess_time: 0.01:",
             "workflow.evaluation: true:",
-            "dataset.format: hdf5:",
+            "dataset.format: parquet:",
             "reader.data_loader: dali:",
         ] {
             assert_eq!(n.iter().filter(|l| l.starts_with(key)).count(), 1, "{key} in {n:#?}");
