@@ -21,6 +21,7 @@ fn why(dotted: &str) -> &'static str {
             "the samples are not preprocessed: no CPU stage between a sample's read and the step's compute"
         }
         "dataset.chunk_dims" => "hdf5 datasets are written and read contiguous, not chunked",
+        "dataset.num_dset_per_record" => "an hdf5 file holds one dataset, records_0, and a sample is one row of it",
         _ => "trainio does not read this key",
     }
 }
@@ -171,6 +172,18 @@ mod tests {
         ] {
             assert_eq!(n.iter().filter(|l| l.starts_with(key)).count(), 1, "{key} in {n:#?}");
         }
+    }
+
+    #[test]
+    fn hdf5_says_what_it_writes_instead() {
+        let y = BASE.replace("format: npz", "format: hdf5").replace(
+            "  record_length_bytes: 4096\n",
+            "  record_length_bytes: 4096\n  chunk_dims: [1, 64, 64]\n  num_dset_per_record: 2\n",
+        );
+        let n = notes_of(&y);
+        assert_eq!(n.len(), 2, "{n:#?}");
+        assert!(n[0].starts_with("dataset.chunk_dims: {…}: hdf5 datasets are written and read contiguous"), "{n:#?}");
+        assert!(n[1].starts_with("dataset.num_dset_per_record: 2: an hdf5 file holds one dataset"), "{n:#?}");
     }
 
     #[test]
