@@ -294,8 +294,9 @@ impl Program for WorkloadProgram {
         match (self.odirect, self.format) {
             (_, Format::TfRecord) => plain.max(self.tf_buffer),
             (false, Format::Npz | Format::Npy) => plain.max(formats::NUMPY_BUFFER.max(self.blksize)),
-            // h5py reads a row in one pread, whatever its size.
-            (_, Format::Hdf5) => largest.max(crate::hdf5::SIEVE),
+            // h5py reads a row in one pread; a row longer than transfer_size goes in pieces
+            // of it, so buffers stay that size whatever the samples' size.
+            (_, Format::Hdf5) => plain.max(crate::hdf5::SIEVE),
             _ => plain,
         }
     }
@@ -329,6 +330,27 @@ mod tests {
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), 12);
+    }
+
+    #[test]
+    fn hdf5_samples_are_h5pys_reads_on_one_open() {
+        let y = "dataset:\n  format: hdf5\n  num_files_train: 2\n  num_samples_per_file: 4\n  record_length_bytes: 262144\nreader:\n  batch_size: 2\n  read_threads: 1\ntrain:\n  computation_time: 0.1\n";
+        let w = Workload::from_yaml(y, "t").unwrap();
+        let layout = Layout::from_workload(&w, 1, 0, Path::new("/d"));
+        assert_eq!(layout.files[0].size, 2048 + 4 * 262144 + 32);
+        let p = WorkloadProgram::new(&w, layout, 1, &[0], 1 << 20, 0, false, TF_BUFFER);
+        assert_eq!(p.max_request(), 262144, "a row in one request");
+        assert_eq!(p.reader_json("hdf5", "pytorch")["model"], "h5py-row");
+        let b = p.batch(0, 0, 1);
+        let got: Vec<(u32, u64, u64, bool)> = b.reads.iter().map(|r| (r.file, r.offset, r.len, r.chain)).collect();
+        let mut want = Vec::new();
+        for k in [2u64, 3] {
+            for (i, (o, n)) in crate::hdf5::plan(4, 262144, k).into_iter().enumerate() {
+                want.push((0, o, n, i > 0));
+            }
+        }
+        assert_eq!(got, want, "samples 2 and 3 of file 0, each on its own open");
+        assert_eq!(want[4], (0, 2048 + 2 * 262144, 262144, true));
     }
 
     #[test]
