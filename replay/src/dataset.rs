@@ -76,6 +76,7 @@ impl Layout {
             Format::Npz => "npz",
             Format::Npy => "npy",
             Format::TfRecord => "tfrecord",
+            Format::Hdf5 => "hdf5",
             Format::Raw => "dat",
         };
         let files = (0..n)

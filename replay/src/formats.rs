@@ -8,12 +8,15 @@
 //! - `tfrecord`: records framed as TensorFlow writes them (length, masked CRC-32C of the
 //!   length, data, masked CRC-32C of the data); the data are raw bytes, not a
 //!   tf.train.Example;
-//! - every other format (`jpeg`, `png`, `hdf5` among them, see docs/replay.md): opaque
-//!   bytes, read whole.
+//! - `hdf5`: what h5py writes for DLIO's hdf5 generator, a contiguous dataset
+//!   `records_0` and `labels` (hdf5.rs);
+//! - every other format (`jpeg`, `png` among them, see docs/replay.md): opaque bytes,
+//!   read whole.
 //!
-//! The array of an npz or npy file is `uint8` of shape (samples per file, sample bytes):
-//! sample k is the k-th row.
+//! The array of an npz or npy file, and an hdf5 file's `records_0`, is `uint8` of shape
+//! (samples per file, sample bytes): sample k is the k-th row.
 
+use crate::hdf5;
 use std::io::{self, Write};
 
 /// The formats whose files datagen writes in their own layout.
@@ -22,6 +25,7 @@ pub enum Format {
     Npz,
     Npy,
     TfRecord,
+    Hdf5,
     /// Opaque bytes (jpeg, png, and the formats trainio does not lay out).
     Raw,
 }
@@ -32,6 +36,7 @@ impl Format {
             "npz" => Format::Npz,
             "npy" => Format::Npy,
             "tfrecord" => Format::TfRecord,
+            "hdf5" => Format::Hdf5,
             _ => Format::Raw,
         }
     }
@@ -77,7 +82,7 @@ pub fn npy_header(shape: &[u64]) -> Vec<u8> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     pub size: u64,
-    /// Offset of sample 0's bytes; sample k starts at `data + k × sample` (npz, npy, raw)
+    /// Offset of sample 0's bytes; sample k starts at `data + k × sample` (npz, npy, hdf5, raw)
     /// or `k × (sample + 16) + 12` (tfrecord).
     pub data: u64,
     /// npz: the member's bytes (npy header and array) and the central directory's offset.
@@ -104,6 +109,7 @@ pub fn shape(format: Format, spf: u64, sample: u64) -> Shape {
             Shape { size, data: start + header, member, central, header }
         }
         Format::TfRecord => Shape { size: spf * (sample + TFRECORD_FRAME), data: 12, member: 0, central: 0, header: 0 },
+        Format::Hdf5 => Shape { size: hdf5::size(spf, sample), data: hdf5::DATA, member: 0, central: 0, header: 0 },
     }
 }
 
@@ -168,6 +174,11 @@ pub fn write_file(
         Format::Npy => {
             out.write_all(&npy_header(&[spf, sample]))?;
             payload(out, 0, spf * sample, &mut None).map(|_| None)
+        }
+        Format::Hdf5 => {
+            out.write_all(&hdf5::metadata(spf, sample))?;
+            payload(out, 0, spf * sample, &mut None)?;
+            out.write_all(&hdf5::labels(spf)).map(|_| None)
         }
         Format::Npz => {
             let s = shape(format, spf, sample);

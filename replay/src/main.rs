@@ -10,6 +10,7 @@ mod dataset;
 mod datasize;
 mod engine;
 mod formats;
+mod hdf5;
 mod output;
 mod pool;
 mod program;

@@ -4,7 +4,8 @@
 //!
 //! How a sample is read follows the format's real reader (formats.rs, docs/replay.md,
 //! *Formats*): npz and npy as numpy.load reads them, the file opened and closed per
-//! sample as DLIO's on-demand readers do; TFRecord files streamed by TensorFlow's
+//! sample as DLIO's on-demand readers do; hdf5 as h5py opens the file and reads the
+//! sample's row (hdf5.rs), the file opened and closed per sample too; TFRecord files streamed by TensorFlow's
 //! parallel interleave (`read_threads` files at once, each read in buffer-sized preads);
 //! other formats, and every format under O_DIRECT, the sample's bytes in
 //! `transfer_size` requests.
@@ -125,6 +126,7 @@ impl WorkloadProgram {
             (_, Format::TfRecord) => ("tfrecord-interleave", self.tf_buffer),
             (false, Format::Npz) => ("numpy-npz", self.blksize),
             (false, Format::Npy) => ("numpy-npy", self.blksize),
+            (_, Format::Hdf5) => ("h5py-row", crate::hdf5::SIEVE),
             _ => ("whole-sample", self.transfer_size),
         };
         serde_json::json!({
@@ -144,6 +146,7 @@ impl WorkloadProgram {
         let reqs: Vec<Req> = match (self.odirect, self.format) {
             (false, Format::Npz) => formats::npz_plan(&shape, self.blksize),
             (false, Format::Npy) => formats::npy_plan(&shape, self.blksize),
+            (_, Format::Hdf5) => crate::hdf5::plan(spf, sample, k),
             _ => {
                 let stride = if self.format == Format::TfRecord { sample + formats::TFRECORD_FRAME } else { sample };
                 let start = shape.data + k * stride;
@@ -291,6 +294,9 @@ impl Program for WorkloadProgram {
         match (self.odirect, self.format) {
             (_, Format::TfRecord) => plain.max(self.tf_buffer),
             (false, Format::Npz | Format::Npy) => plain.max(formats::NUMPY_BUFFER.max(self.blksize)),
+            // h5py reads a row in one pread; a row longer than transfer_size goes in pieces
+            // of it, so buffers stay that size whatever the samples' size.
+            (_, Format::Hdf5) => plain.max(crate::hdf5::SIEVE),
             _ => plain,
         }
     }
@@ -324,6 +330,27 @@ mod tests {
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), 12);
+    }
+
+    #[test]
+    fn hdf5_samples_are_h5pys_reads_on_one_open() {
+        let y = "dataset:\n  format: hdf5\n  num_files_train: 2\n  num_samples_per_file: 4\n  record_length_bytes: 262144\nreader:\n  batch_size: 2\n  read_threads: 1\ntrain:\n  computation_time: 0.1\n";
+        let w = Workload::from_yaml(y, "t").unwrap();
+        let layout = Layout::from_workload(&w, 1, 0, Path::new("/d"));
+        assert_eq!(layout.files[0].size, 2048 + 4 * 262144 + 32);
+        let p = WorkloadProgram::new(&w, layout, 1, &[0], 1 << 20, 0, false, TF_BUFFER);
+        assert_eq!(p.max_request(), 262144, "a row in one request");
+        assert_eq!(p.reader_json("hdf5", "pytorch")["model"], "h5py-row");
+        let b = p.batch(0, 0, 1);
+        let got: Vec<(u32, u64, u64, bool)> = b.reads.iter().map(|r| (r.file, r.offset, r.len, r.chain)).collect();
+        let mut want = Vec::new();
+        for k in [2u64, 3] {
+            for (i, (o, n)) in crate::hdf5::plan(4, 262144, k).into_iter().enumerate() {
+                want.push((0, o, n, i > 0));
+            }
+        }
+        assert_eq!(got, want, "samples 2 and 3 of file 0, each on its own open");
+        assert_eq!(want[4], (0, 2048 + 2 * 262144, 262144, true));
     }
 
     #[test]

@@ -207,6 +207,21 @@ impl Job {
         if !(0.0..=100.0).contains(&threshold) {
             bail!(InputError(format!("--threshold must be between 0 and 100 percent, got {threshold}")));
         }
+        if w.train && crate::formats::Format::parse(&w.format) == crate::formats::Format::Hdf5 {
+            // DLIO raises for it too: h5py reads through the page cache.
+            if w.odirect {
+                bail!(InputError(format!(
+                    "{}: reader.odirect: true: O_DIRECT is not supported with dataset.format hdf5 (h5py reads through the page cache)",
+                    path.display()
+                )));
+            }
+            if args.odirect {
+                bail!(InputError(format!(
+                    "--odirect: O_DIRECT is not supported with dataset.format hdf5 in {} (h5py reads through the page cache)",
+                    path.display()
+                )));
+            }
+        }
         let (templates, model) = match templates {
             Some((t, m)) => (Some(t), Some(m)),
             None => (None, None),

@@ -7,7 +7,7 @@ use serde_yaml::Value;
 
 /// Formats whose files the replay lays out and reads as their readers do; any other is
 /// opaque bytes read whole.
-const LAID_OUT: &[&str] = &["npz", "npy", "tfrecord"];
+const LAID_OUT: &[&str] = &["npz", "npy", "tfrecord", "hdf5"];
 /// Loaders whose concurrency the replay models (worker processes, TF's interleave).
 const LOADERS: &[&str] = &["pytorch", "tensorflow"];
 
@@ -20,6 +20,8 @@ fn why(dotted: &str) -> &'static str {
         "reader.computation_threads" | "reader.preprocess_time" | "reader.preprocess_time_stdev" => {
             "the samples are not preprocessed: no CPU stage between a sample's read and the step's compute"
         }
+        "dataset.chunk_dims" => "hdf5 datasets are written and read contiguous, not chunked",
+        "dataset.num_dset_per_record" => "an hdf5 file holds one dataset, records_0, and a sample is one row of it",
         _ => "trainio does not read this key",
     }
 }
@@ -156,7 +158,7 @@ mod tests {
     fn one_line_per_feature() {
         let y = BASE
             .replace("  batch_size: 1\n", "  batch_size: 1\n  computation_threads: 8\n  preprocess_time: 0.01\n")
-            .replace("format: npz", "format: hdf5")
+            .replace("format: npz", "format: parquet")
             .replace("data_loader: pytorch", "data_loader: dali")
             + "workflow:\n  evaluation: True\n";
         let n = notes_of(&y);
@@ -165,11 +167,23 @@ mod tests {
             "reader.computation_threads: 8:",
             "reader.preprocess_time: 0.01:",
             "workflow.evaluation: true:",
-            "dataset.format: hdf5:",
+            "dataset.format: parquet:",
             "reader.data_loader: dali:",
         ] {
             assert_eq!(n.iter().filter(|l| l.starts_with(key)).count(), 1, "{key} in {n:#?}");
         }
+    }
+
+    #[test]
+    fn hdf5_says_what_it_writes_instead() {
+        let y = BASE.replace("format: npz", "format: hdf5").replace(
+            "  record_length_bytes: 4096\n",
+            "  record_length_bytes: 4096\n  chunk_dims: [1, 64, 64]\n  num_dset_per_record: 2\n",
+        );
+        let n = notes_of(&y);
+        assert_eq!(n.len(), 2, "{n:#?}");
+        assert!(n[0].starts_with("dataset.chunk_dims: {…}: hdf5 datasets are written and read contiguous"), "{n:#?}");
+        assert!(n[1].starts_with("dataset.num_dset_per_record: 2: an hdf5 file holds one dataset"), "{n:#?}");
     }
 
     #[test]

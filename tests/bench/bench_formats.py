@@ -5,13 +5,15 @@ largest), per-issue queue depth (mean), throughput over the active span, and
 `trainio compare`'s request-size W1 (octaves, block and file layer) and per-issue QD W1.
 
 Set-up: ext4 on a loop device over /dev/shm (4 KiB blocks, no lazy init, noatime), one
-simulated GPU, 32 files of 1 MiB (npz, npy) or 32 TFRecord files of 8 × 128 KiB records,
-batch 2, `--threads` readers, the device's reads capped by a cgroup at `--mibs` (300
-MiB/s: storage-bound, so the device and not the readers' CPU on a busy host sets the
-pace; 0 for no cap); the page cache of the dataset is dropped (fadvise) before each
-side. Real readers: tests/formats/real_reader.py (numpy.load in worker processes;
-TensorFlow's TFRecord reads written in Python, TensorFlow not being installed). The
-replay runs with `--io-engine psync`. Targets: size W1 <= 0.5 octave, QD W1 <= 1.
+simulated GPU, 32 files of 1 MiB (npz, npy), 32 TFRecord files of 8 × 128 KiB records,
+32 hdf5 files of 4 rows of 256 KiB or of 64 rows of 16 KiB (read through h5py's sieve),
+batch 2 (hdf5 also a batch a file: `b4`, `b64`), `--threads` readers, the device's reads
+capped by a cgroup at `--mibs` (300 MiB/s: storage-bound, so the device and not the
+readers' CPU on a busy host sets the pace; 0 for no cap); the page cache of the dataset
+is dropped (fadvise) before each side. Real readers: tests/formats/real_reader.py
+(numpy.load or h5py in worker processes; TensorFlow's TFRecord reads written in Python,
+TensorFlow not being installed). The replay runs with `--io-engine psync`. Targets: size
+W1 <= 0.5 octave, QD W1 <= 1.
 
     sudo .venv/bin/python tests/bench/bench_formats.py [--threads 2 4] [--mibs 300]
 """
@@ -41,11 +43,16 @@ from formats_testlib import (  # noqa: E402
 from trainio_testlib import mounted_loop_fs, throttled_cgroup  # noqa: E402
 
 LOCK = "/tmp/trainio-bench.lock"
-# (format, loader, samples per file, sample bytes)
+# (format, loader, samples per file, sample bytes, batch); hdf5 with a batch a file (one
+# worker reads it) and with batch 2 (two workers read one file's rows at once)
 CASES = [
-    ("npz", "pytorch", 1, 1 << 20),
-    ("npy", "pytorch", 1, 1 << 20),
-    ("tfrecord", "tensorflow", 8, 128 << 10),
+    ("npz", "pytorch", 1, 1 << 20, 2),
+    ("npy", "pytorch", 1, 1 << 20, 2),
+    ("tfrecord", "tensorflow", 8, 128 << 10, 2),
+    ("hdf5", "pytorch", 4, 256 << 10, 4),
+    ("hdf5", "pytorch", 4, 256 << 10, 2),
+    ("hdf5", "pytorch", 64, 16 << 10, 64),
+    ("hdf5", "pytorch", 64, 16 << 10, 2),
 ]
 
 
@@ -58,23 +65,34 @@ def sizes_and_qd(a: dict) -> tuple[float, int, float]:
     return mean, max(sizes) // 1024, sum(k * v for k, v in qd.items()) / sum(qd.values())
 
 
-def run_case(mnt: Path, majmin: str, work: Path, fmt: str, loader: str, spf: int, record: int, threads: int, mibs: int):
-    name = f"{fmt}-{loader}-{threads}"
+def run_case(
+    mnt: Path,
+    majmin: str,
+    work: Path,
+    fmt: str,
+    loader: str,
+    spf: int,
+    record: int,
+    batch: int,
+    threads: int,
+    mibs: int,
+):
+    name = f"{fmt}-{loader}-{record}-{batch}-{threads}"
     data = mnt / name
     wl = write_workload(
-        work / f"{name}.yaml", fmt=fmt, loader=loader, files=32, spf=spf, record=record, batch=2, threads=threads
+        work / f"{name}.yaml", fmt=fmt, loader=loader, files=32, spf=spf, record=record, batch=batch, threads=threads
     )
     trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
     real, emu = work / f"{name}-real", work / f"{name}-emu"
     with throttled_cgroup(majmin, mibs << 20 if mibs else None) as th:
         drop_cache(data)
-        record_real(real, fmt, data, spf=spf, batch=2, threads=threads, wrap=th.wrap)
+        record_real(real, fmt, data, spf=spf, batch=batch, threads=threads, wrap=th.wrap)
         drop_cache(data)
         record_emulation(emu, wl, data, wrap=th.wrap)
     block, file_layer = compare(real, emu, majmin, "block"), compare(real, emu, majmin, "file")
     ra, rb = sizes_and_qd(analyze(real, majmin)), sizes_and_qd(analyze(emu, majmin))
     return {
-        "case": f"{fmt} × {loader} ({threads} readers)",
+        "case": f"{fmt}{f' {record >> 10}K rows b{batch}' if fmt == 'hdf5' else ''} × {loader} ({threads} readers)",
         "size_kib": (ra[0], rb[0]),
         "max_kib": (ra[1], rb[1]),
         "qd": (ra[2], rb[2]),
@@ -103,10 +121,10 @@ def main() -> None:
         ):
             _, majmin, mnt = fs
             for threads in args.threads:
-                for fmt, loader, spf, record in CASES:
-                    rows.append(run_case(mnt, majmin, Path(tmp), fmt, loader, spf, record, threads, args.mibs))
+                for fmt, loader, spf, record, batch in CASES:
+                    rows.append(run_case(mnt, majmin, Path(tmp), fmt, loader, spf, record, batch, threads, args.mibs))
     head = (
-        f"{'format × loader':30} {'req KiB real/emu':>17} {'max KiB':>11} {'QD real/emu':>12} "
+        f"{'format × loader':39} {'req KiB real/emu':>17} {'max KiB':>11} {'QD real/emu':>12} "
         f"{'MiB/s real/emu':>15} {'size W1 blk/file':>17} {'QD W1':>6}"
     )
     print(head)
@@ -114,7 +132,7 @@ def main() -> None:
     ok = True
     for r in rows:
         print(
-            f"{r['case']:30} {r['size_kib'][0]:8.1f}/{r['size_kib'][1]:<8.1f} "
+            f"{r['case']:39} {r['size_kib'][0]:8.1f}/{r['size_kib'][1]:<8.1f} "
             f"{r['max_kib'][0]:5d}/{r['max_kib'][1]:<5d} {r['qd'][0]:5.2f}/{r['qd'][1]:<6.2f} "
             f"{r['mib_s'][0]:7.0f}/{r['mib_s'][1]:<7.0f} "
             f"{r['size_w1']:8.3f}/{r['size_w1_file']:<8.3f} {r['qd_w1']:6.2f}"

@@ -3,10 +3,12 @@ with `trainio record` next to the emulation (tests/formats, make bench-formats).
 
     real_reader.py FORMAT LOADER DATA_DIR --gpus-files N --batch B --threads W [--buffer BYTES]
 
-- pytorch (npz, npy): W worker processes (DataLoader's num_workers); batch b is read by
-  worker b mod W, sample after sample, each sample by DLIO's on-demand reader: the file
-  opened and loaded with numpy.load (npz: ``np.load(f)["x"]``, the whole array through
-  zipfile's buffered reads; npy: ``np.load(f)``), the sample's row taken, the file closed.
+- pytorch (npz, npy, hdf5): W worker processes (DataLoader's num_workers); batch b is
+  read by worker b mod W, sample after sample, each sample by DLIO's on-demand reader:
+  the file opened and loaded with numpy.load (npz: ``np.load(f)["x"]``, the whole array
+  through zipfile's buffered reads; npy: ``np.load(f)``), the sample's row taken, the
+  file closed; hdf5 as DLIO's HDF5Reader: ``h5py.File(f, "r")["records_0"][k]``, then
+  close.
 - tfrecord: TensorFlow's TFRecordDataset with num_parallel_reads=W (a parallel
   interleave of W files, one reader thread each), each file read by TF's RecordReader:
   an input buffer of BYTES (TF's default 256 KiB) filled with pread at the file position
@@ -35,6 +37,11 @@ def load_sample(fmt: str, path: Path, row: int):
     if fmt == "npz":
         with np.load(path) as npz:
             return npz["x"][row]
+    if fmt == "hdf5":
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            return f["records_0"][row]
     return np.load(path)[row]
 
 
@@ -70,8 +77,10 @@ def pytorch(fmt: str, files: list[Path], spf: int, batch: int, workers: int, ste
             for f, k in samples[b * batch : (b + 1) * batch]:
                 load_sample(fmt, f, k)
 
-    if fmt == "npz" or fmt == "npy":
-        import numpy  # noqa: F401  (imported before the workers start, as in a DataLoader)
+    import numpy  # noqa: F401  (imported before the workers start, as in a DataLoader)
+
+    if fmt == "hdf5":
+        import h5py  # noqa: F401
     run_together([lambda w=w: worker(w) for w in range(workers)])
 
 
@@ -138,7 +147,7 @@ def tensorflow(files: list[Path], threads: int, buffer: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("format", choices=["npz", "npy", "tfrecord"])
+    ap.add_argument("format", choices=["npz", "npy", "tfrecord", "hdf5"])
     ap.add_argument("data", type=Path)
     ap.add_argument("--spf", type=int, default=1)
     ap.add_argument("--batch", type=int, required=True)

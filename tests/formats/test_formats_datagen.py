@@ -1,12 +1,15 @@
 """datagen writes valid files of the formats trainio lays out: the real readers open them
-(numpy for npz and npy, a check of TensorFlow's framing for tfrecord)."""
+(numpy for npz and npy, h5py for hdf5, a check of TensorFlow's framing for tfrecord)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import h5py
 import numpy as np
 from formats_testlib import tfrecords, trainio, write_workload
+
+from trainio_testlib import TRAINIO, run
 
 
 def _datagen(tmp: Path, fmt: str, **kw) -> list[Path]:
@@ -52,6 +55,56 @@ def test_tfrecord_framing_is_valid(tmpfs_dir: Path) -> None:
         assert len(set(records)) == 5, "records must differ"
 
 
+def test_hdf5_is_what_h5py_writes(tmpfs_dir: Path) -> None:
+    """h5py opens datagen's hdf5 files, row k of records_0 is sample k where the replay
+    reads it (after the 2048-byte metadata block), and h5py writing the same arrays as
+    DLIO's generator does (libver='latest', records_0 then labels) makes the same bytes."""
+    spf, sample = 4, 12288  # 10000 bytes rounded up to 4 KiB
+    files = _datagen(tmpfs_dir, "hdf5", files=2, spf=spf, record=10000)
+    assert [f.suffix for f in files] == [".hdf5"] * 2
+    for i, f in enumerate(files):
+        rows = []
+        raw = f.read_bytes()
+        assert len(raw) == 2048 + spf * sample + 8 * spf
+        with h5py.File(f, "r") as h:
+            assert sorted(h.keys()) == ["labels", "records_0"]
+            assert h["records_0"].shape == (spf, sample) and h["records_0"].dtype == np.uint8
+            assert h["records_0"].chunks is None, "contiguous, as DLIO writes without chunk_dims"
+            assert h["labels"].dtype == np.int64 and list(h["labels"][()]) == [0] * spf
+            for k in range(spf):
+                row = h["records_0"][k]
+                at = 2048 + k * sample
+                assert row.tobytes() == raw[at : at + sample], f"{f}: row {k} is not at {at}"
+                rows.append(row.tobytes())
+            x = h["records_0"][()]
+        # The payload's stamp: file index and MiB index in the first 16 bytes.
+        assert raw[2048 : 2048 + 16] == i.to_bytes(8, "little") + bytes(8)
+        again = tmpfs_dir / "again.hdf5"
+        with h5py.File(again, "w", libver="latest") as h:
+            h.create_dataset("records_0", data=x)
+            h.create_dataset("labels", data=[0] * spf)
+        assert again.read_bytes() == raw, f"{f}: differs from h5py's file of its own arrays"
+        assert len(set(rows)) == spf, "a file's samples must differ"
+
+
 def test_other_formats_are_opaque_files(tmpfs_dir: Path) -> None:
     files = _datagen(tmpfs_dir, "jpeg", files=2, spf=1, record=5000)
     assert [f.stat().st_size for f in files] == [8192, 8192]
+
+
+def test_hdf5_with_odirect_is_refused(tmpfs_dir: Path) -> None:
+    """h5py reads through the page cache (DLIO raises for reader.odirect with hdf5): the
+    workload's reader.odirect and --odirect are refused in one line, exit 2, before
+    anything is written."""
+    wl = write_workload(tmpfs_dir / "o.yaml", fmt="hdf5", files=2, spf=2, record=8192, extra="  odirect: true\n")
+    plain = write_workload(tmpfs_dir / "p.yaml", fmt="hdf5", files=2, spf=2, record=8192)
+    data = tmpfs_dir / "data"
+    for args, says in [
+        (["--workload", wl], f"{wl}: reader.odirect: true: O_DIRECT is not supported with dataset.format hdf5"),
+        (["--workload", plain, "--odirect"], "--odirect: O_DIRECT is not supported with dataset.format hdf5"),
+    ]:
+        p = run([str(TRAINIO), "replay", *map(str, args), "--data-dir", str(data), "--generate", "-q"])
+        assert p.returncode == 2, (args, p.stdout, p.stderr)
+        err = p.stderr.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"trainio replay: {says}"), p.stderr
+        assert not data.exists(), "nothing is written"

@@ -6,7 +6,8 @@ within 0.5 octave (W1) and per-issue queue depths within 1 (W1), and at the file
 the emulation must issue the real reader's read syscalls: the same (offset, bytes asked)
 on every file.
 
-Real readers (tests/formats/real_reader.py): numpy.load for npz and npy under a
+Real readers (tests/formats/real_reader.py): numpy.load for npz and npy, and h5py for
+hdf5 (DLIO's HDF5Reader: the file opened per sample, row k of records_0), under a
 DataLoader-like pool of worker processes, and TensorFlow's TFRecord reading (256 KiB
 buffer, a parallel interleave of read_threads files) for tfrecord, written out in Python
 because TensorFlow is not installed (its wheel is ~600 MB)."""
@@ -27,8 +28,19 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 # Reads of the loop device capped at this (bytes/s) by a cgroup.
 CAP = 300 << 20
-# (format, loader, samples per file, sample bytes): 16 files of 1 MiB, batch 2, 2 readers.
-CASES = [("npz", "pytorch", 1, 1 << 20), ("npy", "pytorch", 1, 1 << 20), ("tfrecord", "tensorflow", 8, 128 << 10)]
+# (format, loader, samples per file, sample bytes, batch): 16 files of 1 MiB, batch 2, 2
+# readers; hdf5 rows of 256 KiB (one pread each) and of 16 KiB (through the 64 KiB sieve),
+# a batch a file: when two workers read one file's rows at once, which one's readahead
+# reaches the shared pages first decides the block requests, and the real reader's CPU
+# time per sample (not modelled) sets that (docs/replay.md, *Formats*).
+CASES = [
+    ("npz", "pytorch", 1, 1 << 20, 2),
+    ("npy", "pytorch", 1, 1 << 20, 2),
+    ("tfrecord", "tensorflow", 8, 128 << 10, 2),
+    ("hdf5", "pytorch", 4, 256 << 10, 4),
+    ("hdf5", "pytorch", 8, 16 << 10, 8),
+]
+IDS = ["npz", "npy", "tfrecord", "hdf5", "hdf5-sieve"]
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +64,33 @@ def _file_reads(trace: Path, majmin: str) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
-@pytest.mark.parametrize(("fmt", "loader", "spf", "record"), CASES, ids=[c[0] for c in CASES])
-def test_emulation_reads_as_the_real_reader(fs, tmp_path: Path, fmt: str, loader: str, spf: int, record: int) -> None:
+def _opens(trace: Path) -> dict[str, list[tuple[tuple[int, int], ...]]]:
+    """Per data file (by name), the read syscalls of each open of it, (offset, bytes
+    asked) in issue order, the opens sorted."""
+    df = pl.read_parquet(sorted(trace.glob("*.parquet")))
+    df = df.filter(pl.col("layer") == "file").with_columns(pl.col("op").cast(pl.Utf8), pl.col("file").cast(pl.Utf8))
+    df = df.filter(pl.col("op").is_in(["open", "read"]) & pl.col("file").str.contains("/train/")).sort("issue_ns")
+    # An fd names one open in its process while it is open (the replay opens in one
+    # thread and reads in another).
+    current: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    out: dict[str, list[list[tuple[int, int]]]] = {}
+    for op, f, pid, fd, off, n in df.select("op", "file", "pid", "fd", "offset", "bytes_requested").iter_rows():
+        if op == "open":
+            current[(pid, fd)] = reads = []
+            out.setdefault(Path(f).name, []).append(reads)
+        else:
+            current[(pid, fd)].append((off, n))
+    return {f: sorted(tuple(r) for r in opens) for f, opens in out.items()}
+
+
+@pytest.mark.parametrize(("fmt", "loader", "spf", "record", "batch"), CASES, ids=IDS)
+def test_emulation_reads_as_the_real_reader(
+    fs, tmp_path: Path, fmt: str, loader: str, spf: int, record: int, batch: int
+) -> None:
     _, majmin, mnt = fs
-    data = mnt / f"data-{fmt}"
+    data = mnt / f"data-{fmt}-{record}"
     wl = write_workload(
-        tmp_path / "w.yaml", fmt=fmt, loader=loader, files=16, spf=spf, record=record, batch=2, threads=2
+        tmp_path / "w.yaml", fmt=fmt, loader=loader, files=16, spf=spf, record=record, batch=batch, threads=2
     )
     trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
     real, emu = tmp_path / "real", tmp_path / "emu"
@@ -65,7 +98,7 @@ def test_emulation_reads_as_the_real_reader(fs, tmp_path: Path, fmt: str, loader
     # the pace, as it does for a job that storage starves.
     with throttled_cgroup(majmin, CAP) as th:
         drop_cache(data)
-        record_real(real, fmt, data, spf=spf, batch=2, threads=2, wrap=th.wrap)
+        record_real(real, fmt, data, spf=spf, batch=batch, threads=2, wrap=th.wrap)
         drop_cache(data)
         result = record_emulation(emu, wl, data, wrap=th.wrap)
 
@@ -74,16 +107,22 @@ def test_emulation_reads_as_the_real_reader(fs, tmp_path: Path, fmt: str, loader
     assert block["size_w1_log2"] <= 0.5, block
     assert block["qd_w1_issue"] <= 1.0, block
 
-    # The syscalls themselves: every file read with the same requests, in the same order.
+    # The syscalls themselves: every file read with the same requests, in the same order
+    # (hdf5: and in every open of the file, one open per sample).
     want, got = _file_reads(real, majmin), _file_reads(emu, majmin)
     assert len(want) == 16, sorted(want)
     assert got == want
+    if fmt == "hdf5":
+        opens = _opens(real)
+        assert sum(map(len, opens.values())) == 16 * spf, "one open per sample"
+        assert _opens(emu) == opens
     calls = Counter(n for reads in want.values() for _, n in reads)
     bs = next((data / "train").iterdir()).stat().st_blksize
     model, buffer = {
         "npz": ("numpy-npz", bs),
         "npy": ("numpy-npy", bs),
         "tfrecord": ("tfrecord-interleave", 256 << 10),
+        "hdf5": ("h5py-row", 64 << 10),
     }[fmt]
     assert result["settings"]["reader"] == {
         "format": fmt,
@@ -97,6 +136,12 @@ def test_emulation_reads_as_the_real_reader(fs, tmp_path: Path, fmt: str, loader
         assert max(calls) == (256 << 10) - bs and calls[bs] > 0, (bs, calls)
     if fmt == "tfrecord":
         assert max(calls) == 256 << 10, calls
+    if fmt == "hdf5":
+        # per sample: the signature, the superblock, two object headers, then the row (in
+        # one pread, or the sieve's 64 KiB from it); every sample opens the file again
+        samples = 16 * spf
+        assert (calls[8], calls[48], calls[512]) == (samples, samples, 2 * samples), calls
+        assert max(calls) == max(record, 64 << 10), calls
 
 
 def test_whole_sample_reads_are_not_numpys(fs, tmp_path: Path) -> None:
