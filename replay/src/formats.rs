@@ -8,6 +8,8 @@
 //! - `tfrecord`: records framed as TensorFlow writes them (length, masked CRC-32C of the
 //!   length, data, masked CRC-32C of the data); the data are raw bytes, not a
 //!   tf.train.Example;
+//! - `indexed_binary`, `mmap_indexed_binary`: the samples back to back, with two index
+//!   files beside each data file (indexed.rs);
 //! - every other format (`jpeg`, `png`, `hdf5` among them, see docs/replay.md): opaque
 //!   bytes, read whole.
 //!
@@ -22,6 +24,9 @@ pub enum Format {
     Npz,
     Npy,
     TfRecord,
+    /// DLIO's indexed_binary and mmap_indexed_binary (indexed.rs): the samples back to back.
+    IndexedBinary,
+    MmapIndexedBinary,
     /// Opaque bytes (jpeg, png, and the formats trainio does not lay out).
     Raw,
 }
@@ -32,6 +37,8 @@ impl Format {
             "npz" => Format::Npz,
             "npy" => Format::Npy,
             "tfrecord" => Format::TfRecord,
+            "indexed_binary" => Format::IndexedBinary,
+            "mmap_indexed_binary" => Format::MmapIndexedBinary,
             _ => Format::Raw,
         }
     }
@@ -90,7 +97,9 @@ pub struct Shape {
 pub fn shape(format: Format, spf: u64, sample: u64) -> Shape {
     let payload = spf * sample;
     match format {
-        Format::Raw => Shape { size: payload, data: 0, member: 0, central: 0, header: 0 },
+        Format::Raw | Format::IndexedBinary | Format::MmapIndexedBinary => {
+            Shape { size: payload, data: 0, member: 0, central: 0, header: 0 }
+        }
         Format::Npy => {
             let header = npy_header(&[spf, sample]).len() as u64;
             Shape { size: header + payload, data: header, member: 0, central: 0, header }
@@ -164,7 +173,9 @@ pub fn write_file(
         io::Result::Ok(())
     };
     match format {
-        Format::Raw => payload(out, 0, spf * sample, &mut None).map(|_| None),
+        Format::Raw | Format::IndexedBinary | Format::MmapIndexedBinary => {
+            payload(out, 0, spf * sample, &mut None).map(|_| None)
+        }
         Format::Npy => {
             out.write_all(&npy_header(&[spf, sample]))?;
             payload(out, 0, spf * sample, &mut None).map(|_| None)

@@ -10,6 +10,7 @@ mod dataset;
 mod datasize;
 mod engine;
 mod formats;
+mod indexed;
 mod output;
 mod pool;
 mod program;

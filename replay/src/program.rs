@@ -6,12 +6,15 @@
 //! *Formats*): npz and npy as numpy.load reads them, the file opened and closed per
 //! sample as DLIO's on-demand readers do; TFRecord files streamed by TensorFlow's
 //! parallel interleave (`read_threads` files at once, each read in buffer-sized preads);
+//! indexed_binary as DLIO's reader reads it (the index files once per reader, then one
+//! read per sample) and mmap_indexed_binary through mappings of the files (indexed.rs);
 //! other formats, and every format under O_DIRECT, the sample's bytes in
 //! `transfer_size` requests.
 
 use crate::dataset::Layout;
 use crate::engine::{Batch, Program, SampleRead};
 use crate::formats::{self, Format, Req};
+use crate::indexed;
 use crate::workload::{ComputeTime, Shuffle, Workload};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -49,6 +52,10 @@ pub struct WorkloadProgram {
     tf_buffer: u64,
     /// TFRecord: per local GPU, (epoch, that epoch's batches) of the interleave.
     streamed: RefCell<Vec<Option<EpochBatches>>>,
+    /// DLIO's loader: how many readers load the index files of an indexed format.
+    loader: String,
+    /// mmap_indexed_binary: the mappings of the files read so far, by file.
+    mapped: RefCell<std::collections::HashMap<usize, crate::indexed::Mapped>>,
 }
 
 /// TensorFlow's reader buffer when the workload sets no transfer_size.
@@ -103,6 +110,8 @@ impl WorkloadProgram {
             blksize,
             tf_buffer: tf_buffer.max(1),
             streamed: RefCell::new(vec![None; n]),
+            loader: workload.data_loader.to_ascii_lowercase(),
+            mapped: RefCell::new(std::collections::HashMap::new()),
         }
     }
 
@@ -125,6 +134,8 @@ impl WorkloadProgram {
             (_, Format::TfRecord) => ("tfrecord-interleave", self.tf_buffer),
             (false, Format::Npz) => ("numpy-npz", self.blksize),
             (false, Format::Npy) => ("numpy-npy", self.blksize),
+            (false, Format::IndexedBinary) => ("dlio-indexed-binary", self.blksize),
+            (false, Format::MmapIndexedBinary) => ("dlio-mmap-indexed-binary", 0),
             _ => ("whole-sample", self.transfer_size),
         };
         serde_json::json!({
@@ -144,6 +155,7 @@ impl WorkloadProgram {
         let reqs: Vec<Req> = match (self.odirect, self.format) {
             (false, Format::Npz) => formats::npz_plan(&shape, self.blksize),
             (false, Format::Npy) => formats::npy_plan(&shape, self.blksize),
+            (false, Format::IndexedBinary) => vec![indexed::sample_read(k, sample, self.blksize)],
             _ => {
                 let stride = if self.format == Format::TfRecord { sample + formats::TFRECORD_FRAME } else { sample };
                 let start = shape.data + k * stride;
@@ -210,6 +222,44 @@ impl WorkloadProgram {
         batches
     }
 
+    /// indexed_binary: the index reads DLIO's reader makes when it is made, put before the
+    /// first batch its worker reads: per file of the shard, its offsets then its sizes,
+    /// each opened and read whole. PyTorch makes a reader in each worker process (the
+    /// first batch of each of the `read_threads` workers, DataLoader's persistent workers:
+    /// epoch 0 only); DALI makes one in the GPU's process (DaliIndexDataset) before its
+    /// workers start (batch 0).
+    fn index_reads(&self, gpu: usize, epoch: u64, step: u64) -> Vec<SampleRead> {
+        let readers = if self.loader == "dali" { 1 } else { self.read_threads.max(1) as u64 };
+        if self.format != Format::IndexedBinary || self.odirect || epoch != 0 || step >= readers {
+            return Vec::new();
+        }
+        let n = self.layout.files.len() as u32;
+        let (offset, len) = indexed::index_read(self.layout.samples_per_file, self.blksize);
+        self.shards[gpu]
+            .1
+            .iter()
+            .flat_map(|&f| [0, 1].map(|j| SampleRead::new(n + 2 * f as u32 + j, offset, len)))
+            .collect()
+    }
+
+    /// mmap_indexed_binary: what DLIO's get_sample does to the mapped files for sample
+    /// `k` of `file` (its index entries read through the mappings, the data untouched).
+    fn touch_mapped(&self, file: usize, k: u64) {
+        let mut mapped = self.mapped.borrow_mut();
+        if let std::collections::hash_map::Entry::Vacant(e) = mapped.entry(file) {
+            match indexed::Mapped::open(&self.layout.path(file)) {
+                Ok(m) => {
+                    e.insert(m);
+                }
+                Err(err) => {
+                    eprintln!("trainio replay: {err}");
+                    return;
+                }
+            }
+        }
+        std::hint::black_box(mapped[&file].sample(k));
+    }
+
     /// The order in which GPU `gpu` reads its shard's samples in `epoch`.
     pub fn sample_order(&self, gpu: usize, epoch: u64) -> Vec<u32> {
         let global = self.shards[gpu].0;
@@ -256,10 +306,16 @@ impl Program for WorkloadProgram {
         let files = &self.shards[gpu].1;
         let from = (step * self.batch_size) as usize;
         let to = (from + self.batch_size as usize).min(order.len());
-        let reads: Vec<SampleRead> = order[from..to]
-            .iter()
-            .flat_map(|&k| self.sample_reads(files[(k as u64 / spf) as usize], k as u64 % spf))
-            .collect();
+        if self.format == Format::MmapIndexedBinary && !self.odirect {
+            for &k in &order[from..to] {
+                self.touch_mapped(files[(k as u64 / spf) as usize], k as u64 % spf);
+            }
+            return Batch { samples: (to - from) as u32, reads: Vec::new(), streams: Vec::new() };
+        }
+        let mut reads = self.index_reads(gpu, epoch, step);
+        reads.extend(
+            order[from..to].iter().flat_map(|&k| self.sample_reads(files[(k as u64 / spf) as usize], k as u64 % spf)),
+        );
         Batch { samples: (to - from) as u32, reads, streams: Vec::new() }
     }
 
@@ -268,7 +324,12 @@ impl Program for WorkloadProgram {
     }
 
     fn path(&self, file: u32) -> PathBuf {
-        self.layout.path(file as usize)
+        let n = self.layout.files.len();
+        match (file as usize).checked_sub(n) {
+            // An index file (index_reads): 2 × data file + 0 (offsets) or 1 (sizes).
+            Some(i) => indexed::index_paths(&self.layout.path(i / 2))[i % 2].clone(),
+            None => self.layout.path(file as usize),
+        }
     }
 
     fn root(&self) -> &std::path::Path {
@@ -291,6 +352,10 @@ impl Program for WorkloadProgram {
         match (self.odirect, self.format) {
             (_, Format::TfRecord) => plain.max(self.tf_buffer),
             (false, Format::Npz | Format::Npy) => plain.max(formats::NUMPY_BUFFER.max(self.blksize)),
+            // One readinto of the whole sample, of the whole index file.
+            (false, Format::IndexedBinary) => {
+                largest.max(indexed::index_bytes(self.layout.samples_per_file)).max(self.blksize)
+            }
             _ => plain,
         }
     }
@@ -380,5 +445,34 @@ mod tests {
         let b = p.batch(0, 0, 0);
         assert_eq!(b.reads.len(), 4);
         assert_eq!((b.reads[0].offset, b.reads[0].len), (shape.data, 1 << 20));
+    }
+
+    #[test]
+    fn indexed_binary_reads_the_indexes_once_per_worker_then_one_read_per_sample() {
+        let y = "dataset:\n  format: indexed_binary\n  num_files_train: 4\n  num_samples_per_file: 4\n  record_length_bytes: 100000\nreader:\n  batch_size: 2\n  read_threads: 2\ntrain:\n  computation_time: 0.1\n";
+        let w = Workload::from_yaml(y, "t").unwrap();
+        let layout = Layout::from_workload(&w, 2, 0, Path::new("/d"));
+        let sample = layout.files[0].sample;
+        assert_eq!(layout.on_disk(1).iter().map(|(_, s)| *s).collect::<Vec<_>>(), [4 * sample, 32, 32]);
+        let p = WorkloadProgram::new(&w, layout, 2, &[1], 1 << 20, 0, false, TF_BUFFER);
+        // GPU 1 of 2: files 1 and 3; per worker's first batch, both index files of both.
+        let reads = |e, s| p.batch(0, e, s).reads.iter().map(|r| (p.path(r.file), r.offset, r.len)).collect::<Vec<_>>();
+        let idx: Vec<_> = [
+            "1.indexed_binary.off.idx",
+            "1.indexed_binary.sz.idx",
+            "3.indexed_binary.off.idx",
+            "3.indexed_binary.sz.idx",
+        ]
+        .iter()
+        .map(|n| (PathBuf::from(format!("/d/train/file_00000{n}")), 0, 4096))
+        .collect();
+        let data =
+            |f: u64, k: u64| (PathBuf::from(format!("/d/train/file_00000{f}.indexed_binary")), k * sample, sample);
+        assert_eq!(reads(0, 0), [idx.clone(), vec![data(1, 0), data(1, 1)]].concat());
+        assert_eq!(reads(0, 1), [idx, vec![data(1, 2), data(1, 3)]].concat());
+        assert_eq!(reads(0, 2), [data(3, 0), data(3, 1)]);
+        assert_eq!(reads(1, 0), [data(1, 0), data(1, 1)], "persistent workers: no index reads after epoch 0");
+        assert!(p.max_request() >= sample);
+        assert_eq!(p.reader_json("indexed_binary", "pytorch")["model"], "dlio-indexed-binary");
     }
 }

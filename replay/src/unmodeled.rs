@@ -7,7 +7,7 @@ use serde_yaml::Value;
 
 /// Formats whose files the replay lays out and reads as their readers do; any other is
 /// opaque bytes read whole.
-const LAID_OUT: &[&str] = &["npz", "npy", "tfrecord"];
+const LAID_OUT: &[&str] = &["npz", "npy", "tfrecord", "indexed_binary", "mmap_indexed_binary"];
 /// Loaders whose concurrency the replay models (worker processes, TF's interleave).
 const LOADERS: &[&str] = &["pytorch", "tensorflow"];
 
