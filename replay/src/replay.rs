@@ -205,6 +205,17 @@ impl Job {
         if !(0.0..=100.0).contains(&threshold) {
             bail!(InputError(format!("--threshold must be between 0 and 100 percent, got {threshold}")));
         }
+        if (args.odirect || w.odirect)
+            && templates.is_none()
+            && crate::indexed::is_indexed(crate::formats::Format::parse(&w.format))
+        {
+            // DLIO's reader factory raises for these formats under O_DIRECT.
+            bail!(InputError(format!(
+                "{}: dataset.format {} is read through the page cache by DLIO's reader (it refuses O_DIRECT): drop --odirect / reader.odirect",
+                path.display(),
+                w.format
+            )));
+        }
         let (templates, model) = match templates {
             Some((t, m)) => (Some(t), Some(m)),
             None => (None, None),
@@ -449,13 +460,6 @@ impl Job {
         let w = &self.workload;
         match &self.templates {
             None => {
-                if self.odirect && crate::indexed::is_indexed(layout.format) {
-                    // DLIO's reader factory raises for these formats under O_DIRECT.
-                    bail!(InputError(format!(
-                        "{}: dataset.format {} is read through the page cache by DLIO's reader (it refuses O_DIRECT): drop --odirect / reader.odirect",
-                        self.source, w.format
-                    )));
-                }
                 let program = WorkloadProgram::new(
                     w,
                     layout.clone(),
