@@ -8,8 +8,9 @@ use serde_yaml::Value;
 /// Formats whose files the replay lays out and reads as their readers do; any other is
 /// opaque bytes read whole.
 const LAID_OUT: &[&str] = &["npz", "npy", "tfrecord", "indexed_binary", "mmap_indexed_binary"];
-/// Loaders whose concurrency the replay models (worker processes, TF's interleave).
-const LOADERS: &[&str] = &["pytorch", "tensorflow"];
+/// Loaders whose concurrency the replay models (PyTorch's worker processes, TF's
+/// interleave, DALI's parallel external source).
+const LOADERS: &[&str] = &["pytorch", "tensorflow", "dali"];
 
 /// Keys whose value decides whether the replay models them (checked below).
 const VALUE_CHECKED: &[&str] = &["reader.dont_use_mmap"];
@@ -157,7 +158,7 @@ mod tests {
         let y = BASE
             .replace("  batch_size: 1\n", "  batch_size: 1\n  computation_threads: 8\n  preprocess_time: 0.01\n")
             .replace("format: npz", "format: hdf5")
-            .replace("data_loader: pytorch", "data_loader: dali")
+            .replace("data_loader: pytorch", "data_loader: native_dali")
             + "workflow:\n  evaluation: True\n";
         let n = notes_of(&y);
         assert_eq!(n.len(), 5, "{n:#?}");
@@ -166,7 +167,7 @@ mod tests {
             "reader.preprocess_time: 0.01:",
             "workflow.evaluation: true:",
             "dataset.format: hdf5:",
-            "reader.data_loader: dali:",
+            "reader.data_loader: native_dali:",
         ] {
             assert_eq!(n.iter().filter(|l| l.starts_with(key)).count(), 1, "{key} in {n:#?}");
         }

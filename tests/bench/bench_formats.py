@@ -5,15 +5,17 @@ largest), per-issue queue depth (mean), throughput over the active span, and
 `trainio compare`'s request-size W1 (octaves, block and file layer) and per-issue QD W1.
 
 Set-up: ext4 on a loop device over /dev/shm (4 KiB blocks, no lazy init, noatime), one
-simulated GPU, 32 files of 1 MiB (npz, npy) or 32 TFRecord files of 8 × 128 KiB records,
+simulated GPU, 32 files of 1 MiB (npz, npy) or 32 files of 8 × 128 KiB samples (TFRecord
+records, indexed_binary and mmap_indexed_binary samples),
 batch 2, `--threads` readers, the device's reads capped by a cgroup at `--mibs` (300
 MiB/s: storage-bound, so the device and not the readers' CPU on a busy host sets the
 pace; 0 for no cap); the page cache of the dataset is dropped (fadvise) before each
 side. Real readers: tests/formats/real_reader.py (numpy.load in worker processes;
-TensorFlow's TFRecord reads written in Python, TensorFlow not being installed). The
+TensorFlow's TFRecord reads written in Python, TensorFlow not being installed) and
+tests/formats/indexed_reader.py (DLIO's two indexed_binary readers in worker processes). The
 replay runs with `--io-engine psync`. Targets: size W1 <= 0.5 octave, QD W1 <= 1.
 
-    sudo .venv/bin/python tests/bench/bench_formats.py [--threads 2 4] [--mibs 300]
+    sudo .venv/bin/python tests/bench/bench_formats.py [--threads 2 4] [--mibs 300] [--formats npz ...]
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ CASES = [
     ("npz", "pytorch", 1, 1 << 20),
     ("npy", "pytorch", 1, 1 << 20),
     ("tfrecord", "tensorflow", 8, 128 << 10),
+    ("indexed_binary", "pytorch", 8, 128 << 10),
+    ("mmap_indexed_binary", "pytorch", 8, 128 << 10),
 ]
 
 
@@ -91,6 +95,7 @@ def main() -> None:
     ap.add_argument(
         "--mibs", type=int, default=300, help="cap the device's reads at this many MiB/s (default 300; 0: no cap)"
     )
+    ap.add_argument("--formats", nargs="+", choices=[c[0] for c in CASES], help="only these formats (default: all)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_formats: needs root (loop device, BPF)")
@@ -104,9 +109,11 @@ def main() -> None:
             _, majmin, mnt = fs
             for threads in args.threads:
                 for fmt, loader, spf, record in CASES:
+                    if args.formats and fmt not in args.formats:
+                        continue
                     rows.append(run_case(mnt, majmin, Path(tmp), fmt, loader, spf, record, threads, args.mibs))
     head = (
-        f"{'format × loader':30} {'req KiB real/emu':>17} {'max KiB':>11} {'QD real/emu':>12} "
+        f"{'format × loader':41} {'req KiB real/emu':>17} {'max KiB':>11} {'QD real/emu':>12} "
         f"{'MiB/s real/emu':>15} {'size W1 blk/file':>17} {'QD W1':>6}"
     )
     print(head)
@@ -114,7 +121,7 @@ def main() -> None:
     ok = True
     for r in rows:
         print(
-            f"{r['case']:30} {r['size_kib'][0]:8.1f}/{r['size_kib'][1]:<8.1f} "
+            f"{r['case']:41} {r['size_kib'][0]:8.1f}/{r['size_kib'][1]:<8.1f} "
             f"{r['max_kib'][0]:5d}/{r['max_kib'][1]:<5d} {r['qd'][0]:5.2f}/{r['qd'][1]:<6.2f} "
             f"{r['mib_s'][0]:7.0f}/{r['mib_s'][1]:<7.0f} "
             f"{r['size_w1']:8.3f}/{r['size_w1_file']:<8.3f} {r['qd_w1']:6.2f}"

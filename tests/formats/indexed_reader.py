@@ -3,10 +3,22 @@ DLIO's PyTorch loader drives them, for recording with `trainio record` next to t
 emulation (tests/formats/test_formats_indexed.py, make bench-formats).
 
     indexed_reader.py FORMAT DATA_DIR --spf S --batch B --threads W [--steps N]
+                      [--loader pytorch|dali] [--prefetch P]
 
-W worker processes (DataLoader's num_workers, persistent workers); each makes its reader
-first, which loads the index of every file of the dataset (one GPU: its shard is every
-file), then reads batch b for b ≡ worker (mod W), sample after sample, in file order:
+pytorch: W worker processes (DataLoader's num_workers, persistent workers); each makes
+its reader first, which loads the index of every file of the dataset (one GPU: its shard
+is every file), then reads batch b for b ≡ worker (mod W), sample after sample, in file
+order.
+
+dali (DLIO's DaliDataLoader: a DALI pipeline with a parallel external_source of W Python
+worker processes and prefetch_queue_depth P): the reader is made once, in the GPU's
+process, before the workers are forked (they inherit it); the main process schedules P
+batches, and one more each time a batch is complete; each batch's samples are split
+into W contiguous chunks, worker w reading the w-th (DALI's WorkerPool._distribute, the
+first B mod W chunks one sample longer). DALI itself (nvidia-dali) is not on PyPI's
+index; this is its scheduling of a per-sample source, written out.
+
+The readers:
 
 - indexed_binary (dlio_benchmark/reader/indexed_binary_reader.py): at the reader's
   making, per file, FILE.off.idx and FILE.sz.idx opened and `readinto` an int64 array of
@@ -90,6 +102,71 @@ def run_together(jobs: list) -> None:
             sys.exit(f"reader exited {status}")
 
 
+def chunks(n: int, workers: int) -> list[range]:
+    """DALI's split of a batch of n samples among its workers: contiguous, the first
+    n mod workers one longer."""
+    size, extra = divmod(n, workers)
+    out, at = [], 0
+    for w in range(workers):
+        k = size + (w < extra)
+        out.append(range(at, at + k))
+        at += k
+    return out
+
+
+def dali(reader, samples: list, batch: int, workers: int, steps: int, prefetch: int) -> None:
+    tasks = [os.pipe() for _ in range(workers)]
+    done_r, done_w = os.pipe()
+    parts = chunks(batch, workers)
+
+    def worker(w: int) -> None:
+        r = tasks[w][0]
+        while True:
+            b = int.from_bytes(os.read(r, 4), "little")
+            if b == 0xFFFFFFFF:
+                return
+            for j in parts[w]:
+                reader.sample(*samples[b * batch + j])
+            os.write(done_w, b.to_bytes(4, "little"))
+
+    pids = []
+    for w in range(workers):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                worker(w)
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    busy = [w for w in range(workers) if len(parts[w]) > 0]
+
+    def schedule(b: int) -> None:
+        for w in busy:
+            os.write(tasks[w][1], b.to_bytes(4, "little"))
+
+    for b in range(min(prefetch, steps)):
+        schedule(b)
+    left = {}
+    nxt = min(prefetch, steps)
+    finished = 0
+    while finished < steps:
+        b = int.from_bytes(os.read(done_r, 4), "little")
+        left[b] = left.get(b, 0) + 1
+        if left[b] == len(busy):
+            finished += 1
+            if nxt < steps:
+                schedule(nxt)
+                nxt += 1
+    for w in range(workers):
+        os.write(tasks[w][1], (0xFFFFFFFF).to_bytes(4, "little"))
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            sys.exit(f"reader exited {status}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("format", choices=["indexed_binary", "mmap_indexed_binary"])
@@ -98,6 +175,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--steps", type=int, default=1 << 30)
+    ap.add_argument("--loader", choices=["pytorch", "dali"], default="pytorch")
+    ap.add_argument("--prefetch", type=int, default=2)
     a = ap.parse_args()
     files = files_of(a.data, a.format)
     if not files:
@@ -105,6 +184,9 @@ def main() -> None:
     samples = [(f, k) for f in files for k in range(a.spf)]
     steps = min(a.steps, len(samples) // a.batch)
     kind = IndexedBinary if a.format == "indexed_binary" else MmapIndexedBinary
+    if a.loader == "dali":
+        dali(kind(files, a.spf), samples, a.batch, a.threads, steps, a.prefetch)
+        return
 
     def worker(w: int) -> None:
         reader = kind(files, a.spf)

@@ -23,11 +23,18 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from formats_testlib import compare, drop_cache, record_emulation, trainio, write_workload
+from formats_testlib import (
+    INDEXED_READER,
+    compare,
+    drop_cache,
+    record_emulation,
+    record_real,
+    trainio,
+    write_workload,
+)
 
 from trainio_testlib import TRAINIO, mounted_loop_fs, run, throttled_cgroup
 
-READER = Path(__file__).resolve().parent / "indexed_reader.py"
 CAP = 300 << 20
 FILES, SPF, RECORD, BATCH, THREADS = 16, 4, 256 << 10, 2, 2
 
@@ -38,6 +45,25 @@ def fs():
         pytest.fail("needs root (loop device, BPF)")
     with mounted_loop_fs(256, quiet=True) as fs:
         yield fs
+
+
+def _trace(trace: Path, majmin: str) -> pl.DataFrame:
+    """The file-layer reads of the dataset (files under train/) of a trace."""
+    df = pl.read_parquet(sorted(trace.glob("*.parquet")))
+    df = df.filter((pl.col("layer") == "file") & (pl.col("dev") == majmin)).with_columns(
+        pl.col("op").cast(pl.Utf8), pl.col("file").cast(pl.Utf8)
+    )
+    return df.filter(pl.col("op").str.contains("read") & pl.col("file").str.contains("/train/"))
+
+
+def _by_reader(trace: Path, majmin: str) -> list[list[tuple[str, int]]]:
+    """The samples (data file, offset) each reader read: per thread (a worker process of
+    the real reader, a reader slot's thread of the replay), sorted; the readers sorted."""
+    out: dict[int, list] = {}
+    for f, off, tid in _trace(trace, majmin).select("file", "offset", "tid").iter_rows():
+        if not f.endswith(".idx"):
+            out.setdefault(tid, []).append((Path(f).name, off))
+    return sorted(sorted(v) for v in out.values())
 
 
 def _file_reads(trace: Path, majmin: str) -> dict[str, Counter]:
@@ -55,16 +81,23 @@ def _file_reads(trace: Path, majmin: str) -> dict[str, Counter]:
     return out
 
 
-def _record(fs, tmp_path: Path, fmt: str):
+def _record(fs, tmp_path: Path, fmt: str, loader: str = "pytorch", batch: int = BATCH):
     _, majmin, mnt = fs
     data = mnt / f"data-{fmt}"
-    wl = write_workload(tmp_path / "w.yaml", fmt=fmt, files=FILES, spf=SPF, record=RECORD, batch=BATCH, threads=THREADS)
-    trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
+    wl = write_workload(
+        tmp_path / "w.yaml", fmt=fmt, loader=loader, files=FILES, spf=SPF, record=RECORD, batch=batch, threads=THREADS
+    )
+    if not data.exists():
+        trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
     real, emu = tmp_path / "real", tmp_path / "emu"
-    reader = [sys.executable, READER, fmt, data, "--spf", SPF, "--batch", BATCH, "--threads", THREADS]
     with throttled_cgroup(majmin, CAP) as th:
         drop_cache(data)
-        trainio("record", "-o", real, "--layers", "block,file", "--", *th.wrap(reader))
+        if loader == "pytorch":
+            record_real(real, fmt, data, spf=SPF, batch=batch, threads=THREADS, wrap=th.wrap)
+        else:
+            reader = [sys.executable, INDEXED_READER, fmt, data, "--spf", SPF, "--batch", batch]
+            reader += ["--threads", THREADS, "--loader", loader, "--prefetch", 2]
+            trainio("record", "-o", real, "--layers", "block,file", "--", *th.wrap(reader))
         drop_cache(data)
         result = record_emulation(emu, wl, data, wrap=th.wrap)
     return majmin, data, real, emu, result
@@ -127,3 +160,26 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path: Path) -> None:
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and says in lines[0] and str(wl.name) in lines[0], (fmt, p.stderr)
         assert not data.exists(), f"{fmt}: {data} written"
+
+
+def test_dali_splits_each_batch_among_its_workers(fs, tmp_path: Path) -> None:
+    """data_loader: dali (DLIO's DaliDataLoader): each batch's samples are split among the
+    read_threads workers (batch 4, 2 workers: samples 0-1 and 2-3 of every batch), the
+    index files read once by the GPU's process: the replay's readers read the same
+    samples as DALI's workers, and compare's scores hold."""
+    majmin, data, real, emu, result = _record(fs, tmp_path, "indexed_binary", "dali", batch=4)
+    block = compare(real, emu, majmin, "block")
+    assert block["bytes_read"]["a"] > 0 and block["bytes_read"]["b"] > 0
+    assert block["size_w1_log2"] <= 0.5, block
+    assert block["qd_w1_issue"] <= 1.0, block
+    want, got = _file_reads(real, majmin), _file_reads(emu, majmin)
+    assert got == want
+    idx = [reads for name, reads in want.items() if name.endswith(".idx")]
+    assert len(idx) == 2 * FILES and all(sum(r.values()) == 1 for r in idx), "index read once"
+    readers = _by_reader(real, majmin)
+    assert len(readers) == THREADS
+    # worker 0 reads samples 0 and 1 of each batch of 4 (each file holds one batch)
+    data_files = [n for n in want if not n.endswith(".idx")]
+    assert readers[0] == sorted((n, k * RECORD) for n in data_files for k in (0, 1))
+    assert _by_reader(emu, majmin) == readers
+    assert result["settings"]["reader"]["data_loader"] == "dali"
