@@ -12,7 +12,8 @@ MiB/s: storage-bound, so the device and not the readers' CPU on a busy host sets
 pace; 0 for no cap); the page cache of the dataset is dropped (fadvise) before each
 side. Real readers: tests/formats/real_reader.py (numpy.load in worker processes;
 TensorFlow's TFRecord reads written in Python, TensorFlow not being installed) and
-tests/formats/indexed_reader.py (DLIO's two indexed_binary readers in worker processes). The
+tests/formats/indexed_reader.py (DLIO's two indexed_binary readers in PyTorch's worker
+processes or DALI's, DALI's scheduling written out). The
 replay runs with `--io-engine psync`. Targets: size W1 <= 0.5 octave, QD W1 <= 1.
 
     sudo .venv/bin/python tests/bench/bench_formats.py [--threads 2 4] [--mibs 300] [--formats npz ...]
@@ -50,6 +51,7 @@ CASES = [
     ("tfrecord", "tensorflow", 8, 128 << 10),
     ("indexed_binary", "pytorch", 8, 128 << 10),
     ("mmap_indexed_binary", "pytorch", 8, 128 << 10),
+    ("indexed_binary", "dali", 8, 128 << 10),
 ]
 
 
@@ -72,7 +74,7 @@ def run_case(mnt: Path, majmin: str, work: Path, fmt: str, loader: str, spf: int
     real, emu = work / f"{name}-real", work / f"{name}-emu"
     with throttled_cgroup(majmin, mibs << 20 if mibs else None) as th:
         drop_cache(data)
-        record_real(real, fmt, data, spf=spf, batch=2, threads=threads, wrap=th.wrap)
+        record_real(real, fmt, data, spf=spf, batch=2, threads=threads, wrap=th.wrap, loader=loader)
         drop_cache(data)
         record_emulation(emu, wl, data, wrap=th.wrap)
     block, file_layer = compare(real, emu, majmin, "block"), compare(real, emu, majmin, "file")
@@ -95,7 +97,9 @@ def main() -> None:
     ap.add_argument(
         "--mibs", type=int, default=300, help="cap the device's reads at this many MiB/s (default 300; 0: no cap)"
     )
-    ap.add_argument("--formats", nargs="+", choices=[c[0] for c in CASES], help="only these formats (default: all)")
+    ap.add_argument(
+        "--formats", nargs="+", choices=sorted({c[0] for c in CASES}), help="only these formats (default: all)"
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_formats: needs root (loop device, BPF)")

@@ -111,11 +111,16 @@ def drop_cache(data: Path) -> None:
             os.close(fd)
 
 
-def record_real(out: Path, fmt: str, data: Path, *, spf: int, batch: int, threads: int, wrap=list) -> None:
-    """`trainio record` of the real reader (real_reader.py, indexed_reader.py) reading the dataset; `wrap`
+def record_real(
+    out: Path, fmt: str, data: Path, *, spf: int, batch: int, threads: int, wrap=list, loader: str = "pytorch"
+) -> None:
+    """`trainio record` of the real reader (real_reader.py; indexed_reader.py for DLIO's
+    indexed_binary formats, under the PyTorch or DALI loader) reading the dataset; `wrap`
     turns the reader's command into the one to trace (e.g. Throttle.wrap)."""
     script = INDEXED_READER if fmt.endswith("indexed_binary") else REAL_READER
     reader = [sys.executable, script, fmt, data, "--spf", spf, "--batch", batch, "--threads", threads]
+    if script == INDEXED_READER:
+        reader += ["--loader", loader]
     trainio("record", "-o", out, "--layers", "block,file", "--", *wrap(reader))
 
 

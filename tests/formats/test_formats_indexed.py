@@ -17,14 +17,12 @@ formats, and a format DLIO does not have (parquet)."""
 from __future__ import annotations
 
 import os
-import sys
 from collections import Counter
 from pathlib import Path
 
 import polars as pl
 import pytest
 from formats_testlib import (
-    INDEXED_READER,
     compare,
     drop_cache,
     record_emulation,
@@ -92,12 +90,7 @@ def _record(fs, tmp_path: Path, fmt: str, loader: str = "pytorch", batch: int = 
     real, emu = tmp_path / "real", tmp_path / "emu"
     with throttled_cgroup(majmin, CAP) as th:
         drop_cache(data)
-        if loader == "pytorch":
-            record_real(real, fmt, data, spf=SPF, batch=batch, threads=THREADS, wrap=th.wrap)
-        else:
-            reader = [sys.executable, INDEXED_READER, fmt, data, "--spf", SPF, "--batch", batch]
-            reader += ["--threads", THREADS, "--loader", loader, "--prefetch", 2]
-            trainio("record", "-o", real, "--layers", "block,file", "--", *th.wrap(reader))
+        record_real(real, fmt, data, spf=SPF, batch=batch, threads=THREADS, wrap=th.wrap, loader=loader)
         drop_cache(data)
         result = record_emulation(emu, wl, data, wrap=th.wrap)
     return majmin, data, real, emu, result
