@@ -151,6 +151,10 @@ mod tests {
         assert_eq!(notes_of(&dist), Vec::<String>::new());
         let quiet = BASE.replace("  batch_size: 1\n", "  batch_size: 1\n  shuffle_size: 1024\n  dont_use_mmap: True\n");
         assert_eq!(notes_of(&quiet), Vec::<String>::new());
+        for format in ["indexed_binary", "mmap_indexed_binary"] {
+            let y = BASE.replace("format: npz", &format!("format: {format}")).replace("pytorch", "dali");
+            assert_eq!(notes_of(&y), Vec::<String>::new(), "{format} under dali");
+        }
     }
 
     #[test]
