@@ -77,6 +77,8 @@ impl Layout {
             Format::Npy => "npy",
             Format::TfRecord => "tfrecord",
             Format::Hdf5 => "hdf5",
+            Format::IndexedBinary => "indexed_binary",
+            Format::MmapIndexedBinary => "mmap_indexed_binary",
             Format::Raw => "dat",
         };
         let files = (0..n)
@@ -109,7 +111,19 @@ impl Layout {
     }
 
     pub fn total_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.size).sum()
+        (0..self.files.len()).flat_map(|i| self.on_disk(i)).map(|(_, size)| size).sum()
+    }
+
+    /// The files data file `i` is made of on disk, as (path relative to the root, bytes):
+    /// the file itself, then its index files when the format has them (indexed.rs).
+    pub fn on_disk(&self, i: usize) -> Vec<(PathBuf, u64)> {
+        let f = &self.files[i];
+        let mut out = vec![(f.rel.clone(), f.size)];
+        if crate::indexed::is_indexed(self.format) {
+            let idx = crate::indexed::index_bytes(self.samples_per_file);
+            out.extend(crate::indexed::index_paths(&f.rel).into_iter().map(|p| (p, idx)));
+        }
+        out
     }
 
     pub fn path(&self, file: usize) -> PathBuf {
@@ -138,16 +152,14 @@ impl Layout {
                 self.root.display()
             );
         }
-        for &i in which {
-            let f = &self.files[i];
-            let p = self.root.join(&f.rel);
+        for (i, rel, size) in which.iter().flat_map(|&i| self.on_disk(i).into_iter().map(move |(r, s)| (i, r, s))) {
+            let p = self.root.join(&rel);
             match std::fs::metadata(&p) {
-                Ok(m) if m.len() == f.size => {}
+                Ok(m) if m.len() == size => {}
                 Ok(m) => bail!(
-                    "{}: {} bytes, expected {} (file {i}): regenerate with 'trainio datagen' or --generate",
+                    "{}: {} bytes, expected {size} (file {i}): regenerate with 'trainio datagen' or --generate",
                     p.display(),
-                    m.len(),
-                    f.size
+                    m.len()
                 ),
                 Err(_) => {
                     let holds = match self.marker_files() {
@@ -216,11 +228,14 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
     let beneath = crate::beneath::Beneath::new(&layout.root)?;
     let mut todo = Vec::new();
     for i in (0..layout.files.len()).filter(|i| i % parts == part) {
-        if beneath.file_size(&layout.path(i))? != Some(layout.files[i].size) {
-            todo.push(i);
+        for (rel, size) in layout.on_disk(i) {
+            if beneath.file_size(&layout.root.join(rel))? != Some(size) {
+                todo.push(i);
+                break;
+            }
         }
     }
-    let bytes: u64 = todo.iter().map(|&i| layout.files[i].size).sum();
+    let bytes: u64 = todo.iter().flat_map(|&i| layout.on_disk(i)).map(|(_, size)| size).sum();
     let bar = if show_progress { ProgressBar::new(bytes) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template(
@@ -264,6 +279,12 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
         if let Some((at, bytes)) = patch {
             use std::os::unix::fs::FileExt;
             out.get_ref().write_all_at(&bytes, at).with_context(|| format!("writing {}", path.display()))?;
+        }
+        if crate::indexed::is_indexed(layout.format) {
+            let contents = crate::indexed::index_contents(layout.samples_per_file, f.sample);
+            for (p, bytes) in crate::indexed::index_paths(&path).iter().zip(contents) {
+                beneath.create(p)?.write_all(&bytes).with_context(|| format!("writing {}", p.display()))?;
+            }
         }
     }
     // One syncfs instead of an fsync per file: O_DIRECT readers must find the data on disk.

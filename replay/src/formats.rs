@@ -10,6 +10,8 @@
 //!   tf.train.Example;
 //! - `hdf5`: what h5py writes for DLIO's hdf5 generator, a contiguous dataset
 //!   `records_0` and `labels` (hdf5.rs);
+//! - `indexed_binary`, `mmap_indexed_binary`: the samples back to back, with two index
+//!   files beside each data file (indexed.rs);
 //! - every other format (`jpeg`, `png` among them, see docs/replay.md): opaque bytes,
 //!   read whole.
 //!
@@ -26,6 +28,9 @@ pub enum Format {
     Npy,
     TfRecord,
     Hdf5,
+    /// DLIO's indexed_binary and mmap_indexed_binary (indexed.rs): the samples back to back.
+    IndexedBinary,
+    MmapIndexedBinary,
     /// Opaque bytes (jpeg, png, and the formats trainio does not lay out).
     Raw,
 }
@@ -37,6 +42,8 @@ impl Format {
             "npy" => Format::Npy,
             "tfrecord" => Format::TfRecord,
             "hdf5" => Format::Hdf5,
+            "indexed_binary" => Format::IndexedBinary,
+            "mmap_indexed_binary" => Format::MmapIndexedBinary,
             _ => Format::Raw,
         }
     }
@@ -95,7 +102,9 @@ pub struct Shape {
 pub fn shape(format: Format, spf: u64, sample: u64) -> Shape {
     let payload = spf * sample;
     match format {
-        Format::Raw => Shape { size: payload, data: 0, member: 0, central: 0, header: 0 },
+        Format::Raw | Format::IndexedBinary | Format::MmapIndexedBinary => {
+            Shape { size: payload, data: 0, member: 0, central: 0, header: 0 }
+        }
         Format::Npy => {
             let header = npy_header(&[spf, sample]).len() as u64;
             Shape { size: header + payload, data: header, member: 0, central: 0, header }
@@ -170,7 +179,9 @@ pub fn write_file(
         io::Result::Ok(())
     };
     match format {
-        Format::Raw => payload(out, 0, spf * sample, &mut None).map(|_| None),
+        Format::Raw | Format::IndexedBinary | Format::MmapIndexedBinary => {
+            payload(out, 0, spf * sample, &mut None).map(|_| None)
+        }
         Format::Npy => {
             out.write_all(&npy_header(&[spf, sample]))?;
             payload(out, 0, spf * sample, &mut None).map(|_| None)

@@ -11,6 +11,7 @@ mod datasize;
 mod engine;
 mod formats;
 mod hdf5;
+mod indexed;
 mod output;
 mod pool;
 mod program;

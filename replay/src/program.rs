@@ -7,12 +7,15 @@
 //! sample as DLIO's on-demand readers do; hdf5 as h5py opens the file and reads the
 //! sample's row (hdf5.rs), the file opened and closed per sample too; TFRecord files streamed by TensorFlow's
 //! parallel interleave (`read_threads` files at once, each read in buffer-sized preads);
+//! indexed_binary as DLIO's reader reads it (the index files once per reader, then one
+//! read per sample) and mmap_indexed_binary through mappings of the files (indexed.rs);
 //! other formats, and every format under O_DIRECT, the sample's bytes in
 //! `transfer_size` requests.
 
 use crate::dataset::Layout;
 use crate::engine::{Batch, Program, SampleRead};
 use crate::formats::{self, Format, Req};
+use crate::indexed;
 use crate::workload::{ComputeTime, Shuffle, Workload};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -50,6 +53,10 @@ pub struct WorkloadProgram {
     tf_buffer: u64,
     /// TFRecord: per local GPU, (epoch, that epoch's batches) of the interleave.
     streamed: RefCell<Vec<Option<EpochBatches>>>,
+    /// DLIO's loader: how many readers load the index files of an indexed format.
+    loader: String,
+    /// mmap_indexed_binary: the mappings of the files read so far, by file.
+    mapped: RefCell<std::collections::HashMap<usize, crate::indexed::Mapped>>,
 }
 
 /// TensorFlow's reader buffer when the workload sets no transfer_size.
@@ -104,6 +111,8 @@ impl WorkloadProgram {
             blksize,
             tf_buffer: tf_buffer.max(1),
             streamed: RefCell::new(vec![None; n]),
+            loader: workload.data_loader.to_ascii_lowercase(),
+            mapped: RefCell::new(std::collections::HashMap::new()),
         }
     }
 
@@ -127,6 +136,8 @@ impl WorkloadProgram {
             (false, Format::Npz) => ("numpy-npz", self.blksize),
             (false, Format::Npy) => ("numpy-npy", self.blksize),
             (_, Format::Hdf5) => ("h5py-row", crate::hdf5::SIEVE),
+            (false, Format::IndexedBinary) => ("dlio-indexed-binary", self.blksize),
+            (false, Format::MmapIndexedBinary) => ("dlio-mmap-indexed-binary", 0),
             _ => ("whole-sample", self.transfer_size),
         };
         serde_json::json!({
@@ -147,6 +158,7 @@ impl WorkloadProgram {
             (false, Format::Npz) => formats::npz_plan(&shape, self.blksize),
             (false, Format::Npy) => formats::npy_plan(&shape, self.blksize),
             (_, Format::Hdf5) => crate::hdf5::plan(spf, sample, k),
+            (false, Format::IndexedBinary) => vec![indexed::sample_read(k, sample, self.blksize)],
             _ => {
                 let stride = if self.format == Format::TfRecord { sample + formats::TFRECORD_FRAME } else { sample };
                 let start = shape.data + k * stride;
@@ -213,6 +225,68 @@ impl WorkloadProgram {
         batches
     }
 
+    /// indexed_binary: the index reads DLIO's reader makes when it is made, put before the
+    /// first batch its worker reads: per file of the shard, its offsets then its sizes,
+    /// each opened and read whole. PyTorch makes a reader in each worker process (the
+    /// first batch of each of the `read_threads` workers, DataLoader's persistent workers:
+    /// epoch 0 only); DALI makes one in the GPU's process (DaliIndexDataset) before its
+    /// workers start (batch 0).
+    fn index_reads(&self, gpu: usize, epoch: u64, step: u64) -> Vec<SampleRead> {
+        let made = match self.dali() {
+            // DLIO's DALI loader makes its dataset (and reader) anew each epoch.
+            true => step == 0,
+            false => epoch == 0 && step < self.read_threads.max(1) as u64,
+        };
+        if self.format != Format::IndexedBinary || self.odirect || !made {
+            return Vec::new();
+        }
+        let n = self.layout.files.len() as u32;
+        let (offset, len) = indexed::index_read(self.layout.samples_per_file, self.blksize);
+        // Each index file opened, read whole and closed (close: for DALI's recorded-mode
+        // reads, which keep a file open until a read says otherwise).
+        self.shards[gpu]
+            .1
+            .iter()
+            .flat_map(|&f| {
+                [0, 1].map(|j| SampleRead { close: true, ..SampleRead::new(n + 2 * f as u32 + j, offset, len) })
+            })
+            .collect()
+    }
+
+    /// `data_loader: dali` (DLIO's DaliDataLoader): a pipeline whose parallel
+    /// external_source runs `read_threads` Python worker processes and keeps
+    /// `prefetch_size` batches scheduled; each batch's samples are split among the workers
+    /// (dali_worker). TFRecord keeps TensorFlow's interleave.
+    fn dali(&self) -> bool {
+        self.loader == "dali" && self.format != Format::TfRecord
+    }
+
+    /// A name of sample `k` of data file `file` of its own, so that in DALI's model (where
+    /// an open file is shared by the reads naming it, recorded mode) two workers reading
+    /// samples of one file concurrently open it each, as DLIO's reader does per sample.
+    fn sample_alias(&self, file: usize, k: u64) -> u32 {
+        let n = self.layout.files.len() as u64;
+        u32::try_from(3 * n + file as u64 * self.layout.samples_per_file + k).unwrap_or(file as u32)
+    }
+
+    /// mmap_indexed_binary: what DLIO's get_sample does to the mapped files for sample
+    /// `k` of `file` (its index entries read through the mappings, the data untouched).
+    fn touch_mapped(&self, file: usize, k: u64) {
+        let mut mapped = self.mapped.borrow_mut();
+        if let std::collections::hash_map::Entry::Vacant(e) = mapped.entry(file) {
+            match indexed::Mapped::open(&self.layout.path(file)) {
+                Ok(m) => {
+                    e.insert(m);
+                }
+                Err(err) => {
+                    eprintln!("trainio replay: {err}");
+                    return;
+                }
+            }
+        }
+        std::hint::black_box(mapped[&file].sample(k));
+    }
+
     /// The order in which GPU `gpu` reads its shard's samples in `epoch`.
     pub fn sample_order(&self, gpu: usize, epoch: u64) -> Vec<u32> {
         let global = self.shards[gpu].0;
@@ -259,11 +333,34 @@ impl Program for WorkloadProgram {
         let files = &self.shards[gpu].1;
         let from = (step * self.batch_size) as usize;
         let to = (from + self.batch_size as usize).min(order.len());
-        let reads: Vec<SampleRead> = order[from..to]
-            .iter()
-            .flat_map(|&k| self.sample_reads(files[(k as u64 / spf) as usize], k as u64 % spf))
-            .collect();
-        Batch { samples: (to - from) as u32, reads, streams: Vec::new() }
+        if self.format == Format::MmapIndexedBinary && !self.odirect {
+            for &k in &order[from..to] {
+                self.touch_mapped(files[(k as u64 / spf) as usize], k as u64 % spf);
+            }
+            return Batch { samples: (to - from) as u32, reads: Vec::new(), streams: Vec::new() };
+        }
+        let mut reads = self.index_reads(gpu, epoch, step);
+        let samples = order[from..to].iter().map(|&k| (files[(k as u64 / spf) as usize], k as u64 % spf));
+        if !self.dali() {
+            reads.extend(samples.flat_map(|(f, k)| self.sample_reads(f, k)));
+            return Batch { samples: (to - from) as u32, reads, streams: Vec::new() };
+        }
+        // DALI: the GPU's process read the index files (stream 0) before its workers start.
+        let mut streams = vec![0; reads.len()];
+        let samples: Vec<(usize, u64)> = samples.collect();
+        for (j, &(f, k)) in samples.iter().enumerate() {
+            let mut sample = self.sample_reads(f, k);
+            let alias = self.sample_alias(f, k);
+            if let Some(last) = sample.last_mut() {
+                last.close = true;
+            }
+            for r in &mut sample {
+                r.file = alias;
+            }
+            streams.extend(std::iter::repeat_n(dali_worker(j, samples.len(), self.read_threads) as u32, sample.len()));
+            reads.extend(sample);
+        }
+        Batch { samples: (to - from) as u32, reads, streams }
     }
 
     fn compute_seconds(&self, _gpu: usize, _epoch: u64, _step: u64, rng: &mut StdRng) -> f64 {
@@ -271,7 +368,16 @@ impl Program for WorkloadProgram {
     }
 
     fn path(&self, file: u32) -> PathBuf {
-        self.layout.path(file as usize)
+        let (n, file) = (self.layout.files.len(), file as usize);
+        if file >= 3 * n {
+            // A sample's own name for its data file (sample_alias).
+            return self.layout.path((file - 3 * n) / self.layout.samples_per_file.max(1) as usize);
+        }
+        match file.checked_sub(n) {
+            // An index file (index_reads): 2 × data file + 0 (offsets) or 1 (sizes).
+            Some(i) => indexed::index_paths(&self.layout.path(i / 2))[i % 2].clone(),
+            None => self.layout.path(file),
+        }
     }
 
     fn root(&self) -> &std::path::Path {
@@ -297,14 +403,33 @@ impl Program for WorkloadProgram {
             // h5py reads a row in one pread; a row longer than transfer_size goes in pieces
             // of it, so buffers stay that size whatever the samples' size.
             (_, Format::Hdf5) => plain.max(crate::hdf5::SIEVE),
+            // One readinto of the whole sample, of the whole index file.
+            (false, Format::IndexedBinary) => {
+                largest.max(indexed::index_bytes(self.layout.samples_per_file)).max(self.blksize)
+            }
             _ => plain,
         }
     }
 
     /// TFRecord files are streamed: each read goes to its interleave slot's reader, files
-    /// stay open until their last read.
+    /// stay open until their last read. DALI's workers share each batch (dali_worker).
     fn recorded(&self) -> bool {
-        self.format == Format::TfRecord
+        self.format == Format::TfRecord || self.dali()
+    }
+}
+
+/// The DALI worker that reads sample `j` of a batch of `n`: DALI's WorkerPool splits a
+/// batch's samples into contiguous chunks, one per worker, the first `n mod workers`
+/// chunks one sample longer (nvidia/dali/_multiproc/pool.py, `_distribute`).
+pub fn dali_worker(j: usize, n: usize, workers: usize) -> usize {
+    let w = workers.max(1);
+    let (chunk, extra) = (n / w, n % w);
+    // The first `extra` workers take chunk + 1 samples.
+    let long = extra * (chunk + 1);
+    if j < long {
+        j / (chunk + 1)
+    } else {
+        extra + (j - long) / chunk.max(1)
     }
 }
 
@@ -407,5 +532,63 @@ mod tests {
         let b = p.batch(0, 0, 0);
         assert_eq!(b.reads.len(), 4);
         assert_eq!((b.reads[0].offset, b.reads[0].len), (shape.data, 1 << 20));
+    }
+
+    #[test]
+    fn indexed_binary_reads_the_indexes_once_per_worker_then_one_read_per_sample() {
+        let y = "dataset:\n  format: indexed_binary\n  num_files_train: 4\n  num_samples_per_file: 4\n  record_length_bytes: 100000\nreader:\n  batch_size: 2\n  read_threads: 2\ntrain:\n  computation_time: 0.1\n";
+        let w = Workload::from_yaml(y, "t").unwrap();
+        let layout = Layout::from_workload(&w, 2, 0, Path::new("/d"));
+        let sample = layout.files[0].sample;
+        assert_eq!(layout.on_disk(1).iter().map(|(_, s)| *s).collect::<Vec<_>>(), [4 * sample, 32, 32]);
+        let p = WorkloadProgram::new(&w, layout, 2, &[1], 1 << 20, 0, false, TF_BUFFER);
+        // GPU 1 of 2: files 1 and 3; per worker's first batch, both index files of both.
+        let reads = |e, s| p.batch(0, e, s).reads.iter().map(|r| (p.path(r.file), r.offset, r.len)).collect::<Vec<_>>();
+        let idx: Vec<_> = [
+            "1.indexed_binary.off.idx",
+            "1.indexed_binary.sz.idx",
+            "3.indexed_binary.off.idx",
+            "3.indexed_binary.sz.idx",
+        ]
+        .iter()
+        .map(|n| (PathBuf::from(format!("/d/train/file_00000{n}")), 0, 4096))
+        .collect();
+        let data =
+            |f: u64, k: u64| (PathBuf::from(format!("/d/train/file_00000{f}.indexed_binary")), k * sample, sample);
+        assert_eq!(reads(0, 0), [idx.clone(), vec![data(1, 0), data(1, 1)]].concat());
+        assert_eq!(reads(0, 1), [idx, vec![data(1, 2), data(1, 3)]].concat());
+        assert_eq!(reads(0, 2), [data(3, 0), data(3, 1)]);
+        assert_eq!(reads(1, 0), [data(1, 0), data(1, 1)], "persistent workers: no index reads after epoch 0");
+        assert!(p.max_request() >= sample);
+        assert_eq!(p.reader_json("indexed_binary", "pytorch")["model"], "dlio-indexed-binary");
+    }
+
+    #[test]
+    fn dali_splits_each_batch_among_its_workers() {
+        // pool.py's _distribute: 7 samples over 3 workers are 3, 2, 2; 2 over 4 are 1, 1.
+        let split = |n, w| (0..n).map(|j| dali_worker(j, n, w)).collect::<Vec<_>>();
+        assert_eq!(split(7, 3), [0, 0, 0, 1, 1, 2, 2]);
+        assert_eq!(split(6, 3), [0, 0, 1, 1, 2, 2]);
+        assert_eq!(split(2, 4), [0, 1]);
+        assert_eq!(split(4, 1), [0, 0, 0, 0]);
+        let y = "dataset:\n  format: indexed_binary\n  num_files_train: 2\n  num_samples_per_file: 4\n  record_length_bytes: 8192\nreader:\n  data_loader: dali\n  batch_size: 4\n  read_threads: 2\n  prefetch_size: 3\ntrain:\n  epochs: 2\n  computation_time: 0.1\n";
+        let w = Workload::from_yaml(y, "t").unwrap();
+        let layout = Layout::from_workload(&w, 1, 0, Path::new("/d"));
+        let p = WorkloadProgram::new(&w, layout, 1, &[0], 1 << 20, 0, false, TF_BUFFER);
+        assert!(p.recorded(), "a batch is spread over the workers by Batch::streams");
+        for epoch in 0..2 {
+            let b = p.batch(0, epoch, 0);
+            // the index files of both files, once per epoch, by the GPU's process (stream 0)
+            assert_eq!(b.reads.len(), 4 + 4);
+            assert!(b.reads[..4].iter().all(|r| r.close && p.path(r.file).to_string_lossy().ends_with(".idx")));
+            assert_eq!(b.streams, [0, 0, 0, 0, 0, 0, 1, 1]);
+            // each sample read on an open of its own, closed after it
+            let data: Vec<_> = b.reads[4..].iter().map(|r| (p.path(r.file), r.offset, r.close)).collect();
+            let f0 = PathBuf::from("/d/train/file_000000.indexed_binary");
+            assert_eq!(data, (0..4).map(|k| (f0.clone(), k * 8192, true)).collect::<Vec<_>>());
+            let ids: std::collections::HashSet<u32> = b.reads[4..].iter().map(|r| r.file).collect();
+            assert_eq!(ids.len(), 4);
+        }
+        assert_eq!(p.batch(0, 0, 1).reads.len(), 4, "no index reads after the first batch");
     }
 }

@@ -222,6 +222,17 @@ impl Job {
                 )));
             }
         }
+        if (args.odirect || w.odirect)
+            && templates.is_none()
+            && crate::indexed::is_indexed(crate::formats::Format::parse(&w.format))
+        {
+            // DLIO's reader factory raises for these formats under O_DIRECT.
+            bail!(InputError(format!(
+                "{}: dataset.format {} is read through the page cache by DLIO's reader (it refuses O_DIRECT): drop --odirect / reader.odirect",
+                path.display(),
+                w.format
+            )));
+        }
         let (templates, model) = match templates {
             Some((t, m)) => (Some(t), Some(m)),
             None => (None, None),
@@ -409,14 +420,14 @@ impl Job {
     fn check_free_space(&self, layout: &Layout) -> Result<()> {
         let (mut missing, mut bytes) = (0u64, 0u64);
         let exists = self.data_dir.is_dir();
-        for f in &layout.files {
+        for (rel, size) in (0..layout.files.len()).flat_map(|i| layout.on_disk(i)) {
             let have = exists
-                && std::fs::symlink_metadata(layout.root.join(&f.rel))
-                    .map(|m| m.is_file() && m.len() == f.size)
+                && std::fs::symlink_metadata(layout.root.join(&rel))
+                    .map(|m| m.is_file() && m.len() == size)
                     .unwrap_or(false);
             if !have {
                 missing += 1;
-                bytes += f.size;
+                bytes += size;
             }
         }
         let need = bytes + missing * dataset::ALIGN;
@@ -463,7 +474,7 @@ impl Job {
         };
         layout.verify_files(&mine, &sizing)?;
         let used: Vec<usize> = (0..gpus).flat_map(|g| self.files_of(&layout, g, gpus)).collect();
-        let used_bytes: u64 = used.iter().map(|&i| layout.files[i].size).sum();
+        let used_bytes: u64 = used.iter().flat_map(|&i| layout.on_disk(i)).map(|(_, size)| size).sum();
         let w = &self.workload;
         match &self.templates {
             None => {

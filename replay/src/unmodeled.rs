@@ -7,9 +7,10 @@ use serde_yaml::Value;
 
 /// Formats whose files the replay lays out and reads as their readers do; any other is
 /// opaque bytes read whole.
-const LAID_OUT: &[&str] = &["npz", "npy", "tfrecord", "hdf5"];
-/// Loaders whose concurrency the replay models (worker processes, TF's interleave).
-const LOADERS: &[&str] = &["pytorch", "tensorflow"];
+const LAID_OUT: &[&str] = &["npz", "npy", "tfrecord", "hdf5", "indexed_binary", "mmap_indexed_binary"];
+/// Loaders whose concurrency the replay models (PyTorch's worker processes, TF's
+/// interleave, DALI's parallel external source).
+const LOADERS: &[&str] = &["pytorch", "tensorflow", "dali"];
 
 /// Keys whose value decides whether the replay models them (checked below).
 const VALUE_CHECKED: &[&str] = &["reader.dont_use_mmap"];
@@ -152,14 +153,18 @@ mod tests {
         assert_eq!(notes_of(&dist), Vec::<String>::new());
         let quiet = BASE.replace("  batch_size: 1\n", "  batch_size: 1\n  shuffle_size: 1024\n  dont_use_mmap: True\n");
         assert_eq!(notes_of(&quiet), Vec::<String>::new());
+        for format in ["indexed_binary", "mmap_indexed_binary"] {
+            let y = BASE.replace("format: npz", &format!("format: {format}")).replace("pytorch", "dali");
+            assert_eq!(notes_of(&y), Vec::<String>::new(), "{format} under dali");
+        }
     }
 
     #[test]
     fn one_line_per_feature() {
         let y = BASE
             .replace("  batch_size: 1\n", "  batch_size: 1\n  computation_threads: 8\n  preprocess_time: 0.01\n")
-            .replace("format: npz", "format: parquet")
-            .replace("data_loader: pytorch", "data_loader: dali")
+            .replace("format: npz", "format: png")
+            .replace("data_loader: pytorch", "data_loader: native_dali")
             + "workflow:\n  evaluation: True\n";
         let n = notes_of(&y);
         assert_eq!(n.len(), 5, "{n:#?}");
@@ -167,8 +172,8 @@ mod tests {
             "reader.computation_threads: 8:",
             "reader.preprocess_time: 0.01:",
             "workflow.evaluation: true:",
-            "dataset.format: parquet:",
-            "reader.data_loader: dali:",
+            "dataset.format: png:",
+            "reader.data_loader: native_dali:",
         ] {
             assert_eq!(n.iter().filter(|l| l.starts_with(key)).count(), 1, "{key} in {n:#?}");
         }

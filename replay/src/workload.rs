@@ -311,6 +311,22 @@ fn apply_param(root: &mut Value, param: &str) -> Result<String> {
     Ok(normalized)
 }
 
+/// DLIO's FormatType values (dlio_benchmark/common/enumerations.py): a workload of any
+/// other format (parquet among them) is one DLIO refuses to run.
+pub const DLIO_FORMATS: &[&str] = &[
+    "tfrecord",
+    "hdf5",
+    "csv",
+    "npz",
+    "npy",
+    "hdf5_opt",
+    "jpeg",
+    "png",
+    "indexed_binary",
+    "mmap_indexed_binary",
+    "synthetic",
+];
+
 impl Workload {
     /// Reads the file with `--param KEY=VALUE` overrides applied first.
     pub fn from_file_with(path: &Path, params: &[String]) -> Result<Workload> {
@@ -383,6 +399,10 @@ impl Workload {
         if record_length <= 0.0 {
             bail!("dataset.record_length_bytes must be positive, got {record_length}");
         }
+        let format = string(dataset, "format").unwrap_or_default();
+        if !format.is_empty() && !DLIO_FORMATS.contains(&format.to_ascii_lowercase().as_str()) {
+            bail!("dataset.format: '{format}' is not a format DLIO reads ({})", DLIO_FORMATS.join(", "));
+        }
         let record_length_stdev =
             first_number(dataset, "dataset", &["record_length_bytes_stdev", "record_length_stdev"])?.unwrap_or(0.0);
         let batch_size = uint(reader, "reader", "batch_size")?.unwrap_or(1);
@@ -395,7 +415,7 @@ impl Workload {
         };
         let workload = Workload {
             name,
-            format: string(dataset, "format").unwrap_or_default(),
+            format,
             data_loader: string(reader, "data_loader")
                 .or_else(|| root.get("framework").and_then(Value::as_str).map(str::to_string))
                 .unwrap_or_else(|| "pytorch".into()),

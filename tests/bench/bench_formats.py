@@ -5,17 +5,19 @@ largest), per-issue queue depth (mean), throughput over the active span, and
 `trainio compare`'s request-size W1 (octaves, block and file layer) and per-issue QD W1.
 
 Set-up: ext4 on a loop device over /dev/shm (4 KiB blocks, no lazy init, noatime), one
-simulated GPU, 32 files of 1 MiB (npz, npy), 32 TFRecord files of 8 × 128 KiB records,
-32 hdf5 files of 4 rows of 256 KiB or of 64 rows of 16 KiB (read through h5py's sieve),
-batch 2 (hdf5 also a batch a file: `b4`, `b64`), `--threads` readers, the device's reads
-capped by a cgroup at `--mibs` (300 MiB/s: storage-bound, so the device and not the
-readers' CPU on a busy host sets the pace; 0 for no cap); the page cache of the dataset
-is dropped (fadvise) before each side. Real readers: tests/formats/real_reader.py
-(numpy.load or h5py in worker processes; TensorFlow's TFRecord reads written in Python,
-TensorFlow not being installed). The replay runs with `--io-engine psync`. Targets: size
-W1 <= 0.5 octave, QD W1 <= 1.
+simulated GPU, 32 files of 1 MiB (npz, npy), 32 files of 8 × 128 KiB samples (TFRecord
+records, indexed_binary and mmap_indexed_binary samples), 32 hdf5 files of 4 rows of 256
+KiB or of 64 rows of 16 KiB (read through h5py's sieve), batch 2 (hdf5 also a batch a
+file: `b4`, `b64`), `--threads` readers, the device's reads capped by a cgroup at
+`--mibs` (300 MiB/s: storage-bound, so the device and not the readers' CPU on a busy host
+sets the pace; 0 for no cap); the page cache of the dataset is dropped (fadvise) before
+each side. Real readers: tests/formats/real_reader.py (numpy.load or h5py in worker
+processes; TensorFlow's TFRecord reads written in Python, TensorFlow not being installed)
+and tests/formats/indexed_reader.py (DLIO's two indexed_binary readers in PyTorch's
+worker processes or DALI's, DALI's scheduling written out). The replay runs with
+`--io-engine psync`. Targets: size W1 <= 0.5 octave, QD W1 <= 1.
 
-    sudo .venv/bin/python tests/bench/bench_formats.py [--threads 2 4] [--mibs 300]
+    sudo .venv/bin/python tests/bench/bench_formats.py [--threads 2 4] [--mibs 300] [--formats npz ...]
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ CASES = [
     ("hdf5", "pytorch", 4, 256 << 10, 2),
     ("hdf5", "pytorch", 64, 16 << 10, 64),
     ("hdf5", "pytorch", 64, 16 << 10, 2),
+    ("indexed_binary", "pytorch", 8, 128 << 10, 2),
+    ("mmap_indexed_binary", "pytorch", 8, 128 << 10, 2),
+    ("indexed_binary", "dali", 8, 128 << 10, 2),
 ]
 
 
@@ -86,7 +91,7 @@ def run_case(
     real, emu = work / f"{name}-real", work / f"{name}-emu"
     with throttled_cgroup(majmin, mibs << 20 if mibs else None) as th:
         drop_cache(data)
-        record_real(real, fmt, data, spf=spf, batch=batch, threads=threads, wrap=th.wrap)
+        record_real(real, fmt, data, spf=spf, batch=batch, threads=threads, wrap=th.wrap, loader=loader)
         drop_cache(data)
         record_emulation(emu, wl, data, wrap=th.wrap)
     block, file_layer = compare(real, emu, majmin, "block"), compare(real, emu, majmin, "file")
@@ -109,6 +114,9 @@ def main() -> None:
     ap.add_argument(
         "--mibs", type=int, default=300, help="cap the device's reads at this many MiB/s (default 300; 0: no cap)"
     )
+    ap.add_argument(
+        "--formats", nargs="+", choices=sorted({c[0] for c in CASES}), help="only these formats (default: all)"
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_formats: needs root (loop device, BPF)")
@@ -122,9 +130,11 @@ def main() -> None:
             _, majmin, mnt = fs
             for threads in args.threads:
                 for fmt, loader, spf, record, batch in CASES:
+                    if args.formats and fmt not in args.formats:
+                        continue
                     rows.append(run_case(mnt, majmin, Path(tmp), fmt, loader, spf, record, batch, threads, args.mibs))
     head = (
-        f"{'format × loader':39} {'req KiB real/emu':>17} {'max KiB':>11} {'QD real/emu':>12} "
+        f"{'format × loader':41} {'req KiB real/emu':>17} {'max KiB':>11} {'QD real/emu':>12} "
         f"{'MiB/s real/emu':>15} {'size W1 blk/file':>17} {'QD W1':>6}"
     )
     print(head)
@@ -132,7 +142,7 @@ def main() -> None:
     ok = True
     for r in rows:
         print(
-            f"{r['case']:39} {r['size_kib'][0]:8.1f}/{r['size_kib'][1]:<8.1f} "
+            f"{r['case']:41} {r['size_kib'][0]:8.1f}/{r['size_kib'][1]:<8.1f} "
             f"{r['max_kib'][0]:5d}/{r['max_kib'][1]:<5d} {r['qd'][0]:5.2f}/{r['qd'][1]:<6.2f} "
             f"{r['mib_s'][0]:7.0f}/{r['mib_s'][1]:<7.0f} "
             f"{r['size_w1']:8.3f}/{r['size_w1_file']:<8.3f} {r['qd_w1']:6.2f}"

@@ -12,6 +12,8 @@ from pathlib import Path
 from trainio_testlib import TRAINIO, run
 
 REAL_READER = Path(__file__).resolve().parent / "real_reader.py"
+# DLIO's indexed_binary and mmap_indexed_binary readers
+INDEXED_READER = Path(__file__).resolve().parent / "indexed_reader.py"
 
 
 def write_workload(
@@ -109,10 +111,16 @@ def drop_cache(data: Path) -> None:
             os.close(fd)
 
 
-def record_real(out: Path, fmt: str, data: Path, *, spf: int, batch: int, threads: int, wrap=list) -> None:
-    """`trainio record` of the real reader (real_reader.py) reading the dataset; `wrap`
+def record_real(
+    out: Path, fmt: str, data: Path, *, spf: int, batch: int, threads: int, wrap=list, loader: str = "pytorch"
+) -> None:
+    """`trainio record` of the real reader (real_reader.py; indexed_reader.py for DLIO's
+    indexed_binary formats, under the PyTorch or DALI loader) reading the dataset; `wrap`
     turns the reader's command into the one to trace (e.g. Throttle.wrap)."""
-    reader = [sys.executable, REAL_READER, fmt, data, "--spf", spf, "--batch", batch, "--threads", threads]
+    script = INDEXED_READER if fmt.endswith("indexed_binary") else REAL_READER
+    reader = [sys.executable, script, fmt, data, "--spf", spf, "--batch", batch, "--threads", threads]
+    if script == INDEXED_READER:
+        reader += ["--loader", loader]
     trainio("record", "-o", out, "--layers", "block,file", "--", *wrap(reader))
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import h5py
@@ -108,3 +109,28 @@ def test_hdf5_with_odirect_is_refused(tmpfs_dir: Path) -> None:
         err = p.stderr.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"trainio replay: {says}"), p.stderr
         assert not data.exists(), "nothing is written"
+
+
+def test_indexed_binary_index_files_say_where_the_samples_are(tmpfs_dir: Path) -> None:
+    """DLIO's layout: per data file, the samples back to back and FILE.off.idx and
+    FILE.sz.idx holding each sample's offset and size as u64; DLIO's listing (names
+    ending with the format) finds the data files only; the marker counts the index files."""
+    for fmt in ("indexed_binary", "mmap_indexed_binary"):
+        tmp = tmpfs_dir / fmt
+        tmp.mkdir()
+        files = _datagen(tmp, fmt, files=3, spf=5, record=10000)
+        data = [f for f in files if f.name.endswith(fmt)]
+        assert len(data) == 3 and len(files) == 9, [f.name for f in files]
+        for f in data:
+            offsets = np.fromfile(f"{f}.off.idx", dtype="<u8")
+            sizes = np.fromfile(f"{f}.sz.idx", dtype="<u8")
+            # five samples of 10000 bytes rounded up to 4 KiB, back to back
+            assert sizes.tolist() == [12288] * 5
+            assert offsets.tolist() == [k * 12288 for k in range(5)]
+            raw = f.read_bytes()
+            assert len(raw) == int(offsets[-1] + sizes[-1])
+            samples = [raw[o : o + s] for o, s in zip(offsets.tolist(), sizes.tolist())]
+            assert b"".join(samples) == raw
+            assert len(set(samples)) == 5, "samples must differ"
+        marker = json.loads((tmp / "data" / ".trainio-dataset").read_text())
+        assert marker["bytes"] == 3 * (5 * 12288 + 2 * 5 * 8)
