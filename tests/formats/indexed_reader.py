@@ -40,6 +40,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from real_reader import run_together
 
 
 def files_of(data: Path, fmt: str) -> list[Path]:
@@ -76,30 +77,6 @@ class MmapIndexedBinary:
     def sample(self, f: Path, k: int) -> None:
         offset, size = self.index[f][0][k], self.index[f][1][k]
         self.buffers[f][offset : offset + size]
-
-
-def run_together(jobs: list) -> None:
-    """Each job in a process of its own, all started at once (they wait for the parent to
-    have forked the last one)."""
-    r, w = os.pipe()
-    pids = []
-    for job in jobs:
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.close(w)
-                os.read(r, 1)
-                job()
-                code = 0
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    os.close(w)
-    for pid in pids:
-        _, status = os.waitpid(pid, 0)
-        if status != 0:
-            sys.exit(f"reader exited {status}")
 
 
 def chunks(n: int, workers: int) -> list[range]:

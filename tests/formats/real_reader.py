@@ -54,12 +54,14 @@ def run_together(jobs: list) -> None:
     for job in jobs:
         pid = os.fork()
         if pid == 0:
+            code = 1  # a job that raises fails the reader
             try:
                 os.close(w)
                 os.read(r, 1)
                 job()
+                code = 0
             finally:
-                os._exit(0)
+                os._exit(code)
         pids.append(pid)
     os.close(w)
     for pid in pids:

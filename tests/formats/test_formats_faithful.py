@@ -14,7 +14,6 @@ because TensorFlow is not installed (its wheel is ~600 MB)."""
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import polars as pl
 import pytest
 from formats_testlib import compare, drop_cache, record_emulation, record_real, trainio, write_workload
 
-from trainio_testlib import mounted_loop_fs, throttled_cgroup
+from trainio_testlib import throttled_cgroup
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -41,14 +40,6 @@ CASES = [
     ("hdf5", "pytorch", 8, 16 << 10, 8),
 ]
 IDS = ["npz", "npy", "tfrecord", "hdf5", "hdf5-sieve"]
-
-
-@pytest.fixture(scope="module")
-def fs():
-    if os.geteuid() != 0:
-        pytest.fail("needs root (loop device, BPF)")
-    with mounted_loop_fs(256, quiet=True) as fs:
-        yield fs
 
 
 def _file_reads(trace: Path, majmin: str) -> dict[str, list[tuple[int, int]]]:

@@ -16,12 +16,10 @@ formats, and a format DLIO does not have (parquet)."""
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 
 import polars as pl
-import pytest
 from formats_testlib import (
     compare,
     drop_cache,
@@ -31,18 +29,10 @@ from formats_testlib import (
     write_workload,
 )
 
-from trainio_testlib import TRAINIO, mounted_loop_fs, run, throttled_cgroup
+from trainio_testlib import TRAINIO, run, throttled_cgroup
 
 CAP = 300 << 20
 FILES, SPF, RECORD, BATCH, THREADS = 16, 4, 256 << 10, 2, 2
-
-
-@pytest.fixture(scope="module")
-def fs():
-    if os.geteuid() != 0:
-        pytest.fail("needs root (loop device, BPF)")
-    with mounted_loop_fs(256, quiet=True) as fs:
-        yield fs
 
 
 def _trace(trace: Path, majmin: str) -> pl.DataFrame:
