@@ -135,7 +135,7 @@ impl WorkloadProgram {
             (_, Format::TfRecord) => ("tfrecord-interleave", self.tf_buffer),
             (false, Format::Npz) => ("numpy-npz", self.blksize),
             (false, Format::Npy) => ("numpy-npy", self.blksize),
-            (_, Format::Hdf5) => ("h5py-row", crate::hdf5::SIEVE),
+            (_, Format::Hdf5(_)) => ("h5py-row", crate::hdf5::SIEVE),
             (false, Format::IndexedBinary) => ("dlio-indexed-binary", self.blksize),
             (false, Format::MmapIndexedBinary) => ("dlio-mmap-indexed-binary", 0),
             _ => ("whole-sample", self.transfer_size),
@@ -157,7 +157,7 @@ impl WorkloadProgram {
         let reqs: Vec<Req> = match (self.odirect, self.format) {
             (false, Format::Npz) => formats::npz_plan(&shape, self.blksize),
             (false, Format::Npy) => formats::npy_plan(&shape, self.blksize),
-            (_, Format::Hdf5) => crate::hdf5::plan(spf, sample, k),
+            (_, Format::Hdf5(c)) => crate::hdf5::plan(spf, sample, c, k),
             (false, Format::IndexedBinary) => vec![indexed::sample_read(k, sample, self.blksize)],
             _ => {
                 let stride = if self.format == Format::TfRecord { sample + formats::TFRECORD_FRAME } else { sample };
@@ -402,7 +402,7 @@ impl Program for WorkloadProgram {
             (false, Format::Npz | Format::Npy) => plain.max(formats::NUMPY_BUFFER.max(self.blksize)),
             // h5py reads a row in one pread; a row longer than transfer_size goes in pieces
             // of it, so buffers stay that size whatever the samples' size.
-            (_, Format::Hdf5) => plain.max(crate::hdf5::SIEVE),
+            (_, Format::Hdf5(_)) => plain.max(crate::hdf5::SIEVE),
             // One readinto of the whole sample, of the whole index file.
             (false, Format::IndexedBinary) => {
                 largest.max(indexed::index_bytes(self.layout.samples_per_file)).max(self.blksize)
@@ -470,7 +470,7 @@ mod tests {
         let got: Vec<(u32, u64, u64, bool)> = b.reads.iter().map(|r| (r.file, r.offset, r.len, r.chain)).collect();
         let mut want = Vec::new();
         for k in [2u64, 3] {
-            for (i, (o, n)) in crate::hdf5::plan(4, 262144, k).into_iter().enumerate() {
+            for (i, (o, n)) in crate::hdf5::plan(4, 262144, 0, k).into_iter().enumerate() {
                 want.push((0, o, n, i > 0));
             }
         }
