@@ -71,12 +71,15 @@ impl Layout {
             .then(|| Normal::new(workload.record_length, workload.record_length_stdev).ok())
             .flatten();
         let digits = (n.max(2) - 1).to_string().len().max(6);
-        let format = Format::parse(&workload.format);
+        let format = match Format::parse(&workload.format) {
+            Format::Hdf5(_) => Format::Hdf5(crate::hdf5::chunk_rows(workload)),
+            f => f,
+        };
         let ext = match format {
             Format::Npz => "npz",
             Format::Npy => "npy",
             Format::TfRecord => "tfrecord",
-            Format::Hdf5 => "hdf5",
+            Format::Hdf5(_) => "hdf5",
             Format::IndexedBinary => "indexed_binary",
             Format::MmapIndexedBinary => "mmap_indexed_binary",
             Format::Raw => "dat",

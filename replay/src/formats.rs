@@ -8,8 +8,8 @@
 //! - `tfrecord`: records framed as TensorFlow writes them (length, masked CRC-32C of the
 //!   length, data, masked CRC-32C of the data); the data are raw bytes, not a
 //!   tf.train.Example;
-//! - `hdf5`: what h5py writes for DLIO's hdf5 generator, a contiguous dataset
-//!   `records_0` and `labels` (hdf5.rs);
+//! - `hdf5`: what h5py writes for DLIO's hdf5 generator, a dataset `records_0`
+//!   (contiguous, or chunked along the samples) and `labels` (hdf5.rs);
 //! - `indexed_binary`, `mmap_indexed_binary`: the samples back to back, with two index
 //!   files beside each data file (indexed.rs);
 //! - every other format (`jpeg`, `png` among them, see docs/replay.md): opaque bytes,
@@ -19,7 +19,7 @@
 //! (samples per file, sample bytes): sample k is the k-th row.
 
 use crate::hdf5;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 
 /// The formats whose files datagen writes in their own layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +27,8 @@ pub enum Format {
     Npz,
     Npy,
     TfRecord,
-    Hdf5,
+    /// Rows per chunk of `records_0` (0: contiguous; hdf5.rs).
+    Hdf5(u64),
     /// DLIO's indexed_binary and mmap_indexed_binary (indexed.rs): the samples back to back.
     IndexedBinary,
     MmapIndexedBinary,
@@ -41,7 +42,7 @@ impl Format {
             "npz" => Format::Npz,
             "npy" => Format::Npy,
             "tfrecord" => Format::TfRecord,
-            "hdf5" => Format::Hdf5,
+            "hdf5" => Format::Hdf5(0),
             "indexed_binary" => Format::IndexedBinary,
             "mmap_indexed_binary" => Format::MmapIndexedBinary,
             _ => Format::Raw,
@@ -118,7 +119,9 @@ pub fn shape(format: Format, spf: u64, sample: u64) -> Shape {
             Shape { size, data: start + header, member, central, header }
         }
         Format::TfRecord => Shape { size: spf * (sample + TFRECORD_FRAME), data: 12, member: 0, central: 0, header: 0 },
-        Format::Hdf5 => Shape { size: hdf5::size(spf, sample), data: hdf5::DATA, member: 0, central: 0, header: 0 },
+        Format::Hdf5(c) => {
+            Shape { size: hdf5::size(spf, sample, c), data: hdf5::DATA, member: 0, central: 0, header: 0 }
+        }
     }
 }
 
@@ -186,9 +189,10 @@ pub fn write_file(
             out.write_all(&npy_header(&[spf, sample]))?;
             payload(out, 0, spf * sample, &mut None).map(|_| None)
         }
-        Format::Hdf5 => {
-            out.write_all(&hdf5::metadata(spf, sample))?;
+        Format::Hdf5(c) => {
+            out.write_all(&hdf5::metadata(spf, sample, c))?;
             payload(out, 0, spf * sample, &mut None)?;
+            io::copy(&mut io::repeat(0).take(hdf5::payload(spf, sample, c) - spf * sample), out)?;
             out.write_all(&hdf5::labels(spf)).map(|_| None)
         }
         Format::Npz => {

@@ -135,7 +135,7 @@ impl WorkloadProgram {
             (_, Format::TfRecord) => ("tfrecord-interleave", self.tf_buffer),
             (false, Format::Npz) => ("numpy-npz", self.blksize),
             (false, Format::Npy) => ("numpy-npy", self.blksize),
-            (_, Format::Hdf5) => ("h5py-row", crate::hdf5::SIEVE),
+            (_, Format::Hdf5(_)) => ("h5py-row", crate::hdf5::SIEVE),
             (false, Format::IndexedBinary) => ("dlio-indexed-binary", self.blksize),
             (false, Format::MmapIndexedBinary) => ("dlio-mmap-indexed-binary", 0),
             _ => ("whole-sample", self.transfer_size),
@@ -157,7 +157,7 @@ impl WorkloadProgram {
         let reqs: Vec<Req> = match (self.odirect, self.format) {
             (false, Format::Npz) => formats::npz_plan(&shape, self.blksize),
             (false, Format::Npy) => formats::npy_plan(&shape, self.blksize),
-            (_, Format::Hdf5) => crate::hdf5::plan(spf, sample, k),
+            (_, Format::Hdf5(c)) => crate::hdf5::plan(spf, sample, c, k),
             (false, Format::IndexedBinary) => vec![indexed::sample_read(k, sample, self.blksize)],
             _ => {
                 let stride = if self.format == Format::TfRecord { sample + formats::TFRECORD_FRAME } else { sample };
@@ -400,9 +400,10 @@ impl Program for WorkloadProgram {
         match (self.odirect, self.format) {
             (_, Format::TfRecord) => plain.max(self.tf_buffer),
             (false, Format::Npz | Format::Npy) => plain.max(formats::NUMPY_BUFFER.max(self.blksize)),
-            // h5py reads a row in one pread; a row longer than transfer_size goes in pieces
-            // of it, so buffers stay that size whatever the samples' size.
-            (_, Format::Hdf5) => plain.max(crate::hdf5::SIEVE),
+            // h5py reads a row (a chunk of `c` rows when chunked) in one pread; one longer
+            // than transfer_size goes in pieces of it, so buffers stay that size whatever
+            // the samples' size.
+            (_, Format::Hdf5(c)) => self.transfer_size.min(largest * c.max(1)).max(crate::hdf5::SIEVE),
             // One readinto of the whole sample, of the whole index file.
             (false, Format::IndexedBinary) => {
                 largest.max(indexed::index_bytes(self.layout.samples_per_file)).max(self.blksize)
@@ -470,12 +471,27 @@ mod tests {
         let got: Vec<(u32, u64, u64, bool)> = b.reads.iter().map(|r| (r.file, r.offset, r.len, r.chain)).collect();
         let mut want = Vec::new();
         for k in [2u64, 3] {
-            for (i, (o, n)) in crate::hdf5::plan(4, 262144, k).into_iter().enumerate() {
+            for (i, (o, n)) in crate::hdf5::plan(4, 262144, 0, k).into_iter().enumerate() {
                 want.push((0, o, n, i > 0));
             }
         }
         assert_eq!(got, want, "samples 2 and 3 of file 0, each on its own open");
         assert_eq!(want[4], (0, 2048 + 2 * 262144, 262144, true));
+    }
+
+    #[test]
+    fn chunked_hdf5_reads_the_index_then_the_whole_chunk_in_one_request() {
+        let y = "dataset:\n  format: hdf5\n  num_files_train: 2\n  num_samples_per_file: 4\n  record_length_bytes: 262144\n  chunk_dims: [2, 512, 512]\nreader:\n  batch_size: 2\n  read_threads: 1\ntrain:\n  computation_time: 0.1\n";
+        let w = Workload::from_yaml(y, "t").unwrap();
+        let layout = Layout::from_workload(&w, 1, 0, Path::new("/d"));
+        assert_eq!(layout.format, Format::Hdf5(2));
+        let p = WorkloadProgram::new(&w, layout, 1, &[0], 1 << 20, 0, false, TF_BUFFER);
+        assert_eq!(p.max_request(), 2 * 262144, "a chunk in one request");
+        let b = p.batch(0, 0, 1);
+        let got: Vec<(u64, u64)> = b.reads.iter().map(|r| (r.offset, r.len)).collect();
+        // Samples 2 and 3: both in chunk 1, each open reading the index and the chunk.
+        let one = [(0, 8), (0, 48), (48, 512), (179, 512), (447, 28), (475, 34), (2048 + 2 * 262144, 2 * 262144)];
+        assert_eq!(got, [one, one].concat());
     }
 
     #[test]

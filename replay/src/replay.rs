@@ -207,7 +207,7 @@ impl Job {
         if !(0.0..=100.0).contains(&threshold) {
             bail!(InputError(format!("--threshold must be between 0 and 100 percent, got {threshold}")));
         }
-        if w.train && crate::formats::Format::parse(&w.format) == crate::formats::Format::Hdf5 {
+        if w.train && matches!(crate::formats::Format::parse(&w.format), crate::formats::Format::Hdf5(_)) {
             // DLIO raises for it too: h5py reads through the page cache.
             if w.odirect {
                 bail!(InputError(format!(

@@ -13,7 +13,7 @@ const LAID_OUT: &[&str] = &["npz", "npy", "tfrecord", "hdf5", "indexed_binary", 
 const LOADERS: &[&str] = &["pytorch", "tensorflow", "dali"];
 
 /// Keys whose value decides whether the replay models them (checked below).
-const VALUE_CHECKED: &[&str] = &["reader.dont_use_mmap"];
+const VALUE_CHECKED: &[&str] = &["reader.dont_use_mmap", "dataset.chunk_dims"];
 
 /// What the replay does instead of an unread key.
 fn why(dotted: &str) -> &'static str {
@@ -21,7 +21,6 @@ fn why(dotted: &str) -> &'static str {
         "reader.computation_threads" | "reader.preprocess_time" | "reader.preprocess_time_stdev" => {
             "the samples are not preprocessed: no CPU stage between a sample's read and the step's compute"
         }
-        "dataset.chunk_dims" => "hdf5 datasets are written and read contiguous, not chunked",
         "dataset.num_dset_per_record" => "an hdf5 file holds one dataset, records_0, and a sample is one row of it",
         _ => "trainio does not read this key",
     }
@@ -99,6 +98,15 @@ pub fn notes(root: &Value, w: &Workload) -> Vec<String> {
         out.push(format!(
             "train.total_training_steps: {}: not applied: give --steps to cap the steps per epoch",
             scalar(t)
+        ));
+    }
+    if let Some(c) = get("dataset", "chunk_dims")
+        .filter(|_| w.format.eq_ignore_ascii_case("hdf5") && crate::hdf5::chunk_rows(w) == 0)
+    {
+        out.push(format!(
+            "dataset.chunk_dims: {}: records_0 is written and read contiguous: chunks of whole samples are modeled (chunk_dims[0] samples, at most num_samples_per_file and {} chunks a file, the other dims covering record_length_bytes)",
+            serde_json::to_string(c).unwrap_or_else(|_| scalar(c)),
+            crate::hdf5::CHUNKS_MAX
         ));
     }
     if get("reader", "dont_use_mmap").is_some_and(|v| !truthy(v)) {
@@ -183,12 +191,29 @@ mod tests {
     fn hdf5_says_what_it_writes_instead() {
         let y = BASE.replace("format: npz", "format: hdf5").replace(
             "  record_length_bytes: 4096\n",
-            "  record_length_bytes: 4096\n  chunk_dims: [1, 64, 64]\n  num_dset_per_record: 2\n",
+            "  record_length_bytes: 4096\n  chunk_dims: [1, 32, 64]\n  num_dset_per_record: 2\n",
         );
         let n = notes_of(&y);
         assert_eq!(n.len(), 2, "{n:#?}");
-        assert!(n[0].starts_with("dataset.chunk_dims: {…}: hdf5 datasets are written and read contiguous"), "{n:#?}");
-        assert!(n[1].starts_with("dataset.num_dset_per_record: 2: an hdf5 file holds one dataset"), "{n:#?}");
+        assert!(n[0].starts_with("dataset.num_dset_per_record: 2: an hdf5 file holds one dataset"), "{n:#?}");
+        assert!(n[1].starts_with("dataset.chunk_dims: [1,32,64]: records_0 is written and read contiguous"), "{n:#?}");
+    }
+
+    #[test]
+    fn hdf5_chunks_of_whole_samples_are_modeled() {
+        let y = BASE.replace("format: npz", "format: hdf5").replace(
+            "  record_length_bytes: 4096\n",
+            "  record_length_bytes: 4096\n  num_samples_per_file: 8\n  chunk_dims: [2, 64, 64]\n",
+        );
+        assert_eq!(notes_of(&y), Vec::<String>::new());
+        assert_eq!(crate::hdf5::chunk_rows(&Workload::from_yaml(&y, "t").unwrap()), 2);
+        // More rows per chunk than the file holds (h5py refuses), and more than CHUNKS_MAX chunks.
+        for (spf, c0) in [(8, 9), (400, 2)] {
+            let z = y
+                .replace("num_samples_per_file: 8", &format!("num_samples_per_file: {spf}"))
+                .replace("[2,", &format!("[{c0},"));
+            assert_eq!(notes_of(&z).len(), 1, "{z}");
+        }
     }
 
     #[test]

@@ -94,6 +94,10 @@ pub struct Workload {
     /// On-disk bytes of one sample (mean of the distribution).
     pub record_length: f64,
     pub record_length_stdev: f64,
+    /// `dataset.chunk_dims`, the hdf5 dataset's chunk shape as DLIO passes it to h5py
+    /// (empty when absent or not a list of non-negative integers); hdf5.rs decides
+    /// which the replay models.
+    pub chunk_dims: Vec<u64>,
     pub batch_size: u64,
     pub read_threads: u64,
     pub prefetch_size: u64,
@@ -424,6 +428,11 @@ impl Workload {
             num_subfolders_train: uint(dataset, "dataset", "num_subfolders_train")?.unwrap_or(0),
             record_length,
             record_length_stdev,
+            chunk_dims: dataset
+                .get("chunk_dims")
+                .and_then(Value::as_sequence)
+                .and_then(|s| s.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>())
+                .unwrap_or_default(),
             batch_size,
             read_threads,
             prefetch_size,

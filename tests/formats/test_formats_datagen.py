@@ -88,6 +88,36 @@ def test_hdf5_is_what_h5py_writes(tmpfs_dir: Path) -> None:
         assert len(set(rows)) == spf, "a file's samples must differ"
 
 
+def test_chunked_hdf5_is_what_h5py_writes(tmpfs_dir: Path) -> None:
+    """With dataset.chunk_dims, records_0 is chunked along the samples (chunk_dims[0] rows
+    a chunk) and the file is byte for byte h5py's for create_dataset(..., chunks=(c0,
+    sample)) of the same arrays: an edge chunk past the last row (8 rows in 3s), a
+    3-byte chunk dim encoding (131072-byte rows), and the most chunks whose index fits
+    in the metadata block (160). Without chunk_dims the file would be contiguous, and
+    none of these would match."""
+    for spf, record, dims in [(8, 4096, [3, 64, 64]), (4, 131072, [2, 256, 512]), (160, 4096, [1, 64, 64])]:
+        tmp = tmpfs_dir / f"c{spf}"
+        tmp.mkdir()
+        wl = write_workload(tmp / "h.yaml", fmt="hdf5", files=1, spf=spf, record=record)
+        wl.write_text(wl.read_text().replace("dataset:\n", f"dataset:\n  chunk_dims: {dims}\n", 1))
+        p = trainio("datagen", "--workload", wl, "--data-dir", tmp / "data", "--gpus", 1, "-q")
+        assert "chunk_dims" not in p.stderr, p.stderr
+        [f] = sorted((tmp / "data" / "train").iterdir())
+        raw = f.read_bytes()
+        with h5py.File(f, "r") as h:
+            assert h["records_0"].chunks == (dims[0], record), f
+            assert h["records_0"].shape == (spf, record)
+            x = h["records_0"][()]
+            for k in (0, spf - 1):
+                assert h["records_0"][k].tobytes() == raw[2048 + k * record : 2048 + (k + 1) * record], (f, k)
+        assert len({x[k].tobytes() for k in range(spf)}) == spf, "a file's samples must differ"
+        again = tmp / "again.hdf5"
+        with h5py.File(again, "w", libver="latest") as h:
+            h.create_dataset("records_0", data=x, chunks=(dims[0], record))
+            h.create_dataset("labels", data=[0] * spf)
+        assert again.read_bytes() == raw, f"{f}: differs from h5py's chunked file of its own arrays"
+
+
 def test_other_formats_are_opaque_files(tmpfs_dir: Path) -> None:
     files = _datagen(tmpfs_dir, "jpeg", files=2, spf=1, record=5000)
     assert [f.stat().st_size for f in files] == [8192, 8192]

@@ -27,19 +27,22 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 # Reads of the loop device capped at this (bytes/s) by a cgroup.
 CAP = 300 << 20
-# (format, loader, samples per file, sample bytes, batch): 16 files of 1 MiB, batch 2, 2
-# readers; hdf5 rows of 256 KiB (one pread each) and of 16 KiB (through the 64 KiB sieve),
-# a batch a file: when two workers read one file's rows at once, which one's readahead
-# reaches the shared pages first decides the block requests, and the real reader's CPU
-# time per sample (not modelled) sets that (docs/replay.md, *Formats*).
+# (format, loader, samples per file, sample bytes, batch, chunk_dims): 16 files of 1 MiB,
+# batch 2, 2 readers; hdf5 rows of 256 KiB (one pread each), of 16 KiB (through the 64
+# KiB sieve), and of 64 KiB in chunks of 2 rows (dataset.chunk_dims: h5py reads the chunk
+# index, then the whole 128 KiB chunk per row), a batch a file: when two workers read one
+# file's rows at once, which one's readahead reaches the shared pages first decides the
+# block requests, and the real reader's CPU time per sample (not modelled) sets that
+# (docs/replay.md, *Formats*).
 CASES = [
-    ("npz", "pytorch", 1, 1 << 20, 2),
-    ("npy", "pytorch", 1, 1 << 20, 2),
-    ("tfrecord", "tensorflow", 8, 128 << 10, 2),
-    ("hdf5", "pytorch", 4, 256 << 10, 4),
-    ("hdf5", "pytorch", 8, 16 << 10, 8),
+    ("npz", "pytorch", 1, 1 << 20, 2, None),
+    ("npy", "pytorch", 1, 1 << 20, 2, None),
+    ("tfrecord", "tensorflow", 8, 128 << 10, 2, None),
+    ("hdf5", "pytorch", 4, 256 << 10, 4, None),
+    ("hdf5", "pytorch", 8, 16 << 10, 8, None),
+    ("hdf5", "pytorch", 8, 64 << 10, 8, [2, 256, 256]),
 ]
-IDS = ["npz", "npy", "tfrecord", "hdf5", "hdf5-sieve"]
+IDS = ["npz", "npy", "tfrecord", "hdf5", "hdf5-sieve", "hdf5-chunked"]
 
 
 def _file_reads(trace: Path, majmin: str) -> dict[str, list[tuple[int, int]]]:
@@ -74,15 +77,17 @@ def _opens(trace: Path) -> dict[str, list[tuple[tuple[int, int], ...]]]:
     return {f: sorted(tuple(r) for r in opens) for f, opens in out.items()}
 
 
-@pytest.mark.parametrize(("fmt", "loader", "spf", "record", "batch"), CASES, ids=IDS)
+@pytest.mark.parametrize(("fmt", "loader", "spf", "record", "batch", "chunks"), CASES, ids=IDS)
 def test_emulation_reads_as_the_real_reader(
-    fs, tmp_path: Path, fmt: str, loader: str, spf: int, record: int, batch: int
+    fs, tmp_path: Path, fmt: str, loader: str, spf: int, record: int, batch: int, chunks: list[int] | None
 ) -> None:
     _, majmin, mnt = fs
     data = mnt / f"data-{fmt}-{record}"
     wl = write_workload(
         tmp_path / "w.yaml", fmt=fmt, loader=loader, files=16, spf=spf, record=record, batch=batch, threads=2
     )
+    if chunks:
+        wl.write_text(wl.read_text().replace("dataset:\n", f"dataset:\n  chunk_dims: {chunks}\n", 1))
     trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
     real, emu = tmp_path / "real", tmp_path / "emu"
     # Storage-bound: at 300 MiB/s the device, not the readers' CPU on a busy host, sets
@@ -132,7 +137,13 @@ def test_emulation_reads_as_the_real_reader(
         # one pread, or the sieve's 64 KiB from it); every sample opens the file again
         samples = 16 * spf
         assert (calls[8], calls[48], calls[512]) == (samples, samples, 2 * samples), calls
-        assert max(calls) == max(record, 64 << 10), calls
+        if chunks:
+            # chunked: the Fixed Array index's header (28 bytes) and data block (18 + 8 a
+            # chunk), then the row's whole chunk
+            assert (calls[28], calls[18 + 8 * spf // chunks[0]]) == (samples, samples), calls
+            assert max(calls) == chunks[0] * record and calls[chunks[0] * record] == samples, calls
+        else:
+            assert max(calls) == max(record, 64 << 10), calls
 
 
 def test_whole_sample_reads_are_not_numpys(fs, tmp_path: Path) -> None:
