@@ -169,6 +169,7 @@ def fidelity_run(
     threads: int = 4,
     compute: float = 0.05,
     realtime: bool = True,
+    reference: bool = False,
 ) -> dict:
     """Issue #6's experiment. On a quiet ext4 on a loop device over /dev/shm: record an
     emulated training at `gpus` GPUs (one MPI rank, i.e. one process, per GPU, psync
@@ -180,7 +181,12 @@ def fidelity_run(
 
     `realtime`: both runs with --realtime (SCHED_FIFO event loops and readers), so that
     other work on the host delays neither the original's nor the replay's wake-ups and
-    the comparison measures the replay, not the host's load at two moments."""
+    the comparison measures the replay, not the host's load at two moments.
+
+    `reference`: after the replay, record the original once more ("original-b"), score it
+    against the first recording ("compare_reference", block layer: how far two runs of the
+    same job land from each other on this host now, the spread a replay's scores are read
+    against) and score the replay against it too ("compare_b")."""
     work.mkdir(parents=True)
     wl = work / "workload.yaml"
     wl.write_text(FIDELITY_WORKLOAD.format(record=record, batch=batch, threads=threads, compute=compute))
@@ -196,41 +202,45 @@ def fidelity_run(
 
     with mounted_loop_fs(2 * data_mib + 256, quiet=True) as (dev, mm, mnt):
         ok([TRAINIO, "datagen", "--workload", wl, "--data-dir", mnt / "data", "--gpus", gpus, "--steps", steps])
-        ok(
-            [
-                TRAINIO,
-                "record",
-                "-q",
-                "--output",
-                work / "original",
-                "--dev",
-                dev,
-                "--",
-                "mpirun",
-                "--oversubscribe",
-                "--bind-to",
-                "none",
-                "-np",
-                gpus,
-                TRAINIO,
-                "replay",
-                "-q",
-                "--workload",
-                wl,
-                "--data-dir",
-                mnt / "data",
-                "--gpus",
-                gpus,
-                "--steps",
-                steps,
-                "--odirect",
-                "--io-engine",
-                "psync",
-                *rt,
-                "--json",
-                work / "original.json",
-            ]
-        )
+
+        def record_original(name: str) -> None:
+            ok(
+                [
+                    TRAINIO,
+                    "record",
+                    "-q",
+                    "--output",
+                    work / name,
+                    "--dev",
+                    dev,
+                    "--",
+                    "mpirun",
+                    "--oversubscribe",
+                    "--bind-to",
+                    "none",
+                    "-np",
+                    gpus,
+                    TRAINIO,
+                    "replay",
+                    "-q",
+                    "--workload",
+                    wl,
+                    "--data-dir",
+                    mnt / "data",
+                    "--gpus",
+                    gpus,
+                    "--steps",
+                    steps,
+                    "--odirect",
+                    "--io-engine",
+                    "psync",
+                    *rt,
+                    "--json",
+                    work / f"{name}.json",
+                ]
+            )
+
+        record_original("original")
         # One process replays every GPU: the bursts of all GPUs are paced on one clock, as
         # the original's ranks read together after each step's barrier.
         ok(
@@ -255,6 +265,8 @@ def fidelity_run(
                 work / "replay",
             ]
         )
+        if reference:
+            record_original("original-b")
         out = {
             "original": json.loads((work / "original.json").read_text()),
             "replay": json.loads((work / "replay.json").read_text()),
@@ -268,6 +280,11 @@ def fidelity_run(
         for key, layer, sel in (("compare", "block", ["--dev", mm]), ("compare_file", "file", ["--dev", mm])):
             cmd = [TRAINIO, "compare", work / "original", work / "replay", "--layer", layer, *sel, "--json"]
             out[key] = json.loads(ok(cmd))
+        if reference:
+            out["original_b"] = json.loads((work / "original-b.json").read_text())
+            for key, a, b in (("compare_reference", "original", "original-b"), ("compare_b", "original-b", "replay")):
+                cmd = [TRAINIO, "compare", work / a, work / b, "--layer", "block", "--dev", mm, "--json"]
+                out[key] = json.loads(ok(cmd))
         return out
 
 

@@ -11,8 +11,11 @@ loop device in /dev/shm.
 Samples: 1 MiB npz (the W=2 and throttled runs) and 256 KiB raw for the unthrottled W=0
 run: without workers a rank reads its batch between two steps, and numpy's zip reader
 spends 2-3 ms per cold 1 MiB npz file on this loop device (several synchronous reads,
-central directory first), so a batch of four leaves AU ~0.78, not >= 0.9. The
-unthrottled runs use SCHED_FIFO (harness realtime=True) so that other work on the host
+central directory first), so a batch of four leaves AU ~0.78, not >= 0.9. Even raw, the
+W=0 rank's batch read is inside its step: 3-6 ms on a quiet host, up to ~10 ms when other
+work holds the CPU that serves the loop device (AU 0.835 at 50 ms of compute in one run
+on a fresh machine), so that run computes 100 ms per step (AU >= 0.9 with 10 ms lost).
+The unthrottled runs use SCHED_FIFO (harness realtime=True) so that other work on the host
 does not delay the ranks' wake-ups; the recorded run does not, so the recorder is not
 starved.
 """
@@ -50,7 +53,7 @@ def data():
         yield dev, mnt
 
 
-def check_figures(job: dict, workers: int) -> None:
+def check_figures(job: dict, workers: int, compute_ms: float = COMPUTE_MS) -> None:
     assert job["world_size"] == RANKS and job["num_workers"] == workers and job["batch_size"] == BATCH
     for r in job["ranks"]:
         assert r["steps"] == STEPS
@@ -58,7 +61,7 @@ def check_figures(job: dict, workers: int) -> None:
         assert r["bytes_read"] == STEPS * BATCH * job["record_bytes"]
         assert 0 < r["au"] <= 1.0
         # Every step's measured sleep counts, steps 2..n: at least the configured compute.
-        assert r["compute_s"] >= (STEPS - 1) * COMPUTE_MS / 1000 * 0.99
+        assert r["compute_s"] >= (STEPS - 1) * compute_ms / 1000 * 0.99
     assert job["first_step_ns"] < job["last_step_ns"]
 
 
@@ -68,13 +71,13 @@ def check_figures(job: dict, workers: int) -> None:
 def test_compute_bound(data, workers: int) -> None:
     _dev, mnt = data
     fmt = "npz" if workers else "raw"
+    compute_ms = COMPUTE_MS if workers else 2 * COMPUTE_MS  # the batch read is inside the step
     run = run_job(
-        mnt / fmt, ranks=RANKS, workers=workers, batch=BATCH, compute_ms=COMPUTE_MS, fmt=fmt, steps=STEPS, realtime=True
+        mnt / fmt, ranks=RANKS, workers=workers, batch=BATCH, compute_ms=compute_ms, fmt=fmt, steps=STEPS, realtime=True
     )
     print(summary(run))
     job = run.job
-    check_figures(job, workers)
-    # 0.93-0.96 on a quiet host; one run in ~6 with the recorder-free job at 0.86 (W=0)
+    check_figures(job, workers, compute_ms)
     assert job["au"] >= 0.85, summary(run)
 
 
