@@ -261,12 +261,24 @@ pub struct Input {
     /// Block-layer bytes read, by the pid in whose context each request was issued and
     /// the second (issue_ns / 1e9) it was issued in.
     pub block_reads: HashMap<(u32, i64), u64>,
+    /// Block-layer bytes read per device (`MAJ:MIN` of the disk) and pid.
+    pub block_dev_reads: HashMap<String, HashMap<u32, u64>>,
     pub has_block: bool,
 }
 
 impl Input {
     pub fn add_block_read(&mut self, pid: u32, issue_ns: i64, bytes: u64) {
         *self.block_reads.entry((pid, issue_ns.div_euclid(NS_PER_S))).or_default() += bytes;
+    }
+    /// A block read on `dev`, counted both per pid and second and per device.
+    pub fn add_block_dev_read(&mut self, dev: Option<&str>, pid: u32, issue_ns: i64, bytes: u64) {
+        self.add_block_read(pid, issue_ns, bytes);
+        let Some(dev) = dev else { return };
+        let per_pid = match self.block_dev_reads.get_mut(dev) {
+            Some(m) => m,
+            None => self.block_dev_reads.entry(dev.to_string()).or_default(),
+        };
+        *per_pid.entry(pid).or_default() += bytes;
     }
 }
 
@@ -287,7 +299,7 @@ pub fn load_input(trace: &Path) -> Result<Input, String> {
                 Layer::Block => {
                     input.has_block = true;
                     if &*r.op == "read" {
-                        input.add_block_read(r.pid, r.issue_ns, r.bytes.max(0) as u64);
+                        input.add_block_dev_read(r.dev.as_deref(), r.pid, r.issue_ns, r.bytes.max(0) as u64);
                     }
                 }
                 Layer::Nfs => {}
@@ -314,7 +326,7 @@ fn block_sums(seg: &Path, input: &mut Input) -> Result<(), String> {
     let f = File::open(seg).map_err(|e| format!("{}: cannot open: {e}", seg.display()))?;
     let b = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| format!("{}: not Parquet: {e}", seg.display()))?;
     let schema = b.parquet_schema();
-    let want = ["layer", "op", "pid", "bytes", "issue_ns"];
+    let want = ["layer", "op", "pid", "bytes", "issue_ns", "dev"];
     let idx: Vec<usize> = (0..schema.num_columns()).filter(|&i| want.contains(&schema.column(i).name())).collect();
     let mask = ProjectionMask::leaves(schema, idx);
     let reader =
@@ -333,6 +345,8 @@ fn block_sums(seg: &Path, input: &mut Input) -> Result<(), String> {
         let bytes = col("bytes", &DataType::Int64)?;
         let issue = col("issue_ns", &DataType::Int64)?;
         let issue = issue.as_any().downcast_ref::<Int64Array>().unwrap();
+        let dev = col("dev", &DataType::Utf8)?;
+        let dev = dev.as_any().downcast_ref::<StringArray>().unwrap();
         let layer = layer.as_any().downcast_ref::<StringArray>().unwrap();
         let op = op.as_any().downcast_ref::<StringArray>().unwrap();
         let pid = pid.as_any().downcast_ref::<Int64Array>().unwrap();
@@ -343,7 +357,8 @@ fn block_sums(seg: &Path, input: &mut Input) -> Result<(), String> {
             }
             input.has_block = true;
             if !op.is_null(i) && op.value(i) == "read" {
-                input.add_block_read(pid.value(i) as u32, issue.value(i), bytes.value(i).max(0) as u64);
+                let d = (!dev.is_null(i)).then(|| dev.value(i));
+                input.add_block_dev_read(d, pid.value(i) as u32, issue.value(i), bytes.value(i).max(0) as u64);
             }
         }
     }
@@ -479,6 +494,46 @@ pub fn step_gap_ns(gaps: &[i64]) -> (i64, bool) {
     }
 }
 
+/// Where the GPUs' data comes from, counting every layer: the device the DataLoader
+/// workers read most from, when there are workers (an interpreter's imports happen in
+/// the ranks and the launcher, the samples in the workers); else, of the devices the
+/// file layer read from, the one whose block layer the readers made read the most (a
+/// dataset comes from the device, an interpreter's libraries mostly from the page
+/// cache); else the device of the most file-layer bytes.
+fn data_device(reads: &[&OwnedRow], input: &Input, is_worker: &dyn Fn(u32) -> bool) -> Option<String> {
+    fn argmax(m: HashMap<&str, u64>) -> Option<String> {
+        m.into_iter()
+            .filter(|(_, b)| *b > 0)
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(a.0)))
+            .map(|(d, _)| d.to_string())
+    }
+    let mut by_file: HashMap<&str, u64> = HashMap::new();
+    let mut by_worker: HashMap<&str, u64> = HashMap::new();
+    let mut readers: HashSet<u32> = HashSet::new();
+    for r in reads {
+        let Some(d) = r.dev.as_deref() else { continue };
+        *by_file.entry(d).or_default() += r.bytes as u64;
+        if is_worker(r.pid) {
+            *by_worker.entry(d).or_default() += r.bytes as u64;
+        }
+        readers.insert(r.pid);
+    }
+    if let Some(d) = argmax(by_worker) {
+        return Some(d);
+    }
+    let by_block: HashMap<&str, u64> = by_file
+        .keys()
+        .map(|&d| {
+            let b = input
+                .block_dev_reads
+                .get(d)
+                .map_or(0, |m| m.iter().filter(|(p, _)| readers.contains(p)).map(|(_, b)| *b).sum());
+            (d, b)
+        })
+        .collect();
+    argmax(by_block).or_else(|| argmax(by_file))
+}
+
 struct Files {
     index: HashMap<String, u32>,
     list: Vec<(String, u64)>,
@@ -540,29 +595,6 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         procs.get(&pid).and_then(|p| p.comm.clone()).unwrap_or_else(|| fallback.to_string())
     };
 
-    // The data device.
-    let reads: Vec<&OwnedRow> = input.file.iter().filter(|r| is_data_read(r)).collect();
-    let data_dev = match &opts.dev {
-        Some(d) => Some(d.clone()),
-        None => {
-            let mut per_dev: HashMap<&str, u64> = HashMap::new();
-            for r in &reads {
-                if let Some(d) = &r.dev {
-                    *per_dev.entry(d).or_default() += r.bytes as u64;
-                }
-            }
-            per_dev.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(a.0))).map(|(d, _)| d.to_string())
-        }
-    };
-    let on_dev = |r: &OwnedRow| data_dev.is_none() || r.dev.is_none() || r.dev.as_deref() == data_dev.as_deref();
-    let data_reads: Vec<&OwnedRow> = reads.into_iter().filter(|r| on_dev(r)).collect();
-    let mut reader_bytes: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut reader_comm: HashMap<u32, String> = HashMap::new();
-    for r in &data_reads {
-        *reader_bytes.entry(r.pid).or_default() += r.bytes as u64;
-        reader_comm.entry(r.pid).or_insert_with(|| r.comm.to_string());
-    }
-
     // Handoff edges: pipes and sockets written by one process and read or polled by another.
     let mut writers: HashMap<&str, HashSet<u32>> = HashMap::new();
     let mut readers: HashMap<&str, HashSet<u32>> = HashMap::new();
@@ -584,6 +616,24 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     let hands_off = |from: u32, to: u32| -> bool {
         writers.iter().any(|(f, w)| w.contains(&from) && readers.get(f).is_some_and(|r| r.contains(&to)))
     };
+    let is_worker = |pid: u32| -> bool {
+        procs.get(&pid).is_some_and(|p| p.worker_name || p.ppid.is_some_and(|pp| hands_off(pid, pp)))
+    };
+
+    // The data device.
+    let reads: Vec<&OwnedRow> = input.file.iter().filter(|r| is_data_read(r)).collect();
+    let data_dev = match &opts.dev {
+        Some(d) => Some(d.clone()),
+        None => data_device(&reads, input, &is_worker),
+    };
+    let on_dev = |r: &OwnedRow| data_dev.is_none() || r.dev.is_none() || r.dev.as_deref() == data_dev.as_deref();
+    let data_reads: Vec<&OwnedRow> = reads.into_iter().filter(|r| on_dev(r)).collect();
+    let mut reader_bytes: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut reader_comm: HashMap<u32, String> = HashMap::new();
+    for r in &data_reads {
+        *reader_bytes.entry(r.pid).or_default() += r.bytes as u64;
+        reader_comm.entry(r.pid).or_insert_with(|| r.comm.to_string());
+    }
 
     // Groups: rank pid -> (members, why).
     let has_proc = !input.proc_rows.is_empty();
@@ -668,6 +718,43 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
             Some((rank, _)) => groups.entry(*rank).or_default().push(pid),
             None => {
                 groups.entry(pid).or_default();
+            }
+        }
+    }
+    if opts.grouping == Grouping::Auto {
+        // A launcher is never a GPU: a process that started another group's rank
+        // (torchrun's agent, mpirun, a shell) runs the ranks, it does not read for them.
+        // A rank's own children that read for it are its workers, grouped above.
+        let ranks: Vec<u32> = groups.keys().copied().collect();
+        let ancestor_of = |a: u32, pid: u32| -> bool {
+            let mut cur = pid;
+            for _ in 0..64 {
+                match procs.get(&cur).and_then(|p| p.ppid) {
+                    Some(pp) if pp == a => return true,
+                    Some(pp) if pp != cur => cur = pp,
+                    _ => return false,
+                }
+            }
+            false
+        };
+        for &a in &ranks {
+            let started: Vec<u32> = ranks.iter().copied().filter(|&r| r != a && ancestor_of(a, r)).collect();
+            if started.is_empty() {
+                continue;
+            }
+            for pid in std::iter::once(a).chain(groups.remove(&a).unwrap_or_default()) {
+                if let Some(&b) = reader_bytes.get(&pid) {
+                    left_out.push(LeftOut {
+                        host: None,
+                        pid,
+                        comm: comm_of(pid, &reader_comm[&pid]),
+                        bytes: b,
+                        why: format!(
+                            "started the ranks {}: a launcher, not a GPU",
+                            started.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+                        ),
+                    });
+                }
             }
         }
     }

@@ -660,3 +660,65 @@ fn an_inline_loaders_compute_ends_at_the_collective() {
     assert!(close(c, 0.0502, 0.001), "compute {c}");
     assert!(close(g.sync_s, 0.0003, 0.05), "sync {}", g.sync_s);
 }
+
+/// A process's imports: `files` reads of 256 KiB on the root disk (`254:0`) at start-up.
+fn imports(input: &mut Input, pid: u32, comm: &str, files: u32, t0: i64) {
+    for i in 0..files {
+        let f = format!("/usr/lib/python3/m{i}.pyc");
+        let r = file_read(pid, comm, &f, 0, 256 << 10, t0 + i as i64 * MS / 10, MS / 20);
+        input.file.push(OwnedRow { dev: Some(Arc::from("254:0")), ..r });
+    }
+}
+
+#[test]
+fn a_launcher_that_reads_more_than_a_rank_is_no_gpu() {
+    // torchrun's agent (pid 100) imports as much as a rank reads, on the data's device
+    // too (its own files there), and started both ranks: a launcher, not a GPU.
+    let mut input = Input::default();
+    input.proc_rows.push(proc_row("start", 100, 1, "pt_elastic", 900 * MS));
+    for i in 0..200 {
+        let f = format!("/data/agent/{i}.py");
+        input.file.push(file_read(100, "pt_elastic", &f, 0, MIB as i64, 901 * MS + i * 10_000, 5_000));
+    }
+    rank_with_workers(&mut input, 200, 100, 2, 4, 20, 50, 20);
+    rank_with_workers(&mut input, 300, 100, 2, 4, 20, 50, 20);
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.gpus.iter().map(|g| g.rank_pid).collect::<Vec<_>>(), vec![200, 300], "{:#?}", describe(&m));
+    let agent = m.left_out.iter().find(|l| l.pid == 100).expect("the agent is left out");
+    assert!(agent.why.contains("launcher") && agent.why.contains("200, 300"), "{}", agent.why);
+}
+
+#[test]
+fn the_data_device_is_where_the_workers_read_not_where_imports_are() {
+    // Each rank imports 120 MiB from the root disk, more than the 80 MiB of samples its
+    // workers read from 7:3: the data is the workers'.
+    let mut input = Input::default();
+    for rank in [200, 300] {
+        imports(&mut input, rank, "python", 480, 950 * MS);
+        rank_with_workers(&mut input, rank, 100, 2, 4, 20, 50, 20);
+    }
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.data_dev.as_deref(), Some("7:3"), "{:#?}", describe(&m));
+    assert_eq!(m.gpus.len(), 2);
+    assert!(m.gpus.iter().all(|g| g.steps.len() == 20 && g.samples_per_step == 4.0));
+}
+
+#[test]
+fn without_workers_the_data_device_is_the_one_whose_blocks_the_readers_read() {
+    // Ranks reading their own samples (40 MiB each on 7:3) after importing 120 MiB from the
+    // root disk, whose pages were cached: the block layer read the samples only.
+    let mut input = Input { has_block: true, ..Input::default() };
+    for rank in [200, 300] {
+        imports(&mut input, rank, "python", 480, 500 * MS);
+        rank_alone(&mut input, rank, 100, 4, 20, 50, 10);
+        input.add_block_dev_read(Some("7:3"), rank, 1_500 * MS, 40 * MIB);
+        input.add_block_dev_read(Some("254:0"), rank, 500 * MS, MIB);
+    }
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.data_dev.as_deref(), Some("7:3"), "{:#?}", describe(&m));
+    assert_eq!(m.gpus.len(), 2);
+    // Without the block layer, the file layer's bytes decide: the imports' device.
+    input.block_dev_reads.clear();
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.data_dev.as_deref(), Some("254:0"));
+}

@@ -36,6 +36,7 @@ from trainio_testlib import ROOT, TRAINIO, Throttle, mounted_loop_fs, throttled_
 JOB = HERE / "job.py"
 TORCHRUN = ROOT / ".venv" / "bin" / "torchrun"
 SUFFIX = {"npz": ".npz", "raw": ".raw"}
+LOADERS = ("arrow", "wds", "jpeg")  # job.py's library-read formats
 
 
 # ---------------------------------------------------------------------------- data sets
@@ -48,8 +49,10 @@ def make_dataset(directory: Path | str, n_files: int, sample_bytes: int, fmt: st
     (sample-000000.npz, ...). Returns the paths."""
     import numpy as np
 
+    if fmt in LOADERS:
+        return make_library_dataset(directory, n_files, sample_bytes, fmt)
     if fmt not in SUFFIX:
-        raise ValueError(f"format {fmt!r}: npz or raw")
+        raise ValueError(f"format {fmt!r}: npz, raw, {', '.join(LOADERS)}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(1234)
@@ -64,6 +67,76 @@ def make_dataset(directory: Path | str, n_files: int, sample_bytes: int, fmt: st
             path.write_bytes(x.tobytes())
         paths.append(path)
     return paths
+
+
+SAMPLES_PER_SHARD = 16  # wds: samples per tar shard
+JPEG_CLASSES = 2  # jpeg: class folders, samples spread over them in turn
+
+
+def make_library_dataset(directory: Path | str, n_samples: int, sample_bytes: int, fmt: str) -> list[Path]:
+    """n_samples samples for a library's reader (job.py's module doc), in `directory`:
+
+    - `arrow`: `datasets.Dataset.from_dict({"x": ...}).save_to_disk` in 4 shards, each
+      row sample_bytes random bytes;
+    - `wds`: tar shards of SAMPLES_PER_SHARD members `NNNNNN.x` of sample_bytes random bytes;
+    - `jpeg`: JPEG files of noise (PIL, quality 90) whose side is chosen so that a file is
+      about sample_bytes (±15 %), in JPEG_CLASSES class folders.
+
+    Returns the files written."""
+    import numpy as np
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1234)
+    if fmt == "arrow":
+        import datasets
+
+        rows = [rng.integers(0, 256, sample_bytes, dtype=np.uint8).tobytes() for _ in range(n_samples)]
+        ds = datasets.Dataset.from_dict({"x": rows}, features=datasets.Features({"x": datasets.Value("binary")}))
+        ds.save_to_disk(str(directory), num_shards=4)
+        return sorted(directory.glob("*.arrow"))
+    if fmt == "wds":
+        import io
+        import tarfile
+
+        paths = []
+        for shard in range(-(-n_samples // SAMPLES_PER_SHARD)):
+            path = directory / f"shard-{shard:06d}.tar"
+            with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+                for i in range(shard * SAMPLES_PER_SHARD, min(n_samples, (shard + 1) * SAMPLES_PER_SHARD)):
+                    x = rng.integers(0, 256, sample_bytes, dtype=np.uint8).tobytes()
+                    info = tarfile.TarInfo(f"{i:06d}.x")
+                    info.size = len(x)
+                    tar.addfile(info, io.BytesIO(x))
+            paths.append(path)
+        return paths
+    if fmt == "jpeg":
+        from PIL import Image
+
+        # A noise image's size per pixel is measured, not assumed: the side is fitted on
+        # one image, then every image is made at that side.
+        side = 64
+        for _ in range(6):
+            buf = _jpeg_bytes(Image, rng, side)
+            side = max(16, int(side * (sample_bytes / len(buf)) ** 0.5))
+        paths = []
+        for i in range(n_samples):
+            folder = directory / f"class{i % JPEG_CLASSES}"
+            folder.mkdir(exist_ok=True)
+            path = folder / f"{i:06d}.jpg"
+            path.write_bytes(_jpeg_bytes(Image, rng, side))
+            paths.append(path)
+        return paths
+    raise ValueError(f"format {fmt!r}: {', '.join(LOADERS)}")
+
+
+def _jpeg_bytes(image_module, rng, side: int) -> bytes:
+    import io
+
+    px = rng.integers(0, 256, (side, side, 3), dtype="uint8")
+    out = io.BytesIO()
+    image_module.fromarray(px, "RGB").save(out, format="JPEG", quality=90)
+    return out.getvalue()
 
 
 @contextlib.contextmanager
@@ -285,7 +358,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="run job.py on a fresh loop device")
     ap.add_argument("--files", type=int, default=256)
     ap.add_argument("--sample-kib", type=int, default=1024)
-    ap.add_argument("--format", default="npz", choices=sorted(SUFFIX))
+    ap.add_argument("--format", default="npz", choices=sorted((*SUFFIX, *LOADERS)))
     ap.add_argument("--odirect", action="store_true")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--workers", type=int, nargs="+", default=[2])

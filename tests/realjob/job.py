@@ -11,7 +11,17 @@ without torchrun it is a single process.
 
 Formats: `npz` (one uncompressed `np.savez` array `x` per file, read with `np.load`),
 `raw` (plain bytes, read with open()+read(); with --odirect opened O_DIRECT and read with
-os.preadv into a page-aligned buffer, so file sizes are multiples of 4096).
+os.preadv into a page-aligned buffer, so file sizes are multiples of 4096). And the loaders
+people run, each as its library reads:
+
+- `arrow`: a HuggingFace `datasets` dataset saved with `save_to_disk` (a binary column
+  `x`), opened with `datasets.load_from_disk`: Arrow files memory-mapped, a sample read
+  by indexing the dataset, i.e. through page faults;
+- `wds`: WebDataset tar shards (`shard-NNNNNN.tar`, one member `KEY.x` per sample) read by
+  `webdataset.WebDataset` with `split_by_node` and `split_by_worker`, streamed, and
+  batched inside the workers (`.batched(batch)`; the DataLoader takes whole batches);
+- `jpeg`: an ImageFolder tree (`class/NNNNNN.jpg`) read by torchvision's `ImageFolder`,
+  each image opened and decoded by PIL and made a tensor in the workers.
 
 With --checkpoint-every N, every rank saves a checkpoint after each N-th step of an epoch,
 as a training script does: `torch.save` of a state of --checkpoint-mib MiB (a model's
@@ -44,6 +54,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 SEED = 1234
 SUFFIX = {"npz": ".npz", "raw": ".raw"}
+LOADERS = ("arrow", "wds", "jpeg")  # read by their libraries (module doc)
 ALIGN = 4096
 
 
@@ -75,6 +86,69 @@ class SampleFiles(Dataset):
         return torch.frombuffer(bytearray(data), dtype=torch.uint8), len(data)
 
 
+class ArrowRows(Dataset):
+    """Rows of a HuggingFace dataset saved with save_to_disk: (column `x` as a uint8
+    tensor, its length). load_from_disk memory-maps the Arrow files; indexing reads a row
+    through the mapping."""
+
+    def __init__(self, data: Path) -> None:
+        import datasets
+
+        self.ds = datasets.load_from_disk(str(data))
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        x = self.ds[i]["x"]
+        return torch.frombuffer(bytearray(x), dtype=torch.uint8), len(x)
+
+
+def jpeg_dataset(data: Path) -> Dataset:
+    """torchvision's ImageFolder over `data`, an item (the decoded image as a tensor, the
+    file's size in bytes)."""
+    from torchvision import datasets as tv_datasets
+    from torchvision.transforms import functional as tvf
+
+    class Images(tv_datasets.ImageFolder):
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            path, _label = self.samples[i]
+            img = self.loader(path)  # PIL: open, then decode on first use
+            return tvf.pil_to_tensor(img), os.path.getsize(path)
+
+    return Images(str(data))
+
+
+def shard_paths(data: Path) -> list[str]:
+    paths = sorted(str(p) for p in data.iterdir() if p.name.endswith(".tar"))
+    if not paths:
+        raise SystemExit(f"job: no .tar shards in {data}")
+    return paths
+
+
+def wds_pipeline(data: Path, batch: int):
+    """WebDataset over the shards of `data`: each rank takes shards[rank::world], each
+    worker shards[w::W] of those, and batches `batch` samples (x as uint8 tensors, and
+    their sizes) inside the worker."""
+    import webdataset as wds
+
+    def sample(s: dict) -> tuple[torch.Tensor, int]:
+        x = s["x"]
+        return torch.frombuffer(bytearray(x), dtype=torch.uint8), len(x)
+
+    return (
+        wds.WebDataset(
+            shard_paths(data),
+            shardshuffle=False,
+            nodesplitter=wds.split_by_node,
+            workersplitter=wds.split_by_worker,
+            empty_check=False,
+        )
+        .map(sample)
+        .batched(batch, partial=False)
+    )
+
+
 def read_odirect(path: str) -> bytes:
     """The whole file, read with O_DIRECT into a page-aligned anonymous mapping."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
@@ -100,7 +174,7 @@ def read_odirect(path: str) -> bytes:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, required=True, help="directory of sample files")
-    ap.add_argument("--format", choices=sorted(SUFFIX), default="npz")
+    ap.add_argument("--format", choices=sorted((*SUFFIX, *LOADERS)), default="npz")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--num-workers", type=int, default=0)
     ap.add_argument("--compute-ms", type=float, default=50.0, help="the accelerator's time per step")
@@ -137,11 +211,21 @@ def save_checkpoint(state: dict, path: Path) -> dict:
 
 def train(args: argparse.Namespace, rank: int, world: int) -> dict:
     """The training loop of one rank; returns its figures."""
-    dataset = SampleFiles(args.data, args.format, args.odirect)
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=SEED, drop_last=True)
-    loader = DataLoader(
-        dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers, persistent_workers=False
-    )
+    sampler = None
+    if args.format == "wds":
+        # Batches are made in the workers: the DataLoader passes them on as they come.
+        loader = DataLoader(wds_pipeline(args.data, args.batch_size), batch_size=None, num_workers=args.num_workers)
+    else:
+        if args.format == "arrow":
+            dataset: Dataset = ArrowRows(args.data)
+        elif args.format == "jpeg":
+            dataset = jpeg_dataset(args.data)
+        else:
+            dataset = SampleFiles(args.data, args.format, args.odirect)
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=SEED, drop_last=True)
+        loader = DataLoader(
+            dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers, persistent_workers=False
+        )
     compute_s = args.compute_ms / 1000.0
     grad = torch.zeros(1)
     checkpoints: list[dict] = []
@@ -160,7 +244,8 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
     ends: list[int] = []  # every step's end, CLOCK_MONOTONIC ns
     start = time.monotonic_ns()
     for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
+        if sampler is not None:
+            sampler.set_epoch(epoch)
         it = iter(loader)
         epoch_start = prev_end = time.monotonic_ns()
         if first_ns is None:
@@ -254,7 +339,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ranks = [mine]
     if rank == 0:
-        files = SampleFiles(args.data, args.format, args.odirect).paths
         write_json(
             args.out,
             {
@@ -265,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 "odirect": args.odirect,
                 "epochs": args.epochs,
                 "compute_s_configured": args.compute_ms / 1000.0,
-                "record_bytes": os.path.getsize(files[0]),
+                "record_bytes": ranks[0]["bytes_read"] // max(1, ranks[0]["samples"]),
                 "ranks": ranks,
                 "steps": sum(r["steps"] for r in ranks),
                 "samples": sum(r["samples"] for r in ranks),
