@@ -58,6 +58,13 @@ def test_relative_links_resolve(page: Path) -> None:
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
 
 
+def test_readme_is_short_and_links_every_command_page() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    for page in (ROOT / "docs" / "reference").glob("*.md"):
+        assert f"docs/reference/{page.name}" in readme, page.name
+
+
 def test_the_checker_sees_a_broken_link(tmp_path: Path) -> None:
     page = tmp_path / "p.md"
     page.write_text("# A page\n\n[ok](p.md#a-page) [bad](q.md) `[code](x.md)`\n\n```\n[fenced](y.md)\n```\n")
