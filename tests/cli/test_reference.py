@@ -75,3 +75,31 @@ def test_hand_written_parts_survive_regeneration(regenerated: Path) -> None:
         assert 1 <= len(examples) <= 4, (cmd, examples)
         for line in examples:
             assert line in page, (cmd, line)
+
+
+def _runnable_examples() -> list[tuple[str, str]]:
+    """(command, line) of each hand-written example that needs neither root nor files
+    outside the checkout: analysis commands and datasize on traces/ and configs/."""
+    out = []
+    for cmd in ("analyze", "report", "compare", "export", "datasize"):
+        for line in re.findall(r"^trainio .*$", (ROOT / "scripts" / "reference" / f"{cmd}.md").read_text(), re.M):
+            args = line.split("|")[0].split()[2:]
+            if all(not re.fullmatch(r"[A-Z]+", a) and "*" not in a for a in args):
+                out.append((cmd, line))
+    return out
+
+
+def test_examples_on_the_sample_traces_run(tmp_path: Path) -> None:
+    """Every example on the sample traces runs as written (its output redirected into a
+    temporary directory), so a renamed option or a wrong value in an example fails here."""
+    examples = _runnable_examples()
+    assert {c for c, _ in examples} == {"analyze", "report", "compare", "export", "datasize"}, examples
+    for n, (cmd, line) in enumerate(examples):
+        args = line.split("|")[0].split()[1:]
+        (tmp_path / f"out{n}").mkdir()
+        for i, a in enumerate(args[:-1]):
+            if a in ("-o", "--output") or (cmd == "datasize" and a == "--json"):
+                args[i + 1] = str(tmp_path / f"out{n}" / Path(args[i + 1]).name)
+        r = subprocess.run([str(TRAINIO), *args], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+        assert r.returncode == 0, f"{line}: {r.stderr}"
+        assert r.stdout or any((tmp_path / f"out{n}").iterdir()), line
