@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # the interpreter pyo3 builds the analyzer's extension for (analysis/native)
 export PYO3_PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: all deps build venv lint test test-fast bench-tracer bench-file bench-encode bench-analysis bench-replay bench-fidelity bench-realjob bench-formats demo clean
+.PHONY: all deps build venv lint test test-fast reference bench-tracer bench-file bench-encode bench-analysis bench-replay bench-fidelity bench-realjob bench-formats demo clean
 
 all: build venv
 
@@ -35,6 +35,11 @@ lint: all
 test: all
 	$(CARGO) test --release --locked --workspace
 	$(PY) -m pytest tests
+
+# docs/reference/COMMAND.md from every command's own parser, with the hand-written
+# examples and notes of scripts/reference/COMMAND.md (tests/cli/test_reference.py fails on drift).
+reference: build
+	$(PY) scripts/gen-reference.py
 
 # Tests that need neither root nor a device.
 test-fast: all

@@ -305,7 +305,7 @@ static __always_inline void leave_flight(__u32 dev)
  * A state still marked issued when its request is inserted or issued anew belongs to an
  * earlier life of the request whose completion the probe never saw: take it out of
  * flight (or every later request would meet one more in flight) and count the
- * completion as lost. docs/recorder.md says when the kernel skips the probe.
+ * completion as lost. docs/design/recorder.md says when the kernel skips the probe.
  */
 static __always_inline void drop_unseen(struct req_state *s)
 {

@@ -23,7 +23,7 @@
  * the end of a recording). One BTF program on raw_syscalls sys_enter/sys_exit, dispatching
  * on the syscall number, avoids both, but runs on every syscall of every task: it costs
  * ~75 ns per untraced syscall and 5 points of bench-tracer's 4 KiB io_uring IOPS (fio
- * makes one io_uring_enter per I/O), so the probes are per-syscall (docs/recorder.md).
+ * makes one io_uring_enter per I/O), so the probes are per-syscall (docs/design/recorder.md).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>

@@ -5,7 +5,7 @@
  *
  * Classic tracepoints of the nfs module; their fields are read by the offsets of the
  * tracepoint format (stable since 5.x, checked against Debian 12's 6.1 in
- * docs/nfs-guest.md), because the build machine's vmlinux.h may have no NFS types.
+ * docs/design/nfs-guest.md), because the build machine's vmlinux.h may have no NFS types.
  * Completions run in rpciod workers, so requests are paired by (dev, fileid, offset, op),
  * never by pid. The same range can be in flight twice (concurrent O_DIRECT readers):
  * each key holds NFS_SLOTS starts, claimed and released by compare-and-swap on issue_ns,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B rotation for tracer variants (docs/recorder.md, "Where the 4 KiB cost goes"):
+# A/B rotation for tracer variants (docs/design/recorder.md, "Where the 4 KiB cost goes"):
 # 4 KiB random O_DIRECT reads, io_uring QD32, on a fresh 1 GiB loop device over /dev/shm,
 # untraced and under each variant in turn, the order reversed every round, then each
 # variant's IOPS summed over the rounds as a % of untraced.

@@ -23,7 +23,7 @@
 //!   a run with the page cache dropped, fincore shows 0 pages of the data files resident).
 //!   The replay maps the same files and touches the same index entries, so the kernel
 //!   reads what it read for DLIO, fault read-around included; the file layer does not see
-//!   page faults (docs/recorder.md), only the block layer does.
+//!   page faults (docs/design/recorder.md), only the block layer does.
 //!
 //! Both readers refuse O_DIRECT (DLIO's reader factory raises).
 

@@ -4,7 +4,7 @@
 # debootstrap minbase root (NFS server + client, rpcbind, kmod, fio, util-linux, the libraries
 # the recorder links, bpftool), and an empty ext4 image the guest exports over NFS. Everything
 # goes into a cache directory outside the repository; a complete cache with the current recipe
-# version is reused as is. Design and measurements: docs/nfs-guest.md.
+# version is reused as is. Design and measurements: docs/design/nfs-guest.md.
 #
 #   scripts/nfs-guest/build-image.sh            build if needed, print the cache path last
 #   TRAINIO_GUEST_CACHE=/somewhere ...           other cache directory

@@ -51,7 +51,7 @@ def test_replay_at_the_recorded_gpu_count_reproduces_the_original(work):
     assert rep["bytes_read"] == orig["bytes_read"]
     assert cmp_["layer"] == "block"
     blocks = cmp_["bytes_read"]
-    # A block completion the kernel did not hand to the probe (docs/recorder.md) is counted
+    # A block completion the kernel did not hand to the probe (docs/design/recorder.md) is counted
     # by the recorder; a trace that counts none must hold every byte read.
     missing = {
         k: sum(n for p, n in m["lost_events"].items() if p.startswith("block_rq_complete:"))

@@ -38,7 +38,7 @@ def reads_done(dev: str) -> tuple[int, int]:
 
 
 def missed(trace: Path) -> int:
-    """Completions the recorder counted but could not trace (docs/recorder.md: the kernel
+    """Completions the recorder counted but could not trace (docs/design/recorder.md: the kernel
     did not hand them to BPF, or they were in flight when recording stopped)."""
     lost = read_metadata(trace)["lost_events"]
     assert not {k: n for k, n in lost.items() if n and not k.startswith("block_rq_complete:")}, lost

@@ -35,7 +35,7 @@ def rows(trace: Path, **eq) -> pl.DataFrame:
 
 
 def _missed_completions(trace: Path) -> int:
-    """Block completions the recorder counted as not seen (docs/recorder.md)."""
+    """Block completions the recorder counted as not seen (docs/design/recorder.md)."""
     lost = read_metadata(trace)["lost_events"]
     return sum(
         n for k, n in lost.items() if k.startswith("block_rq_complete:") and k != "block_rq_complete:ringbuf_full"
@@ -166,7 +166,7 @@ def test_fio_iodepth_1_is_queue_depth_1(tmp_path: Path, loop_dev: str) -> None:
     assert res.returncode == 0, res.stderr
     block = rows(out, layer="block", op="read")
     # A completion the kernel did not hand to the probe is counted, not lost; until its
-    # request comes back, the kernel-side depth counts it as in flight (docs/recorder.md).
+    # request comes back, the kernel-side depth counts it as in flight (docs/design/recorder.md).
     missed = _missed_completions(out)
     assert block.height + missed >= 4096, (block.height, res.stderr)
     assert block["dev"].unique().to_list() == [majmin(loop_dev)], "--dev filters other devices out"
@@ -190,7 +190,7 @@ def test_fio_iodepth_16_stays_within_16_and_mostly_above_1(tmp_path: Path, loop_
     # 64 MiB of 4 KiB reads: 16384 requests, of which 0.71-0.95 meet another in flight
     # (the low end with both CPUs busy elsewhere).
     counts = qd.value_counts().sort("queue_depth")
-    # A completion the kernel does not hand to the probe is counted instead (docs/recorder.md),
+    # A completion the kernel does not hand to the probe is counted instead (docs/design/recorder.md),
     # and keeps its request in the in-flight count until the request is issued again.
     missed = _missed_completions(out)
     assert qd.len() + missed >= 16384, (qd.len(), res.stderr)

@@ -17,7 +17,7 @@ use crate::host::ProcInfo;
 /// at this many rows, and the encoder sizes its queue by it. Small batches keep the rows
 /// in the caches between the two threads and the encoder's bursts short: 64 Ki-row
 /// batches (~5 MB of columns) cost the traced job ~3 points of IOPS more than 4 Ki
-/// (docs/recorder.md).
+/// (docs/design/recorder.md).
 pub const FLUSH_ROWS: usize = 4 * 1024;
 
 const KIND_BLOCK: u32 = kind::TRAINIO_KIND_BLOCK.0;

@@ -634,7 +634,7 @@ impl<'o> Probes<'o> {
 mod tests {
     use super::*;
 
-    /// sunrpc:rpc_stats_latency as Debian 12's 6.1 kernel has it (docs/nfs-guest.md).
+    /// sunrpc:rpc_stats_latency as Debian 12's 6.1 kernel has it (docs/design/nfs-guest.md).
     const LATENCY_6_1: &str = "name: rpc_stats_latency
 ID: 1471
 format:

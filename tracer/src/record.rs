@@ -26,7 +26,7 @@ use crate::probes::{Probes, Settings, Target};
 /// at the rate the last turn saw, between POLL_BUSY and POLL (next_poll). A turn is then
 /// short (~40 µs of work) and does not hold a CPU the traced job's pipeline is waiting on
 /// (10 ms turns at 200k rows/s scored 2-3 points lower on bench-tracer's 4 KiB workload:
-/// docs/recorder.md), while a slow stream of rows does not wake the drain 500 times a
+/// docs/design/recorder.md), while a slow stream of rows does not wake the drain 500 times a
 /// second for a few rows each: every wake-up costs ~20 µs of CPU whatever it finds.
 const POLL: Duration = Duration::from_millis(10);
 const POLL_BUSY: Duration = Duration::from_millis(2);
