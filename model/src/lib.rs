@@ -38,6 +38,7 @@ use parquet::arrow::ProjectionMask;
 use serde::Serialize;
 use trainio_schema::{read_rows, segment_paths, trace_set_members, Layer, OwnedRow};
 
+pub mod shards;
 pub mod writes;
 
 /// The name PyTorch's DataLoader workers give themselves.
@@ -130,6 +131,10 @@ pub struct Step {
     /// Loader threads that read ahead (`GpuModel::paced`): from this burst's first read to
     /// the next one's, the recorded step period (the last step: the median).
     pub period_s: Option<f64>,
+    /// A DataLoader worker's own time on this batch outside its reads: from its first
+    /// read to its handoff, less the time inside read syscalls (decoding, augmenting,
+    /// collating). None for steps that are not a worker's batch.
+    pub worker_cpu_s: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -194,6 +199,13 @@ pub struct GpuModel {
     /// The GPU's utilization in the recording, by DLIO's formula with the inferred compute.
     pub au_recorded: Option<f64>,
     pub mib_s_recorded: Option<f64>,
+    /// Workers' time per sample outside their reads (the median over the batches of
+    /// `Step::worker_cpu_s` / samples): the loader's preprocessing per sample, which the
+    /// storage does not set. None without workers.
+    pub worker_cpu_s_per_sample: Option<f64>,
+    /// Of a worker's time on a batch (first read to handoff), the share outside its
+    /// reads (median over the batches): near 1 a loader-bound job, near 0 a storage-bound one.
+    pub worker_cpu_share: Option<f64>,
     /// Bytes a worker read after its last handoff (a batch never delivered).
     pub unfinished_bytes: u64,
     /// The rank's write bursts (writes::bursts), placed in its steps.
@@ -1138,6 +1150,7 @@ fn build_gpu(
                 }
                 let bytes = reads.iter().map(|r| r.len).sum();
                 let samples = if samples > 0 { samples } else { distinct_files(&reads) };
+                let io = busy_ns(&list[cursor - reads.len()..cursor]);
                 batches.push((
                     seq * nw + rank_of_worker,
                     Step {
@@ -1149,6 +1162,7 @@ fn build_gpu(
                         interval_s: None,
                         wait_s: 0.0,
                         period_s: None,
+                        worker_cpu_s: Some(((at - first) - io).max(0) as f64 / 1e9),
                     },
                 ));
                 seq += 1;
@@ -1321,6 +1335,7 @@ fn build_gpu(
                 interval_s: None,
                 wait_s: 0.0,
                 period_s: None,
+                worker_cpu_s: None,
             });
             s.ready_ns = s.ready_ns.max(r.complete_ns);
             match &*r.op {
@@ -1386,6 +1401,20 @@ fn build_gpu(
         }
         handoff_s = handoff;
     }
+    // Streamed tar shards: a step's samples from the members its reads completed.
+    let (shards, unreadable) = shards::recount(&mut steps, &files.list);
+    if shards > 0 {
+        warnings.push(format!(
+            "GPU {index} (pid {rank}): samples per step counted from the members of {shards} tar shard(s) its steps streamed"
+        ));
+    }
+    if !unreadable.is_empty() {
+        warnings.push(format!(
+            "GPU {index} (pid {rank}): {} tar shard(s) cannot be read here (e.g. {}): their samples per step are counted from opens",
+            unreadable.len(),
+            unreadable[0]
+        ));
+    }
     for f in &mut files.list {
         f.1 = f.1.max(1).div_ceil(4096) * 4096;
     }
@@ -1418,6 +1447,13 @@ fn build_gpu(
     let bytes: u64 = steps.iter().map(|s| s.bytes).sum();
     let samples: u64 = steps.iter().map(|s| s.samples as u64).sum();
     let n = steps.len().max(1) as f64;
+    let per_sample: Vec<f64> =
+        steps.iter().filter(|s| s.samples > 0).filter_map(|s| Some(s.worker_cpu_s? / s.samples as f64)).collect();
+    let cpu_share: Vec<f64> = steps
+        .iter()
+        .filter(|s| s.ready_ns > s.first_read_ns)
+        .filter_map(|s| Some(s.worker_cpu_s? / ((s.ready_ns - s.first_read_ns) as f64 / 1e9)))
+        .collect();
     let bytes_per_step = bytes as f64 / n;
     let required_mib_s = compute_s.filter(|&c| c > 0.0).map(|c| bytes_per_step / c / (1u64 << 20) as f64);
     let (au_recorded, mib_s_recorded) = match (steps.first(), steps.last(), compute_s) {
@@ -1464,6 +1500,8 @@ fn build_gpu(
         required_mib_s,
         au_recorded,
         mib_s_recorded,
+        worker_cpu_s_per_sample: quantile(&per_sample, 0.5),
+        worker_cpu_share: quantile(&cpu_share, 0.5),
         unfinished_bytes,
         steps,
         write_bursts: Vec::new(),
@@ -1536,6 +1574,21 @@ fn collective_split(
     (computes.len() >= need).then_some((computes, syncs))
 }
 
+/// Time covered by the rows' [issue, complete] spans (their union), rows sorted by issue.
+fn busy_ns(rows: &[&OwnedRow]) -> i64 {
+    let (mut total, mut start, mut end) = (0i64, i64::MIN, i64::MIN);
+    for r in rows {
+        if r.issue_ns > end {
+            total += (end - start).max(0);
+            start = r.issue_ns;
+            end = r.complete_ns;
+        } else {
+            end = end.max(r.complete_ns);
+        }
+    }
+    total + (end - start).max(0)
+}
+
 fn distinct_files(reads: &[Read]) -> u32 {
     reads.iter().map(|r| r.file).collect::<HashSet<_>>().len() as u32
 }
@@ -1557,6 +1610,7 @@ fn finish_burst(s: &mut Step, opens: u32, steps: &mut Vec<Step>) -> bool {
             interval_s: None,
             wait_s: 0.0,
             period_s: None,
+            worker_cpu_s: None,
         },
     ));
     true
@@ -1623,6 +1677,7 @@ fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, us
                 interval_s: None,
                 wait_s: 0.0,
                 period_s: s.period_s.map(|p| p / k as f64),
+                worker_cpu_s: None,
             })
             .collect();
         let position: HashMap<u32, usize> = order.iter().enumerate().map(|(i, &f)| (f, i)).collect();
@@ -1723,6 +1778,13 @@ pub fn describe(m: &JobModel) -> Vec<String> {
             g.samples_per_step,
             f(g.required_mib_s, 1.0, "MiB/s"),
         ));
+        if let (Some(per), Some(share)) = (g.worker_cpu_s_per_sample, g.worker_cpu_share) {
+            out.push(format!(
+                "    worker CPU per sample {:.2} ms ({:.0}% of a worker's time on a batch, the rest in its reads)",
+                per * 1e3,
+                share * 100.0
+            ));
+        }
         if !g.write_bursts.is_empty() {
             let at: Vec<String> = g
                 .write_bursts

@@ -722,3 +722,23 @@ fn without_workers_the_data_device_is_the_one_whose_blocks_the_readers_read() {
     let m = infer(&input, &Options::default()).unwrap();
     assert_eq!(m.data_dev.as_deref(), Some("254:0"));
 }
+
+#[test]
+fn a_workers_time_outside_its_reads_is_its_cpu_per_sample() {
+    // rank_with_workers: per batch of 4, the worker reads 4 x 5 ms and spends 0.1 ms
+    // before and after each open between its reads, 0.7 ms from its first read to the
+    // handoff outside the reads: 0.175 ms per sample, 0.7 / 20.7 of the batch's time.
+    let mut input = Input::default();
+    rank_with_workers(&mut input, 200, 100, 2, 4, 20, 50, 20);
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    let per = g.worker_cpu_s_per_sample.unwrap();
+    assert!(close(per, 0.175e-3, 0.01), "{per}");
+    assert!(close(g.worker_cpu_share.unwrap(), 0.7 / 20.7, 0.01), "{:?}", g.worker_cpu_share);
+    assert!(describe(&m).iter().any(|l| l.contains("worker CPU per sample 0.17 ms")), "{:#?}", describe(&m));
+    // Without workers there is no worker time.
+    let mut input = Input::default();
+    rank_alone(&mut input, 200, 100, 4, 20, 50, 10);
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.gpus[0].worker_cpu_s_per_sample, None);
+}
