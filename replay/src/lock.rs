@@ -30,19 +30,30 @@ pub struct DataDirLock {
 impl Drop for DataDirLock {
     /// Directories made for the lock and left holding nothing else (the run was refused
     /// before it wrote anything) are removed: a refused run leaves nothing behind.
+    /// The lock file is removed while the lock is still held (a run that opens it
+    /// meanwhile finds it replaced and retries: `acquire`), so a run leaves nothing in a
+    /// directory that is not its dataset's (one it refused). A holder killed by SIGKILL
+    /// leaves the file, which blocks no one.
     fn drop(&mut self) {
-        if self.created.is_empty() {
-            return;
+        if let Some(f) = &self.file {
+            if same_file(f, &self.dir.join(LOCK)) {
+                let _ = std::fs::remove_file(self.dir.join(LOCK));
+            }
         }
-        let only_lock = std::fs::read_dir(&self.dir)
-            .map(|entries| entries.flatten().all(|e| e.file_name() == LOCK))
-            .unwrap_or(false);
-        if only_lock {
-            let _ = std::fs::remove_file(self.dir.join(LOCK));
+        let empty = std::fs::read_dir(&self.dir).map(|mut e| e.next().is_none()).unwrap_or(false);
+        if empty {
             for d in &self.created {
                 let _ = std::fs::remove_dir(d);
             }
         }
+    }
+}
+
+/// True when `path` (not followed) is the open file `f`.
+fn same_file(f: &File, path: &Path) -> bool {
+    match (f.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
     }
 }
 
@@ -78,30 +89,48 @@ pub fn acquire(dir: &Path, create: bool) -> Result<Option<DataDirLock>> {
     }
     // From here on, dropping `lock` removes what was made for it.
     let beneath = crate::beneath::Beneath::new(dir).map_err(|e| bad(format!("{e:#}")))?;
-    // Opened read-only and never written: a hard link put in its place cannot make the
-    // lock write to another file.
-    let fd = beneath
-        .open(Path::new(LOCK), libc::O_RDONLY | libc::O_CREAT, 0o644)
-        .map_err(|e| bad(format!("cannot open its lock file {LOCK}: {e:#}")))?;
-    let file = File::from(fd);
-    // SAFETY: flock on an fd we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(bad(format!("cannot lock {LOCK}: {e}")));
+    let mut attempts = 0;
+    let file = loop {
+        // Opened read-only and never written: a hard link put in its place cannot make
+        // the lock write to another file.
+        let fd = beneath
+            .open(Path::new(LOCK), libc::O_RDONLY | libc::O_CREAT, 0o644)
+            .map_err(|e| bad(format!("cannot open its lock file {LOCK}: {e:#}")))?;
+        let file = File::from(fd);
+        // SAFETY: flock on an fd we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            break Err((file, std::io::Error::last_os_error()));
         }
-        let who = file
-            .metadata()
-            .ok()
-            .and_then(|m| holder(m.dev(), m.ino()))
-            .map_or("another process (on another host?)".to_string(), |pid| format!("pid {pid}"));
-        return Err(bad(format!(
-            "in use by another trainio run ({who} holds {}): wait for it to end or give another --data-dir",
-            dir.join(LOCK).display()
-        )));
-    }
+        // The holder before us removes the file as it ends: a lock on a file no longer
+        // in the directory locks nothing, so take the one there now.
+        attempts += 1;
+        if same_file(&file, &dir.join(LOCK)) || attempts >= 100 {
+            break Ok(file);
+        }
+    };
+    let file = match file {
+        Ok(f) => f,
+        Err((file, e)) => return Err(refused(dir, &file, e)),
+    };
     lock.file = Some(file);
     Ok(Some(lock))
+}
+
+/// The error for a lock held by another run.
+fn refused(dir: &Path, file: &File, e: std::io::Error) -> anyhow::Error {
+    let bad = |why: String| anyhow!(InputError(format!("--data-dir {}: {why}", dir.display())));
+    if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return bad(format!("cannot lock {LOCK}: {e}"));
+    }
+    let who = file
+        .metadata()
+        .ok()
+        .and_then(|m| holder(m.dev(), m.ino()))
+        .map_or("another process (on another host?)".to_string(), |pid| format!("pid {pid}"));
+    bad(format!(
+        "in use by another trainio run ({who} holds {}): wait for it to end or give another --data-dir",
+        dir.join(LOCK).display()
+    ))
 }
 
 /// `acquire` on rank 0 of the job; every rank learns whether it succeeded.

@@ -28,6 +28,9 @@ impl std::error::Error for InputError {}
 pub const DEFAULT_TRANSFER: u64 = 1 << 20;
 /// The longest --computation-time (a day per step): a time that fits a Duration.
 pub const MAX_COMPUTE_S: f64 = 86_400.0;
+/// From this many files on, datagen checks a lower bound of the dataset's bytes against
+/// the free space before it builds the layout.
+const PRECHECK_FILES: u64 = 1_000_000;
 
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -442,7 +445,7 @@ impl Job {
         );
     }
 
-    /// Refuses, before the layout (memory in proportion to the files) is built, a dataset
+    /// Refuses, before the layout of a large dataset (memory in proportion to the files) is built, a dataset
     /// that cannot fit whatever is already there: its files times the least a file takes
     /// (its samples rounded up to 4 KiB, plus one block), less the bytes of the dataset in
     /// --data-dir now, against the free space. `check_free_space` is the exact check.
@@ -452,6 +455,9 @@ impl Job {
         }
         let w = &self.workload;
         let files = self.bounded_files(gpus)?;
+        if files < PRECHECK_FILES {
+            return Ok(()); // a small layout: check_free_space's exact count is cheap
+        }
         let sample = if w.record_length_stdev > 0.0 {
             dataset::ALIGN
         } else {

@@ -77,7 +77,8 @@ def test_a_second_run_is_refused_naming_the_holder(tmp_path: Path, slow_workload
         if first.poll() is None:
             first.kill()
             first.communicate()
-    # released on exit: the next run goes ahead
+    # released on exit, and its file removed: the next run goes ahead
+    assert not (data / ".trainio-lock").exists()
     run_trainio("datagen", "--workload", slow_workload, "--data-dir", data, "-q")
 
 
@@ -88,7 +89,7 @@ def test_the_lock_of_a_sigkilled_run_is_released(tmp_path: Path, slow_workload: 
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=30)
     assert first.returncode == -signal.SIGKILL
-    assert (data / ".trainio-lock").exists()  # the file stays; the lock does not
+    assert (data / ".trainio-lock").exists()  # the file stays (no one removed it); the lock does not
     assert flock_holders(data / ".trainio-lock") == set()
     p = run_trainio("datagen", "--workload", slow_workload, "--data-dir", data, "-q", check=False)
     assert p.returncode == 0, p.stderr
@@ -122,5 +123,5 @@ def test_mpi_ranks_of_one_job_share_the_directory(tmp_path: Path) -> None:
         prefix=prefix, timeout=300,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
-    assert (data / ".trainio-lock").exists()
     assert '"ranks": 2' in (tmp_path / "r.json").read_text()
+    assert not (data / ".trainio-lock").exists(), "the lock file outlived the run"
