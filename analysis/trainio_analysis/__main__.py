@@ -71,14 +71,36 @@ class _HelpFormatter(argparse.HelpFormatter):
         super().start_section(self._HEADINGS.get(heading, heading) if heading else heading)
 
 
+# The longest gap (--burst-gap-ms, --step-gap-ms): about 11.6 days, in ns well inside int64.
+MAX_GAP_MS = 1e9
+
+
 def _gap_ms(text: str) -> float:
     """A gap in milliseconds: a finite number above 0."""
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not a number of milliseconds") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"'{text}': must be a finite number of milliseconds above 0")
+    if not (0 < v <= MAX_GAP_MS):
+        msg = f"'{text}': must be a number of milliseconds above 0 and at most {MAX_GAP_MS:g}"
+        raise argparse.ArgumentTypeError(msg)
+    return v
+
+
+# The bounds of --bin-s: a bin is a whole number of nanoseconds, and its width in ns
+# must fit the trace's int64 times.
+MIN_BIN_S = 1e-9
+MAX_BIN_S = 1e6
+
+
+def _bin_s(text: str) -> float:
+    """A timeline bin width in seconds: finite, from 1 ns to 1e6 s."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+    if not (MIN_BIN_S <= v <= MAX_BIN_S):
+        raise argparse.ArgumentTypeError(f"'{text}': must be from {MIN_BIN_S:g} s (1 ns) to {MAX_BIN_S:g} s")
     return v
 
 
@@ -92,7 +114,7 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pid", type=int, help="only this process (tgid)")
     p.add_argument(
         "--bin-s",
-        type=float,
+        type=_bin_s,
         default=None,
         metavar="S",
         help="timeline bin width in seconds (default: automatic, 100-300 bins over the trace's active span)",
@@ -219,10 +241,23 @@ def _keep_freed_memory() -> None:
         pass  # not glibc: only slower
 
 
+def _refuse_outputs_onto_inputs(args: argparse.Namespace) -> None:
+    """-o never replaces, or lands inside, what the command reads (guard.py)."""
+    from trainio_analysis.guard import refuse_inputs
+
+    if args.command == "report":
+        refuse_inputs(args.output, "-o", [*args.traces, *(args.sweep or [])])
+    elif args.command == "export":
+        refuse_inputs(args.output, "-o", [args.fio])
+    elif args.command == "import":
+        refuse_inputs(args.output, "-o", args.dftracer or [args.blktrace])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _keep_freed_memory()
     try:
+        _refuse_outputs_onto_inputs(args)
         if args.command == "analyze":
             from trainio_analysis.analyze import analyze
             from trainio_analysis.summary import format_summary
@@ -263,5 +298,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _interrupted(argv: list[str]) -> int:
+    """SIGINT (Ctrl-C): one line, no traceback, exit 130 (128 + SIGINT) as a shell
+    reports a command it interrupted. Every output is written atomically, so nothing
+    half-written is left behind."""
+    name = next((a for a in argv if not a.startswith("-")), "")
+    print(f"trainio{' ' + name if name else ''}: interrupted", file=sys.stderr)
+    return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(_interrupted(sys.argv[1:]))

@@ -82,9 +82,10 @@ class Plan:
         self.meta = tr.read_metadata(path)
         self.bin_auto = bin_s is None
         if bin_s is not None:
-            self.bin_ns = int(round(bin_s * 1e9)) if math.isfinite(bin_s) else 0
+            # 1 ns to 1e6 s: a whole number of ns whose multiples stay inside int64
+            self.bin_ns = int(round(bin_s * 1e9)) if math.isfinite(bin_s) and bin_s <= 1e6 else 0
             if self.bin_ns <= 0:
-                msg = "--bin-s must be positive"
+                msg = f"--bin-s {bin_s}: must be from 1e-09 s (1 ns) to 1e+06 s"
                 raise SelectionError(msg)
             self.bin_s = bin_s
         self.workers = max(1, workers)

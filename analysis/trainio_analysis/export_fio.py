@@ -106,9 +106,13 @@ def export_fio(
         raise InputError(msg)
     df = _requests(trace, layer, dev_id, pid, under)
     if df.is_empty():
-        msg = f"{trace}: no {layer}-layer requests to export" + (
-            " in this selection" if dev or pid is not None or under else ""
-        )
+        given = [
+            f"--dev {dev}" if dev else "",
+            f"--pid {pid}" if pid is not None else "",
+            f"--under {under}" if under else "",
+        ]
+        selection = " ".join(g for g in given if g)
+        msg = f"{trace}: no {layer}-layer requests to export" + (f" match {selection}" if selection else "")
         raise InputError(msg)
     skipped = (
         scan_trace(trace)

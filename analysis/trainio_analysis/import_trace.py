@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from trainio_analysis.errors import TrainioError
+from trainio_analysis.guard import capped_lines, input_file
 from trainio_analysis.interop import InputError, output_directory, per_issue_queue_depth
 from trainio_analysis.trace import write_trace
 
@@ -57,7 +59,7 @@ def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+            for lineno, line in enumerate(capped_lines(f, path, "--dftracer"), 1):
                 line = line.strip().rstrip(",")
                 if not line or line in ("[", "]"):
                     continue  # dftracer 1 wraps its lines in a JSON array
@@ -85,9 +87,7 @@ def import_dftracer(files: Sequence[str | os.PathLike[str]], output: str | os.Pa
     ``output``; returns a summary ``{"source", "rows", "ops", "files", "ignored"}``."""
     paths = [Path(p) for p in files]
     for p in paths:
-        if not p.is_file():
-            msg = f"{p}: no such file"
-            raise InputError(msg)
+        input_file(p, "--dftracer")
     cols: dict[str, list[Any]] = defaultdict(list)
     ignored: dict[str, int] = defaultdict(int)
     names: dict[str, str] = {}  # fhash -> path (dftracer 2)
@@ -233,12 +233,10 @@ def _blkparse_text(path: Path) -> Iterator[str]:
     elif not path.exists() and list(path.parent.glob(path.name + ".blktrace.*")):
         base = path
     if base is None:
-        if not path.is_file():
-            msg = f"{path}: no such file"
-            raise InputError(msg)
+        input_file(path, "--blktrace")
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
-                yield from f
+                yield from capped_lines(f, path, "--blktrace")
         except OSError as exc:
             msg = f"{path}: cannot read ({exc.strerror})"
             raise InputError(msg) from None
@@ -253,7 +251,12 @@ def _blkparse_text(path: Path) -> Iterator[str]:
         text=True,
     )
     assert proc.stdout is not None
-    yield from proc.stdout
+    try:
+        yield from capped_lines(proc.stdout, path, "--blktrace")
+    except TrainioError:
+        proc.kill()
+        proc.communicate()
+        raise
     _, err = proc.communicate()
     if proc.returncode != 0:
         first = (err.strip().splitlines() or ["no message"])[0]

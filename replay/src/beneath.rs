@@ -96,10 +96,30 @@ impl Beneath {
         self.openat2(rel, flags, mode).map_err(|e| self.explain(path, e))
     }
 
-    /// A file to write from the start (created, or truncated), beneath the root.
+    /// A file to write from the start (created, or truncated), beneath the root. A file
+    /// with more than one link (a hard link put there to a file elsewhere) is replaced by
+    /// a new file, never written through.
     pub fn create(&self, path: &Path) -> Result<File> {
-        let fd = self.open(path, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o644)?;
-        Ok(File::from(fd))
+        use std::os::unix::fs::MetadataExt;
+        let rel = self.relative(path)?;
+        let file = File::from(self.open(path, libc::O_WRONLY | libc::O_CREAT, 0o644)?);
+        let meta = file.metadata().with_context(|| format!("{}", path.display()))?;
+        if meta.nlink() > 1 {
+            drop(file);
+            let c = CString::new(rel.as_os_str().as_bytes()).context("a path with a NUL byte")?;
+            // SAFETY: unlinkat with a valid dirfd and a NUL-terminated relative path (its
+            // directories were resolved beneath the root by the open above).
+            if unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) } != 0 {
+                bail!(
+                    "{}: has other hard links and cannot be replaced: {}",
+                    path.display(),
+                    std::io::Error::last_os_error()
+                );
+            }
+            return Ok(File::from(self.open(path, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o644)?));
+        }
+        file.set_len(0).with_context(|| format!("truncating {}", path.display()))?;
+        Ok(file)
     }
 
     /// Creates the directory `path` and its missing parents, each beneath the root.
@@ -176,6 +196,11 @@ mod tests {
         assert_eq!(b.file_size(&root.join("d/e/g")).unwrap(), Some(0));
         assert_eq!(b.file_size(&root.join("d/e/missing")).unwrap(), None);
         assert!(b.file_size(&root.join("f")).is_err());
+        // A hard link to a file outside is replaced, not written through.
+        std::fs::hard_link(outside.join("precious"), root.join("h")).unwrap();
+        std::io::Write::write_all(&mut b.create(&root.join("h")).unwrap(), b"new").unwrap();
+        assert_eq!(std::fs::read(outside.join("precious")).unwrap(), b"x");
+        assert_eq!(std::fs::read(root.join("h")).unwrap(), b"new");
         std::fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -82,6 +82,10 @@ fn datatype_bytes(name: &str) -> Option<u64> {
 
 /// A whole number, if the key is there; each caller decides which values it allows
 /// (DLIO's -1 "unset" is allowed by some).
+/// The most layers a model may have (the plan has a record per layer; the largest
+/// models have a few hundred).
+const MAX_LAYERS: i64 = 100_000;
+
 fn int_key(sec: &Value, sec_name: &str, key: &str) -> Result<Option<i64>> {
     match number(sec, sec_name, key)? {
         None => Ok(None),
@@ -128,7 +132,8 @@ impl CheckpointSpec {
         let transformer = model.get("transformer").unwrap_or(&empty);
         let num_layers = match int_key(model, "model", "num_layers")? {
             None => 0,
-            Some(v) if v >= 1 => v as u64,
+            Some(v @ 1..=MAX_LAYERS) => v as u64,
+            Some(v) if v > MAX_LAYERS => bail!("model.num_layers {v}: above trainio's bound of {MAX_LAYERS} layers"),
             Some(v) => bail!("model.num_layers must be at least 1, got {v}"),
         };
         let datatype = |key: &str, default: &str| -> Result<String> {

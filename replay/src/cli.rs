@@ -80,11 +80,11 @@ pub struct SourceArgs {
     #[arg(long)]
     pub force: bool,
     /// Override reader.batch_size.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub batch_size: Option<u64>,
     /// Steps per epoch (default: as many as each GPU's shard of num_files_train holds);
     /// the dataset grows when a shard holds fewer.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub steps: Option<u64>,
     /// Override train.seed.
     #[arg(long)]
@@ -115,7 +115,7 @@ pub struct ReaderArgs {
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(512..=(1u64 << 30)))]
     pub transfer_size: Option<u64>,
     /// Override train.epochs.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub epochs: Option<u64>,
     /// MLPerf Storage's checkpoint mode (`checkpoint.mode`): `default` writes the whole
     /// checkpoint over --gpus = TP×PP×DP simulated GPUs; `subset` has --gpus write their

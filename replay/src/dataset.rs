@@ -23,6 +23,9 @@ use std::path::{Path, PathBuf};
 pub const MARKER: &str = ".trainio-dataset";
 /// File and sample sizes are rounded up to this so O_DIRECT reads stay aligned.
 pub const ALIGN: u64 = 4096;
+/// The most files a dataset may have: its layout is held in memory (about 100 B a
+/// file), and no MLPerf Storage workload needs more at the sizes its rules give.
+pub const MAX_FILES: u64 = 20_000_000;
 
 #[derive(Debug, Clone)]
 pub struct DataFile {
@@ -59,9 +62,10 @@ pub fn round_up(v: u64, to: u64) -> u64 {
 impl Layout {
     /// Files needed so that each of `gpus` simulated GPUs owns `steps` full batches
     /// (at least one), or num_files_train if that is more.
+    /// Saturates rather than overflows: `Job::layout` refuses anything above MAX_FILES.
     pub fn files_for(workload: &Workload, gpus: u64, steps: u64) -> u64 {
-        let per_gpu = (workload.batch_size * steps.max(1)).div_ceil(workload.num_samples_per_file);
-        workload.num_files_train.max(gpus * per_gpu)
+        let per_gpu = workload.batch_size.saturating_mul(steps.max(1)).div_ceil(workload.num_samples_per_file.max(1));
+        workload.num_files_train.max(gpus.saturating_mul(per_gpu))
     }
 
     pub fn from_workload(workload: &Workload, gpus: u64, steps: u64, root: &Path) -> Layout {
@@ -181,6 +185,14 @@ impl Layout {
     }
 }
 
+/// Bytes the marker of the dataset in `root` says it holds (0 without one).
+pub fn marker_bytes(root: &Path) -> u64 {
+    std::fs::read(root.join(MARKER))
+        .ok()
+        .and_then(|text| serde_json::from_slice::<Marker>(&text).ok())
+        .map_or(0, |m| m.bytes)
+}
+
 /// Refuses directories that are not ours. Creates the directory when it does not exist.
 pub fn claim_directory(root: &Path, force: bool) -> Result<()> {
     match std::fs::symlink_metadata(root) {
@@ -192,12 +204,22 @@ pub fn claim_directory(root: &Path, force: bool) -> Result<()> {
                     root.display()
                 );
             }
-            let m = std::fs::metadata(root)?;
+            let m = std::fs::metadata(root).with_context(|| {
+                if ft.is_symlink() {
+                    format!("--data-dir {}: a symbolic link to a missing directory", root.display())
+                } else {
+                    format!("--data-dir {}", root.display())
+                }
+            })?;
             if !m.is_dir() {
                 bail!("{}: exists and is not a directory", root.display());
             }
             let ours = root.join(MARKER).exists();
-            let empty = std::fs::read_dir(root)?.filter_map(|e| e.ok()).all(|e| e.file_name() == "lost+found");
+            // The lock of the run that is claiming it (lock.rs) does not make it anyone's.
+            let empty = std::fs::read_dir(root)
+                .with_context(|| format!("--data-dir {}", root.display()))?
+                .filter_map(|e| e.ok())
+                .all(|e| e.file_name() == "lost+found" || e.file_name() == crate::lock::LOCK);
             if !ours && !empty && !force {
                 bail!(
                     "{}: not empty and not a trainio dataset (no {MARKER}): refusing to write there; pass --force to use it anyway",

@@ -12,6 +12,7 @@ mod engine;
 mod formats;
 mod hdf5;
 mod indexed;
+mod lock;
 mod output;
 mod pool;
 mod program;
@@ -27,7 +28,7 @@ mod uring;
 mod workload;
 mod yaml_keys;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use cli::{Cli, Command};
 use cluster::Cluster;
 use replay::Job;
@@ -38,7 +39,8 @@ fn parse_cli() -> Cli {
     use clap::{CommandFactory, FromArgMatches};
     let command = Cli::command().mut_subcommands(|sub| {
         let name = format!("trainio {}", sub.get_name());
-        sub.display_name(name)
+        // "-1" is a value to check (and refuse naming its option), not an unknown flag.
+        sub.display_name(name).allow_negative_numbers(true)
     });
     Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
 }
@@ -69,6 +71,24 @@ fn main() {
     }
 }
 
+/// Refuses a results file (`--json`) that is the workload or trace the command reads, or
+/// lies inside the trace or the dataset.
+pub fn check_not_input(path: &std::path::Path, src: &cli::SourceArgs) -> Result<()> {
+    let mut inputs = Vec::new();
+    let mut inside = vec![("--data-dir", src.data_dir.as_path())];
+    if let Some(w) = &src.workload {
+        inputs.push(("the workload", w.as_path()));
+    }
+    if let Some(t) = &src.trace {
+        if t.is_dir() {
+            inside.push(("the trace", t.as_path()));
+        } else {
+            inputs.push(("the trace", t.as_path()));
+        }
+    }
+    output::refuse_inputs(path, "--json", &inputs, &inside)
+}
+
 /// Prints a run's summary and saves its results (--json) when asked to.
 fn show(human: &str, summary: &impl serde::Serialize, json: Option<&std::path::Path>) -> Result<()> {
     print!("{human}");
@@ -94,13 +114,16 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                 quiet: d.quiet,
             };
             let job = Job::prepare(&args)?;
+            let _lock = lock::acquire_for_job(cluster, &job.data_dir, true)?;
             job.datagen(cluster, d.gpus)
         }
         Command::Datasize(args) => datasize_command(&args),
         Command::Replay(args) => {
-            // Checked before any work: the results of a run must have somewhere to go.
+            // Checked before any work: the results of a run must have somewhere to go, and
+            // never onto what the run reads.
             if let (Some(path), true) = (&args.json, cluster.is_root()) {
                 output::check(path, "--json")?;
+                check_not_input(path, &args.run.source)?;
             }
             // So is the recorder --record runs, before the dataset is generated.
             let recorder_program = match &args.record {
@@ -137,6 +160,7 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                 }
                 return Ok(());
             }
+            let _lock = lock::acquire_for_job(cluster, &job.data_dir, job.generate && job.workload.train)?;
             // Generate first: the recording is of the replay, not of datagen's writes.
             if job.workload.train && job.generate {
                 job.datagen(cluster, args.gpus)?;
@@ -171,7 +195,24 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
 /// cache first with --drop-caches, as one run does), and MLPerf's run rules checked
 /// against their results. Rank 0 gets the human summary and the results: one run's
 /// object with `rules[]` for N = 1, the combined object (runrules::combine) otherwise.
+/// With N ≥ 2 and --json, the file is rewritten (atomically) after every finished run
+/// with the runs so far (`run_count` of `runs_requested`, `complete` false until the
+/// last), so an interrupted job keeps the runs it finished.
 fn training_runs(job: &Job, cluster: &Cluster, args: &cli::ReplayArgs) -> Result<Option<(String, serde_json::Value)>> {
+    let threshold_from = match (args.run.threshold, job.templates.is_some()) {
+        (Some(_), _) => "--threshold",
+        (None, true) => "90% by default",
+        (None, false) => "the workload's metric.au, 90% without one",
+    };
+    let workload = job.templates.is_none().then_some(&job.workload);
+    let combined = |runs: Vec<serde_json::Value>| {
+        let rules = runrules::check(workload, &runs, threshold_from);
+        let done = runs.len() as u64;
+        let mut c = runrules::combine(runs, &rules);
+        c["runs_requested"] = args.runs.into();
+        c["complete"] = (done == args.runs).into();
+        (c, rules)
+    };
     let mut runs = Vec::new();
     for i in 0..args.runs {
         if let Some(s) = job.run_generated(cluster, args.gpus)? {
@@ -179,25 +220,23 @@ fn training_runs(job: &Job, cluster: &Cluster, args: &cli::ReplayArgs) -> Result
                 print!("run {} of {}: {}", i + 1, args.runs, results::human(&s));
             }
             runs.push(s);
+            if let (Some(path), true) = (&args.json, args.runs > 1 && i + 1 < args.runs) {
+                output::write_atomic(path, &serde_json::to_vec_pretty(&combined(runs.clone()).0)?)
+                    .with_context(|| format!("saving the runs so far to {}", path.display()))?;
+            }
         }
     }
     if runs.is_empty() {
         return Ok(None);
     }
-    let threshold_from = match (args.run.threshold, job.templates.is_some()) {
-        (Some(_), _) => "--threshold",
-        (None, true) => "90% by default",
-        (None, false) => "the workload's metric.au, 90% without one",
-    };
-    let workload = job.templates.is_none().then_some(&job.workload);
-    let rules = runrules::check(workload, &runs, threshold_from);
-    if runs.len() == 1 {
+    if args.runs == 1 {
+        let rules = runrules::check(workload, &runs, threshold_from);
         let mut s = runs.pop().expect("one run");
         let human = results::human(&s) + &runrules::human_rules(&rules);
         s["rules"] = serde_json::to_value(&rules)?;
         return Ok(Some((human, s)));
     }
-    let combined = runrules::combine(runs, &rules);
+    let (combined, rules) = combined(runs);
     let human = runrules::human_table(&combined) + &runrules::human_rules(&rules);
     Ok(Some((human, combined)))
 }
@@ -207,6 +246,7 @@ fn datasize_command(args: &cli::DatasizeArgs) -> Result<()> {
     use replay::InputError;
     if let Some(path) = &args.json {
         output::check(path, "--json")?;
+        output::refuse_inputs(path, "--json", &[("the workload", &args.workload)], &[])?;
     }
     let per_host = match args.client_ram.trim() {
         "auto" => match replay::mem_total_bytes() {

@@ -39,6 +39,78 @@ pub fn check(path: &Path, option: &str) -> Result<()> {
     Ok(())
 }
 
+/// Where `path` is, links resolved: the file itself when it exists, else its resolved
+/// directory joined with its name (None when the directory cannot be resolved).
+fn resolved(path: &Path) -> Option<PathBuf> {
+    fs::canonicalize(path).ok().or_else(|| Some(fs::canonicalize(parent(path)).ok()?.join(path.file_name()?)))
+}
+
+/// Refuses an output `path` that is one of the command's `inputs` (the same file: the
+/// same (st_dev, st_ino), whether named directly, through a symbolic link or a hard
+/// link), or lies inside one of its input directories (`inside`, each named with what it
+/// is: "the trace", "--data-dir"). A data directory's top level may hold results files
+/// (`sweep` saves its curve there): only `.trainio-*` entries and subdirectories (the
+/// dataset and the checkpoints) are refused there.
+pub fn refuse_inputs(path: &Path, option: &str, inputs: &[(&str, &Path)], inside: &[(&str, &Path)]) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let bad = |why: String| anyhow!(InputError(format!("{option} {}: {why}", path.display())));
+    if let Ok(out) = fs::metadata(path) {
+        for (what, input) in inputs {
+            if let Ok(m) = fs::metadata(input) {
+                if (m.dev(), m.ino()) == (out.dev(), out.ino()) {
+                    return Err(bad(format!(
+                        "is {what} {} (the same file): the output would replace the command's own input",
+                        input.display()
+                    )));
+                }
+            }
+        }
+    }
+    // A hard link to a file inside one of the directories (rare: only then is it walked).
+    if let Some(out) = fs::metadata(path).ok().filter(|m| m.is_file() && m.nlink() > 1) {
+        for (what, dir) in inside {
+            if let Some(twin) = same_inode_under(dir, (out.dev(), out.ino())) {
+                return Err(bad(format!(
+                    "is {} inside {what} {} (a hard link): the output would replace it",
+                    twin.display(),
+                    dir.display()
+                )));
+            }
+        }
+    }
+    let Some(out) = resolved(path) else { return Ok(()) };
+    for (what, dir) in inside {
+        let Ok(dir_real) = fs::canonicalize(dir) else { continue };
+        let Ok(rel) = out.strip_prefix(&dir_real) else { continue };
+        let top_level_results =
+            *what == "--data-dir" && rel.components().count() == 1 && !rel.to_string_lossy().starts_with(".trainio-");
+        if !top_level_results {
+            return Err(bad(format!(
+                "is inside {what} {}: the output would overwrite the command's own input",
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A file under `dir` (links not followed) whose (st_dev, st_ino) is `id`.
+fn same_inode_under(dir: &Path, id: (u64, u64)) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                todo.push(e.path());
+            } else if (m.dev(), m.ino()) == id {
+                return Some(e.path());
+            }
+        }
+    }
+    None
+}
+
 fn parent(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),

@@ -26,6 +26,11 @@ impl std::fmt::Display for InputError {
 impl std::error::Error for InputError {}
 
 pub const DEFAULT_TRANSFER: u64 = 1 << 20;
+/// The longest --computation-time (a day per step): a time that fits a Duration.
+pub const MAX_COMPUTE_S: f64 = 86_400.0;
+/// From this many files on, datagen checks a lower bound of the dataset's bytes against
+/// the free space before it builds the layout.
+const PRECHECK_FILES: u64 = 1_000_000;
 
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -160,8 +165,8 @@ impl Job {
                     ));
                 }
                 if let Some(gap) = args.burst_gap_ms {
-                    if gap.is_nan() || gap <= 0.0 {
-                        bail!(InputError(format!("--burst-gap-ms must be positive, got {gap}")));
+                    if !(gap > 0.0 && gap <= 1e9) {
+                        bail!(InputError(format!("--burst-gap-ms must be above 0 and at most 1e9 ms, got {gap}")));
                     }
                 }
                 let opts = trainio_model::Options {
@@ -183,8 +188,10 @@ impl Job {
             (None, None) => bail!(InputError("give --workload FILE.yaml or --trace TRACE".into())),
         };
         if let Some(ct) = rd.computation_time {
-            if !(ct >= 0.0 && ct.is_finite()) {
-                bail!(InputError(format!("--computation-time must be ≥ 0 seconds, got {ct}")));
+            if !(0.0..=MAX_COMPUTE_S).contains(&ct) {
+                bail!(InputError(format!(
+                    "--computation-time must be ≥ 0 and at most {MAX_COMPUTE_S} seconds, got {ct}"
+                )));
             }
             w.computation_time = ComputeTime::Fixed(ct);
         }
@@ -263,11 +270,32 @@ impl Job {
         })
     }
 
-    pub fn layout(&self, gpus: u64) -> Layout {
+    /// The dataset for `gpus`; its size is bounded (dataset::MAX_FILES) before anything
+    /// in proportion to it is allocated.
+    pub fn layout(&self, gpus: u64) -> Result<Layout> {
         match &self.templates {
-            Some(t) => trace_input::layout(t, gpus, &self.data_dir),
-            None => Layout::from_workload(&self.workload, gpus, self.max_steps, &self.data_dir),
+            Some(t) => Ok(trace_input::layout(t, gpus, &self.data_dir)),
+            None => {
+                self.bounded_files(gpus)?;
+                Ok(Layout::from_workload(&self.workload, gpus, self.max_steps, &self.data_dir))
+            }
         }
+    }
+
+    /// Workload mode: the files of the dataset for `gpus`, refused above dataset::MAX_FILES.
+    fn bounded_files(&self, gpus: u64) -> Result<u64> {
+        let n = Layout::files_for(&self.workload, gpus, self.max_steps);
+        if n > dataset::MAX_FILES {
+            bail!(InputError(format!(
+                "{}: --gpus {gpus} × --steps {} × --batch-size {} (or dataset.num_files_train {}) needs {n} files, above trainio's bound of {}: lower one of them",
+                self.source,
+                self.max_steps.max(1),
+                self.workload.batch_size,
+                self.workload.num_files_train,
+                dataset::MAX_FILES
+            )));
+        }
+        Ok(n)
     }
 
     /// The files simulated GPU `g` of `gpus` reads.
@@ -363,7 +391,10 @@ impl Job {
                 self.source
             )));
         }
-        let layout = self.layout(gpus);
+        if cluster.is_root() {
+            self.precheck_free_space(gpus)?;
+        }
+        let layout = self.layout(gpus)?;
         let clients = client_ram(cluster);
         if cluster.is_root() {
             self.print_size_check("datagen", &layout, gpus, None, clients);
@@ -414,6 +445,40 @@ impl Job {
         );
     }
 
+    /// Refuses, before the layout of a large dataset (memory in proportion to the files) is built, a dataset
+    /// that cannot fit whatever is already there: its files times the least a file takes
+    /// (its samples rounded up to 4 KiB, plus one block), less the bytes of the dataset in
+    /// --data-dir now, against the free space. `check_free_space` is the exact check.
+    fn precheck_free_space(&self, gpus: u64) -> Result<()> {
+        if self.templates.is_some() {
+            return Ok(());
+        }
+        let w = &self.workload;
+        let files = self.bounded_files(gpus)?;
+        if files < PRECHECK_FILES {
+            return Ok(()); // a small layout: check_free_space's exact count is cheap
+        }
+        let sample = if w.record_length_stdev > 0.0 {
+            dataset::ALIGN
+        } else {
+            dataset::round_up((w.record_length.ceil() as u64).max(1), dataset::ALIGN)
+        };
+        let least = files.saturating_mul(w.num_samples_per_file.saturating_mul(sample).saturating_add(dataset::ALIGN));
+        let have = dataset::marker_bytes(&self.data_dir);
+        let (free, dir) = free_bytes(&self.data_dir)?;
+        if least.saturating_sub(have) > free {
+            bail!(InputError(format!(
+                "--data-dir {}: {files} files of at least {} each need {} and the file system of {} has {} free: lower dataset.num_files_train (--param), --gpus, --steps or --batch-size, or free space",
+                self.data_dir.display(),
+                datasize::human_bytes((least / files.max(1)) as f64),
+                datasize::human_bytes(least as f64),
+                dir.display(),
+                datasize::human_bytes(free as f64)
+            )));
+        }
+        Ok(())
+    }
+
     /// Refuses, before anything is written, a dataset whose missing files do not fit the
     /// free space of --data-dir's file system (each new file counted one 4 KiB block
     /// more, for its inode's extents and directory entry).
@@ -455,7 +520,7 @@ impl Job {
     /// `run` without generating the dataset first (`--record` generates before it starts
     /// the recorder, so the recording holds the replay's I/O and not datagen's writes).
     pub fn run_generated(&self, cluster: &Cluster, gpus: u64) -> Result<Option<serde_json::Value>> {
-        let layout = self.layout(gpus);
+        let layout = self.layout(gpus)?;
         let clients = client_ram(cluster);
         let local = split(gpus, cluster.size, cluster.rank);
         // Each rank checks the files its own GPUs read.

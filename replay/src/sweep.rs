@@ -26,8 +26,10 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
     // Checked before any work; the default's directory is made by datagen when absent.
     if cluster.is_root() && (args.json.is_some() || args.run.source.data_dir.is_dir()) {
         crate::output::check(&json_path, "--json")?;
+        crate::check_not_input(&json_path, &args.run.source)?;
     }
     let job = Job::prepare(&args.run)?;
+    let _lock = crate::lock::acquire_for_job(cluster, &job.data_dir, job.generate)?;
     if job.workload.dataset_only {
         anyhow::bail!(crate::replay::InputError(format!(
             "{}: workflow.train is false and there is no checkpoint: a dataset to generate, nothing to sweep (run 'trainio datagen' with it)",

@@ -136,7 +136,7 @@ pub fn print(path: &std::path::Path, w: &Workload) {
     if std::env::var("OMPI_COMM_WORLD_RANK").is_ok_and(|r| r != "0") {
         return;
     }
-    let Ok(root) = std::fs::read_to_string(path).map(|t| serde_yaml::from_str::<Value>(&t)) else { return };
+    let Ok(root) = crate::workload::read_workload_text(path).map(|t| serde_yaml::from_str::<Value>(&t)) else { return };
     let Ok(root) = root else { return };
     for n in notes(&root, w) {
         eprintln!("trainio: not modeled: {}: {n}", path.display());

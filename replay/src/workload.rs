@@ -331,11 +331,33 @@ pub const DLIO_FORMATS: &[&str] = &[
     "synthetic",
 ];
 
+/// The largest workload file read (DLIO's and MLPerf's are a few KiB).
+pub const MAX_WORKLOAD_BYTES: u64 = 1 << 20;
+
+/// The text of a workload file, read up to MAX_WORKLOAD_BYTES: a directory, a device
+/// such as /dev/zero or a huge file is refused by name, not read without end.
+pub fn read_workload_text(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("{}: cannot read the workload file", path.display()))?;
+    let meta = file.metadata().with_context(|| format!("{}: cannot read the workload file", path.display()))?;
+    if meta.is_dir() {
+        bail!("{}: is a directory, not a workload file", path.display());
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_WORKLOAD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("{}: cannot read the workload file", path.display()))?;
+    if bytes.len() as u64 > MAX_WORKLOAD_BYTES {
+        bail!("{}: larger than {} MiB, too large for a workload file", path.display(), MAX_WORKLOAD_BYTES >> 20);
+    }
+    String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("{}: not text (UTF-8)", path.display()))
+}
+
 impl Workload {
     /// Reads the file with `--param KEY=VALUE` overrides applied first.
     pub fn from_file_with(path: &Path, params: &[String]) -> Result<Workload> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{}: cannot read the workload file", path.display()))?;
+        let text = read_workload_text(path)?;
         let fallback = path.file_stem().and_then(|s| s.to_str()).unwrap_or("workload");
         let w = Workload::from_yaml_with(&text, fallback, params)
             .with_context(|| format!("{}: bad workload", path.display()))?;

@@ -15,6 +15,7 @@ use clap::Parser;
     name = "trainio record",
     bin_name = "trainio record",
     version,
+    allow_negative_numbers = true,
     after_help = "Example: trainio record -o /tmp/t -- dd if=/dev/loop0 of=/dev/null bs=1M count=64 iflag=direct"
 )]
 pub struct Args {
@@ -38,8 +39,8 @@ pub struct Args {
     #[arg(long = "dev", value_name = "NAME|MAJ:MIN")]
     pub devs: Vec<String>,
 
-    /// Stop recording after this many seconds
-    #[arg(long, value_parser = positive_f64)]
+    /// Stop recording after this many seconds (at most 1e9)
+    #[arg(long, value_parser = seconds)]
     pub duration: Option<f64>,
 
     /// Ring-buffer size per layer in MiB (rounded up to a power of two, at least 4 KiB)
@@ -47,11 +48,11 @@ pub struct Args {
     pub ringbuf_mb: f64,
 
     /// Start a new segment when the current one reaches this many MiB
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=MAX_SEGMENT_MB))]
     pub segment_mb: u64,
 
-    /// Start a new segment when the current one is this many seconds old
-    #[arg(long, default_value_t = 300.0, value_parser = positive_f64)]
+    /// Start a new segment when the current one is this many seconds old (at most 1e9)
+    #[arg(long, default_value_t = 300.0, value_parser = seconds)]
     pub segment_s: f64,
 
     /// Do not sample the kernel's BPF run-time statistics (by default on at the start of
@@ -80,6 +81,19 @@ pub struct Args {
     /// The command to run and trace, after `--`; its exit code becomes ours
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+/// The longest --duration and --segment-s: about 31 years, far below where a time
+/// (`Instant + Duration`) overflows.
+pub const MAX_SECONDS: f64 = 1e9;
+/// The largest --segment-mb (1 TiB): its bytes fit a u64.
+pub const MAX_SEGMENT_MB: u64 = 1 << 20;
+
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= MAX_SECONDS => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds above 0 and at most 1e9")),
+    }
 }
 
 fn positive_f64(s: &str) -> Result<f64, String> {
