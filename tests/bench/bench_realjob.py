@@ -2,7 +2,8 @@
 
 Each row records tests/realjob/job.py (torchrun, 2 ranks, gloo all-reduce per step, batch
 4, 50 ms compute per step; DataLoader with 0 or 2 worker processes; npz through numpy's
-zip reader or raw files, buffered or O_DIRECT) on ext4 over a loop device, compute-bound
+zip reader or raw files, buffered or O_DIRECT; WebDataset shards, JPEGs decoded by PIL,
+a HuggingFace dataset through mmap) on ext4 over a loop device, compute-bound
 (no throttle) or storage-bound (reads capped by a cgroup), then infers the job model from
 the trace (`trainio analyze --json`) and replays it at the recorded GPU count on the same
 device under the same cap (`trainio replay --trace`). Columns: GPUs found; compute per
@@ -43,6 +44,12 @@ SCENARIOS = [
     Scenario("storage-w2-npz", "storage-bound", 2, "npz", MiB, 100, double=True),
     Scenario("storage-w0-npz", "storage-bound", 0, "npz", MiB, 60),
     Scenario("storage-w2-odirect", "storage-bound", 2, "raw", MiB, 100, odirect=True),
+    # the loaders people run (job.py's module doc): WebDataset shards, JPEGs decoded by
+    # PIL through torchvision's ImageFolder, a HuggingFace dataset read through mmap
+    Scenario("storage-w2-wds", "storage-bound", 2, "wds", 256 << 10, 30),
+    Scenario("compute-w2-jpeg", "compute-bound", 2, "jpeg", 256 << 10, None, realtime=True),
+    Scenario("storage-w2-jpeg", "storage-bound", 2, "jpeg", 256 << 10, 30),
+    Scenario("storage-w2-arrow", "storage-bound", 2, "arrow", 256 << 10, 30),
 ]
 
 
