@@ -527,7 +527,7 @@ impl Counts {
 #[pyo3(signature = (path, grouping = "auto", step_gap_ms = None))]
 fn job_model(py: Python<'_>, path: &str, grouping: &str, step_gap_ms: Option<f64>) -> PyResult<String> {
     let grouping = trainio_model::Grouping::parse(grouping).map_err(PyValueError::new_err)?;
-    let opts = trainio_model::Options { grouping, burst_gap_ms: step_gap_ms, dev: None };
+    let opts = trainio_model::Options { grouping, burst_gap_ms: step_gap_ms, ..Default::default() };
     let path = std::path::PathBuf::from(path);
     py.detach(|| trainio_model::infer_trace(&path, &opts).map(|m| trainio_model::to_json(&m)))
         .map_err(PyValueError::new_err)
