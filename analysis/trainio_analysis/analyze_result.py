@@ -291,10 +291,17 @@ def _bursts(state: GroupState, gap_ms: float, nbytes: float | None) -> dict[str,
 
 
 def job_model(
-    path: str | os.PathLike[str], *, grouping: str = "auto", step_gap_ms: float | None = None
+    path: str | os.PathLike[str],
+    *,
+    grouping: str = "auto",
+    step_gap_ms: float | None = None,
+    gpus_per_process: int | None = None,
+    compute_scale: float | None = None,
 ) -> dict[str, Any] | None:
     """The job model of a trace: the GPUs (a rank and its DataLoader workers), their
-    steps, compute time per step and the throughput one GPU needs.
+    steps, compute time per step and the throughput one GPU needs. ``gpus_per_process``
+    and ``compute_scale`` are the what-ifs of ``trainio replay --trace``'s
+    ``--gpus-per-process`` and ``--compute-scale`` (docs/replay.md).
 
     Computed by the native extension from crate ``trainio-model``, the same code that
     ``trainio replay --trace`` replays from (docs/analysis.md, *Job model*). None when
@@ -304,7 +311,7 @@ def job_model(
     if mod is None or not hasattr(mod, "job_model"):
         return None
     try:
-        return json.loads(mod.job_model(str(path), grouping, step_gap_ms))
+        return json.loads(mod.job_model(str(path), grouping, step_gap_ms, gpus_per_process, compute_scale))
     except ValueError as e:
         raise TraceError(str(e)) from None
 

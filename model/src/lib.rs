@@ -39,6 +39,7 @@ use serde::Serialize;
 use trainio_schema::{read_rows, segment_paths, trace_set_members, Layer, OwnedRow};
 
 pub mod shards;
+pub mod whatif;
 pub mod writes;
 
 /// The name PyTorch's DataLoader workers give themselves.
@@ -100,6 +101,10 @@ pub struct Options {
     pub burst_gap_ms: Option<f64>,
     /// The data device (`MAJ:MIN`); None: the one most file-layer bytes were read from.
     pub dev: Option<String>,
+    /// What-if: accelerators each recorded GPU (process) drives (whatif.rs); None: 1.
+    pub gpus_per_process: Option<u32>,
+    /// What-if: factor on the compute per step (whatif.rs); None: as recorded.
+    pub compute_scale: Option<f64>,
 }
 
 /// One read of a step: a byte range of one of the GPU's files, by one of its readers.
@@ -380,6 +385,10 @@ fn block_sums(seg: &Path, input: &mut Input) -> Result<(), String> {
 /// The job model of a trace, or of a trace set (the per-host traces of one job, see
 /// [`combine`]).
 pub fn infer_trace(trace: &Path, opts: &Options) -> Result<JobModel, String> {
+    infer_trace_as_recorded(trace, opts).and_then(|m| whatif::apply(m, opts))
+}
+
+fn infer_trace_as_recorded(trace: &Path, opts: &Options) -> Result<JobModel, String> {
     if let Some(members) = trace_set_members(trace).map_err(|e| e.to_string())? {
         let mut parts = Vec::with_capacity(members.len());
         for m in members {

@@ -175,6 +175,18 @@ pub struct RunArgs {
     /// (`4242,4243`: every other reader joins its nearest listed ancestor).
     #[arg(long, value_name = "auto|process|PIDS", default_value = "auto")]
     pub gpu_grouping: String,
+    /// Trace mode: accelerators each recorded GPU (process) drives (JAX's one process per
+    /// host, torch DataParallel): each becomes N simulated GPUs that split its batches.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub gpus_per_process: u32,
+    /// Trace mode: multiply the recorded compute per step by F (e.g. 0.5 for an
+    /// accelerator twice as fast), each step's spread kept.
+    #[arg(long, value_name = "F")]
+    pub compute_scale: Option<f64>,
+    /// Trace mode: replay in place, reading the job's own files where a copy of them is:
+    /// a recorded path under OLD is read under NEW (repeatable); nothing is generated.
+    #[arg(long = "map-path", value_name = "OLD=NEW")]
+    pub map_path: Vec<String>,
     /// Trace mode: replay a trace whose file layer lacks most of what the job read
     /// (reads through mmap or io_uring), replaying only what it saw.
     #[arg(long)]

@@ -110,6 +110,9 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                 burst_gap_ms: None,
                 gpu_grouping: "auto".into(),
                 allow_incomplete: false,
+                gpus_per_process: 1,
+                compute_scale: None,
+                map_path: Vec::new(),
                 io_engine: cli::IoEngine::IoUring,
                 quiet: d.quiet,
             };

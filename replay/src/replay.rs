@@ -10,7 +10,7 @@ use crate::engine::Program;
 use crate::engine::{Engine, EngineOptions};
 use crate::program::WorkloadProgram;
 use crate::results::{self, RankReport, Settings};
-use crate::trace_input::{self, Template, TraceOptions, TraceProgram};
+use crate::trace_input::{self, PathMap, Placement, Template, TraceOptions, TraceProgram};
 use crate::workload::{ComputeTime, Workload};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
@@ -43,6 +43,12 @@ pub struct Job {
     pub compute_override: Option<f64>,
     /// --prefetch-size given: trace mode uses it instead of each GPU's loader window.
     pub prefetch_override: Option<u64>,
+    /// Trace mode: --gpus-per-process (1: as recorded).
+    pub gpus_per_process: u32,
+    /// Trace mode: --compute-scale.
+    pub compute_scale: Option<f64>,
+    /// Trace mode: --map-path given: the replay reads the job's own files in place.
+    pub map_path: Option<PathMap>,
     pub source: String,
     pub data_dir: PathBuf,
     pub transfer_size: u64,
@@ -140,6 +146,11 @@ impl Job {
         let rd = &args.reader;
         let (mut w, templates, path) = match (&src.workload, &src.trace) {
             (Some(path), _) => {
+                if args.gpus_per_process != 1 || args.compute_scale.is_some() || !args.map_path.is_empty() {
+                    bail!(InputError(
+                        "--gpus-per-process, --compute-scale and --map-path change a recorded job: they go with --trace, not --workload".into()
+                    ));
+                }
                 let mut params = src.params.clone();
                 params.extend(
                     crate::workload::hydra_overrides(&src.overrides).map_err(|e| InputError(format!("{e:#}")))?,
@@ -169,13 +180,29 @@ impl Job {
                         bail!(InputError(format!("--burst-gap-ms must be above 0 and at most 1e9 ms, got {gap}")));
                     }
                 }
+                if let Some(f) = args.compute_scale {
+                    if !(f > 0.0 && f.is_finite()) {
+                        bail!(InputError(format!("--compute-scale must be a number > 0, got {f}")));
+                    }
+                }
+                let map = PathMap::parse(&args.map_path).map_err(InputError)?;
+                if !map.0.is_empty() && args.generate {
+                    bail!(InputError(
+                        "--map-path replays the job's own files in place: there is nothing to generate (drop --generate)".into()
+                    ));
+                }
                 let opts = trainio_model::Options {
                     grouping: trainio_model::Grouping::parse(&args.gpu_grouping).map_err(InputError)?,
                     burst_gap_ms: args.burst_gap_ms,
                     dev: None,
+                    gpus_per_process: Some(args.gpus_per_process),
+                    compute_scale: args.compute_scale,
                 };
                 let (templates, model) =
                     trace_input::load_templates(trace, &opts, args.allow_incomplete).map_err(InputError)?;
+                if !map.0.is_empty() {
+                    map.check(&templates).map_err(InputError)?;
+                }
                 let name = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 // The stand-in carries the shared settings; the loader of each GPU comes
                 // from its template (trace_input).
@@ -249,6 +276,9 @@ impl Job {
             model,
             compute_override: rd.computation_time,
             prefetch_override: rd.prefetch_size,
+            gpus_per_process: args.gpus_per_process,
+            compute_scale: args.compute_scale,
+            map_path: PathMap::parse(&args.map_path).ok().filter(|m| !m.0.is_empty()),
             transfer_size: rd.transfer_size.or(w.transfer_size).unwrap_or(DEFAULT_TRANSFER),
             tf_buffer: rd.transfer_size.or(w.transfer_size).unwrap_or(crate::program::TF_BUFFER),
             odirect: args.odirect || w.odirect,
@@ -273,8 +303,8 @@ impl Job {
     /// The dataset for `gpus`; its size is bounded (dataset::MAX_FILES) before anything
     /// in proportion to it is allocated.
     pub fn layout(&self, gpus: u64) -> Result<Layout> {
-        match &self.templates {
-            Some(t) => Ok(trace_input::layout(t, gpus, &self.data_dir)),
+        match self.placement(gpus) {
+            Some(p) => Ok(p.layout),
             None => {
                 self.bounded_files(gpus)?;
                 Ok(Layout::from_workload(&self.workload, gpus, self.max_steps, &self.data_dir))
@@ -298,14 +328,15 @@ impl Job {
         Ok(n)
     }
 
+    /// Trace mode: which file each simulated GPU reads (trace_input.rs).
+    fn placement(&self, gpus: u64) -> Option<Placement> {
+        self.templates.as_ref().map(|t| Placement::new(t, gpus, &self.data_dir, self.map_path.as_ref()))
+    }
+
     /// The files simulated GPU `g` of `gpus` reads.
-    fn files_of(&self, layout: &Layout, g: u64, gpus: u64) -> Vec<usize> {
-        match &self.templates {
-            Some(t) => {
-                let count = |h: u64| t[(h % t.len() as u64) as usize].files.len();
-                let first: usize = (0..g).map(count).sum();
-                (first..first + count(g)).collect()
-            }
+    fn files_of(&self, layout: &Layout, placement: Option<&Placement>, g: u64, gpus: u64) -> Vec<usize> {
+        match placement {
+            Some(p) => p.files_of(g),
             None => layout.shard(g, gpus),
         }
     }
@@ -520,11 +551,15 @@ impl Job {
     /// `run` without generating the dataset first (`--record` generates before it starts
     /// the recorder, so the recording holds the replay's I/O and not datagen's writes).
     pub fn run_generated(&self, cluster: &Cluster, gpus: u64) -> Result<Option<serde_json::Value>> {
+        let placement = self.placement(gpus);
         let layout = self.layout(gpus)?;
         let clients = client_ram(cluster);
         let local = split(gpus, cluster.size, cluster.rank);
         // Each rank checks the files its own GPUs read.
-        let mine: Vec<usize> = local.iter().flat_map(|&g| self.files_of(&layout, g, gpus)).collect();
+        let mut mine: Vec<usize> =
+            local.iter().flat_map(|&g| self.files_of(&layout, placement.as_ref(), g, gpus)).collect();
+        mine.sort_unstable();
+        mine.dedup();
         let sizing = match &self.templates {
             Some(_) => format!("the trace's files for --gpus {gpus}"),
             None => format!(
@@ -537,8 +572,15 @@ impl Job {
                 self.workload.num_files_train
             ),
         };
-        layout.verify_files(&mine, &sizing)?;
-        let used: Vec<usize> = (0..gpus).flat_map(|g| self.files_of(&layout, g, gpus)).collect();
+        match placement.as_ref().filter(|p| p.in_place()) {
+            Some(p) => p.verify_in_place(&mine).map_err(InputError)?,
+            None => layout.verify_files(&mine, &sizing)?,
+        }
+        let used: Vec<usize> = match &placement {
+            // The layout holds only the files some GPU reads, each once.
+            Some(_) => (0..layout.files.len()).collect(),
+            None => (0..gpus).flat_map(|g| self.files_of(&layout, None, g, gpus)).collect(),
+        };
         let used_bytes: u64 = used.iter().flat_map(|&i| layout.on_disk(i)).map(|(_, size)| size).sum();
         let w = &self.workload;
         match &self.templates {
@@ -596,13 +638,18 @@ impl Job {
                     params: w.params.clone(),
                     reader: Some(program.reader_json(&w.format, &w.data_loader)),
                     templates: None,
+                    gpus_per_process: None,
+                    compute_scale: None,
+                    required_mib_s_per_gpu: None,
+                    map_path: None,
                 };
                 self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients)
             }
             Some(templates) => {
                 let program = TraceProgram::new(
                     templates.clone(),
-                    layout.clone(),
+                    placement.expect("trace mode has a placement"),
+                    &self.data_dir,
                     gpus,
                     &local,
                     TraceOptions {
@@ -617,6 +664,19 @@ impl Job {
                 let steps: u64 = used_t.iter().map(|t| t.steps.len() as u64).sum();
                 let samples: u64 = used_t.iter().flat_map(|t| &t.steps).map(|s| s.samples as u64).sum();
                 let compute: f64 = used_t.iter().flat_map(|t| &t.steps).map(|s| s.compute_s).sum();
+                // Per simulated GPU: the templates' own needs, or with --computation-time
+                // their bytes per step over it.
+                let needs: Vec<f64> = used_t
+                    .iter()
+                    .filter_map(|t| match self.compute_override {
+                        Some(c) if c > 0.0 => {
+                            Some(t.bytes as f64 / t.steps.len().max(1) as f64 / c / (1u64 << 20) as f64)
+                        }
+                        Some(_) => None,
+                        None => t.required_mib_s,
+                    })
+                    .collect();
+                let required = median(&needs);
                 if cluster.is_root() {
                     if let Some(m) = &self.model {
                         for line in trainio_model::describe(m) {
@@ -662,8 +722,20 @@ impl Job {
                                 "prefetch": t.prefetch, "compute_s": t.compute_s, "handoff_s": t.handoff_s, "sync_s": t.sync_s, "bytes": t.bytes, "dev": t.dev,
                                 "write_bursts": t.write_bursts.len(), "write_bytes": t.write_bytes(), "write_files": t.write_files.len(),
                                 "write_after_steps": t.write_bursts.keys().collect::<Vec<_>>(),
+                                "required_mib_s": t.required_mib_s,
                             }))
                             .collect(),
+                    ),
+                    gpus_per_process: Some(self.gpus_per_process),
+                    compute_scale: Some(self.compute_scale.unwrap_or(1.0)),
+                    required_mib_s_per_gpu: required,
+                    map_path: Some(
+                        self.map_path
+                            .as_ref()
+                            .map(|m| {
+                                m.0.iter().map(|(o, n)| format!("{}={}", o.display(), n.display())).collect()
+                            })
+                            .unwrap_or_default(),
                     ),
                 };
                 self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients)
@@ -739,6 +811,16 @@ impl Job {
             summary["writes"] = crate::trace_writes::summary(&per_rank);
         }
         Ok(Some(summary))
+    }
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    match s.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(s[n / 2]),
+        n => Some((s[n / 2 - 1] + s[n / 2]) / 2.0),
     }
 }
 

@@ -50,6 +50,20 @@ pub struct Settings {
     /// Trace mode: the recorded processes used as templates.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub templates: Option<Vec<serde_json::Value>>,
+    /// Trace mode: simulated GPUs per recorded GPU (--gpus-per-process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpus_per_process: Option<u32>,
+    /// Trace mode: the factor on the recorded compute (--compute-scale; 1 without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compute_scale: Option<f64>,
+    /// Trace mode: the throughput one simulated GPU needs, MiB/s: the median over the
+    /// templates replayed of bytes per step / compute per step (after the what-ifs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub required_mib_s_per_gpu: Option<f64>,
+    /// Trace mode: --map-path's OLD=NEW pairs when the replay read the job's own files
+    /// in place (empty: the files laid out under --data-dir).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub map_path: Option<Vec<String>>,
 }
 
 pub fn percentile(hist: &BTreeMap<u64, u64>, q: f64) -> u64 {
@@ -240,6 +254,19 @@ pub fn human(j: &serde_json::Value) -> String {
         j["epochs"],
         f("wall_s")
     );
+    if let Some(need) = s["required_mib_s_per_gpu"].as_f64() {
+        out += &format!(
+            "  need        {need:.1} MiB/s per simulated GPU (job model: bytes per step / compute per step{}{})\n",
+            match s["compute_scale"].as_f64() {
+                Some(f) if f != 1.0 => format!(", compute × {f}"),
+                _ => String::new(),
+            },
+            match s["gpus_per_process"].as_u64() {
+                Some(n) if n > 1 => format!(", {n} GPUs per recorded process"),
+                _ => String::new(),
+            }
+        );
+    }
     out += &format!(
         "  per GPU     compute {:.2} s, waiting for data {:.2} s, at the barrier {:.2} s (means)\n",
         f("compute_s_mean"),

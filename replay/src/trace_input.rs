@@ -11,10 +11,15 @@
 //! and the storage under test, not by the recorded clock, so a faster or slower storage
 //! shows in AU.
 //!
-//! Simulated GPU g replays template g mod T (round-robin) on its own copy of the
-//! template's files, `trace/gpuNNNNN/fNNNNN.dat` under --data-dir, sized to the largest
-//! byte read, so no two simulated GPUs share data: the recorded GPU count replays every
-//! GPU's whole data, twice as many GPUs read twice the bytes.
+//! Simulated GPU g replays template g mod T (round-robin). The files are the job's: each
+//! distinct file the templates read (by recorded path) is laid out once per *copy*,
+//! `trace/cCCCCC/fDDDDD.dat` under --data-dir, sized to the largest byte any template read
+//! from it, and the GPUs of a copy share it as the recorded GPUs shared the file. GPUs
+//! 0..T read copy 0, GPUs T..2T copy 1, and so on (Placement): the recorded GPU count
+//! reads the job's data once, twice as many GPUs read twice the bytes, each copy from its
+//! own files, so the page cache does not serve one copy's reads from another's.
+//! In place (`--map-path OLD=NEW`) every GPU reads the job's own files, mapped to where a
+//! copy of them is: nothing is generated, and the files must hold every byte read.
 //!
 //! A template also carries its GPU's write bursts (the model's `write_bursts` placed in
 //! its steps): simulated GPU g writes them after the same step, to its own copies of the
@@ -74,6 +79,8 @@ pub struct Template {
     pub write_bursts: BTreeMap<u64, Vec<WriteOp>>,
     /// Recorded path of each written file (WriteOp::file indexes it).
     pub write_files: Vec<String>,
+    /// The model's throughput need of this GPU, MiB/s (bytes per step / compute).
+    pub required_mib_s: Option<f64>,
 }
 
 impl Template {
@@ -109,6 +116,8 @@ pub fn load_templates(
     }
     // One time origin for every template: their bursts keep their offsets to each other.
     let origin = model.gpus.iter().flat_map(|g| g.steps.iter().map(|s| s.first_read_ns)).min().unwrap_or(0);
+    // With --compute-scale the recorded pace is scaled as the periods are.
+    let scale = opts.compute_scale.unwrap_or(1.0);
     let templates = model
         .gpus
         .iter()
@@ -128,7 +137,7 @@ pub fn load_templates(
                         streams: s.reads.iter().map(|r| r.reader % MAX_READERS as u32).collect(),
                         samples: s.samples,
                         compute_s: if g.paced { s.period_s.unwrap_or(compute) } else { compute },
-                        start_ns: (s.first_read_ns - origin).max(0) as u64,
+                        start_ns: ((s.first_read_ns - origin).max(0) as f64 * scale) as u64,
                     })
                     .collect(),
                 concurrency: g.readers.clamp(1, MAX_READERS),
@@ -149,31 +158,216 @@ pub fn load_templates(
                     },
                 ),
                 write_files: g.write_files.iter().map(|(p, _)| p.clone()).collect(),
+                required_mib_s: g.required_mib_s,
             }
         })
         .collect();
     Ok((templates, model))
 }
 
-/// Where simulated GPU `g`'s copies of its template's files live, and their sizes.
-pub fn layout(templates: &[Template], gpus: u64, root: &Path) -> Layout {
-    let mut files = Vec::new();
-    for g in 0..gpus {
-        let t = &templates[(g % templates.len() as u64) as usize];
-        for (j, (_, size)) in t.files.iter().enumerate() {
-            files.push(DataFile {
-                rel: PathBuf::from(format!("trace/gpu{g:05}/f{j:05}.dat")),
-                size: *size,
-                sample: *size,
-            });
+/// `--map-path OLD=NEW`: a recorded path under OLD is read at NEW (the longest OLD that
+/// holds it, by whole path components).
+#[derive(Debug, Clone, Default)]
+pub struct PathMap(pub Vec<(PathBuf, PathBuf)>);
+
+impl PathMap {
+    pub fn parse(args: &[String]) -> Result<PathMap, String> {
+        args.iter()
+            .map(|a| match a.split_once('=') {
+                Some((old, new)) if Path::new(old).is_absolute() && Path::new(new).is_absolute() => {
+                    Ok((PathBuf::from(old), PathBuf::from(new)))
+                }
+                _ => {
+                    Err(format!("--map-path {a}: expected OLD=NEW, two absolute paths (e.g. /old/prefix=/new/prefix)"))
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(PathMap)
+    }
+
+    /// Where the job's file `recorded` is read, None when no OLD holds it.
+    pub fn map(&self, recorded: &str) -> Option<PathBuf> {
+        let p = Path::new(recorded);
+        self.0
+            .iter()
+            .filter_map(|(old, new)| {
+                let rest = p.strip_prefix(old).ok()?;
+                rest.components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)))
+                    .then(|| (old.components().count(), new.join(rest)))
+            })
+            .max_by_key(|(k, _)| *k)
+            .map(|(_, p)| p)
+    }
+
+    /// Every file the templates read maps somewhere: else a line naming the first that does not.
+    pub fn check(&self, templates: &[Template]) -> Result<(), String> {
+        for t in templates {
+            for (path, _) in &t.files {
+                if self.map(path).is_none() {
+                    return Err(format!(
+                        "--map-path: the job read {path} (pid {}), which is under none of the OLD prefixes given",
+                        t.pid
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which file each simulated GPU reads for each file of its template (module comment):
+/// the job's distinct files, once per copy; in place, the job's own files, mapped.
+pub struct Placement {
+    /// Per template: its file j → distinct file.
+    distinct_of: Vec<Vec<u32>>,
+    /// Distinct files: recorded path and the largest byte read from it.
+    distinct: Vec<(String, u64)>,
+    templates: u64,
+    in_place: bool,
+    /// Per copy: distinct file → its index in `layout` (u32::MAX: not in this copy).
+    index: Vec<Vec<u32>>,
+    pub layout: Layout,
+}
+
+impl Placement {
+    pub fn new(templates: &[Template], gpus: u64, root: &Path, map: Option<&PathMap>) -> Placement {
+        let mut by_path: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+        let mut distinct: Vec<(String, u64)> = Vec::new();
+        let mut sizes: Vec<u64> = Vec::new();
+        let mut distinct_of = Vec::with_capacity(templates.len());
+        for t in templates {
+            let mut ends = vec![0u64; t.files.len()];
+            for r in t.steps.iter().flat_map(|s| &s.reads) {
+                let e = &mut ends[r.file as usize];
+                *e = (*e).max(r.offset + r.len);
+            }
+            let mut of = Vec::with_capacity(t.files.len());
+            for ((path, size), end) in t.files.iter().zip(ends) {
+                let d = *by_path.entry(path.as_str()).or_insert_with(|| {
+                    distinct.push((path.clone(), 0));
+                    sizes.push(0);
+                    distinct.len() as u32 - 1
+                });
+                distinct[d as usize].1 = distinct[d as usize].1.max(end);
+                sizes[d as usize] = sizes[d as usize].max(*size);
+                of.push(d);
+            }
+            distinct_of.push(of);
+        }
+        let n = templates.len() as u64;
+        let in_place = map.is_some();
+        let copies = if in_place { 1 } else { gpus.div_ceil(n).max(1) };
+        // The last copy holds the files of the templates its GPUs replay: 0..last.
+        let last = if in_place { gpus.min(n) } else { gpus - (copies - 1) * n };
+        let mut in_last = vec![false; distinct.len()];
+        for of in &distinct_of[..last as usize] {
+            for &d in of {
+                in_last[d as usize] = true;
+            }
+        }
+        let mapped: Vec<PathBuf> = match map {
+            Some(m) => distinct.iter().map(|(p, _)| m.map(p).unwrap_or_else(|| PathBuf::from(p))).collect(),
+            None => Vec::new(),
+        };
+        // In place: the directory every mapped file is in, for the engine to open them beneath.
+        let root = match mapped.first() {
+            Some(first) => {
+                let mut r = first.parent().unwrap_or(Path::new("/")).to_path_buf();
+                while !mapped.iter().all(|p| p.starts_with(&r)) {
+                    r = r.parent().unwrap_or(Path::new("/")).to_path_buf();
+                }
+                r
+            }
+            None => root.to_path_buf(),
+        };
+        let mut files = Vec::new();
+        let mut index = Vec::with_capacity(copies as usize);
+        for c in 0..copies {
+            let mut ix = vec![u32::MAX; distinct.len()];
+            for d in 0..distinct.len() {
+                if c + 1 == copies && !in_last[d] {
+                    continue;
+                }
+                ix[d] = files.len() as u32;
+                files.push(if in_place {
+                    let rel = mapped[d].strip_prefix(&root).unwrap_or(&mapped[d]).to_path_buf();
+                    DataFile { rel, size: distinct[d].1, sample: distinct[d].1 }
+                } else {
+                    DataFile {
+                        rel: PathBuf::from(format!("trace/c{c:05}/f{d:05}.dat")),
+                        size: sizes[d],
+                        sample: sizes[d],
+                    }
+                });
+            }
+            index.push(ix);
+        }
+        Placement {
+            distinct_of,
+            distinct,
+            templates: n,
+            in_place,
+            index,
+            layout: Layout {
+                root,
+                files,
+                samples_per_file: 1,
+                description: if in_place { "the job's own files (in place)" } else { "trace replay" }.into(),
+                format: crate::formats::Format::Raw,
+            },
         }
     }
-    Layout {
-        root: root.to_path_buf(),
-        files,
-        samples_per_file: 1,
-        description: "trace replay".into(),
-        format: crate::formats::Format::Raw,
+
+    pub fn in_place(&self) -> bool {
+        self.in_place
+    }
+
+    /// The layout index of simulated GPU `g`'s file for its template's file `j`.
+    pub fn file(&self, g: u64, j: u32) -> u32 {
+        let c = if self.in_place { 0 } else { g / self.templates };
+        self.index[c as usize][self.distinct_of[(g % self.templates) as usize][j as usize] as usize]
+    }
+
+    /// The layout indexes of the files simulated GPU `g` reads.
+    pub fn files_of(&self, g: u64) -> Vec<usize> {
+        let t = (g % self.templates) as usize;
+        (0..self.distinct_of[t].len() as u32).map(|j| self.file(g, j) as usize).collect()
+    }
+
+    /// In place: the files `which` exist, are regular files and hold every byte the job
+    /// read from them; else one line naming the first that does not.
+    pub fn verify_in_place(&self, which: &[usize]) -> Result<(), String> {
+        // The index of a distinct file in copy 0 is its layout index: find its recorded path.
+        let recorded: std::collections::HashMap<u32, &str> = self.index[0]
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| **i != u32::MAX)
+            .map(|(d, &i)| (i, self.distinct[d].0.as_str()))
+            .collect();
+        for &i in which {
+            let p = self.layout.path(i);
+            let job = recorded.get(&(i as u32)).copied().unwrap_or("?");
+            let need = self.layout.files[i].size;
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.is_file() && m.len() >= need => {}
+                Ok(m) if m.is_file() => {
+                    return Err(format!(
+                        "{}: {} bytes, but the job read up to byte {need} of {job} (--map-path): not a whole copy of the job's file",
+                        p.display(),
+                        m.len()
+                    ))
+                }
+                Ok(_) => {
+                    return Err(format!(
+                        "{}: not a regular file (the job's {job}, --map-path; links are not followed)",
+                        p.display()
+                    ))
+                }
+                Err(e) => return Err(format!("{}: {e} (the job's {job}, --map-path)", p.display())),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -189,9 +383,9 @@ pub struct TraceOptions {
 
 pub struct TraceProgram {
     templates: Vec<Template>,
-    layout: Layout,
-    /// Per local GPU: template index and the index of its first file in the layout.
-    local: Vec<(usize, usize)>,
+    placement: Placement,
+    /// Per local GPU: template index and the simulated GPU's global index.
+    local: Vec<(usize, u64)>,
     /// Per local GPU: the directory of its written files under --data-dir.
     write_dirs: Vec<PathBuf>,
     pub steps_per_epoch: u64,
@@ -204,20 +398,15 @@ pub struct TraceProgram {
 impl TraceProgram {
     pub fn new(
         templates: Vec<Template>,
-        layout: Layout,
+        placement: Placement,
+        data_dir: &Path,
         gpus: u64,
         local_gpus: &[u64],
         opts: TraceOptions,
     ) -> TraceProgram {
         let TraceOptions { epochs, max_steps, compute_override, prefetch_override } = opts;
         let t_of = |g: u64| (g % templates.len() as u64) as usize;
-        let mut first_file = Vec::with_capacity(gpus as usize);
-        let mut next = 0usize;
-        for g in 0..gpus {
-            first_file.push(next);
-            next += templates[t_of(g)].files.len();
-        }
-        let local: Vec<(usize, usize)> = local_gpus.iter().map(|&g| (t_of(g), first_file[g as usize])).collect();
+        let local: Vec<(usize, u64)> = local_gpus.iter().map(|&g| (t_of(g), g)).collect();
         // Every GPU runs the same number of steps (the barrier needs it): the longest
         // template's; shorter templates end with empty steps.
         let used = (gpus as usize).min(templates.len());
@@ -230,10 +419,10 @@ impl TraceProgram {
             .flat_map(|t| t.steps.iter().flat_map(|s| s.reads.iter().map(|r| r.len)))
             .max()
             .unwrap_or(1);
-        let write_dirs = local_gpus.iter().map(|&g| layout.root.join(format!("trace/gpu{g:05}"))).collect();
+        let write_dirs = local_gpus.iter().map(|&g| data_dir.join(format!("trace/gpu{g:05}"))).collect();
         TraceProgram {
             templates,
-            layout,
+            placement,
             local,
             write_dirs,
             steps_per_epoch: steps,
@@ -259,12 +448,12 @@ impl Program for TraceProgram {
     }
 
     fn batch(&self, gpu: usize, _epoch: u64, step: u64) -> Batch {
-        let (t, base) = self.local[gpu];
+        let (t, g) = self.local[gpu];
         match self.templates[t].steps.get(step as usize) {
             Some(s) => Batch {
                 samples: s.samples,
                 streams: s.streams.clone(),
-                reads: s.reads.iter().map(|r| SampleRead { file: (base + r.file as usize) as u32, ..*r }).collect(),
+                reads: s.reads.iter().map(|r| SampleRead { file: self.placement.file(g, r.file), ..*r }).collect(),
             },
             None => Batch::default(),
         }
@@ -279,11 +468,11 @@ impl Program for TraceProgram {
     }
 
     fn path(&self, file: u32) -> PathBuf {
-        self.layout.path(file as usize)
+        self.placement.layout.path(file as usize)
     }
 
     fn root(&self) -> &std::path::Path {
-        &self.layout.root
+        &self.placement.layout.root
     }
 
     fn read_threads(&self, gpu: usize) -> usize {
@@ -403,6 +592,67 @@ mod tests {
         w.write(&b.finish()).unwrap();
         w.close_segment(&[("trainio.schema_version".into(), "1".into())]).unwrap();
         dir
+    }
+
+    fn template(files: &[&str]) -> Template {
+        Template {
+            host: None,
+            pid: 1,
+            comm: "t".into(),
+            files: files.iter().map(|f| (f.to_string(), 8192)).collect(),
+            steps: vec![TemplateStep {
+                reads: (0..files.len() as u32).map(|j| SampleRead::new(j, 0, 5000)).collect(),
+                streams: vec![0; files.len()],
+                samples: 1,
+                compute_s: 0.0,
+                start_ns: 0,
+            }],
+            concurrency: 1,
+            workers: 0,
+            synchronous: true,
+            paced: false,
+            prefetch: 1,
+            bytes: 0,
+            compute_s: 0.0,
+            handoff_s: 0.0,
+            sync_s: 0.0,
+            dev: None,
+            write_bursts: BTreeMap::new(),
+            write_files: Vec::new(),
+            required_mib_s: None,
+        }
+    }
+
+    /// Files shared by templates are laid out once per copy; GPUs beyond the templates
+    /// get a copy holding only their templates' files; in place, one set of mapped files.
+    #[test]
+    fn placement_shares_the_jobs_files() {
+        let t = vec![template(&["/d/a", "/d/b"]), template(&["/d/b", "/d/c"])];
+        let root = Path::new("/r");
+        let p = Placement::new(&t, 2, root, None);
+        assert_eq!(p.layout.files.len(), 3, "a, b, c once");
+        assert_eq!(p.file(0, 1), p.file(1, 0), "both GPUs read b from one file");
+        assert_eq!(p.layout.files[0].rel, PathBuf::from("trace/c00000/f00000.dat"));
+        assert_eq!(p.layout.files[0].size, 8192);
+        let p1 = Placement::new(&t, 1, root, None);
+        assert_eq!(p1.layout.files.len(), 2, "one GPU: template 0's files only");
+        let p3 = Placement::new(&t, 3, root, None);
+        assert_eq!(p3.layout.files.len(), 5, "GPU 2 replays template 0 on a second copy of a and b");
+        assert_eq!(p3.files_of(2), vec![3, 4]);
+        assert_eq!(p3.layout.files[4].rel, PathBuf::from("trace/c00001/f00001.dat"));
+        assert!(p3.files_of(0).iter().all(|f| !p3.files_of(2).contains(f)), "copies share no file");
+        let map = PathMap::parse(&["/d=/m/x".into()]).unwrap();
+        let pi = Placement::new(&t, 4, root, Some(&map));
+        assert!(pi.in_place());
+        assert_eq!(pi.layout.files.len(), 3);
+        assert_eq!(pi.layout.root, PathBuf::from("/m/x"));
+        assert_eq!(pi.layout.path(pi.file(3, 1) as usize), PathBuf::from("/m/x/c"));
+        assert_eq!(pi.files_of(2), pi.files_of(0), "GPUs beyond the recorded count reread the files");
+        assert_eq!(pi.layout.files[0].size, 5000, "in place: the largest byte read, not rounded");
+        let nested = PathMap::parse(&["/d=/m".into(), "/d/b=/n".into()]).unwrap();
+        assert_eq!(nested.map("/d/b"), Some(PathBuf::from("/n")), "the longest prefix wins");
+        assert_eq!(nested.map("/dd/b"), None, "whole components only");
+        assert!(PathMap::parse(&["d=/m".into()]).is_err());
     }
 
     /// Two loader threads of one process on the data device, its main thread reading a

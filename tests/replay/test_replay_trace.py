@@ -90,11 +90,13 @@ def test_trace_replay_remaps_files_and_keeps_structure(tmpfs_dir):
     # The recorded concurrency is replayed: pid 100 had 4 reads in flight, pid 200 one.
     assert [per_gpu[g]["max_outstanding_reads"] for g in range(3)] == [4, 1, 4]
     assert r["bytes_read"] == 2 * 3 * 4 * 256 * KIB + 3 * 2 * 128 * KIB
-    # Each GPU has its own copies: 2 + 1 + 2 files, sized to the largest byte read.
-    gpu_dirs = sorted(p.name for p in (data / "trace").iterdir())
-    assert gpu_dirs == ["gpu00000", "gpu00001", "gpu00002"]
-    assert len(list((data / "trace" / "gpu00000").iterdir())) == 2
-    assert (data / "trace" / "gpu00001" / "f00000.dat").stat().st_size == 6 * 128 * KIB
+    # The job's 3 files once for GPUs 0 and 1 (the recorded count), sized to the largest
+    # byte read; GPU 2 replays pid 100 on a second copy of its 2 files.
+    copies = sorted(p.name for p in (data / "trace").iterdir())
+    assert copies == ["c00000", "c00001"]
+    assert sorted(p.name for p in (data / "trace" / "c00000").iterdir()) == ["f00000.dat", "f00001.dat", "f00002.dat"]
+    assert sorted(p.name for p in (data / "trace" / "c00001").iterdir()) == ["f00000.dat", "f00001.dat"]
+    assert (data / "trace" / "c00000" / "f00002.dat").stat().st_size == 6 * 128 * KIB
     # The job model. pid 100's four loader threads read ahead of its main thread: a step
     # is a burst they read, and its compute the recorded step period (52.5 ms; the last
     # burst takes the median). pid 200 reads every batch on its main thread, then

@@ -522,12 +522,22 @@ impl Counts {
 /// The job model of a trace (crate `trainio-model`, the one `trainio replay --trace`
 /// uses), as JSON: GPUs found, their steps, compute time and throughput need. `grouping`
 /// is `auto`, `process` or a comma-separated list of rank pids; `step_gap_ms` None lets
-/// the model find the gap between batches. Raises ValueError with a one-line message.
+/// the model find the gap between batches. `gpus_per_process` and `compute_scale` are the
+/// model's what-ifs (crate `trainio-model`, whatif.rs), as `replay --trace` takes them.
+/// Raises ValueError with a one-line message.
 #[pyfunction]
-#[pyo3(signature = (path, grouping = "auto", step_gap_ms = None))]
-fn job_model(py: Python<'_>, path: &str, grouping: &str, step_gap_ms: Option<f64>) -> PyResult<String> {
+#[pyo3(signature = (path, grouping = "auto", step_gap_ms = None, gpus_per_process = None, compute_scale = None))]
+fn job_model(
+    py: Python<'_>,
+    path: &str,
+    grouping: &str,
+    step_gap_ms: Option<f64>,
+    gpus_per_process: Option<u32>,
+    compute_scale: Option<f64>,
+) -> PyResult<String> {
     let grouping = trainio_model::Grouping::parse(grouping).map_err(PyValueError::new_err)?;
-    let opts = trainio_model::Options { grouping, burst_gap_ms: step_gap_ms, dev: None };
+    let opts =
+        trainio_model::Options { grouping, burst_gap_ms: step_gap_ms, gpus_per_process, compute_scale, dev: None };
     let path = std::path::PathBuf::from(path);
     py.detach(|| trainio_model::infer_trace(&path, &opts).map(|m| trainio_model::to_json(&m)))
         .map_err(PyValueError::new_err)
