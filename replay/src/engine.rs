@@ -43,11 +43,15 @@ pub struct SampleRead {
     /// Recorded mode: the file is closed once this read completes (a stream's last read
     /// of it).
     pub close: bool,
+    /// The reader's own CPU time after this read, before it goes on (decoding what it
+    /// read, DLIO's `preprocess_time`): the worker stays busy, and the batch is not ready
+    /// before it ends.
+    pub think_ns: u64,
 }
 
 impl SampleRead {
     pub fn new(file: u32, offset: u64, len: u64) -> SampleRead {
-        SampleRead { file, offset, len, chain: false, close: false }
+        SampleRead { file, offset, len, chain: false, close: false, think_ns: 0 }
     }
 }
 
@@ -209,6 +213,8 @@ struct Worker {
     /// Bytes the read in flight asked for.
     asked: u64,
     path: PathBuf,
+    /// The read whose `think_ns` the worker is spending (a timer in `cpu_timers`).
+    thinking: Option<SampleRead>,
 }
 
 struct Slot {
@@ -267,6 +273,8 @@ pub struct Engine<'a, P: Program, B: Backend> {
     timers: BinaryHeap<Reverse<(u64, usize)>>,
     /// Recorded mode: (time, GPU) when a paced batch may start.
     pace_timers: BinaryHeap<Reverse<(u64, usize)>>,
+    /// (time, worker) when a worker's CPU time after a read ends (SampleRead::think_ns).
+    cpu_timers: BinaryHeap<Reverse<(u64, usize)>>,
     in_flight: usize,
     at_barrier: usize,
     pending_barrier: Option<PendingBarrier>,
@@ -311,6 +319,7 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
                     fd: -1,
                     asked: 0,
                     path: PathBuf::new(),
+                    thinking: None,
                 });
             }
             let prefetch = program.prefetch_size(local).max(1);
@@ -352,6 +361,7 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
             gpus: sims,
             timers: BinaryHeap::new(),
             pace_timers: BinaryHeap::new(),
+            cpu_timers: BinaryHeap::new(),
             in_flight: 0,
             at_barrier: 0,
             pending_barrier: None,
@@ -406,6 +416,9 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
             if let Some(&Reverse((at, _))) = self.pace_timers.peek() {
                 wait_ns = wait_ns.min(at.saturating_sub(self.now()));
             }
+            if let Some(&Reverse((at, _))) = self.cpu_timers.peek() {
+                wait_ns = wait_ns.min(at.saturating_sub(self.now()));
+            }
             if self.pending_barrier.is_some() {
                 wait_ns = wait_ns.min(100_000);
             }
@@ -453,6 +466,14 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
             self.pace_timers.pop();
             self.gpus[g].pace_pending = false;
             self.fill(g)?;
+        }
+        while let Some(&Reverse((at, w))) = self.cpu_timers.peek() {
+            if at > now {
+                break;
+            }
+            self.cpu_timers.pop();
+            let read = self.workers[w].thinking.take().expect("a CPU timer for a worker that is not thinking");
+            self.after_read(w, read)?;
         }
         Ok(())
     }
@@ -652,7 +673,24 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
         if got > 0 && got >= worker.asked && worker.pos < read.len {
             return self.submit_read(w, read);
         }
-        // Sample finished (or the file ended early: a short file is read as it is).
+        // Sample finished (or the file ended early: a short file is read as it is). The
+        // worker spends its CPU time on it first, if any.
+        if read.think_ns > 0 {
+            worker.thinking = Some(read);
+            let at = self.now() + read.think_ns;
+            self.cpu_timers.push(Reverse((at, w)));
+            return Ok(());
+        }
+        self.after_read(w, read)
+    }
+
+    /// A worker has finished read `read` of its batch (its CPU time after it included):
+    /// it goes on to its next read, or the batch is done.
+    fn after_read(&mut self, w: usize, read: SampleRead) -> Result<()> {
+        let g = self.workers[w].gpu;
+        let step = self.workers[w].step.expect("a finished read of an idle worker");
+        let item = self.workers[w].item;
+        let worker = &mut self.workers[w];
         if self.recorded {
             worker.fd = -1;
             worker.step = None;

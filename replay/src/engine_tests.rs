@@ -405,7 +405,7 @@ fn a_streamed_file_closes_after_its_last_read() {
     (p.recorded, p.threads, p.prefetch, p.steps, p.compute_ns) = (true, 2, 2, 3, MS);
     let (a, b) = (7u32, 8u32);
     p.batch = Box::new(move |_, _, s| {
-        let read = |file, k: u64, close| SampleRead { file, offset: k * 4096, len: 4096, chain: false, close };
+        let read = |file, k: u64, close| SampleRead { close, ..SampleRead::new(file, k * 4096, 4096) };
         match s {
             0 => Batch { samples: 1, reads: vec![read(a, 0, false), read(b, 0, false)], streams: vec![0, 1] },
             1 => Batch { samples: 1, reads: vec![read(a, 1, false), read(b, 1, true)], streams: vec![0, 1] },
@@ -465,4 +465,29 @@ fn a_workload_sample_is_opened_and_closed_around_its_reads() {
     }
     assert!(open.is_empty(), "every sample's file is closed: {open:?}");
     assert_eq!(r.io.iter().filter(|e| matches!(e, Io::Open { .. })).count(), 6);
+}
+
+#[test]
+fn a_readers_cpu_time_after_a_read_delays_its_next_read_and_its_batch() {
+    // One reader, batches of two 4 KiB reads of 1 ms each, 5 ms of CPU after each read
+    // (decoding what it read), 1 ms of compute, a window of one batch.
+    let clock = Rc::new(Cell::new(0));
+    let mut p = FakeProgram::new(&clock);
+    (p.recorded, p.threads, p.prefetch, p.steps, p.compute_ns) = (true, 1, 1, 2, MS);
+    p.batch = Box::new(move |_, _, s| {
+        let read = |k: u64| SampleRead { think_ns: 5 * MS, ..SampleRead::new(7, (2 * s + k) * 4096, 4096) };
+        Batch { samples: 2, reads: vec![read(0), read(1)], streams: vec![0, 0] }
+    });
+    let r = run_with(&p, 1, false, |_| MS, big);
+    let submits: Vec<u64> =
+        r.io.iter()
+            .filter_map(|e| match *e {
+                Io::Submit { t, .. } => Some(t),
+                _ => None,
+            })
+            .collect();
+    // Batch 0: read at 0, done at 1, CPU to 6, read at 6, done at 7, CPU to 12, when the
+    // GPU takes it and batch 1 may start: its reads at 12 and 18.
+    assert_eq!(submits, vec![0, 6 * MS, 12 * MS, 18 * MS]);
+    assert_eq!(r.stats.gpus[0].steps, 2);
 }

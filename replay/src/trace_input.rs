@@ -7,7 +7,9 @@
 //! reader as the blocking syscalls were; its compute time after each step; and its
 //! loader: workers reading up to `prefetch_batches` ahead (PyTorch's prefetch_factor 2
 //! per worker), or, for a rank that read its batches itself, each batch read only when
-//! the GPU asks for it. The replay is closed-loop: steps are paced by the compute time
+//! the GPU asks for it. A worker spends its recorded time outside its reads on each
+//! batch (the model's `worker_cpu_s`: decoding, collating) spread over its reads, after
+//! each one, so a decode-bound loader feeds the GPU at its recorded pace. The replay is closed-loop: steps are paced by the compute time
 //! and the storage under test, not by the recorded clock, so a faster or slower storage
 //! shows in AU.
 //!
@@ -133,7 +135,15 @@ pub fn load_templates(
                     .steps
                     .iter()
                     .map(|s| TemplateStep {
-                        reads: s.reads.iter().map(|r| SampleRead::new(r.file, r.offset, r.len)).collect(),
+                        // A worker's own time on its batch (decoding, collating), spread
+                        // over its reads: the worker spends it after each, as it did.
+                        reads: {
+                            let think_ns = (s.worker_cpu_s.unwrap_or(0.0) * 1e9 / s.reads.len().max(1) as f64) as u64;
+                            s.reads
+                                .iter()
+                                .map(|r| SampleRead { think_ns, ..SampleRead::new(r.file, r.offset, r.len) })
+                                .collect()
+                        },
                         streams: s.reads.iter().map(|r| r.reader % MAX_READERS as u32).collect(),
                         samples: s.samples,
                         compute_s: if g.paced { s.period_s.unwrap_or(compute) } else { compute },
