@@ -21,6 +21,7 @@ import pytest
 from trainio_testlib import ROOT, TRAINIO
 
 sys.path.insert(0, str(ROOT / "tests" / "replay"))
+sys.path.insert(0, str(ROOT / "analysis"))
 from replay_helpers import MPI_ENV, write_workload
 
 DEMO_TRACE = ROOT / "traces" / "unet3d-demo-1gpu"
@@ -207,11 +208,40 @@ def test_messages_name_the_path_and_the_option(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- SIGINT
 
 
+@pytest.fixture(scope="module")
+def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo trace's rows 400 times over, one copy after the other in time: a report
+    of it takes several seconds (the demo trace alone is done in about one, mostly the
+    interpreter starting), so a SIGINT at 0.3 or 1 s lands inside the work on any host."""
+    import pyarrow.compute as pc
+
+    from trainio_analysis.trace import read_rows, write_trace
+
+    rows = read_rows(DEMO_TRACE)
+    span = pc.max(rows["complete_ns"]).as_py() - pc.min(rows["issue_ns"]).as_py() + 1
+
+    def shifted(k: int):
+        for name in ("issue_ns", "complete_ns"):
+            i = rows.schema.get_field_index(name)
+            yield i, name, pc.add(rows[name], k * span)
+
+    def copies():
+        for k in range(400):
+            t = rows
+            for i, name, col in shifted(k):
+                t = t.set_column(i, name, col)
+            yield t
+
+    out = tmp_path_factory.mktemp("long") / "trace"
+    write_trace(out, copies())
+    return out
+
+
 @pytest.mark.parametrize("delay", [0.3, 1.0])
-def test_sigint_in_an_analysis_command_ends_without_a_traceback(tmp_path: Path, delay: float) -> None:
+def test_sigint_in_an_analysis_command_ends_without_a_traceback(tmp_path: Path, delay: float, long_trace: Path) -> None:
     out = tmp_path / "r.html"
     p = subprocess.Popen(
-        [str(TRAINIO), "report", DEMO_TRACE, DEMO_TRACE, DEMO_TRACE, "-o", out],
+        [str(TRAINIO), "report", long_trace, "-o", out],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     time.sleep(delay)
