@@ -115,8 +115,9 @@ def test_page_faults_of_a_memmap_are_the_pages_touched_and_only_the_traced_proce
         pid = faults["pid"][0]
         assert set(ours["pid"].to_list()) == {pid}
 
-        # The guarantee: every touched page lies in a fault row's page or a fault-around
-        # range of the process; here fault-around found none of them cached.
+        # Every touched page lies in a fault row's page or a fault-around range of the
+        # process (here, as no touched page is in another's folio); fault-around found
+        # none of them cached.
         around = ours.filter(pl.col("op") == "map_pages")
         for p in traced:
             assert any(o <= p * PAGE < o + n for o, n in zip(around["offset"], around["bytes_requested"])), p
