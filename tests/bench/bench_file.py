@@ -22,7 +22,7 @@ second (its own minor-fault count) untraced and under `trainio record --layers f
 paired the same way, with the fault probes' kernel time per run. Each fault is a
 fault-around of 16 pages (a `map_pages` row); a fault on a page not cached would add a
 `fault` row, but here every page is cached, so the cost is the one a job pays once its
-data is in the page cache.
+data is in the page cache. BENCH_FILE_ONLY=mmap runs only this part.
 """
 
 from __future__ import annotations
