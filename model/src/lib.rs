@@ -23,9 +23,11 @@
 //!    (a collective waiting for a slower rank, the end of an epoch), rarely shorter.
 //! 4. **Throughput one GPU needs**: bytes per step / compute time per step.
 //! 5. **Whether the file layer saw the data**: the block-layer bytes each traced process
-//!    caused against its file-layer reads. Reads through mmap or io_uring reach the block
-//!    layer but are not read syscalls; a trace whose file layer lacks most of the data is
-//!    marked incomplete, and replay refuses it unless told otherwise.
+//!    caused against its file-layer reads. Reads through mmap (its page faults, schema
+//!    1.6: mapped.rs) count as reads; io_uring reads are file-layer rows only when
+//!    recorded with `--io-uring`, and traces before 1.6 have no mapped reads. A trace
+//!    whose file layer lacks most of the data is marked incomplete, and replay refuses it
+//!    unless told otherwise.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -38,6 +40,7 @@ use parquet::arrow::ProjectionMask;
 use serde::Serialize;
 use trainio_schema::{read_rows, segment_paths, trace_set_members, Layer, OwnedRow};
 
+pub mod mapped;
 pub mod writes;
 
 /// The name PyTorch's DataLoader workers give themselves.
@@ -508,6 +511,21 @@ impl Files {
 
 /// Infers the job model from rows (`load_input`).
 pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
+    // Reads through mmap are data reads like read syscalls (mapped.rs).
+    let mapped_reads = mapped::reads(&input.file, &input.proc_rows);
+    let with_mapped;
+    let input = if mapped_reads.is_empty() {
+        input
+    } else {
+        with_mapped = Input {
+            file: input.file.iter().cloned().chain(mapped_reads).collect(),
+            proc_rows: input.proc_rows.clone(),
+            ipc: input.ipc.clone(),
+            block_reads: input.block_reads.clone(),
+            has_block: input.has_block,
+        };
+        &with_mapped
+    };
     let mut warnings = Vec::new();
     // Processes: parents, names, worker names.
     let mut procs: HashMap<u32, Proc> = HashMap::new();
