@@ -112,6 +112,8 @@ pub struct Read {
     pub len: u64,
     /// The worker (or thread) that issued it, numbered from 0 in order of first read.
     pub reader: u32,
+    /// Read through a memory mapping (its page faults, mapped.rs), not a read syscall.
+    pub mapped: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -505,7 +507,7 @@ impl Files {
         let len = r.bytes as u64;
         let e = &mut self.list[fi as usize].1;
         *e = (*e).max(offset + len);
-        Read { file: fi, offset, len, reader: 0 }
+        Read { file: fi, offset, len, reader: 0, mapped: mapped::is_mapped_read(r) }
     }
 }
 

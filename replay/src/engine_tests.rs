@@ -405,7 +405,8 @@ fn a_streamed_file_closes_after_its_last_read() {
     (p.recorded, p.threads, p.prefetch, p.steps, p.compute_ns) = (true, 2, 2, 3, MS);
     let (a, b) = (7u32, 8u32);
     p.batch = Box::new(move |_, _, s| {
-        let read = |file, k: u64, close| SampleRead { file, offset: k * 4096, len: 4096, chain: false, close };
+        let read =
+            |file, k: u64, close| SampleRead { file, offset: k * 4096, len: 4096, chain: false, close, mapped: false };
         match s {
             0 => Batch { samples: 1, reads: vec![read(a, 0, false), read(b, 0, false)], streams: vec![0, 1] },
             1 => Batch { samples: 1, reads: vec![read(a, 1, false), read(b, 1, true)], streams: vec![0, 1] },

@@ -124,7 +124,11 @@ pub fn load_templates(
                     .steps
                     .iter()
                     .map(|s| TemplateStep {
-                        reads: s.reads.iter().map(|r| SampleRead::new(r.file, r.offset, r.len)).collect(),
+                        reads: s
+                            .reads
+                            .iter()
+                            .map(|r| SampleRead { mapped: r.mapped, ..SampleRead::new(r.file, r.offset, r.len) })
+                            .collect(),
                         streams: s.reads.iter().map(|r| r.reader % MAX_READERS as u32).collect(),
                         samples: s.samples,
                         compute_s: if g.paced { s.period_s.unwrap_or(compute) } else { compute },
