@@ -30,6 +30,9 @@ pub fn is_mapped_read(r: &OwnedRow) -> bool {
     &*r.op == "read" && r.fd.is_none()
 }
 
+/// One process's mapping of one file: (pid, dev, file).
+type MappingKey = (u32, Option<Arc<str>>, Option<Arc<str>>);
+
 /// Pages of one process's mapping of one file already counted: a bit per page.
 #[derive(Default)]
 struct Seen(Vec<u64>);
@@ -77,7 +80,7 @@ pub fn reads(file: &[OwnedRow], proc_rows: &[OwnedRow]) -> Vec<OwnedRow> {
         .filter(|r| r.file.as_deref().is_none_or(|f| !code.contains(f)))
         .collect();
     rows.sort_by_key(|r| (r.issue_ns, r.tid));
-    let mut seen: HashMap<(u32, Option<Arc<str>>, Option<Arc<str>>), Seen> = HashMap::new();
+    let mut seen: HashMap<MappingKey, Seen> = HashMap::new();
     let mut out = Vec::new();
     for r in rows {
         let key = (r.pid, r.dev.clone(), r.file.clone());
