@@ -203,8 +203,12 @@ static __always_inline __u32 read_identity(struct file_bits *b)
 	struct super_block *sb;
 	char buf[SPAN];
 
-	if (!inode)
+	if (!inode) {
+		/* Set, so that no caller reads them unset (the verifier refuses such a read). */
+		b->dev = 0;
+		b->ino = 0;
 		return 0;
+	}
 	if (orr < lo)
 		lo = orr;
 	if (om - lo <= SPAN - 2 && os - lo <= SPAN - 8 && on - lo <= SPAN - 8 &&
@@ -327,8 +331,11 @@ static __always_inline bool write_op(__u32 op)
 	       (op >= TRAINIO_FOP_WRITEV && op <= TRAINIO_FOP_SENDMSG);
 }
 
-/* offset < 0: a data op uses the file position at entry; other ops have no offset. */
-static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 offset)
+/*
+ * offset < 0: a data op uses the file position at entry; other ops have no offset.
+ * flags < 0: the row's flags are the file's f_flags; else these (mmap's prot and flags).
+ */
+static __always_inline int enter_io_flags(__u32 op, int fd, __u64 requested, __s64 offset, __s64 flags)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u32 tgid = task->tgid, *count = NULL;
@@ -365,11 +372,16 @@ static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 off
 	p->requested = requested;
 	p->dev = fb.dev;
 	p->ino = fb.ino;
-	p->flags = fb.flags;
+	p->flags = flags < 0 ? fb.flags : flags;
 	p->offset = offset < 0 && data_op(op) ? fb.pos : offset;
 	p->queue_depth = data_op(op) ? enter_flight(tgid, count) : 0;
 	p->enter_ns = bpf_ktime_get_ns();
 	return 0;
+}
+
+static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 offset)
+{
+	return enter_io_flags(op, fd, requested, offset, -1);
 }
 
 /* The exit of an ipc syscall whose entry filled p. */
@@ -590,6 +602,8 @@ EXIT_PROG(tio_close_exit, close)
 EXIT_PROG(tio_fsync_exit, fsync)
 EXIT_PROG(tio_fdatasync_exit, fdatasync)
 EXIT_PROG(tio_sync_file_range_exit, sync_file_range)
+
+#include "file_mmap.bpf.h"
 
 /*
  * poll/ppoll: a wait on a pipe, FIFO or socket when the first pollfd is one (a data

@@ -77,6 +77,11 @@ enum trainio_file_op {
 	TRAINIO_FOP_SENDMSG = 18,
 	TRAINIO_FOP_RECVFROM = 19,
 	TRAINIO_FOP_RECVMSG = 20,
+	/* Reads through memory mappings (file.bpf.c, mmap section): file rows, not syscalls. */
+	TRAINIO_FOP_FAULT = 21,     /* a page fault filemap_fault served (mm_filemap_fault): an instant */
+	TRAINIO_FOP_MAP_PAGES = 22, /* fault-around over [offset, offset + requested) (mm_filemap_map_pages) */
+	TRAINIO_FOP_MMAP = 23,      /* mmap of a storage fd; flags = prot | map flags << 8 */
+	TRAINIO_FOP_MADVISE = 24,   /* madvise of a file mapping; flags = advice, fd = -1 */
 };
 
 /* Index of the lost-event counters (a per-CPU array in each object). */

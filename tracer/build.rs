@@ -23,6 +23,7 @@ fn main() {
     println!("cargo:rerun-if-changed={}", bpf_dir.join("trainio.h").display());
     println!("cargo:rerun-if-changed={}", bpf_dir.join("common.bpf.h").display());
     println!("cargo:rerun-if-changed={}", bpf_dir.join("core_fixes.bpf.h").display());
+    println!("cargo:rerun-if-changed={}", bpf_dir.join("file_mmap.bpf.h").display());
 
     for probe in PROBES {
         let src = bpf_dir.join(format!("{probe}.bpf.c"));

@@ -1,4 +1,4 @@
-"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.5).
+"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.6).
 
 This is the only Python module that knows column names, Arrow types and metadata keys;
 everything else imports the names from here. A trace is a directory of
@@ -40,7 +40,7 @@ from trainio_analysis.errors import TraceError
 
 SCHEMA_VERSION = 1
 #: ``trainio.schema_minor`` written; any minor of a known version is read (absent = 0).
-SCHEMA_MINOR = 5
+SCHEMA_MINOR = 6
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
 META_PREFIX = "trainio."
 SEGMENT_GLOB = "seg-*.parquet"
@@ -97,7 +97,19 @@ LAYERS = ("block", "file", "nfs", "proc", "ipc")
 STORAGE_LAYERS = ("block", "file", "nfs")
 OPS = {
     "block": ("read", "write", "flush", "discard", "write_zeroes", "other"),
-    "file": ("read", "write", "open", "close", "fsync", "fdatasync", "sync_file_range"),
+    "file": (
+        "read",
+        "write",
+        "open",
+        "close",
+        "fsync",
+        "fdatasync",
+        "sync_file_range",
+        "fault",
+        "map_pages",
+        "mmap",
+        "madvise",
+    ),
     "nfs": ("read", "write", "commit"),
     "proc": ("start", "fork", "exec", "comm", "exit"),
     "ipc": ("read", "write", "wait"),

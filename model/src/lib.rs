@@ -23,9 +23,11 @@
 //!    (a collective waiting for a slower rank, the end of an epoch), rarely shorter.
 //! 4. **Throughput one GPU needs**: bytes per step / compute time per step.
 //! 5. **Whether the file layer saw the data**: the block-layer bytes each traced process
-//!    caused against its file-layer reads. Reads through mmap or io_uring reach the block
-//!    layer but are not read syscalls; a trace whose file layer lacks most of the data is
-//!    marked incomplete, and replay refuses it unless told otherwise.
+//!    caused against its file-layer reads. Reads through mmap (its page faults, schema
+//!    1.6: mapped.rs) count as reads; io_uring reads are file-layer rows only when
+//!    recorded with `--io-uring`, and traces before 1.6 have no mapped reads. A trace
+//!    whose file layer lacks most of the data is marked incomplete, and replay refuses it
+//!    unless told otherwise.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -38,6 +40,7 @@ use parquet::arrow::ProjectionMask;
 use serde::Serialize;
 use trainio_schema::{read_rows, segment_paths, trace_set_members, Layer, OwnedRow};
 
+pub mod mapped;
 pub mod shards;
 pub mod whatif;
 pub mod writes;
@@ -115,6 +118,8 @@ pub struct Read {
     pub len: u64,
     /// The worker (or thread) that issued it, numbered from 0 in order of first read.
     pub reader: u32,
+    /// Read through a memory mapping (its page faults, mapped.rs), not a read syscall.
+    pub mapped: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -578,12 +583,27 @@ impl Files {
         let len = r.bytes as u64;
         let e = &mut self.list[fi as usize].1;
         *e = (*e).max(offset + len);
-        Read { file: fi, offset, len, reader: 0 }
+        Read { file: fi, offset, len, reader: 0, mapped: mapped::is_mapped_read(r) }
     }
 }
 
 /// Infers the job model from rows (`load_input`).
 pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
+    // Reads through mmap are data reads like read syscalls (mapped.rs).
+    let mapped_reads = mapped::reads(&input.file, &input.proc_rows);
+    let with_mapped;
+    let input = if mapped_reads.is_empty() {
+        input
+    } else {
+        with_mapped = Input {
+            file: input.file.iter().cloned().chain(mapped_reads).collect(),
+            proc_rows: input.proc_rows.clone(),
+            ipc: input.ipc.clone(),
+            block_reads: input.block_reads.clone(),
+            has_block: input.has_block,
+        };
+        &with_mapped
+    };
     let mut warnings = Vec::new();
     // Processes: parents, names, worker names.
     let mut procs: HashMap<u32, Proc> = HashMap::new();
@@ -1160,6 +1180,9 @@ fn build_gpu(
                 let bytes = reads.iter().map(|r| r.len).sum();
                 let samples = if samples > 0 { samples } else { distinct_files(&reads) };
                 let io = busy_ns(&list[cursor - reads.len()..cursor]);
+                // Page faults are instants in the trace: a batch read through mmap has no
+                // measured I/O time to tell its CPU time from.
+                let faulted = reads.iter().any(|r| r.mapped);
                 batches.push((
                     seq * nw + rank_of_worker,
                     Step {
@@ -1171,7 +1194,7 @@ fn build_gpu(
                         interval_s: None,
                         wait_s: 0.0,
                         period_s: None,
-                        worker_cpu_s: Some(((at - first) - io).max(0) as f64 / 1e9),
+                        worker_cpu_s: (!faulted).then(|| ((at - first) - io).max(0) as f64 / 1e9),
                     },
                 ));
                 seq += 1;

@@ -163,7 +163,10 @@ mod tests {
 
     fn step(reads: &[(u32, u64, u64)]) -> Step {
         Step {
-            reads: reads.iter().map(|&(reader, offset, len)| Read { file: 0, offset, len, reader }).collect(),
+            reads: reads
+                .iter()
+                .map(|&(reader, offset, len)| Read { file: 0, offset, len, reader, mapped: false })
+                .collect(),
             bytes: reads.iter().map(|r| r.2).sum(),
             samples: 1,
             first_read_ns: 0,

@@ -742,3 +742,93 @@ fn a_workers_time_outside_its_reads_is_its_cpu_per_sample() {
     let m = infer(&input, &Options::default()).unwrap();
     assert_eq!(m.gpus[0].worker_cpu_s_per_sample, None);
 }
+
+fn mapped(op: &str, pid: u32, file: &str, dev: &str, offset: i64, len: i64, t: i64) -> OwnedRow {
+    OwnedRow {
+        dev: Some(Arc::from(dev)),
+        offset: Some(offset),
+        bytes: len,
+        bytes_requested: len,
+        file: Some(Arc::from(file)),
+        ..row(Layer::File, op, pid, pid, "python", t, t)
+    }
+}
+
+fn mmap_row(pid: u32, file: &str, dev: &str, len: i64, prot: u32, t: i64) -> OwnedRow {
+    OwnedRow { bytes: 0, fd: Some(7), flags: prot | 0x100, ..mapped("mmap", pid, file, dev, 0, len, t) }
+}
+
+/// A rank that reads its samples from one Arrow file through mmap (HF datasets), each
+/// 1 MiB sample as a fault and the fault-arounds that map its 16-page windows (each
+/// window's first page faulted too, as a fault-around that found nothing cached is
+/// followed by the fault), after faulting in a shared library it mapped executable.
+fn rank_reading_through_mmap(input: &mut Input, rank: u32, steps: u32, batch: u32) {
+    let (data, lib) = ("/data/train/data-00000.arrow", "/usr/lib/libarrow.so");
+    input.proc_rows.push(proc_row("fork", rank, 100, "python", 900 * MS));
+    input.file.push(mmap_row(rank, lib, "254:0", 64 * MIB as i64, 1 | 4, 910 * MS));
+    for p in 0..2048 {
+        input.file.push(mapped("map_pages", rank, lib, "254:0", p * 16 * 4096, 16 * 4096, 920 * MS + p * 10_000));
+    }
+    input.file.push(mmap_row(rank, data, "7:3", 1 << 30, 1, 990 * MS));
+    let mut t = 1_000 * MS;
+    for k in 0..steps {
+        for s in 0..batch {
+            let base = ((k * batch + s) as i64) << 20;
+            for w in 0..16 {
+                let at = base + w * 16 * 4096;
+                input.file.push(mapped("map_pages", rank, data, "7:3", at, 16 * 4096, t));
+                input.file.push(mapped("fault", rank, data, "7:3", at, 4096, t + 1_000));
+                // a second fault-around over half of this window and half of the next
+                input.file.push(mapped("map_pages", rank, data, "7:3", at + 8 * 4096, 16 * 4096, t + 100_000));
+                t += MS / 4;
+            }
+        }
+        input.add_block_read(rank, t, batch as u64 * MIB);
+        t += 50 * MS;
+    }
+}
+
+#[test]
+fn reads_through_mmap_are_the_gpus_data_reads() {
+    let mut input = Input { has_block: true, ..Input::default() };
+    rank_reading_through_mmap(&mut input, 200, 30, 4);
+    let m = infer(&input, &Options::default()).unwrap();
+    assert!(m.incomplete.is_none(), "{:?}", m.incomplete);
+    assert_eq!(m.data_dev.as_deref(), Some("7:3"), "the data device, not the library's");
+    assert_eq!(m.gpus.len(), 1, "{}", describe(&m).join("\n"));
+    let g = &m.gpus[0];
+    assert_eq!(g.steps.len(), 30, "{}", describe(&m).join("\n"));
+    // each page once, however many fault-arounds and faults cover it; the last window's
+    // second fault-around reaches half a window into the next (unread) sample
+    assert_eq!(g.bytes, 120 * MIB + 8 * 4096);
+    assert!(close(g.bytes_per_step, 4.0 * MIB as f64, 0.01), "{}", g.bytes_per_step);
+    assert_eq!(g.files.iter().map(|(f, _)| f.as_str()).collect::<Vec<_>>(), ["/data/train/data-00000.arrow"]);
+    let c = g.compute_s.unwrap();
+    assert!(close(c, 0.050, 0.02), "compute {c}");
+    let cov = m.coverage.iter().find(|c| c.pid == 200).unwrap();
+    assert_eq!(cov.file_read_bytes, g.bytes);
+
+    // The same trace without its mapped reads (a trace before schema 1.6): incomplete.
+    input.file.retain(|r| !mapped::is_mapped(r));
+    let m = infer(&input, &Options::default()).unwrap();
+    let why = m.incomplete.expect("without them the file layer holds no data read");
+    assert!(why.contains("120.0 MiB of block reads"), "{why}");
+}
+
+#[test]
+fn a_new_mapping_of_a_file_counts_its_pages_again() {
+    let f = "/data/x.npy";
+    let rows = vec![
+        mmap_row(5, f, "7:3", 1 << 20, 1, 0),
+        mapped("map_pages", 5, f, "7:3", 0, 16 * 4096, MS),
+        mapped("map_pages", 5, f, "7:3", 0, 16 * 4096, 2 * MS),
+        // another process's mapping of the same pages is its own
+        mapped("fault", 6, f, "7:3", 4096, 4096, 2 * MS),
+        mmap_row(5, f, "7:3", 1 << 20, 1, 3 * MS),
+        mapped("fault", 5, f, "7:3", 4096, 4096, 4 * MS),
+    ];
+    let reads = mapped::reads(&rows, &[]);
+    let got: Vec<_> = reads.iter().map(|r| (r.pid, r.offset.unwrap(), r.bytes, r.issue_ns)).collect();
+    assert_eq!(got, [(5, 0, 16 * 4096, MS), (6, 4096, 4096, 2 * MS), (5, 4096, 4096, 4 * MS)]);
+    assert!(reads.iter().all(|r| &*r.op == "read" && r.fd.is_none() && mapped::is_mapped_read(r)));
+}

@@ -47,11 +47,14 @@ pub struct SampleRead {
     /// read, DLIO's `preprocess_time`): the worker stays busy, and the batch is not ready
     /// before it ends.
     pub think_ns: u64,
+    /// Trace mode: the job read these bytes through a memory mapping (page faults), so
+    /// the replay maps them and touches each page in order rather than reading them.
+    pub mapped: bool,
 }
 
 impl SampleRead {
     pub fn new(file: u32, offset: u64, len: u64) -> SampleRead {
-        SampleRead { file, offset, len, chain: false, close: false, think_ns: 0 }
+        SampleRead { file, offset, len, chain: false, close: false, think_ns: 0, mapped: false }
     }
 }
 
@@ -198,6 +201,12 @@ pub trait Backend {
     /// Reader slot `slot` reads `len` bytes at `offset` of `fd`; the slot has no other read
     /// in flight.
     fn submit(&mut self, slot: usize, fd: i32, offset: u64, len: u32) -> Result<()>;
+    /// As `submit`, but through a memory mapping: the slot maps the range and touches
+    /// each of its pages in order, so the kernel faults them in (read-around and
+    /// fault-around) as it did for the job. Completes with `len`.
+    fn submit_mapped(&mut self, slot: usize, fd: i32, offset: u64, len: u32) -> Result<()> {
+        self.submit(slot, fd, offset, len)
+    }
     /// Submits what is queued and waits up to `wait_ns` (0: not at all; u64::MAX: until a
     /// completion) for a read to complete; appends the completed reads as (slot, bytes read
     /// or -errno).
@@ -631,6 +640,14 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
         let worker = &self.workers[w];
         let mut offset = read.offset + worker.pos;
         let mut len = (read.len - worker.pos).min(max);
+        if read.mapped {
+            let len = len.min(self.backend.buf_len()) as u32;
+            self.workers[w].asked = len as u64;
+            self.backend.submit_mapped(w, self.workers[w].fd, offset, len)?;
+            self.in_flight += 1;
+            self.count_issue(w);
+            return Ok(());
+        }
         if self.options.odirect {
             // O_DIRECT wants aligned offsets and lengths; recorded reads may not be.
             let start = offset / ALIGN * ALIGN;

@@ -141,7 +141,11 @@ pub fn load_templates(
                             let think_ns = (s.worker_cpu_s.unwrap_or(0.0) * 1e9 / s.reads.len().max(1) as f64) as u64;
                             s.reads
                                 .iter()
-                                .map(|r| SampleRead { think_ns, ..SampleRead::new(r.file, r.offset, r.len) })
+                                .map(|r| SampleRead {
+                                    think_ns,
+                                    mapped: r.mapped,
+                                    ..SampleRead::new(r.file, r.offset, r.len)
+                                })
                                 .collect()
                         },
                         streams: s.reads.iter().map(|r| r.reader % MAX_READERS as u32).collect(),

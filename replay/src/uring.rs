@@ -188,6 +188,16 @@ impl Backend for Uring {
         unsafe { self.push_sqe(&sqe) }
     }
 
+    fn submit_mapped(&mut self, slot: usize, fd: i32, offset: u64, len: u32) -> Result<()> {
+        // Page faults are no io_uring request: a pool thread takes them, with io_uring too.
+        if self.pool.is_none() {
+            self.pool = Some(crate::pool::ReadPool::new(self.bufs.len())?);
+            self.arm_eventfd()?;
+        }
+        self.pool.as_ref().unwrap().submit_mapped(slot, fd, len as usize, offset);
+        Ok(())
+    }
+
     fn wait(&mut self, wait_ns: u64, out: &mut Vec<(usize, i32)>) -> Result<()> {
         if wait_ns > 0 {
             let ts = types::Timespec::new()

@@ -1,4 +1,4 @@
-//! The trainio trace format (traces/SCHEMA.md), version 1.5: the one Rust module that knows
+//! The trainio trace format (traces/SCHEMA.md), version 1.6: the one Rust module that knows
 //! its columns, types and metadata keys. The tracer writes through [`TraceWriter`]; the
 //! replayer reads through [`read_rows`].
 //!
@@ -28,8 +28,10 @@ pub const SCHEMA_VERSION: &str = "1";
 /// Value of `trainio.schema_minor`: additions within version 1 (SCHEMA.md, *Versioning*).
 /// 1: the `rpc_*` columns. 2: `trainio.recorder_cpu_ns`. 3: the `proc` and `ipc` layers
 /// and the `ppid` column. 4: the file layer's `fsync`, `fdatasync` and `sync_file_range`
-/// ops. A trace without the key is 1.0; readers accept any minor.
-pub const SCHEMA_MINOR: &str = "5";
+/// ops. 5: rows of more syscalls, no new op. 6: the file layer's `fault`, `map_pages`,
+/// `mmap` and `madvise` ops (reads through memory mappings). A trace without the key is
+/// 1.0; readers accept any minor.
+pub const SCHEMA_MINOR: &str = "6";
 
 /// Columns added by minor versions: a reader takes them as null when a trace lacks them.
 pub const OPTIONAL_COLUMNS: [&str; 6] =
@@ -90,7 +92,19 @@ impl Layer {
     pub fn ops(self) -> &'static [&'static str] {
         match self {
             Layer::Block => &["read", "write", "flush", "discard", "write_zeroes", "other"],
-            Layer::File => &["read", "write", "open", "close", "fsync", "fdatasync", "sync_file_range"],
+            Layer::File => &[
+                "read",
+                "write",
+                "open",
+                "close",
+                "fsync",
+                "fdatasync",
+                "sync_file_range",
+                "fault",
+                "map_pages",
+                "mmap",
+                "madvise",
+            ],
             Layer::Nfs => &["read", "write", "commit"],
             Layer::Proc => &["start", "fork", "exec", "comm", "exit"],
             Layer::Ipc => &["read", "write", "wait"],

@@ -126,6 +126,24 @@ CASES = [
         None,
         ("row group 0, row 1", "unknown op", "trim"),
     ),
+    *(
+        Case(
+            f"file-layer {op} row, schema 1.6",
+            lambda d, op=op: _write(
+                _seg(d), _with(_base(), "op", pa.array(["read", "read", op, "read"]).dictionary_encode()), minor="6"
+            ),
+            4,
+        )
+        for op in ("fault", "map_pages", "mmap", "madvise")
+    ),
+    Case(
+        "a block row of the file layer's op fault",
+        lambda d: _write(
+            _seg(d), _with(_base(), "op", pa.array(["read", "fault", "read", "read"]).dictionary_encode()), minor="6"
+        ),
+        None,
+        ("row group 0, row 1", "unknown op", "fault"),
+    ),
     Case(
         "a stray notes.parquet beside the segments",
         lambda d: (_write(_seg(d), _base()), pq.write_table(pa.table({"note": ["hello"]}), d / "notes.parquet")),

@@ -15,6 +15,14 @@ Per row: IOPS, the ratio with a 95% interval (bootstrap over pairs), the time ad
 read (1/traced - 1/untraced), the entry and exit probes' kernel time per syscall (sampled
 BPF statistics), the recorder's CPU per row, bytes per row on disk and lost events. No
 target: the issue sets none for the file layer; the numbers are the result.
+
+Then the same for a process that reads through mmap (numpy over a page-cached file on ext4
+over a loop device, every page touched, mapped again for each pass): page faults per
+second (its own minor-fault count) untraced and under `trainio record --layers file`,
+paired the same way, with the fault probes' kernel time per run. Each fault is a
+fault-around of 16 pages (a `map_pages` row); a fault on a page not cached would add a
+`fault` row, but here every page is cached, so the cost is the one a job pays once its
+data is in the page cache. BENCH_FILE_ONLY=mmap runs only this part.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import polars as pl
 from bench_tracer import bpftraced_run, fio_result, interval
 
 from trainio_analysis.trace import read_metadata, scan_trace
-from trainio_testlib import TRAINIO
+from trainio_testlib import TRAINIO, mounted_loop_fs
 
 PAIRS = int(os.environ.get("BENCH_FILE_PAIRS", "6"))
 RUNTIME = float(os.environ.get("BENCH_FILE_RUNTIME", "5"))
@@ -113,10 +121,106 @@ def traced(path: Path, work: Path) -> dict:
     }
 
 
+# Touches every page of argv[1] through a fresh read-only mapping per pass for argv[2]
+# seconds; prints its minor faults per second and pages per second.
+MAPPED_READER = r"""
+import mmap, os, resource, sys, time
+import numpy as np
+path, runtime = sys.argv[1], float(sys.argv[2])
+fd = os.open(path, os.O_RDONLY)
+size = os.fstat(fd).st_size
+faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+t0 = time.monotonic()
+pages = 0
+while time.monotonic() - t0 < runtime:
+    m = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    np.frombuffer(m, np.uint8)[::4096].sum()
+    m.close()
+    pages += size // 4096
+elapsed = time.monotonic() - t0
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
+print(faults / elapsed, pages / elapsed)
+"""
+
+
+def mapped_untraced(path: Path) -> tuple[float, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", MAPPED_READER, str(path), f"{RUNTIME:g}"], capture_output=True, text=True, check=True
+    )
+    faults, pages = map(float, out.stdout.split())
+    return faults, pages
+
+
+def mapped_traced(path: Path, work: Path) -> dict:
+    trace = work / f"trace-{time.monotonic_ns()}"
+    cmd = [sys.executable, "-c", MAPPED_READER, str(path), f"{RUNTIME:g}"]
+    out = subprocess.run(
+        [*RECORD, "-q", "--layers", "file", "-o", str(trace), "--", *cmd], capture_output=True, text=True, check=True
+    )
+    faults, _ = map(float, out.stdout.split())
+    meta = read_metadata(trace)
+    mapped = (
+        scan_trace(trace)
+        .filter((pl.col("file") == str(path)) & pl.col("op").is_in(["fault", "map_pages"]))
+        .select(pl.len())
+        .collect()
+        .item()
+    )
+    stats = meta["bpf_stats"]
+    shutil.rmtree(trace)
+    return {
+        "faults": faults,
+        "rows": mapped,
+        "lost": sum(meta["lost_events"].values()),
+        "bpf_ns": stats.get("tio_filemap_map_pages", {}).get("ns_per_run", float("nan")),
+    }
+
+
+def mapped_reads(work: Path) -> None:
+    with mounted_loop_fs(FILE_MIB + 64, quiet=True) as (_, _, mnt):
+        data = mnt / "data.bin"
+        with open(data, "wb") as f:
+            f.writelines(os.urandom(1 << 20) for _ in range(FILE_MIB))
+        mapped_untraced(data)  # the page cache warm, the file's pages all read once
+        print(f"{data}: {FILE_MIB} MiB on ext4, in page cache; {PAIRS} pairs of {RUNTIME:g} s, mmap + touch every page")
+        base: list[float] = []
+        runs: list[dict] = []
+        for i in range(PAIRS):
+            if i % 2 == 0:
+                base.append(mapped_untraced(data)[0])
+                runs.append(mapped_traced(data, work))
+            else:
+                runs.append(mapped_traced(data, work))
+                base.append(mapped_untraced(data)[0])
+            print(
+                f"  pair {i + 1}: untraced {base[-1]:,.0f} faults/s, traced {runs[-1]['faults']:,.0f} faults/s "
+                f"({runs[-1]['faults'] / base[-1]:.1%}), {runs[-1]['rows']:,} fault/map_pages rows",
+                flush=True,
+            )
+    b = statistics.mean(base)
+    t = statistics.mean(r["faults"] for r in runs)
+    lo, hi = interval(base, [r["faults"] for r in runs])
+    print()
+    print(
+        f"{'mmap read, page cache':<30} {'faults/s':>10} {'ratio':>7} {'95% interval':>13} {'ns added/fault':>15} "
+        f"{'BPF ns/fault':>13} {'lost':>5}"
+    )
+    print(f"{'untraced':<30} {b:>10,.0f}")
+    print(
+        f"{'trainio record --layers file':<30} {t:>10,.0f} {t / b:>6.1%} {lo:>6.1%}-{hi:<6.1%} "
+        f"{1e9 / t - 1e9 / b:>15,.0f} {statistics.mean(r['bpf_ns'] for r in runs):>13,.0f} "
+        f"{sum(r['lost'] for r in runs):>5}"
+    )
+
+
 def main() -> int:
     if os.geteuid() != 0:
         print("bench-file needs root (BPF)", file=sys.stderr)
         return 2
+    if os.environ.get("BENCH_FILE_ONLY") == "mmap":
+        with tempfile.TemporaryDirectory(prefix="trainio-bench-") as tmp:
+            mapped_reads(Path(tmp))
+        return 0
     with (
         tempfile.TemporaryDirectory(prefix="trainio-bench-file-", dir="/dev/shm") as shm,
         tempfile.TemporaryDirectory(prefix="trainio-bench-") as tmp,
@@ -175,6 +279,9 @@ def main() -> int:
         f"{added(count_iops):>14,.0f}"
     )
     print("(every traced read recorded: " + ("yes)" if complete else "NO: rows missing)"))
+    print()
+    with tempfile.TemporaryDirectory(prefix="trainio-bench-") as tmp:
+        mapped_reads(Path(tmp))
     return 0
 
 

@@ -37,6 +37,10 @@ const FOP_URING_WRITE: u32 = fop::TRAINIO_FOP_URING_WRITE.0;
 const FOP_WRITEV: u32 = fop::TRAINIO_FOP_WRITEV.0;
 const FOP_PWRITEV: u32 = fop::TRAINIO_FOP_PWRITEV.0;
 const FOP_PWRITEV2: u32 = fop::TRAINIO_FOP_PWRITEV2.0;
+const FOP_FAULT: u32 = fop::TRAINIO_FOP_FAULT.0;
+const FOP_MAP_PAGES: u32 = fop::TRAINIO_FOP_MAP_PAGES.0;
+const FOP_MMAP: u32 = fop::TRAINIO_FOP_MMAP.0;
+const FOP_MADVISE: u32 = fop::TRAINIO_FOP_MADVISE.0;
 
 const AT_FDCWD: i32 = -100;
 const REQ_OP_MASK: u32 = 0xff;
@@ -61,6 +65,9 @@ pub struct Collector {
     /// node, named by its device). Names reads on dup'ed or inherited fds, and NFS rows.
     inodes: HashMap<(u32, u64), Arc<str>>,
     cwds: HashMap<u32, PathBuf>,
+    /// Processes whose /proc/PID/maps was read into `inodes` (to name the files of page
+    /// faults on mappings made before the recording started): once each.
+    maps_read: FxHashMap<u32, ()>,
     /// (trainio_ipc_type, inode) → `pipe:[INO]` / `socket:[INO]`.
     ipc_names: FxHashMap<(u32, u64), Arc<str>>,
     /// Per (layer, kernel dev; 0 = none): counted per event, so keyed by integers.
@@ -140,6 +147,7 @@ impl Collector {
             fds: HashMap::new(),
             inodes: HashMap::new(),
             cwds: HashMap::new(),
+            maps_read: FxHashMap::default(),
             ipc_names: FxHashMap::default(),
             tallies: FxHashMap::default(),
             last_tally: None,
@@ -280,8 +288,28 @@ impl Collector {
             .clone()
     }
 
+    /// The path of a file a process maps, from what it opened or mmap'ed while traced,
+    /// else from its /proc/PID/maps (read once per process).
+    fn mapped_path(&mut self, pid: u32, kernel_dev: u32, ino: u64) -> Option<Arc<str>> {
+        if let Some(p) = self.inodes.get(&(kernel_dev, ino)) {
+            return Some(p.clone());
+        }
+        if self.maps_read.insert(pid, ()).is_none() {
+            if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+                for (dev, ino, path) in parse_maps(&text) {
+                    self.inodes.entry((dev, ino)).or_insert_with(|| Arc::from(path));
+                }
+            }
+        }
+        self.inodes.get(&(kernel_dev, ino)).cloned()
+    }
+
     fn file(&mut self, e: &file_event) {
         let (op, read) = match e.op {
+            FOP_FAULT => ("fault", true),
+            FOP_MAP_PAGES => ("map_pages", false),
+            FOP_MMAP => ("mmap", false),
+            FOP_MADVISE => ("madvise", false),
             FOP_CLOSE => ("close", false),
             FOP_WRITE | FOP_PWRITE64 | FOP_URING_WRITE | FOP_WRITEV | FOP_PWRITEV | FOP_PWRITEV2 => ("write", false),
             FOP_FSYNC => ("fsync", false),
@@ -289,11 +317,20 @@ impl Collector {
             FOP_SYNC_FILE_RANGE => ("sync_file_range", false),
             _ => ("read", true),
         };
-        // Closes and syncs move no data: bytes 0, counted as events only.
-        let moves_data = matches!(op, "read" | "write");
+        // Closes, syncs, mmap and madvise move no data: bytes 0, counted as events only.
+        // A fault-around's bytes are its range (rows of pages, as a fault's), not read.
+        let moves_data = matches!(op, "read" | "write" | "fault" | "map_pages");
         let file = match self.inodes.get(&(e.dev, e.ino)) {
             Some(p) => Some(p.clone()),
-            None => self.fd_path(e.pid, e.fd),
+            None if e.fd < 0 => self.mapped_path(e.pid, e.dev, e.ino),
+            None => {
+                let p = self.fd_path(e.pid, e.fd);
+                // A file mmap'ed from an fd opened before the recording: its faults need it.
+                if let (Some(p), FOP_MMAP) = (&p, e.op) {
+                    self.inodes.insert((e.dev, e.ino), p.clone());
+                }
+                p
+            }
         };
         let dev = dev_name(&mut self.devs, e.dev);
         let done = e.ret.max(0);
@@ -306,21 +343,22 @@ impl Collector {
             dev,
             offset: (op != "close" && e.offset >= 0).then_some(e.offset),
             bytes: if moves_data { done } else { 0 },
+            // mmap returns an address: only a negative errno is an error.
+            error: if e.ret < 0 && e.ret >= -4095 { e.ret as i32 } else { 0 },
             bytes_requested: e.requested as i64,
             queue_depth: e.queue_depth,
             pid: e.pid,
             tid: e.tid,
             comm: comm_str(&e.comm),
-            fd: Some(e.fd),
+            fd: (e.fd >= 0 || !matches!(op, "fault" | "map_pages" | "madvise")).then_some(e.fd),
             file: file.as_deref(),
-            error: if e.ret < 0 { e.ret as i32 } else { 0 },
             flags: e.flags,
             ppid: None,
         });
         if op == "close" {
             self.fds.remove(&(e.pid, e.fd));
         }
-        if !moves_data {
+        if !moves_data || op == "map_pages" {
             self.count(Layer::File, e.dev, 0, 0);
         } else if read {
             self.count(Layer::File, e.dev, done as u64, 0);
@@ -512,9 +550,33 @@ impl Collector {
     }
 }
 
+/// (kernel dev, inode, path) of each file mapping in a /proc/PID/maps text
+/// (`start-end perms offset MAJ:MIN inode path`, MAJ and MIN in hex).
+fn parse_maps(text: &str) -> impl Iterator<Item = (u32, u64, &str)> {
+    text.lines().filter_map(|line| {
+        let mut f = line.splitn(6, ' ');
+        let (_, _, _, dev, ino) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let path = f.next()?.trim_start();
+        let ino: u64 = ino.parse().ok()?;
+        let (maj, min) = dev.split_once(':')?;
+        let (maj, min) = (u32::from_str_radix(maj, 16).ok()?, u32::from_str_radix(min, 16).ok()?);
+        (ino != 0 && path.starts_with('/')).then_some(((maj << 20) | min, ino, path))
+    })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{block_event, Collector, Layer, KIND_BLOCK, KIND_BLOCK_BATCH};
+    use super::{block_event, parse_maps, Collector, Layer, KIND_BLOCK, KIND_BLOCK_BATCH};
+
+    #[test]
+    fn maps_lines_give_the_device_inode_and_path_of_file_mappings() {
+        let text = "55d0c0a00000-55d0c0a28000 r--p 00000000 fd:01 1311234                    /usr/bin/python3.11\n\
+                    7f10a0000000-7f10a4000000 r--s 00000000 07:03 12                         /mnt/data/a b.npy\n\
+                    7f10a8000000-7f10a8021000 rw-p 00000000 00:00 0 \n\
+                    7ffd1c9e0000-7ffd1ca01000 rw-p 00000000 00:00 0                          [stack]\n";
+        let got: Vec<_> = parse_maps(text).collect();
+        assert_eq!(got, [((0xfd << 20) | 1, 1311234, "/usr/bin/python3.11"), ((7 << 20) | 3, 12, "/mnt/data/a b.npy")]);
+    }
 
     fn event(i: u32, comm: &str) -> block_event {
         let mut e = block_event {

@@ -1,0 +1,111 @@
+//! Reads through memory mappings as the model's data reads. A process that reads a file
+//! through mmap (HF `datasets`' Arrow files, `numpy.memmap`) makes no read syscalls: its
+//! file layer has `fault` and `map_pages` rows (traces/SCHEMA.md, *mapped reads*), each a
+//! page or a fault-around range of pages that became readable to it. The model counts
+//! them as reads: each row is turned into a `read` row of the pages it made readable for
+//! the first time in the process's mapping of the file, so a page is counted once however
+//! many fault-arounds cover it, and again after the process maps the file anew (`mmap`).
+//! A fault that maps a large folio makes the folio's other pages readable without a row:
+//! the bytes counted are where the process faulted, a lower bound of what it read.
+//!
+//! The rows made here have `fd` null (a read syscall's never has), which is how replay
+//! tells them from read syscalls.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use trainio_schema::OwnedRow;
+
+const PAGE: i64 = 4096;
+/// `mmap` rows' flags: prot in the low byte (traces/SCHEMA.md).
+const PROT_EXEC: u32 = 4;
+
+/// Whether a file-layer row is a mapped read (`fault` or `map_pages`).
+pub fn is_mapped(r: &OwnedRow) -> bool {
+    matches!(&*r.op, "fault" | "map_pages")
+}
+
+/// Whether a `read` row is one [`reads`] made from mapped reads.
+pub fn is_mapped_read(r: &OwnedRow) -> bool {
+    &*r.op == "read" && r.fd.is_none()
+}
+
+/// One process's mapping of one file: (pid, dev, file).
+type MappingKey = (u32, Option<Arc<str>>, Option<Arc<str>>);
+
+/// Pages of one process's mapping of one file already counted: a bit per page.
+#[derive(Default)]
+struct Seen(Vec<u64>);
+
+impl Seen {
+    /// Marks pages [first, last] and returns those that were not marked, as runs of
+    /// (first page, pages).
+    fn mark(&mut self, first: u64, last: u64) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let need = (last / 64 + 1) as usize;
+        if self.0.len() < need {
+            self.0.resize(need, 0);
+        }
+        for p in first..=last {
+            let (w, b) = ((p / 64) as usize, p % 64);
+            if self.0[w] & (1 << b) == 0 {
+                self.0[w] |= 1 << b;
+                match runs.last_mut() {
+                    Some((s, n)) if *s + *n == p => *n += 1,
+                    _ => runs.push((p, 1)),
+                }
+            }
+        }
+        runs
+    }
+}
+
+/// The `read` rows of a trace's mapped reads (`file`: its file-layer rows, any order): one
+/// per run of newly readable pages, at the mapped row's time, in time order. Faults on
+/// code are not data reads: on a file some process mapped executable (`mmap` with
+/// PROT_EXEC: shared libraries) or executed (`exec` in `proc_rows`).
+pub fn reads(file: &[OwnedRow], proc_rows: &[OwnedRow]) -> Vec<OwnedRow> {
+    if !file.iter().any(is_mapped) {
+        return Vec::new();
+    }
+    let code: HashSet<&str> = file
+        .iter()
+        .filter(|r| &*r.op == "mmap" && r.flags & PROT_EXEC != 0)
+        .chain(proc_rows.iter().filter(|r| &*r.op == "exec"))
+        .filter_map(|r| r.file.as_deref())
+        .collect();
+    let mut rows: Vec<&OwnedRow> = file
+        .iter()
+        .filter(|r| is_mapped(r) || (&*r.op == "mmap" && r.error == 0))
+        .filter(|r| r.file.as_deref().is_none_or(|f| !code.contains(f)))
+        .collect();
+    rows.sort_by_key(|r| (r.issue_ns, r.tid));
+    let mut seen: HashMap<MappingKey, Seen> = HashMap::new();
+    let mut out = Vec::new();
+    for r in rows {
+        let key = (r.pid, r.dev.clone(), r.file.clone());
+        if &*r.op == "mmap" {
+            seen.remove(&key);
+            continue;
+        }
+        let (Some(offset), true) = (r.offset, r.bytes_requested > 0) else { continue };
+        if offset < 0 {
+            continue;
+        }
+        let first = (offset / PAGE) as u64;
+        let last = ((offset + r.bytes_requested - 1) / PAGE) as u64;
+        for (page, pages) in seen.entry(key).or_default().mark(first, last) {
+            let bytes = pages as i64 * PAGE;
+            out.push(OwnedRow {
+                op: Arc::from("read"),
+                offset: Some(page as i64 * PAGE),
+                bytes,
+                bytes_requested: bytes,
+                fd: None,
+                queue_depth: 0,
+                ..r.clone()
+            });
+        }
+    }
+    out
+}
