@@ -600,6 +600,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
             proc_rows: input.proc_rows.clone(),
             ipc: input.ipc.clone(),
             block_reads: input.block_reads.clone(),
+            block_dev_reads: input.block_dev_reads.clone(),
             has_block: input.has_block,
         };
         &with_mapped
