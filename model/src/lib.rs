@@ -283,8 +283,8 @@ pub struct Input {
     /// Block-layer bytes read, by the pid in whose context each request was issued and
     /// the second (issue_ns / 1e9) it was issued in.
     pub block_reads: HashMap<(u32, i64), u64>,
-    /// Block-layer bytes read per device (`MAJ:MIN` of the disk) and pid.
-    pub block_dev_reads: HashMap<String, HashMap<u32, u64>>,
+    /// The same per device (`MAJ:MIN` of the disk).
+    pub block_dev_reads: HashMap<String, HashMap<(u32, i64), u64>>,
     pub has_block: bool,
 }
 
@@ -300,7 +300,7 @@ impl Input {
             Some(m) => m,
             None => self.block_dev_reads.entry(dev.to_string()).or_default(),
         };
-        *per_pid.entry(pid).or_default() += bytes;
+        *per_pid.entry((pid, issue_ns.div_euclid(NS_PER_S))).or_default() += bytes;
     }
 }
 
@@ -553,7 +553,7 @@ fn data_device(reads: &[&OwnedRow], input: &Input, is_worker: &dyn Fn(u32) -> bo
             let b = input
                 .block_dev_reads
                 .get(d)
-                .map_or(0, |m| m.iter().filter(|(p, _)| readers.contains(p)).map(|(_, b)| *b).sum());
+                .map_or(0, |m| m.iter().filter(|((p, _), _)| readers.contains(p)).map(|(_, b)| *b).sum());
             (d, b)
         })
         .collect();
@@ -670,6 +670,12 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     };
     let on_dev = |r: &OwnedRow| data_dev.is_none() || r.dev.is_none() || r.dev.as_deref() == data_dev.as_deref();
     let data_reads: Vec<&OwnedRow> = reads.into_iter().filter(|r| on_dev(r)).collect();
+    // The block layer of the data device, when the trace names it (a file system on a
+    // whole disk): another device's reads (an interpreter paging in its libraries from
+    // the root disk) say nothing of whether the file layer saw the data's reads.
+    let dev_blocks = data_dev.as_deref().and_then(|d| input.block_dev_reads.get(d));
+    let block_reads = dev_blocks.unwrap_or(&input.block_reads);
+    let counted_read = |r: &OwnedRow| &*r.op == "read" && r.bytes > 0 && (dev_blocks.is_none() || on_dev(r));
     let mut reader_bytes: BTreeMap<u32, u64> = BTreeMap::new();
     let mut reader_comm: HashMap<u32, String> = HashMap::new();
     for r in &data_reads {
@@ -804,7 +810,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         reader_bytes.get(&rank).copied().unwrap_or(0) + ws.iter().map(|w| reader_bytes[w]).sum::<u64>()
     };
     let largest = groups.iter().map(|(r, ws)| group_bytes(*r, ws)).max().unwrap_or(0);
-    let ix = ByPid::new(input, &data_reads);
+    let ix = ByPid::new(input, &data_reads, block_reads);
     let job_bursts = writes::bursts(&input.file.iter().collect::<Vec<_>>(), &mut Vec::new());
     let job_writes: Vec<(i64, i64)> = job_bursts.iter().map(|b| (b.start_ns, b.end_ns)).collect();
     let mut gpus = Vec::new();
@@ -883,11 +889,11 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     let traced: HashSet<u32> =
         input.file.iter().chain(input.proc_rows.iter()).chain(input.ipc.iter()).map(|r| r.pid).collect();
     let mut block_by_pid: HashMap<u32, u64> = HashMap::new();
-    for (&(pid, _), &b) in &input.block_reads {
+    for (&(pid, _), &b) in block_reads {
         *block_by_pid.entry(pid).or_default() += b;
     }
     let mut file_by_pid: HashMap<u32, u64> = HashMap::new();
-    for r in input.file.iter().filter(|r| &*r.op == "read" && r.bytes > 0) {
+    for r in input.file.iter().filter(|r| counted_read(r)) {
         *file_by_pid.entry(r.pid).or_default() += r.bytes as u64;
     }
     let mut coverage: Vec<Coverage> = block_by_pid
@@ -929,7 +935,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
                 ix.block.get(&c.pid).into_iter().flatten().filter(|(sec, _)| *sec >= sec0).map(|(_, b)| *b).sum();
             c.file_read_bytes_training = rows_of(&ix.file, c.pid)
                 .iter()
-                .filter(|r| &*r.op == "read" && r.bytes > 0 && r.issue_ns >= sec0 * NS_PER_S)
+                .filter(|r| counted_read(r) && r.issue_ns >= sec0 * NS_PER_S)
                 .map(|r| r.bytes as u64)
                 .sum();
         }
@@ -1017,7 +1023,7 @@ struct ByPid<'a> {
 }
 
 impl<'a> ByPid<'a> {
-    fn new(input: &'a Input, data_reads: &[&'a OwnedRow]) -> Self {
+    fn new(input: &'a Input, data_reads: &[&'a OwnedRow], block_reads: &HashMap<(u32, i64), u64>) -> Self {
         let group = |rows: &mut dyn Iterator<Item = &'a OwnedRow>| {
             let mut m: HashMap<u32, Vec<&'a OwnedRow>> = HashMap::new();
             for r in rows {
@@ -1026,7 +1032,7 @@ impl<'a> ByPid<'a> {
             m
         };
         let mut block: HashMap<u32, Vec<(i64, u64)>> = HashMap::new();
-        for (&(pid, sec), &b) in &input.block_reads {
+        for (&(pid, sec), &b) in block_reads {
             block.entry(pid).or_default().push((sec, b));
         }
         ByPid {

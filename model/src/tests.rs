@@ -832,3 +832,28 @@ fn a_new_mapping_of_a_file_counts_its_pages_again() {
     assert_eq!(got, [(5, 0, 16 * 4096, MS), (6, 4096, 4096, 2 * MS), (5, 4096, 4096, 4 * MS)]);
     assert!(reads.iter().all(|r| &*r.op == "read" && r.fd.is_none() && mapped::is_mapped_read(r)));
 }
+
+#[test]
+fn libraries_paged_in_from_another_disk_do_not_make_the_trace_incomplete() {
+    // The ranks page in 200 MiB of their libraries from the root disk while they train
+    // (block reads on 254:0, no read syscall behind them); their workers' samples on 7:3
+    // are all read syscalls. Only the data device's block layer says whether the file
+    // layer saw the data.
+    let mut input = Input { has_block: true, ..Input::default() };
+    for rank in [200, 300] {
+        rank_with_workers(&mut input, rank, 100, 2, 4, 20, 50, 20);
+        input.add_block_dev_read(Some("254:0"), rank, 1_500 * MS, 200 * MIB);
+        for w in [rank * 10 + 1, rank * 10 + 2] {
+            input.add_block_dev_read(Some("7:3"), w, 1_500 * MS, 40 * MIB);
+        }
+    }
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.data_dev.as_deref(), Some("7:3"));
+    assert!(m.incomplete.is_none(), "{:?}", m.incomplete);
+    // The same reads on the data's device are reads the file layer did not see.
+    for rank in [200, 300] {
+        input.add_block_dev_read(Some("7:3"), rank, 1_500 * MS, 200 * MIB);
+    }
+    let m = infer(&input, &Options::default()).unwrap();
+    assert!(m.incomplete.is_some());
+}
