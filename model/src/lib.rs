@@ -520,13 +520,12 @@ pub fn step_gap_ns(gaps: &[i64]) -> (i64, bool) {
     }
 }
 
-/// Where the GPUs' data comes from, counting every layer: the device the DataLoader
-/// workers read most from, when there are workers (an interpreter's imports happen in
-/// the ranks and the launcher, the samples in the workers); else, of the devices the
-/// file layer read from, the one whose block layer the readers made read the most (a
-/// dataset comes from the device, an interpreter's libraries mostly from the page
-/// cache); else the device of the most file-layer bytes.
-fn data_device(reads: &[&OwnedRow], input: &Input, is_worker: &dyn Fn(u32) -> bool) -> Option<String> {
+/// Where the GPUs' data comes from, and whether the workers said so: the device the
+/// DataLoader workers read most from, when they read a fair share of the bytes (an
+/// interpreter's imports happen in the ranks and the launcher, the samples in the
+/// workers; their reads through mmap count); else the device of the most bytes read,
+/// through syscalls or mmap.
+fn data_device(reads: &[&OwnedRow], is_worker: &dyn Fn(u32) -> bool) -> (Option<String>, bool) {
     fn argmax(m: HashMap<&str, u64>) -> Option<String> {
         m.into_iter()
             .filter(|(_, b)| *b > 0)
@@ -535,30 +534,25 @@ fn data_device(reads: &[&OwnedRow], input: &Input, is_worker: &dyn Fn(u32) -> bo
     }
     let mut by_file: HashMap<&str, u64> = HashMap::new();
     let mut by_worker: HashMap<&str, u64> = HashMap::new();
-    let mut readers: HashSet<u32> = HashSet::new();
     for r in reads {
         let Some(d) = r.dev.as_deref() else { continue };
         *by_file.entry(d).or_default() += r.bytes as u64;
         if is_worker(r.pid) {
             *by_worker.entry(d).or_default() += r.bytes as u64;
         }
-        readers.insert(r.pid);
     }
-    if let Some(d) = argmax(by_worker) {
-        return Some(d);
+    // Workers that read a sliver (a shell's command substitution handing a line to its
+    // parent, reading a configuration file) do not say where the data is.
+    let total: u64 = by_file.values().sum();
+    by_worker.retain(|_, b| *b as f64 >= WORKER_DEV_SHARE * total as f64);
+    match argmax(by_worker) {
+        Some(d) => (Some(d), true),
+        None => (argmax(by_file), false),
     }
-    let by_block: HashMap<&str, u64> = by_file
-        .keys()
-        .map(|&d| {
-            let b = input
-                .block_dev_reads
-                .get(d)
-                .map_or(0, |m| m.iter().filter(|((p, _), _)| readers.contains(p)).map(|(_, b)| *b).sum());
-            (d, b)
-        })
-        .collect();
-    argmax(by_block).or_else(|| argmax(by_file))
 }
+
+/// Workers decide the data device when they read at least this share of all bytes read.
+const WORKER_DEV_SHARE: f64 = 0.05;
 
 struct Files {
     index: HashMap<String, u32>,
@@ -664,16 +658,17 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
 
     // The data device.
     let reads: Vec<&OwnedRow> = input.file.iter().filter(|r| is_data_read(r)).collect();
-    let data_dev = match &opts.dev {
-        Some(d) => Some(d.clone()),
-        None => data_device(&reads, input, &is_worker),
+    let (data_dev, by_workers) = match &opts.dev {
+        Some(d) => (Some(d.clone()), false),
+        None => data_device(&reads, &is_worker),
     };
     let on_dev = |r: &OwnedRow| data_dev.is_none() || r.dev.is_none() || r.dev.as_deref() == data_dev.as_deref();
     let data_reads: Vec<&OwnedRow> = reads.into_iter().filter(|r| on_dev(r)).collect();
-    // The block layer of the data device, when the trace names it (a file system on a
-    // whole disk): another device's reads (an interpreter paging in its libraries from
-    // the root disk) say nothing of whether the file layer saw the data's reads.
-    let dev_blocks = data_dev.as_deref().and_then(|d| input.block_dev_reads.get(d));
+    // When the workers named the data device and the trace names its block layer (a
+    // file system on a whole disk), only that device's block reads are compared with the
+    // file layer: a rank paging in its libraries from the root disk while its workers
+    // read the data says nothing of whether the file layer saw the data's reads.
+    let dev_blocks = data_dev.as_deref().filter(|_| by_workers).and_then(|d| input.block_dev_reads.get(d));
     let block_reads = dev_blocks.unwrap_or(&input.block_reads);
     let counted_read = |r: &OwnedRow| &*r.op == "read" && r.bytes > 0 && (dev_blocks.is_none() || on_dev(r));
     let mut reader_bytes: BTreeMap<u32, u64> = BTreeMap::new();

@@ -63,7 +63,8 @@ impl Seen {
 /// The `read` rows of a trace's mapped reads (`file`: its file-layer rows, any order): one
 /// per run of newly readable pages, at the mapped row's time, in time order. Faults on
 /// code are not data reads: on a file some process mapped executable (`mmap` with
-/// PROT_EXEC: shared libraries) or executed (`exec` in `proc_rows`).
+/// PROT_EXEC: shared libraries) or executed (`exec` in `proc_rows`), or on a file the
+/// recorder could not name.
 pub fn reads(file: &[OwnedRow], proc_rows: &[OwnedRow]) -> Vec<OwnedRow> {
     if !file.iter().any(is_mapped) {
         return Vec::new();
@@ -77,7 +78,10 @@ pub fn reads(file: &[OwnedRow], proc_rows: &[OwnedRow]) -> Vec<OwnedRow> {
     let mut rows: Vec<&OwnedRow> = file
         .iter()
         .filter(|r| is_mapped(r) || (&*r.op == "mmap" && r.error == 0))
-        .filter(|r| r.file.as_deref().is_none_or(|f| !code.contains(f)))
+        // A mapping whose file the recorder could not name (mapped before the recording,
+        // the loader's own view of an executable) is not a data file the replay could
+        // lay out: left out with code.
+        .filter(|r| r.file.as_deref().is_some_and(|f| !code.contains(f)))
         .collect();
     rows.sort_by_key(|r| (r.issue_ns, r.tid));
     let mut seen: HashMap<MappingKey, Seen> = HashMap::new();

@@ -704,26 +704,6 @@ fn the_data_device_is_where_the_workers_read_not_where_imports_are() {
 }
 
 #[test]
-fn without_workers_the_data_device_is_the_one_whose_blocks_the_readers_read() {
-    // Ranks reading their own samples (40 MiB each on 7:3) after importing 120 MiB from the
-    // root disk, whose pages were cached: the block layer read the samples only.
-    let mut input = Input { has_block: true, ..Input::default() };
-    for rank in [200, 300] {
-        imports(&mut input, rank, "python", 480, 500 * MS);
-        rank_alone(&mut input, rank, 100, 4, 20, 50, 10);
-        input.add_block_dev_read(Some("7:3"), rank, 1_500 * MS, 40 * MIB);
-        input.add_block_dev_read(Some("254:0"), rank, 500 * MS, MIB);
-    }
-    let m = infer(&input, &Options::default()).unwrap();
-    assert_eq!(m.data_dev.as_deref(), Some("7:3"), "{:#?}", describe(&m));
-    assert_eq!(m.gpus.len(), 2);
-    // Without the block layer, the file layer's bytes decide: the imports' device.
-    input.block_dev_reads.clear();
-    let m = infer(&input, &Options::default()).unwrap();
-    assert_eq!(m.data_dev.as_deref(), Some("254:0"));
-}
-
-#[test]
 fn a_workers_time_outside_its_reads_is_its_cpu_per_sample() {
     // rank_with_workers: per batch of 4, the worker reads 4 x 5 ms and spends 0.1 ms
     // before and after each open between its reads, 0.7 ms from its first read to the
