@@ -19,6 +19,7 @@ use trainio_schema::OwnedRow;
 const PAGE: i64 = 4096;
 /// `mmap` rows' flags: prot in the low byte (traces/SCHEMA.md).
 const PROT_EXEC: u32 = 4;
+const PROT_WRITE: u32 = 2;
 
 /// Whether a file-layer row is a mapped read (`fault` or `map_pages`).
 pub fn is_mapped(r: &OwnedRow) -> bool {
@@ -60,18 +61,35 @@ impl Seen {
     }
 }
 
+/// A path that names code whatever mapping the trace saw: a shared object, or a file of
+/// the system's program and library directories. The executable mapping of a library is
+/// matched by path, and one file has several (`/lib/...` and `/usr/lib/...` on a merged
+/// /usr; a launcher's symlink and the program it names), so a library whose PROT_EXEC
+/// mapping was recorded under another name would otherwise count as data.
+fn looks_like_code(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    base.ends_with(".so")
+        || base.contains(".so.")
+        || ["/bin/", "/sbin/", "/lib/", "/lib64/", "/lib32/", "/usr/bin/", "/usr/sbin/", "/usr/lib/", "/usr/libexec/"]
+            .iter()
+            .any(|d| path.starts_with(d))
+}
+
 /// The `read` rows of a trace's mapped reads (`file`: its file-layer rows, any order): one
 /// per run of newly readable pages, at the mapped row's time, in time order. Faults on
 /// code are not data reads: on a file some process mapped executable (`mmap` with
 /// PROT_EXEC: shared libraries) or executed (`exec` in `proc_rows`), or on a file the
-/// recorder could not name.
+/// recorder could not name; nor are faults on a file some process mapped writable
+/// (memory shared between processes).
 pub fn reads(file: &[OwnedRow], proc_rows: &[OwnedRow]) -> Vec<OwnedRow> {
     if !file.iter().any(is_mapped) {
         return Vec::new();
     }
+    // Code, and memory shared between processes (a writable mapping: MPI's PMIx and
+    // hwloc segments in /tmp), are not a dataset.
     let code: HashSet<&str> = file
         .iter()
-        .filter(|r| &*r.op == "mmap" && r.flags & PROT_EXEC != 0)
+        .filter(|r| &*r.op == "mmap" && r.flags & (PROT_EXEC | PROT_WRITE) != 0)
         .chain(proc_rows.iter().filter(|r| &*r.op == "exec"))
         .filter_map(|r| r.file.as_deref())
         .collect();
@@ -81,7 +99,7 @@ pub fn reads(file: &[OwnedRow], proc_rows: &[OwnedRow]) -> Vec<OwnedRow> {
         // A mapping whose file the recorder could not name (mapped before the recording,
         // the loader's own view of an executable) is not a data file the replay could
         // lay out: left out with code.
-        .filter(|r| r.file.as_deref().is_some_and(|f| !code.contains(f)))
+        .filter(|r| r.file.as_deref().is_some_and(|f| !code.contains(f) && !looks_like_code(f)))
         .collect();
     rows.sort_by_key(|r| (r.issue_ns, r.tid));
     let mut seen: HashMap<MappingKey, Seen> = HashMap::new();
