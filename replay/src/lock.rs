@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Result};
 
 use crate::cluster::Cluster;
-use crate::replay::InputError;
+use crate::errors::InputError;
 
 pub const LOCK: &str = ".trainio-lock";
 

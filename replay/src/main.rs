@@ -9,6 +9,7 @@ mod cluster;
 mod dataset;
 mod datasize;
 mod engine;
+mod errors;
 mod formats;
 mod hdf5;
 mod indexed;

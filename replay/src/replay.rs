@@ -15,15 +15,7 @@ use crate::workload::{ComputeTime, Workload};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 
-/// An error in what the user gave us (file, flags): reported in one line, exit 2.
-#[derive(Debug)]
-pub struct InputError(pub String);
-impl std::fmt::Display for InputError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for InputError {}
+pub use crate::errors::InputError;
 
 pub const DEFAULT_TRANSFER: u64 = 1 << 20;
 /// The longest --computation-time (a day per step): a time that fits a Duration.
