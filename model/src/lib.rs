@@ -764,6 +764,20 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
             }
         }
     }
+    // A group that is no GPU: each of its reading processes listed, with the reason.
+    let leave_out_group = |left_out: &mut Vec<LeftOut>, rank: u32, ws: &[u32], why: &str| {
+        for pid in std::iter::once(rank).chain(ws.iter().copied()) {
+            if let Some(&b) = reader_bytes.get(&pid) {
+                left_out.push(LeftOut {
+                    host: None,
+                    pid,
+                    comm: comm_of(pid, &reader_comm[&pid]),
+                    bytes: b,
+                    why: why.to_string(),
+                });
+            }
+        }
+    };
     if opts.grouping == Grouping::Auto {
         // A launcher is never a GPU: a process that started another group's rank
         // (torchrun's agent, mpirun, a shell) runs the ranks, it does not read for them.
@@ -785,20 +799,12 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
             if started.is_empty() {
                 continue;
             }
-            for pid in std::iter::once(a).chain(groups.remove(&a).unwrap_or_default()) {
-                if let Some(&b) = reader_bytes.get(&pid) {
-                    left_out.push(LeftOut {
-                        host: None,
-                        pid,
-                        comm: comm_of(pid, &reader_comm[&pid]),
-                        bytes: b,
-                        why: format!(
-                            "started the ranks {}: a launcher, not a GPU",
-                            started.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
-                        ),
-                    });
-                }
-            }
+            let why = format!(
+                "started the ranks {}: a launcher, not a GPU",
+                started.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+            );
+            let ws = groups.remove(&a).unwrap_or_default();
+            leave_out_group(&mut left_out, a, &ws, &why);
         }
     }
     let group_bytes = |rank: u32, ws: &[u32]| -> u64 {
@@ -812,20 +818,11 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     for (rank, ws) in &groups {
         let bytes = group_bytes(*rank, ws);
         if (bytes as f64) < MINOR_GROUP_SHARE * largest as f64 {
-            for pid in std::iter::once(*rank).chain(ws.iter().copied()) {
-                if let Some(&b) = reader_bytes.get(&pid) {
-                    left_out.push(LeftOut {
-                        host: None,
-                        pid,
-                        comm: comm_of(pid, &reader_comm[&pid]),
-                        bytes: b,
-                        why: format!(
-                            "its group reads {:.2}% of the largest GPU's bytes: not a GPU",
-                            100.0 * bytes as f64 / largest.max(1) as f64
-                        ),
-                    });
-                }
-            }
+            let why = format!(
+                "its group reads {:.2}% of the largest GPU's bytes: not a GPU",
+                100.0 * bytes as f64 / largest.max(1) as f64
+            );
+            leave_out_group(&mut left_out, *rank, ws, &why);
             continue;
         }
         let mut ws = ws.clone();
