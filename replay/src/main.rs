@@ -5,6 +5,7 @@ mod beneath;
 mod checkpoint;
 mod checkpointing;
 mod cli;
+mod client;
 mod cluster;
 mod dataset;
 mod datasize;

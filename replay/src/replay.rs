@@ -781,12 +781,15 @@ impl Job {
             .with_checkpoints(checkpointer.as_ref());
         cluster.barrier();
         let cpu0 = cpu_seconds();
+        let meter = crate::client::Meter::start();
         let run = engine.run()?;
+        let client = meter.finish();
         let report = RankReport {
             rank: cluster.rank,
             hostname: cluster.hostname.clone(),
             mem_total_bytes: mem_total_bytes(),
             cpu_s: cpu_seconds() - cpu0,
+            client,
             run,
         };
         let gathered = cluster.gather(serde_json::to_vec(&report)?);

@@ -15,6 +15,9 @@ pub struct RankReport {
     pub mem_total_bytes: u64,
     /// CPU time (user + system) the rank's process spent during the run.
     pub cpu_s: f64,
+    /// The scheduler's account of the rank's threads: did the client limit the run?
+    #[serde(default)]
+    pub client: crate::client::ClientCpu,
     pub run: RankRun,
 }
 
@@ -163,6 +166,9 @@ pub fn summarize(reports: &[RankReport], settings: &Settings, threshold_percent:
         "cpu_s": cpu_s,
         "cpu_us_per_gpu_step": if gpu_steps > 0 { cpu_s * 1e6 / gpu_steps as f64 } else { 0.0 },
         "client_ram_bytes": ram_bytes,
+        "client": crate::client::summary(
+            &reports.iter().map(|r| (r.rank, r.hostname.as_str(), r.run.wall_s, &r.client)).collect::<Vec<_>>()
+        ),
         "per_host": per_host,
         "settings": settings,
         "per_gpu": gpus.iter().map(|g| json!({
@@ -279,6 +285,7 @@ pub fn human(j: &serde_json::Value) -> String {
         j["sleep_overshoot_us_p99"],
         f("cpu_us_per_gpu_step")
     );
+    out += &crate::client::human(&j["client"]);
     if let Some(hosts) = j["per_host"].as_array().filter(|h| h.len() > 1) {
         for h in hosts {
             let g = |k: &str| h[k].as_f64().unwrap_or(0.0);
