@@ -76,8 +76,31 @@ impl Checkpointer {
         let dir = checkpoint::checkpoint_dir(&self.root, &self.spec, epoch, step);
         cluster.barrier();
         let t0 = Instant::now();
-        let io = io(&dir)?;
+        let io = io(&dir);
         let duration_s = t0.elapsed().as_secs_f64();
+        // Every rank learns whether any failed, so that all stop at this step together
+        // (a rank that returned alone would leave the others at the next barrier).
+        let mine = io.as_ref().err().map(|e| format!("rank {}: {e:#}", cluster.rank)).unwrap_or_default();
+        let first = cluster.gather(mine.into_bytes()).and_then(|all| all.into_iter().find(|m| !m.is_empty()));
+        let failed = String::from_utf8_lossy(&cluster.broadcast(first.unwrap_or_default())).into_owned();
+        if !failed.is_empty() {
+            cluster.barrier();
+            // A checkpoint half written is no checkpoint: its directory goes (the
+            // earlier, whole ones stay).
+            let removed = if phase == "write" && cluster.is_root() {
+                match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => ", its files removed".to_string(),
+                    Err(e) => format!(", its files left ({e})"),
+                }
+            } else {
+                String::new()
+            };
+            anyhow::bail!(crate::errors::CheckpointFailed(format!(
+                "checkpoint {index} {phase} (epoch {epoch}, step {step}) in {} failed{removed}: {failed}",
+                dir.display()
+            )));
+        }
+        let io = io?;
         cluster.barrier();
         Ok(CheckpointIo {
             phase: phase.into(),

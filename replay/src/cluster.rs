@@ -120,6 +120,9 @@ impl Cluster {
         let root = world.process_at_rank(0);
         let mut len = mine.len() as u64;
         root.broadcast_into(&mut len);
+        if len == 0 {
+            return Vec::new(); // MPI refuses a broadcast of an empty buffer
+        }
         let mut buf = if self.rank == 0 { mine } else { vec![0u8; len as usize] };
         root.broadcast_into(&mut buf[..]);
         buf

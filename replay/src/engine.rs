@@ -171,6 +171,9 @@ pub struct RankRun {
     /// This rank's part of every checkpoint the job wrote.
     #[serde(default)]
     pub checkpoints: Vec<crate::checkpointing::CheckpointIo>,
+    /// Why the run stopped before its last step (a checkpoint that failed), if it did.
+    #[serde(default)]
+    pub stopped: Option<String>,
 }
 
 const ALIGN: u64 = 4096;
@@ -299,6 +302,8 @@ pub struct Engine<'a, P: Program, B: Backend> {
     checkpoints: Vec<crate::checkpointing::CheckpointIo>,
     /// Trace mode: the bytes its write bursts write.
     write_buf: Vec<u8>,
+    /// Why the run stopped early (errors::CheckpointFailed).
+    stopped: Option<String>,
 }
 
 impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
@@ -382,6 +387,7 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
             checkpointer: None,
             checkpoints: Vec::new(),
             write_buf: Vec::new(),
+            stopped: None,
         })
     }
 
@@ -410,7 +416,13 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
             if let Some(b) = self.pending_barrier.as_mut() {
                 if b.done() {
                     self.pending_barrier = None;
-                    self.release_barrier()?;
+                    let released = self.now();
+                    if let Err(e) = self.release_barrier() {
+                        let failed = e.downcast::<crate::errors::CheckpointFailed>()?;
+                        self.stopped = Some(failed.0);
+                        self.stop_all(released, &mut completions)?;
+                        break;
+                    }
                     continue;
                 }
             }
@@ -455,7 +467,31 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
             wall_s,
             overshoot_us: self.overshoot.into_iter().collect(),
             checkpoints: self.checkpoints,
+            stopped: self.stopped,
         })
+    }
+
+    /// Stops every GPU where it stood at `now` (the barrier before a checkpoint that
+    /// failed): the reads in flight (prefetches) are waited for and dropped, the epoch
+    /// under way is closed at `now` with the steps it ended, and AU is over those. The
+    /// step at whose end the checkpoint failed is computed but not counted as ended.
+    fn stop_all(&mut self, now: u64, completions: &mut Vec<(usize, i32)>) -> Result<()> {
+        while self.in_flight > 0 {
+            completions.clear();
+            self.backend.wait(100_000_000, completions)?;
+            self.in_flight -= completions.len();
+        }
+        for gpu in &mut self.gpus {
+            if gpu.state == State::Done {
+                continue;
+            }
+            if gpu.cur.steps > 0 {
+                close_epoch(gpu, now);
+            }
+            gpu.state = State::Done;
+            final_au(gpu);
+        }
+        Ok(())
     }
 
     /// Ends the compute of every GPU whose deadline has passed.
@@ -897,32 +933,10 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
         }
         let gpu = &mut self.gpus[g];
         if gpu.step == spe {
-            let first_end = gpu.first_step_end.unwrap();
-            let mut e = std::mem::take(&mut gpu.cur);
-            e.epoch = gpu.epoch;
-            e.duration_s = (now - gpu.epoch_start) as f64 / 1e9;
-            e.first_step_s = (first_end - gpu.epoch_start) as f64 / 1e9;
-            let rest = (now - first_end) as f64 / 1e9 - e.excluded_s;
-            e.au = if rest > 0.0 { e.compute_after_first_s / rest } else { 0.0 };
-            gpu.stats.epochs.push(e);
-            gpu.epoch += 1;
-            gpu.step = 0;
-            gpu.consumed = 0;
-            gpu.next_to_start = 0;
-            gpu.first_step_end = None;
-            gpu.epoch_start = now;
+            close_epoch(gpu, now);
             if gpu.epoch == epochs {
                 gpu.state = State::Done;
-                let (c, t): (f64, f64) = gpu.stats.epochs.iter().fold((0.0, 0.0), |(c, t), e| {
-                    (c + e.compute_after_first_s, t + e.duration_s - e.first_step_s - e.excluded_s)
-                });
-                // With one step per epoch nothing is left after excluding it: fall back to
-                // the whole run rather than report 0.
-                gpu.stats.au = if t > 0.0 {
-                    c / t
-                } else {
-                    gpu.stats.compute_s / gpu.stats.epochs.iter().map(|e| e.duration_s).sum::<f64>().max(1e-9)
-                };
+                final_au(gpu);
                 return Ok(());
             }
         }
@@ -930,6 +944,39 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
         self.fill(g)?;
         self.try_consume(g)
     }
+}
+
+/// Ends the GPU's epoch under way at `now` (its `cur` figures become an EpochStats).
+fn close_epoch(gpu: &mut Gpu, now: u64) {
+    let first_end = gpu.first_step_end.unwrap_or(now);
+    let mut e = std::mem::take(&mut gpu.cur);
+    e.epoch = gpu.epoch;
+    e.duration_s = (now - gpu.epoch_start) as f64 / 1e9;
+    e.first_step_s = (first_end - gpu.epoch_start) as f64 / 1e9;
+    let rest = (now - first_end) as f64 / 1e9 - e.excluded_s;
+    e.au = if rest > 0.0 { e.compute_after_first_s / rest } else { 0.0 };
+    gpu.stats.epochs.push(e);
+    gpu.epoch += 1;
+    gpu.step = 0;
+    gpu.consumed = 0;
+    gpu.next_to_start = 0;
+    gpu.first_step_end = None;
+    gpu.epoch_start = now;
+}
+
+/// The GPU's AU over its epochs (DLIO's: each epoch's first step left out).
+fn final_au(gpu: &mut Gpu) {
+    let (c, t): (f64, f64) =
+        gpu.stats.epochs.iter().fold((0.0, 0.0), |(c, t), e| {
+            (c + e.compute_after_first_s, t + e.duration_s - e.first_step_s - e.excluded_s)
+        });
+    // With one step per epoch nothing is left after excluding it: fall back to the whole
+    // run rather than report 0.
+    gpu.stats.au = if t > 0.0 {
+        c / t
+    } else {
+        gpu.stats.compute_s / gpu.stats.epochs.iter().map(|e| e.duration_s).sum::<f64>().max(1e-9)
+    };
 }
 
 #[cfg(test)]

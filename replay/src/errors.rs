@@ -10,3 +10,15 @@ impl std::fmt::Display for InputError {
     }
 }
 impl std::error::Error for InputError {}
+
+/// A checkpoint that failed on some rank (its file system full, most often). Every rank
+/// learns it at the same step (checkpointing::Checkpointer::timed), so the job stops
+/// there together and keeps the results of the steps it ran.
+#[derive(Debug)]
+pub struct CheckpointFailed(pub String);
+impl std::fmt::Display for CheckpointFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for CheckpointFailed {}

@@ -91,6 +91,18 @@ pub fn check_not_input(path: &std::path::Path, src: &cli::SourceArgs) -> Result<
     output::refuse_inputs(path, "--json", &inputs, &inside)
 }
 
+/// A run that stopped early (a checkpoint that failed) ends the command with its cause
+/// in one line, exit 2, once its results are shown and saved.
+fn stopped_error(summary: &serde_json::Value, json: Option<&std::path::Path>) -> Result<()> {
+    let last = summary["runs"].as_array().and_then(|r| r.last()).unwrap_or(summary);
+    let Some(why) = last["stopped"].as_str() else { return Ok(()) };
+    let kept = match json {
+        Some(p) => format!("the results of the steps run are in {}", p.display()),
+        None => "the results of the steps run are above".to_string(),
+    };
+    anyhow::bail!(replay::InputError(format!("{why}; the run stopped there, and {kept}")))
+}
+
 /// Prints a run's summary and saves its results (--json) when asked to.
 fn show(human: &str, summary: &impl serde::Serialize, json: Option<&std::path::Path>) -> Result<()> {
     print!("{human}");
@@ -178,7 +190,10 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
             // that fails does not take the finished replay's results with it.
             let ran = if job.workload.train {
                 training_runs(&job, cluster, &args).and_then(|summary| match summary {
-                    Some((human, s)) => show(&human, &s, args.json.as_deref()),
+                    Some((human, s)) => {
+                        show(&human, &s, args.json.as_deref())?;
+                        stopped_error(&s, args.json.as_deref())
+                    }
                     None => Ok(()),
                 })
             } else {
@@ -224,7 +239,11 @@ fn training_runs(job: &Job, cluster: &Cluster, args: &cli::ReplayArgs) -> Result
             if args.runs > 1 {
                 print!("run {} of {}: {}", i + 1, args.runs, results::human(&s));
             }
+            let stopped = s["stopped"].is_string();
             runs.push(s);
+            if stopped {
+                break; // a checkpoint failed: the runs after it would fail the same way
+            }
             if let (Some(path), true) = (&args.json, args.runs > 1 && i + 1 < args.runs) {
                 output::write_atomic(path, &serde_json::to_vec_pretty(&combined(runs.clone()).0)?)
                     .with_context(|| format!("saving the runs so far to {}", path.display()))?;

@@ -797,6 +797,9 @@ impl Job {
         let reports: Vec<RankReport> =
             all.iter().map(|b| serde_json::from_slice(b)).collect::<Result<_, _>>().context("decoding rank results")?;
         let mut summary = results::summarize(&reports, &settings, self.threshold_percent);
+        if let Some(why) = reports.iter().find_map(|r| r.run.stopped.clone()) {
+            summary["stopped"] = why.into();
+        }
         if let Some(c) = &checkpointer {
             let per_rank: Vec<_> = reports.iter().map(|r| r.run.checkpoints.clone()).collect();
             summary["checkpoint"] = checkpointing::with_ios(checkpointing::plan_json(&c.spec, &c.plan), &per_rank);

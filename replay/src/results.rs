@@ -285,6 +285,9 @@ pub fn human(j: &serde_json::Value) -> String {
         j["sleep_overshoot_us_p99"],
         f("cpu_us_per_gpu_step")
     );
+    if let Some(why) = j["stopped"].as_str() {
+        out += &format!("  STOPPED     after {} steps: {why}\n", j["steps"]);
+    }
     out += &crate::client::human(&j["client"]);
     if let Some(hosts) = j["per_host"].as_array().filter(|h| h.len() > 1) {
         for h in hosts {

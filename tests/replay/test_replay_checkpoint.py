@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -402,3 +403,61 @@ def test_recorded_checkpoint_holds_the_planned_writes(tmp_path, loop_fs):
         assert by.get((str(f), "read")) == f.stat().st_size, f
     in_ckpt = [v for (f, op), v in by.items() if op == "write" and f.startswith(str(ckpt_dir) + "/")]
     assert sum(in_ckpt) == c["planned_bytes"]
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_checkpoint_that_does_not_fit_keeps_the_training_results(tmp_path, ranks):
+    """A 310 MiB file system holds the dataset and one checkpoint (203 MiB), not two: the
+    second checkpoint fails, its half-written directory goes, the first stays whole, the
+    run stops there with its results saved, and the command ends in one line, exit 2.
+    Under mpirun the ranks learn of the failure together and stop at the same step."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root (mounts a small tmpfs)")
+    prefix = ()
+    if ranks > 1:
+        mpirun = shutil.which("mpirun")
+        if mpirun is None:
+            pytest.fail("mpirun is missing (OpenMPI is a dependency: scripts/install-deps.sh)")
+        prefix = (mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=310m", "none", str(mnt)], check=True)
+    try:
+        wl = tmp_path / "wl.yaml"
+        wl.write_text(TRAINING.format(rule="  steps_between_checkpoints: 5"))
+        out = tmp_path / "r.json"
+        data = mnt / "d"
+        p = run_trainio(
+            "replay",
+            "--workload",
+            wl,
+            "--gpus",
+            2,
+            "--data-dir",
+            data,
+            "--generate",
+            "--json",
+            out,
+            check=False,
+            prefix=prefix,
+        )
+        assert p.returncode == 2, (p.returncode, p.stderr)
+        # the error is one line (one rank's: rank 0's, which saved the results)
+        (line,) = [x for x in p.stderr.splitlines() if "No space left" in x]
+        assert line.startswith("trainio replay: "), line
+        assert "checkpoint 2 write (epoch 1, step 10)" in line and "No space left on device" in line, line
+        assert str(out) in line, line
+        r = load_json(out)
+        assert "checkpoint 2 write" in r["stopped"], r["stopped"]
+        assert "STOPPED     after 9 steps" in p.stdout, p.stdout
+        # the steps before the failed checkpoint: 9 ended (step 10's end was the checkpoint)
+        assert r["steps"] == 9 and len(r["per_epoch"]) == 1, (r["steps"], r["per_epoch"])
+        assert r["samples"] >= 2 * 9 * 2 and r["au_percent"] > 0
+        c = r["checkpoint"]
+        assert [(x["epoch"], x["step"]) for x in c["writes"]] == [(1, 5)]
+        first = data / "ck" / "global_epoch1_step5"
+        assert sum(f.stat().st_size for f in first.iterdir()) == c["planned_bytes"]
+        assert not (data / "ck" / "global_epoch1_step10").exists()
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
