@@ -216,11 +216,39 @@ def _latency_cdf(results: list[tuple[str, dict[str, Any]]]) -> go.Figure:
     return fig
 
 
-def _gpus(results: list[tuple[str, dict[str, Any]]], files: list[tuple[str, dict[str, Any] | None]]) -> go.Figure:
-    """Per GPU of the job model (a rank and its workers; launchers left out), else per
-    process, else per device."""
+def _replay_model(r: dict[str, Any]) -> dict[str, Any]:
+    """A replay's results in the job model's shape, for the per-GPU figure: its simulated
+    GPUs with the bytes each read and its compute per step."""
+    gpus = []
+    for g in r.get("per_gpu", []):
+        steps = g.get("steps") or 0
+        compute = g["compute_s"] / steps if steps else 0
+        gpus.append(
+            {
+                "index": g["gpu"],
+                "bytes": g["bytes_read"],
+                "rank_pid": g["rank"],
+                "comm": "replay rank",
+                "members": [g["rank"]],
+                "compute_s": compute,
+                "required_mib_s": g["bytes_read"] / steps / compute / 2**20 if steps and compute else 0,
+            }
+        )
+    return {"gpus": gpus}
+
+
+def _gpus(
+    results: list[tuple[str, dict[str, Any]]],
+    files: list[tuple[str, dict[str, Any] | None]],
+    replays: list[dict[str, Any] | None],
+) -> go.Figure:
+    """Per GPU of the job model (a rank and its workers; launchers left out) or of a
+    replay's results, else per process, else per device."""
     fig = go.Figure()
-    models = [(name, (fr or {}).get("job_model")) for name, fr in files]
+    models = [
+        (name, _replay_model(rp) if rp is not None else (fr or {}).get("job_model"))
+        for (name, fr), rp in zip(files, replays, strict=True)
+    ]
     if any(m and m.get("gpus") for _, m in models):
         for name, m in models:
             if not m or not m.get("gpus"):
@@ -328,6 +356,7 @@ def _figures(
     results: list[tuple[str, dict[str, Any]]],
     files: list[tuple[str, dict[str, Any] | None]],
     sweeps: list[tuple[str, dict[str, Any]]],
+    replays: list[dict[str, Any] | None],
 ) -> dict[str, go.Figure]:
     figs: dict[str, go.Figure] = {"timeline": _timeline(results)}
     figs["qd-issue"] = _bars(
@@ -371,7 +400,7 @@ def _figures(
         yaxis="gaps",
         fmt=_us_label,
     )
-    figs["gpus"] = _gpus(results, files)
+    figs["gpus"] = _gpus(results, files, replays)
     if sweeps:
         figs[SWEEP_ID] = _sweep_figure(sweeps)
     return figs
@@ -381,12 +410,51 @@ def _summary(
     results: list[tuple[str, dict[str, Any]]],
     files: list[tuple[str, dict[str, Any] | None]],
     sweeps: list[tuple[str, dict[str, Any]]],
+    replays: list[dict[str, Any] | None],
 ) -> str:
-    """The summary panel: one column per trace."""
+    """The summary panel: one column per trace. A job's recording shows its job model; a
+    replay's own recording shows the replay's results (GPUs, AU, steps, bytes per GPU)."""
 
     def model(k: int) -> dict[str, Any]:
         fr = files[k][1]
         return (fr or {}).get("job_model") or {}
+
+    def job(k: int, what: str) -> str:
+        """One figure of the job a trace holds: the replay's results, else its job model."""
+        rp = replays[k]
+        m = model(k)
+        if rp is not None and "per_gpu" not in rp and rp.get("runs"):
+            rp = rp["runs"][-1]  # `--runs N`: the last run, the one recorded last
+        if rp is not None:
+            s = rp.get("settings") or {}
+            gpu_steps = rp.get("gpu_steps") or 0
+            return {
+                "gpus": f"{rp.get('gpus', 0)} simulated (the replay's results)",
+                "compute": _seconds(s.get("computation_time_mean_s")),
+                "bytes_step": _bytes_label(int(rp.get("bytes_read", 0) / gpu_steps)) if gpu_steps else "–",
+                "need": mib_s(s.get("required_mib_s_per_gpu")),
+                "left_out": "– (a replay)",
+                "au": f"{rp['au_percent']:.2f} % (min {rp['au_min_percent']:.2f} %), "
+                f"{'PASS' if rp.get('pass') else 'FAIL'} at {rp.get('threshold_percent', 90):g} %"
+                if "au_percent" in rp
+                else "–",
+                "steps": f"{rp.get('steps', 0)} per GPU, {gpu_steps} in all" if "steps" in rp else "–",
+                "bytes_gpu": _bytes_label(int(rp.get("bytes_read", 0) / max(1, rp.get("gpus", 1)))),
+            }[what]
+        if not m:
+            return "–"
+        gpus = m.get("gpus", [])
+        return {
+            "gpus": str(len(gpus)),
+            "compute": _seconds(m.get("compute_s")),
+            "bytes_step": _bytes_label(int(m["bytes_per_step"])) if m.get("bytes_per_step") else "–",
+            "need": mib_s(m.get("required_mib_s_per_gpu")),
+            "left_out": ", ".join(f"{p.get('pid')} {p.get('comm') or ''}".strip() for p in m.get("left_out", []))
+            or "none",
+            "au": "– (a job's I/O does not hold its AU)",
+            "steps": f"{m.get('steps', 0)} per GPU" if m.get("steps") else "–",
+            "bytes_gpu": _bytes_label(int(sum(g["bytes"] for g in gpus) / len(gpus))) if gpus else "–",
+        }[what]
 
     def devices(r: dict[str, Any]) -> str:
         used = set(r["groups"]) if r["selection"]["grouped_by"] == "dev" else set()
@@ -409,20 +477,14 @@ def _summary(
         ("started (UTC)", lambda k, r: r["recording"]["started_utc"] or "–"),
         ("duration", lambda k, r: f"{r['duration_s']:.3f} s (active {r['active_s']:.3f} s)"),
         ("devices", lambda k, r: devices(r)),
-        ("GPUs found", lambda k, r: str(len(model(k).get("gpus", []))) if model(k) else "–"),
-        ("compute per step", lambda k, r: _seconds(model(k).get("compute_s"))),
-        (
-            "bytes per step",
-            lambda k, r: _bytes_label(int(model(k)["bytes_per_step"])) if model(k).get("bytes_per_step") else "–",
-        ),
-        ("MiB/s needed per GPU", lambda k, r: mib_s(model(k).get("required_mib_s_per_gpu"))),
-        (
-            "launcher processes left out",
-            lambda k, r: (
-                ", ".join(f"{p.get('pid')} {p.get('comm') or ''}".strip() for p in model(k).get("left_out", []))
-                or "none"
-            ),
-        ),
+        ("GPUs found", lambda k, r: job(k, "gpus")),
+        ("AU", lambda k, r: job(k, "au")),
+        ("steps", lambda k, r: job(k, "steps")),
+        ("compute per step", lambda k, r: job(k, "compute")),
+        ("bytes per step", lambda k, r: job(k, "bytes_step")),
+        ("bytes per GPU", lambda k, r: job(k, "bytes_gpu")),
+        ("MiB/s needed per GPU", lambda k, r: job(k, "need")),
+        ("launcher processes left out", lambda k, r: job(k, "left_out")),
         ("layer", lambda k, r: r["selection"]["layer"]),
         ("events", lambda k, r: f"{r['events']:,}"),
         (
@@ -472,10 +534,13 @@ def render(
     results: list[tuple[str, dict[str, Any]]],
     files: list[tuple[str, dict[str, Any] | None]],
     sweeps: list[tuple[str, dict[str, Any]]] | None = None,
+    replays: list[dict[str, Any] | None] | None = None,
 ) -> str:
-    """The report's HTML text."""
+    """The report's HTML text. `replays[k]`: the results of the replay trace k recorded
+    (its `replay.json`), or None for a recording of a job."""
     sweeps = sweeps or []
-    figs = _figures(results, files, sweeps)
+    replays = replays or [None] * len(results)
+    figs = _figures(results, files, sweeps, replays)
     divs = []
     ids = ([SWEEP_ID] if sweeps else []) + list(PLOT_IDS)
     for div_id in ids:
@@ -503,8 +568,9 @@ td:first-child{{text-align:left}}.answer{{font-size:1.3em}}</style>
 <h1>trainio report</h1>
 <p>Traces: {names}. MiB = 2<sup>20</sup> bytes. Queue depth per issue comes from the
 kernel-recorded counter; time-weighted from the issue/complete intervals. GPUs, compute
-and bytes per step come from the job model of the file layer (docs/analysis.md).</p>
-{_summary(results, files, sweeps)}
+and bytes per step come from the job model of the file layer (docs/analysis.md); for a
+replay's own recording, from the replay's results.</p>
+{_summary(results, files, sweeps, replays)}
 {"".join(divs)}
 <p data-selection="{raw}">generated by trainio_analysis</p>
 </body></html>
@@ -541,6 +607,23 @@ def read_sweep(path: str) -> tuple[str, dict[str, Any]]:
     return Path(path).name, sw
 
 
+def replay_results(trace: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The results of the replay a trace recorded (`replay.json` in the trace directory,
+    which `trainio replay --record` writes; traces/SCHEMA.md), or None for a job's trace."""
+    path = Path(trace) / "replay.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        msg = f"{path}: not a replay's results ({exc})"
+        raise TrainioError(msg) from None
+    if not isinstance(data, dict) or data.get("tool") != "trainio replay":
+        msg = f'{path}: not a replay\'s results (no "tool": "trainio replay")'
+        raise TrainioError(msg)
+    return data
+
+
 def write_report(
     traces: list[str],
     output: str | os.PathLike[str],
@@ -563,12 +646,19 @@ def write_report(
     opts = {"dev": dev, "pid": pid, "bin_s": bin_s, "burst_gap_ms": burst_gap_ms}
     results = []
     files = []
+    replays = []
     for t in traces:
         name = _label(t, traces)
         r = analyze(t, layer=layer, with_model=False, **opts)
         layer = layer or r["selection"]["layer"]  # the same layer for every trace
         results.append((name, r))
-        if "file" in r["layers_present"]:
+        replay = replay_results(t)
+        replays.append(replay)
+        if replay is not None:
+            # a replay's recording: shown by the replay's results, not by a job model
+            # inferred from its own I/O
+            files.append((name, None))
+        elif "file" in r["layers_present"]:
             try:
                 # the file layer with the job model: GPUs, compute and bytes per step
                 files.append((name, analyze(t, layer="file", **opts)))
@@ -576,7 +666,7 @@ def write_report(
                 files.append((name, None))
         else:
             files.append((name, None))
-    text = render(results, files, sweep_data)
+    text = render(results, files, sweep_data, replays)
     out = Path(output)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent if str(out.parent) else ".")

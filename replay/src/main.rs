@@ -190,22 +190,24 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
             // that fails does not take the finished replay's results with it.
             let ran = if job.workload.train {
                 training_runs(&job, cluster, &args).and_then(|summary| match summary {
-                    Some((human, s)) => {
-                        show(&human, &s, args.json.as_deref())?;
-                        stopped_error(&s, args.json.as_deref())
-                    }
-                    None => Ok(()),
+                    Some((human, s)) => show(&human, &s, args.json.as_deref()).map(|()| Some(s)),
+                    None => Ok(None),
                 })
             } else {
                 job.run_checkpoint_only(cluster, args.gpus).and_then(|summary| match summary {
-                    Some(s) => show(&checkpointing::human_summary(&s), &s, args.json.as_deref()),
-                    None => Ok(()),
+                    Some(s) => show(&checkpointing::human_summary(&s), &s, args.json.as_deref()).map(|()| Some(s)),
+                    None => Ok(None),
                 })
             };
             let recorded = recorder.map(|r| r.stop()).transpose();
-            ran?;
+            let summary = ran?;
             recorded.map_err(|e| e.context("the replay's results above stand"))?;
-            Ok(())
+            if let (Some(dir), Some(s)) = (&args.record, &summary) {
+                // The recording carries the results of the run it recorded: a report
+                // shows a replay by them, not by a job model of the replay's own I/O.
+                record::save_results(dir, s)?;
+            }
+            summary.map_or(Ok(()), |s| stopped_error(&s, args.json.as_deref()))
         }
         Command::Sweep(args) => sweep::sweep(&args, cluster),
     }

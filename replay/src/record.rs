@@ -119,6 +119,18 @@ impl Recorder {
     }
 }
 
+/// The file in a `--record` trace directory that holds the recorded replay's results
+/// (traces/SCHEMA.md, *Layout*).
+pub const RESULTS_FILE: &str = "replay.json";
+
+/// Saves the replay's results (the --json object) into the trace it recorded of itself.
+pub fn save_results(dir: &Path, summary: &serde_json::Value) -> Result<()> {
+    let path = dir.join(RESULTS_FILE);
+    crate::output::write_atomic(&path, &serde_json::to_vec_pretty(summary)?).with_context(|| {
+        format!("--record: saving the replay's results to {} (the results above stand)", path.display())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,8 +3,10 @@ test_report_render.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,46 @@ def test_report_refuses_outputs_it_would_replace(tmp_path: Path, kind: str) -> N
     assert target.read_text() == "keep me"
     assert not list(tmp_path.glob(".*.tmp")), "no temporary file left"
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_replays_recording_is_shown_by_the_replays_results(tmp_path: Path, tmpfs_dir: Path) -> None:
+    """A trace that `replay --record` wrote holds replay.json: the report's column for it
+    gives the replay's GPUs, AU, steps and bytes per GPU from those results, never a job
+    model inferred from the replay's own I/O (here: 1 reading process, not 4 GPUs)."""
+    root = Path(__file__).resolve().parents[2]
+    wl = tmpfs_dir / "w.yaml"
+    wl.write_text(
+        "model:\n  name: t\ndataset:\n  num_files_train: 16\n  record_length_bytes: 65536\n"
+        "reader:\n  batch_size: 1\n  read_threads: 1\ntrain:\n  epochs: 1\n  computation_time: 0.01\n"
+    )
+    results = tmpfs_dir / "r.json"
+    ran = subprocess.run(
+        [str(root / "bin" / "trainio"), "replay", "-q", "--workload", str(wl), "--data-dir", str(tmpfs_dir / "d")]
+        + ["--generate", "--gpus", "4", "--json", str(results)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    replay = json.loads(results.read_text())
+    original = _job(tmp_path / "original", 2)
+    recording = _job(tmp_path / "replay-4", 1)
+    (recording / "replay.json").write_text(results.read_text())
+    out = tmp_path / "r.html"
+    res = run_cli("report", str(original), str(recording), "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    text = out.read_text()
+    summary = text[text.index('<div id="summary">') :]
+    summary = summary[: summary.index("</div>")]
+    gpus_row = summary[summary.index("<td>GPUs found</td>") :].split("</tr>")[0]
+    assert "<td>2</td>" in gpus_row and "4 simulated (the replay&#x27;s results)" in gpus_row, gpus_row
+    assert f"{replay['au_percent']:.2f} % (min {replay['au_min_percent']:.2f} %)" in summary
+    assert f"{replay['steps']} per GPU, {replay['gpu_steps']} in all" in summary
+    assert "replay rank" in text  # the per-GPU figure draws the replay's simulated GPUs
+    # results that are not a replay's: one line, exit 2, naming the file
+    (recording / "replay.json").write_text('{"tool": "something else"}')
+    bad = run_cli("report", str(original), str(recording), "-o", str(tmp_path / "b.html"))
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert str(recording / "replay.json") in bad.stderr
+    assert not (tmp_path / "b.html").exists()

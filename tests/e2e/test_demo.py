@@ -72,7 +72,16 @@ def test_demo_names_the_gpu_count_where_au_falls_below_90(tmp_path: Path) -> Non
     summary = log[log.index("== summary") :]
     assert "AU falls below 90% at 3 GPUs: the 200 MiB/s drive keeps 2 GPU(s) >= 90% busy" in summary, summary
     assert (out / "report.html").stat().st_size > 0
-    assert "GPUs supported" in (out / "report.html").read_text(), "the report carries the sweep's answer"
+    report = (out / "report.html").read_text()
+    assert "GPUs supported" in report, "the report carries the sweep's answer"
+    # The replay's recording carries the replay's results, and the report shows the
+    # replay by them (its GPUs and AU), not by a job model of the replay's own I/O.
+    (replay_json,) = out.glob("replay-*.json")
+    replay = json.loads(replay_json.read_text())
+    recorded = out / replay_json.stem / "replay.json"
+    assert json.loads(recorded.read_text()) == replay
+    assert f"{replay['gpus']} simulated (the replay&#x27;s results)" in report
+    assert f"{replay['au_percent']:.2f} % (min {replay['au_min_percent']:.2f} %)" in report
 
 
 def test_demo_refuses_a_bad_drive_bandwidth(tmp_path: Path) -> None:

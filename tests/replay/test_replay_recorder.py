@@ -5,15 +5,18 @@ any work."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 
 from replay_helpers import MPI_ENV, REPLAY_BIN, TRAINIO, write_workload
 
-# A recorder that records nothing: it notes its arguments, says the line the replay waits
-# for, and notes the SIGINT that stops it.
+# A recorder that records nothing: it makes its output directory (as trainio-record
+# does), notes its arguments, says the line the replay waits for, and notes the SIGINT
+# that stops it.
 STAND_IN = """#!/bin/bash
+mkdir -p "$2"
 printf '%s\\n' "$@" > "$STAND_IN_LOG.args"
 trap 'echo stopped > "$STAND_IN_LOG.stopped"; exit 0' INT
 echo "trainio record: recording block into $2" >&2
@@ -48,6 +51,9 @@ def test_the_recorder_trainio_record_names_is_run_and_stopped(tmpfs_dir: Path) -
         str(p.pid),
     ]
     assert log.with_suffix(".stopped").read_text() == "stopped\n"
+    # the replay's results, saved into the trace it recorded of itself
+    saved = json.loads((tmpfs_dir / "rec" / "replay.json").read_text())
+    assert saved["tool"] == "trainio replay" and saved["gpus"] == 1 and saved["steps"] == 2, saved
     assert f"recorded the replay's I/O into {tmpfs_dir / 'rec'}" in err
     assert "AU" in out
 
