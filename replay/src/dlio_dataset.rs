@@ -157,8 +157,9 @@ mod tests {
         assert_eq!(l.files.iter().map(|f| f.size).collect::<Vec<_>>(), [1000, 1001, 1002, 1003]);
         assert_eq!(l.format, Format::Raw);
         assert!(layout(&w, &base, 5).unwrap_err().contains("needs 5"));
-        // 10 times the record length: another workload's files.
-        std::fs::write(dir.join(file_name(&w, 3)), vec![1u8; 200_000]).unwrap();
+        // A file 400 times the record length: a mean of 100 KB, beyond 10 % + 64 KiB of
+        // the 1000 B the workload implies.
+        std::fs::write(dir.join(file_name(&w, 3)), vec![1u8; 400_000]).unwrap();
         assert!(layout(&w, &base, 4).unwrap_err().contains("average"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
