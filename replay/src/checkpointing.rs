@@ -173,6 +173,15 @@ pub fn plan_json(spec: &CheckpointSpec, plan: &Plan) -> serde_json::Value {
         "num_checkpoints_write": spec.num_checkpoints_write,
         "num_checkpoints_read": spec.num_checkpoints_read,
         "time_between_checkpoints_s": spec.time_between_checkpoints_s,
+        // MLPerf Storage v3.0's Table 2 row for the model (by hidden size), when it has one.
+        "edition_table": crate::edition::checkpoint_match(spec.hidden_size, plan.world, full).map(|(row, matches, reason)| json!({
+            "edition": crate::edition::EDITION,
+            "model": row.model,
+            "processes": row.processes,
+            "size_gb": row.size_gb,
+            "matches": matches,
+            "reason": reason,
+        })),
     })
 }
 
@@ -264,6 +273,9 @@ pub fn human(c: &serde_json::Value) -> String {
             .collect();
         let more = if counts.len() > 6 { format!(", {} other sizes", counts.len() - 6) } else { String::new() };
         out += &format!("              per GPU {}{more}\n", groups.join(", "));
+    }
+    if let Some(reason) = c["edition_table"]["reason"].as_str() {
+        out += &format!("              {reason}\n");
     }
     if c["mode"] == "subset" {
         out += &format!(

@@ -60,7 +60,7 @@ fn py_floordiv(a: f64, b: f64) -> f64 {
 /// client hosts, from the workload's (already overridden) keys.
 pub fn sizing(w: &Workload, gpus: u64, hosts: u64, client_ram_bytes: u64) -> Sizing {
     let spf = w.num_samples_per_file;
-    let record = w.record_length;
+    let record = w.rule_record_length;
     let ram5 = RAM_FACTOR as u128 * client_ram_bytes as u128;
     let files_by_steps = (MIN_STEPS as u128 * gpus as u128 * w.batch_size as u128 / spf as u128) as u64;
     let whole = record.fract() == 0.0 && record < (1u64 << 53) as f64;
@@ -96,6 +96,27 @@ pub fn sizing(w: &Workload, gpus: u64, hosts: u64, client_ram_bytes: u64) -> Siz
         decided_by: if required_ram_wins && files_by_ram > files_by_steps { "ram" } else { "steps" },
         formula: SOURCE,
     }
+}
+
+/// Bytes per second one simulated accelerator reads at 100% AU: record × batch / the
+/// mean computation time per step. None without compute time.
+pub fn need_bytes_per_s(w: &Workload) -> Option<f64> {
+    let compute = w.computation_time.mean();
+    (compute > 0.0).then(|| w.record_length * w.batch_size as f64 / compute)
+}
+
+/// One line: what one simulated accelerator of this workload needs, and from what.
+pub fn need_line(w: &Workload, accelerator: Option<&str>) -> Option<String> {
+    let mib = need_bytes_per_s(w)? / (1u64 << 20) as f64;
+    let who = accelerator.map_or("simulated GPU".to_string(), |a| format!("simulated {a}"));
+    Some(format!(
+        "one {who} needs {mib:.1} MiB/s at 100% AU, {:.1} MiB/s at its {:.0}% threshold (record {} B × batch {} / computation_time {} s)",
+        mib * w.au_threshold_percent / 100.0,
+        w.au_threshold_percent,
+        w.record_length,
+        w.batch_size,
+        w.computation_time.mean()
+    ))
 }
 
 /// A byte count: digits, optionally followed by K, M, G, T or P (powers of 1024, with

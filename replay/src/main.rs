@@ -9,6 +9,8 @@ mod client;
 mod cluster;
 mod dataset;
 mod datasize;
+mod dlio_dataset;
+mod edition;
 mod engine;
 mod errors;
 mod formats;
@@ -224,11 +226,15 @@ fn training_runs(job: &Job, cluster: &Cluster, args: &cli::ReplayArgs) -> Result
     let threshold_from = match (args.run.threshold, job.templates.is_some()) {
         (Some(_), _) => "--threshold",
         (None, true) => "90% by default",
-        (None, false) => "the workload's metric.au, 90% without one",
+        (None, false) => job.workload.au_threshold_from.as_str(),
     };
     let workload = job.templates.is_none().then_some(&job.workload);
+    let category = workload.map(|w| {
+        let accelerator = edition::accelerator_of(std::path::Path::new(&job.source));
+        edition::category(&w.name, accelerator, &changed_keys(w, &args.run))
+    });
     let combined = |runs: Vec<serde_json::Value>| {
-        let rules = runrules::check(workload, &runs, threshold_from);
+        let rules = runrules::check(workload, &runs, threshold_from, category.as_ref());
         let done = runs.len() as u64;
         let mut c = runrules::combine(runs, &rules);
         c["runs_requested"] = args.runs.into();
@@ -256,7 +262,7 @@ fn training_runs(job: &Job, cluster: &Cluster, args: &cli::ReplayArgs) -> Result
         return Ok(None);
     }
     if args.runs == 1 {
-        let rules = runrules::check(workload, &runs, threshold_from);
+        let rules = runrules::check(workload, &runs, threshold_from, category.as_ref());
         let mut s = runs.pop().expect("one run");
         let human = results::human(&s) + &runrules::human_rules(&rules);
         s["rules"] = serde_json::to_value(&rules)?;
@@ -265,6 +271,32 @@ fn training_runs(job: &Job, cluster: &Cluster, args: &cli::ReplayArgs) -> Result
     let (combined, rules) = combined(runs);
     let human = runrules::human_table(&combined) + &runrules::human_rules(&rules);
     Ok(Some((human, combined)))
+}
+
+/// The keys a run changes from its workload file, for its v3.0 category: the overrides
+/// (`--param`, `++workload.`), and the options that set a workload key (by that key) or
+/// change the run in a way no key does (by their flag).
+fn changed_keys(w: &workload::Workload, run: &cli::RunArgs) -> Vec<String> {
+    let mut keys = edition::override_keys(&w.params);
+    let (src, rd) = (&run.source, &run.reader);
+    for (set, key) in [
+        (src.batch_size.is_some(), "reader.batch_size"),
+        (src.steps.is_some(), "--steps"),
+        (src.seed.is_some(), "train.seed"),
+        (rd.computation_time.is_some(), "train.computation_time"),
+        (rd.read_threads.is_some(), "reader.read_threads"),
+        (rd.prefetch_size.is_some(), "reader.prefetch_size"),
+        (rd.transfer_size.is_some(), "reader.transfer_size"),
+        (rd.epochs.is_some(), "train.epochs"),
+        (run.odirect, "reader.odirect"),
+        (run.threshold.is_some(), "metric.au"),
+        (run.no_barrier, "--no-barrier"),
+    ] {
+        if set {
+            keys.push(key.to_string());
+        }
+    }
+    keys
 }
 
 /// `trainio datasize`: MLPerf's rule for the workload, printed (and saved with --json).
@@ -303,6 +335,12 @@ fn datasize_command(args: &cli::DatasizeArgs) -> Result<()> {
     }
     let s = datasize::sizing(&w, args.gpus, args.hosts, total);
     print!("{}", datasize::human(&w.name, &s, &ram_from));
+    let accelerator = edition::accelerator_of(&args.workload);
+    let need = datasize::need_bytes_per_s(&w).map(|b| b / (1u64 << 20) as f64);
+    if let Some(line) = datasize::need_line(&w, accelerator) {
+        println!("{line}");
+        println!("storage for {} of them: {:.1} MiB/s at 100% AU", args.gpus, need.unwrap_or(0.0) * args.gpus as f64);
+    }
     if let Some(path) = &args.json {
         let mut out = serde_json::json!({
             "tool": "trainio datasize",
@@ -312,6 +350,9 @@ fn datasize_command(args: &cli::DatasizeArgs) -> Result<()> {
             "params": w.params,
             "client_ram_per_host_bytes": per_host,
             "client_ram_from": if args.client_ram.trim() == "auto" { "auto" } else { "given" },
+            "accelerator": accelerator,
+            "per_gpu_need_mib_s": need,
+            "au_threshold_percent": w.au_threshold_percent,
         });
         if let (Some(o), serde_json::Value::Object(m)) = (out.as_object_mut(), serde_json::to_value(&s)?) {
             o.extend(m);

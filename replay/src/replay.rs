@@ -298,10 +298,21 @@ impl Job {
         match self.placement(gpus) {
             Some(p) => Ok(p.layout),
             None => {
-                self.bounded_files(gpus)?;
-                Ok(Layout::from_workload(&self.workload, gpus, self.max_steps, &self.data_dir))
+                let needed = self.bounded_files(gpus)?;
+                let layout = Layout::from_workload(&self.workload, gpus, self.max_steps, &self.data_dir);
+                if self.in_place_dlio() {
+                    return crate::dlio_dataset::layout(&self.workload, &layout, needed)
+                        .map_err(|e| InputError(e).into());
+                }
+                Ok(layout)
             }
         }
+    }
+
+    /// Workload mode, without --generate, on a directory that holds no trainio dataset
+    /// but DLIO's `train/`: the dataset DLIO generated, read in place (dlio_dataset.rs).
+    pub fn in_place_dlio(&self) -> bool {
+        self.templates.is_none() && !self.generate && crate::dlio_dataset::looks_like(&self.data_dir)
     }
 
     /// Workload mode: the files of the dataset for `gpus`, refused above dataset::MAX_FILES.
@@ -566,6 +577,18 @@ impl Job {
         };
         match placement.as_ref().filter(|p| p.in_place()) {
             Some(p) => p.verify_in_place(&mine).map_err(InputError)?,
+            // DLIO's dataset: every file checked when the layout was made from them.
+            None if self.in_place_dlio() => {
+                if cluster.is_root() {
+                    eprintln!(
+                        "trainio replay: note: {}: DLIO's dataset, read in place: {} files of {}; each file is read whole in {} B requests (the reads numpy.load or DLIO's reader make of its files are not modeled)",
+                        self.data_dir.display(),
+                        layout.files.len(),
+                        crate::datasize::human_bytes(layout.total_bytes() as f64),
+                        self.transfer_size
+                    );
+                }
+            }
             None => layout.verify_files(&mine, &sizing)?,
         }
         let used: Vec<usize> = match &placement {
@@ -632,7 +655,7 @@ impl Job {
                     templates: None,
                     gpus_per_process: None,
                     compute_scale: None,
-                    required_mib_s_per_gpu: None,
+                    required_mib_s_per_gpu: crate::datasize::need_bytes_per_s(w).map(|b| b / (1u64 << 20) as f64),
                     map_path: None,
                 };
                 self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients)

@@ -59,8 +59,9 @@ pub struct Settings {
     /// Trace mode: the factor on the recorded compute (--compute-scale; 1 without it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compute_scale: Option<f64>,
-    /// Trace mode: the throughput one simulated GPU needs, MiB/s: the median over the
-    /// templates replayed of bytes per step / compute per step (after the what-ifs).
+    /// The throughput one simulated GPU needs, MiB/s. Workload mode: record × batch /
+    /// mean computation time. Trace mode: the median over the templates replayed of bytes
+    /// per step / compute per step (after the what-ifs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub required_mib_s_per_gpu: Option<f64>,
     /// Trace mode: --map-path's OLD=NEW pairs when the replay read the job's own files
@@ -260,7 +261,12 @@ pub fn human(j: &serde_json::Value) -> String {
         j["epochs"],
         f("wall_s")
     );
-    if let Some(need) = s["required_mib_s_per_gpu"].as_f64() {
+    if let (Some(need), Some("workload")) = (s["required_mib_s_per_gpu"].as_f64(), s["mode"].as_str()) {
+        out += &format!(
+            "  need        {need:.1} MiB/s per simulated GPU at 100% AU (record × batch / computation_time: {} B × {} / {} s)\n",
+            s["nominal_sample_bytes"], s["batch_size"], s["computation_time_mean_s"]
+        );
+    } else if let Some(need) = s["required_mib_s_per_gpu"].as_f64() {
         out += &format!(
             "  need        {need:.1} MiB/s per simulated GPU (job model: bytes per step / compute per step{}{})\n",
             match s["compute_scale"].as_f64() {

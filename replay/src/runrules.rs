@@ -2,9 +2,11 @@
 //! `--runs N` runs of one workload combined into the mean and spread of AU and
 //! throughput, and the rules checked against the runs' results: the dataset size
 //! (≥ 5 × the clients' RAM and ≥ 500 steps per epoch, computed by `datasize`), the
-//! workload's AU threshold, the cache rule (reads reach storage) and the number of runs.
+//! workload's AU threshold, the cache rule (reads reach storage), the number of runs, and
+//! the category of MLPerf Storage v3.0 the run falls in (CLOSED, OPEN or whatif; edition.rs).
 
 use crate::datasize;
+use crate::edition::Category;
 use crate::workload::Workload;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -18,6 +20,9 @@ pub struct Rule {
     pub name: &'static str,
     pub pass: bool,
     pub reason: String,
+    /// The `category` rule only: "CLOSED", "OPEN" or "whatif".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<&'static str>,
 }
 
 /// Mean, min, max and sample standard deviation (n − 1; 0 for one value).
@@ -45,8 +50,14 @@ fn uint(v: &Value, key: &str) -> u64 {
 /// The rules for the results of one or more runs of the same job (`runs`, each a
 /// single-run results object). `workload` is None in trace mode (no dataset-size rule:
 /// the dataset is the trace's files); `threshold_from` says where the AU threshold came
-/// from (`metric.au`, `--threshold`).
-pub fn check(workload: Option<&Workload>, runs: &[Value], threshold_from: &str) -> Vec<Rule> {
+/// from (`metric.au`, `--threshold`); `category` is the run's v3.0 category (workload mode),
+/// checked last: it passes for CLOSED and OPEN, and fails for whatif (no submission).
+pub fn check(
+    workload: Option<&Workload>,
+    runs: &[Value],
+    threshold_from: &str,
+    category: Option<&Category>,
+) -> Vec<Rule> {
     let first = &runs[0];
     let s = &first["settings"];
     let (gpus, hosts, ram) = (uint(first, "gpus"), uint(first, "hosts"), uint(first, "client_ram_bytes"));
@@ -67,27 +78,29 @@ pub fn check(workload: Option<&Workload>, runs: &[Value], threshold_from: &str) 
                 rule.files_by_steps,
                 datasize::MIN_STEPS
             ),
+            verdict: None,
         });
     }
     let threshold = num(first, "threshold_percent");
+    let model = first["settings"]["name"].as_str().unwrap_or("the workload");
     let au: Vec<f64> = runs.iter().map(|r| num(r, "au_percent")).collect();
     let low = au.iter().copied().fold(f64::INFINITY, f64::min);
     let failed = au.iter().filter(|&&a| a < threshold).count();
     let reason = if runs.len() == 1 {
         format!(
-            "AU {:.2}% {} the threshold {threshold:.0}% ({threshold_from})",
+            "AU {:.2}% {} the threshold {threshold:.0}% for {model} ({threshold_from})",
             au[0],
             if failed == 0 { "≥" } else { "<" }
         )
     } else {
         format!(
-            "AU of each run against the threshold {threshold:.0}% ({threshold_from}): {} of {} runs below it; lowest {low:.2}%, mean {:.2}%",
+            "AU of each run against the threshold {threshold:.0}% for {model} ({threshold_from}): {} of {} runs below it; lowest {low:.2}%, mean {:.2}%",
             failed,
             runs.len(),
             au.iter().sum::<f64>() / au.len() as f64
         )
     };
-    rules.push(Rule { name: "au_threshold", pass: failed == 0, reason });
+    rules.push(Rule { name: "au_threshold", pass: failed == 0, reason, verdict: None });
     let (odirect, dropped) = (s["odirect"].as_bool() == Some(true), s["drop_caches"].as_bool() == Some(true));
     let limit = datasize::RAM_FACTOR as f64 * ram as f64;
     let dataset = |cmp: &str| {
@@ -113,7 +126,7 @@ pub fn check(workload: Option<&Workload>, runs: &[Value], threshold_from: &str) 
             ),
         )
     };
-    rules.push(Rule { name: "cache", pass, reason });
+    rules.push(Rule { name: "cache", pass, reason, verdict: None });
     rules.push(Rule {
         name: "runs",
         pass: runs.len() >= MLPERF_RUNS,
@@ -121,7 +134,16 @@ pub fn check(workload: Option<&Workload>, runs: &[Value], threshold_from: &str) 
             "{} run(s) of the same dataset; MLPerf's result is the mean of {MLPERF_RUNS} consecutive runs (--runs {MLPERF_RUNS})",
             runs.len()
         ),
+        verdict: None,
     });
+    if let Some(c) = category {
+        rules.push(Rule {
+            name: "category",
+            pass: c.verdict != "whatif",
+            reason: c.reason.clone(),
+            verdict: Some(c.verdict),
+        });
+    }
     rules
 }
 
@@ -253,14 +275,17 @@ mod tests {
     fn dataset_size_rule_by_hand() {
         // 1 GiB of RAM, 1 MiB files: 5 × 1024 = 5120 files by RAM; 500 × 2 × 4 = 4000 by steps.
         let w = workload();
-        let by =
-            |files, steps| check(Some(&w), &[run(95.0, 1.0, files, files << 20, steps, false, false)], "metric.au");
+        let by = |files, steps| {
+            check(Some(&w), &[run(95.0, 1.0, files, files << 20, steps, false, false)], "metric.au", None)
+        };
         let r = &by(5120, 2560)[0];
         assert_eq!((r.name, r.pass), ("dataset_size", true));
         assert!(r.reason.contains("≥ 5120 (by 5 × RAM 5120, by 500 steps 4000)"), "{}", r.reason);
         assert!(!by(5119, 2559)[0].pass);
         assert!(!by(6000, 499)[0].pass, "--steps below 500 fails the rule");
-        assert!(check(None, &[run(95.0, 1.0, 1, 1, 1, false, false)], "x").iter().all(|r| r.name != "dataset_size"));
+        assert!(check(None, &[run(95.0, 1.0, 1, 1, 1, false, false)], "x", None)
+            .iter()
+            .all(|r| r.name != "dataset_size"));
     }
 
     #[test]
@@ -268,23 +293,47 @@ mod tests {
         let w = workload();
         let get = |rules: Vec<Rule>, name: &str| rules.into_iter().find(|r| r.name == name).unwrap();
         let small = |au, o, d| run(au, 1.0, 10, 10 << 20, 5, o, d);
-        assert!(get(check(Some(&w), &[small(90.0, false, false)], "metric.au"), "au_threshold").pass);
-        let low =
-            get(check(Some(&w), &[small(95.0, false, false), small(89.9, false, false)], "metric.au"), "au_threshold");
+        assert!(get(check(Some(&w), &[small(90.0, false, false)], "metric.au", None), "au_threshold").pass);
+        let low = get(
+            check(Some(&w), &[small(95.0, false, false), small(89.9, false, false)], "metric.au", None),
+            "au_threshold",
+        );
         assert!(!low.pass && low.reason.contains("1 of 2 runs below it; lowest 89.90%"), "{}", low.reason);
-        assert!(!get(check(Some(&w), &[small(95.0, false, false)], "m"), "cache").pass);
-        assert!(get(check(Some(&w), &[small(95.0, true, false)], "m"), "cache").pass);
-        assert!(get(check(Some(&w), &[small(95.0, false, true)], "m"), "cache").pass);
+        assert!(!get(check(Some(&w), &[small(95.0, false, false)], "m", None), "cache").pass);
+        assert!(get(check(Some(&w), &[small(95.0, true, false)], "m", None), "cache").pass);
+        assert!(get(check(Some(&w), &[small(95.0, false, true)], "m", None), "cache").pass);
         // 5 × 1 GiB of reads with neither: the dataset outruns the page cache.
-        assert!(get(check(Some(&w), &[run(95.0, 1.0, 5120, 5 << 30, 5, false, false)], "m"), "cache").pass);
-        assert!(!get(check(Some(&w), &[small(95.0, true, false)], "m"), "runs").pass);
-        assert!(get(check(Some(&w), &vec![small(95.0, true, false); 5], "m"), "runs").pass);
+        assert!(get(check(Some(&w), &[run(95.0, 1.0, 5120, 5 << 30, 5, false, false)], "m", None), "cache").pass);
+        assert!(!get(check(Some(&w), &[small(95.0, true, false)], "m", None), "runs").pass);
+        assert!(get(check(Some(&w), &vec![small(95.0, true, false); 5], "m", None), "runs").pass);
+    }
+
+    #[test]
+    fn threshold_names_the_model_and_category_is_last() {
+        let w = workload();
+        let mut r = run(86.0, 1.0, 10, 10 << 20, 5, true, false);
+        r["threshold_percent"] = json!(85.0);
+        r["settings"]["name"] = json!("retinanet");
+        let closed = crate::edition::category("retinanet", Some("b200"), &[]);
+        let rules =
+            check(Some(&w), std::slice::from_ref(&r), "MLPerf Storage v3.0's threshold for retinanet", Some(&closed));
+        let au = rules.iter().find(|x| x.name == "au_threshold").unwrap();
+        assert!(au.pass && au.reason.contains("threshold 85% for retinanet"), "{}", au.reason);
+        let last = rules.last().unwrap();
+        assert_eq!((last.name, last.pass, last.verdict), ("category", true, Some("CLOSED")));
+        let j = serde_json::to_value(&rules).unwrap();
+        assert_eq!(j[4]["verdict"], "CLOSED");
+        assert!(j[0].get("verdict").is_none(), "only the category rule carries a verdict");
+        let whatif = crate::edition::category("retinanet", Some("b200"), &["train.computation_time".into()]);
+        let rules = check(Some(&w), &[r], "m", Some(&whatif));
+        let last = rules.last().unwrap();
+        assert!(!last.pass && last.verdict == Some("whatif") && last.reason.contains("train.computation_time"));
     }
 
     #[test]
     fn combined_results() {
         let runs = vec![run(92.0, 100.0, 1, 1, 1, true, false), run(88.0, 80.0, 1, 1, 1, true, false)];
-        let rules = check(None, &runs, "m");
+        let rules = check(None, &runs, "m", None);
         let c = combine(runs, &rules);
         assert_eq!(c["run_count"], 2);
         assert_eq!(c["au_percent"].as_f64(), Some(90.0));

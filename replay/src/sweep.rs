@@ -73,6 +73,13 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
     curve.sort_by_key(|p| p.gpus);
     let threshold = curve.first().and_then(|p| p.summary["threshold_percent"].as_f64()).unwrap_or(0.0);
     println!("trainio sweep: {} (threshold {threshold:.0}% AU)", job.workload.name);
+    // Workload mode: what one simulated accelerator needs (trace mode's is in each run).
+    let accelerator = crate::edition::accelerator_of(std::path::Path::new(&job.source));
+    let workload_mode = job.templates.is_none();
+    let need = workload_mode.then(|| crate::datasize::need_bytes_per_s(&job.workload)).flatten();
+    if let Some(line) = workload_mode.then(|| crate::datasize::need_line(&job.workload, accelerator)).flatten() {
+        println!("{line}");
+    }
     println!("{:>8} {:>9} {:>9} {:>12} {:>12}  verdict", "GPUs", "AU %", "min AU %", "MiB/s", "samples/s");
     for p in &curve {
         let f = |k: &str| p.summary[k].as_f64().unwrap_or(0.0);
@@ -97,6 +104,8 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
         "workload": job.workload.name,
         "threshold_percent": threshold,
         "supported_gpus": good,
+        "accelerator": accelerator,
+        "per_gpu_need_mib_s": need.map(|b| b / (1u64 << 20) as f64),
         "limited_by_max_gpus": bad.is_none(),
         "curve": curve.iter().map(|p| json!({
             "gpus": p.gpus,

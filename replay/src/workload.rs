@@ -94,6 +94,10 @@ pub struct Workload {
     /// On-disk bytes of one sample (mean of the distribution).
     pub record_length: f64,
     pub record_length_stdev: f64,
+    /// A sample's bytes as MLPerf's dataset-size rule counts them: record_length_bytes,
+    /// else for Parquet the sum of its columns (edition::parquet_rule_record_length),
+    /// else record_length.
+    pub rule_record_length: f64,
     /// `dataset.chunk_dims`, the hdf5 dataset's chunk shape as DLIO passes it to h5py
     /// (empty when absent or not a list of non-negative integers); hdf5.rs decides
     /// which the replay models.
@@ -109,8 +113,11 @@ pub struct Workload {
     pub epochs: u64,
     pub computation_time: ComputeTime,
     pub seed: u64,
-    /// Accelerator-utilization threshold in percent (metric.au × 100).
+    /// Accelerator-utilization threshold in percent: metric.au × 100, else the edition's
+    /// threshold for the model (edition.rs), else 90.
     pub au_threshold_percent: f64,
+    /// Where au_threshold_percent comes from, in words.
+    pub au_threshold_from: String,
     /// `workflow.checkpoint: true`: the model and checkpoint keys.
     pub checkpoint: Option<CheckpointSpec>,
     /// False for a checkpoint-only workload (`workflow.train: false`, or no `dataset`
@@ -431,6 +438,13 @@ impl Workload {
         }
         let record_length_stdev =
             first_number(dataset, "dataset", &["record_length_bytes_stdev", "record_length_stdev"])?.unwrap_or(0.0);
+        let rule_record_length = match first_number(dataset, "dataset", &["record_length_bytes"])? {
+            Some(r) => r,
+            None if format.eq_ignore_ascii_case("parquet") => {
+                crate::edition::parquet_rule_record_length(dataset).unwrap_or(record_length)
+            }
+            None => record_length,
+        };
         let batch_size = uint(reader, "reader", "batch_size")?.unwrap_or(1);
         let read_threads = uint(reader, "reader", "read_threads")?.unwrap_or(1);
         let prefetch_size = uint(reader, "reader", "prefetch_size")?.unwrap_or(2);
@@ -438,6 +452,16 @@ impl Workload {
         let au = match metric {
             Some(m) => number(m, "metric", "au")?,
             None => None,
+        };
+        let edition_au = crate::edition::au_threshold_percent(&name);
+        let (au_threshold_percent, au_threshold_from) = match (au, edition_au) {
+            (Some(a), Some(e)) => (
+                if a <= 1.0 { a * 100.0 } else { a },
+                format!("metric.au; {}'s threshold for {name}: {e:.0}%", crate::edition::EDITION),
+            ),
+            (Some(a), None) => (if a <= 1.0 { a * 100.0 } else { a }, "metric.au".to_string()),
+            (None, Some(e)) => (e, format!("{}'s threshold for {name}", crate::edition::EDITION)),
+            (None, None) => (90.0, "90% without metric.au".to_string()),
         };
         let workload = Workload {
             name,
@@ -450,6 +474,7 @@ impl Workload {
             num_subfolders_train: uint(dataset, "dataset", "num_subfolders_train")?.unwrap_or(0),
             record_length,
             record_length_stdev,
+            rule_record_length,
             chunk_dims: dataset
                 .get("chunk_dims")
                 .and_then(Value::as_sequence)
@@ -465,7 +490,8 @@ impl Workload {
             epochs: uint(train, "train", "epochs")?.unwrap_or(1),
             computation_time,
             seed: uint(train, "train", "seed")?.unwrap_or(123),
-            au_threshold_percent: au.map(|a| if a <= 1.0 { a * 100.0 } else { a }).unwrap_or(90.0),
+            au_threshold_percent,
+            au_threshold_from,
             checkpoint,
             train: train_flag,
             dataset_only: train_flag && !do_train,

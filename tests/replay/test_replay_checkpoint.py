@@ -47,7 +47,9 @@ def params(items):
 
 
 def llama_files():
-    files = sorted(COPIES.glob("*/llama*.yaml"))
+    # The object-storage variant (v3.0 folder's llama3_8b_checkpoint_minio.yaml, 2
+    # checkpoints to s3://) is planned on local files in test_replay_every_yaml.
+    files = [f for f in sorted(COPIES.glob("*/llama*.yaml")) if "\nstorage:" not in f.read_text()]
     if not files:
         pytest.fail(f"no llama checkpoint files under {COPIES}: the real MLPerf/DLIO files are needed")
     for f in files:
