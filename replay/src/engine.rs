@@ -171,6 +171,9 @@ pub struct RankRun {
     /// This rank's part of every checkpoint the job wrote.
     #[serde(default)]
     pub checkpoints: Vec<crate::checkpointing::CheckpointIo>,
+    /// Object storage: this rank's request log (the backend's `object_log`).
+    #[serde(default)]
+    pub object: Option<serde_json::Value>,
 }
 
 const ALIGN: u64 = 4096;
@@ -211,6 +214,10 @@ pub trait Backend {
     /// completion) for a read to complete; appends the completed reads as (slot, bytes read
     /// or -errno).
     fn wait(&mut self, wait_ns: u64, out: &mut Vec<(usize, i32)>) -> Result<()>;
+    /// An object-storage backend's request log (s3_reads.rs), in the rank's results.
+    fn object_log(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 struct Worker {
     gpu: usize,
@@ -455,6 +462,7 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
             wall_s,
             overshoot_us: self.overshoot.into_iter().collect(),
             checkpoints: self.checkpoints,
+            object: self.backend.object_log(),
         })
     }
 
