@@ -66,3 +66,12 @@ if ! cmp -s tests/interop/requirements.txt .venv/.requirements-interop; then
   .venv/bin/pip install --quiet -r tests/interop/requirements.txt
   cp tests/interop/requirements.txt .venv/.requirements-interop
 fi
+# s3s-fs, the S3 server of the object-storage tests (tests/objectstore): real HTTP, SigV4,
+# multipart uploads and ranged GETs over a directory (docs/design.md says why this one).
+# 0.14.1 is the last release that builds with this machine's Rust (0.15 wants 1.96);
+# about 3 CPU-minutes to build.
+S3S_FS_VERSION=0.14.1
+if ! "$HOME/.cargo/bin/s3s-fs" --version 2>/dev/null | grep -qx "s3s-fs $S3S_FS_VERSION"; then
+  echo "install-deps: building s3s-fs $S3S_FS_VERSION (cargo install)"
+  cargo install --locked --quiet s3s-fs --version "$S3S_FS_VERSION" --features binary
+fi

@@ -44,12 +44,20 @@ pub struct Checkpointer {
     pub local: Vec<u64>,
     pub transfer: u64,
     pub odirect: bool,
+    /// Object storage: the shards are objects (s3_writes.rs), not files under `root`.
+    pub s3: Option<crate::s3_writes::S3Target>,
 }
 
 impl Checkpointer {
     /// Writes checkpoint (`epoch`, `step`) from every rank at once; the write `index`
     /// (1-based) is recorded.
     pub fn write(&self, cluster: &Cluster, index: u64, epoch: u64, step: u64) -> Result<CheckpointIo> {
+        if let Some(t) = &self.s3 {
+            let (bucket, prefix) = crate::s3_writes::checkpoint_prefix(t, &self.spec.folder, epoch, step);
+            return self.timed(cluster, "write", index, epoch, step, |_| {
+                crate::s3_writes::write_shards(t, &self.plan, &self.local, &bucket, &prefix)
+            });
+        }
         self.timed(cluster, "write", index, epoch, step, |dir| {
             checkpoint::write_shards(&self.plan, &self.local, &self.root, dir, self.transfer, self.spec.fsync)
         })
@@ -57,6 +65,12 @@ impl Checkpointer {
 
     /// Reads checkpoint (`epoch`, `step`) back on every rank at once.
     pub fn read(&self, cluster: &Cluster, index: u64, epoch: u64, step: u64) -> Result<CheckpointIo> {
+        if let Some(t) = &self.s3 {
+            let (bucket, prefix) = crate::s3_writes::checkpoint_prefix(t, &self.spec.folder, epoch, step);
+            return self.timed(cluster, "read", index, epoch, step, |_| {
+                crate::s3_writes::read_shards(t, &self.plan, &self.local, &bucket, &prefix)
+            });
+        }
         self.timed(cluster, "read", index, epoch, step, |dir| {
             checkpoint::read_shards(&self.plan, &self.local, &self.root, dir, self.transfer, self.odirect)
         })
@@ -332,6 +346,11 @@ pub fn run_checkpoint_only(
     if spec.num_checkpoints_read > 0 {
         // MLPerf's "clear the cache" between write and read, for these files only.
         for i in 1..=spec.num_checkpoints_read {
+            if let Some(t) = &ckpt.s3 {
+                let (bucket, prefix) = crate::s3_writes::checkpoint_prefix(t, &spec.folder, 1, i);
+                crate::s3_writes::check_shards(t, &ckpt.plan, &ckpt.local, &bucket, &prefix)?;
+                continue;
+            }
             let dir = checkpoint::checkpoint_dir(&ckpt.root, spec, 1, i);
             checkpoint::settle_shards(&ckpt.plan, &ckpt.local, &ckpt.root, &dir)?;
         }
@@ -348,13 +367,15 @@ pub fn run_checkpoint_only(
         ios.push(io);
     }
     let wall_s = t_start.elapsed().as_secs_f64();
-    let mine = serde_json::to_vec(&(cluster.hostname.clone(), wall_s, ios))?;
+    let log = ckpt.s3.as_ref().map(|t| t.log.lock().unwrap().to_wire());
+    let mine = serde_json::to_vec(&(cluster.hostname.clone(), wall_s, ios, log))?;
     let Some(all) = cluster.gather(mine) else { return Ok(None) };
-    let reports: Vec<(String, f64, Vec<CheckpointIo>)> =
+    let reports: Vec<(String, f64, Vec<CheckpointIo>, Option<serde_json::Value>)> =
         all.iter().map(|b| serde_json::from_slice(b)).collect::<Result<_, _>>().context("decoding rank results")?;
     let hosts: std::collections::BTreeSet<&str> = reports.iter().map(|r| r.0.as_str()).collect();
     let per_rank: Vec<Vec<CheckpointIo>> = reports.iter().map(|r| r.2.clone()).collect();
-    Ok(Some(json!({
+    let object = crate::s3_writes::combine_logs(reports.iter().filter_map(|r| r.3.as_ref()));
+    let mut out = json!({
         "tool": "trainio replay",
         "version": env!("CARGO_PKG_VERSION"),
         "gpus": ckpt.plan.ranks,
@@ -364,7 +385,11 @@ pub fn run_checkpoint_only(
         "wall_s": reports.iter().map(|r| r.1).fold(0.0, f64::max),
         "checkpoint": with_ios(plan_json(spec, &ckpt.plan), &per_rank),
         "settings": settings,
-    })))
+    });
+    if let Some(o) = object {
+        out["object"] = o;
+    }
+    Ok(Some(out))
 }
 
 /// The human summary of a checkpoint-only run or plan.

@@ -174,6 +174,9 @@ pub struct RankRun {
     /// Why the run stopped before its last step (a checkpoint that failed), if it did.
     #[serde(default)]
     pub stopped: Option<String>,
+    /// Object storage: this rank's request log (the backend's `object_log`).
+    #[serde(default)]
+    pub object: Option<serde_json::Value>,
 }
 
 const ALIGN: u64 = 4096;
@@ -214,6 +217,10 @@ pub trait Backend {
     /// completion) for a read to complete; appends the completed reads as (slot, bytes read
     /// or -errno).
     fn wait(&mut self, wait_ns: u64, out: &mut Vec<(usize, i32)>) -> Result<()>;
+    /// An object-storage backend's request log (s3_reads.rs), in the rank's results.
+    fn object_log(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 struct Worker {
     gpu: usize,
@@ -468,6 +475,7 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
             overshoot_us: self.overshoot.into_iter().collect(),
             checkpoints: self.checkpoints,
             stopped: self.stopped,
+            object: self.backend.object_log(),
         })
     }
 

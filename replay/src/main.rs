@@ -17,6 +17,7 @@ mod formats;
 mod hdf5;
 mod indexed;
 mod lock;
+mod object_store;
 mod output;
 mod pool;
 mod program;
@@ -24,6 +25,9 @@ mod record;
 mod replay;
 mod results;
 mod runrules;
+mod s3_client;
+mod s3_reads;
+mod s3_writes;
 mod sweep;
 mod trace_input;
 mod trace_writes;
@@ -133,7 +137,11 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                 quiet: d.quiet,
             };
             let job = Job::prepare(&args)?;
-            let _lock = lock::acquire_for_job(cluster, &job.data_dir, true)?;
+            // Object storage: nothing is written under --data-dir, so there is nothing to lock.
+            let _lock = match job.s3 {
+                None => Some(lock::acquire_for_job(cluster, &job.data_dir, true)?),
+                Some(_) => None,
+            };
             job.datagen(cluster, d.gpus)
         }
         Command::Datasize(args) => datasize_command(&args),
@@ -179,7 +187,10 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                 }
                 return Ok(());
             }
-            let _lock = lock::acquire_for_job(cluster, &job.data_dir, job.generate && job.workload.train)?;
+            let _lock = match job.s3 {
+                None => Some(lock::acquire_for_job(cluster, &job.data_dir, job.generate && job.workload.train)?),
+                Some(_) => None,
+            };
             // Generate first: the recording is of the replay, not of datagen's writes.
             if job.workload.train && job.generate {
                 job.datagen(cluster, args.gpus)?;

@@ -59,6 +59,9 @@ pub struct Job {
     pub psync: bool,
     /// The page-cache warning was printed (once per command, not once per `--runs` run).
     pub cache_warned: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// `storage.storage_type: s3`: the dataset and checkpoints are objects there, checked
+    /// (endpoint, credentials, bucket) before any work; --data-dir is not used.
+    pub s3: Option<crate::s3_writes::S3Target>,
 }
 
 /// GPUs of rank `rank` when `gpus` are spread over `ranks`: contiguous, the first
@@ -263,7 +266,23 @@ impl Job {
             Some((t, m)) => (Some(t), Some(m)),
             None => (None, None),
         };
+        let s3 = match &w.object_store {
+            Some(store) => {
+                if args.odirect || w.odirect {
+                    bail!(InputError(format!(
+                        "{}: O_DIRECT (--odirect, reader.odirect) is for files; this workload reads {}",
+                        path.display(),
+                        store.uri()
+                    )));
+                }
+                let checkpoint_bucket: Vec<String> =
+                    w.checkpoint.iter().map(|c| store.checkpoint_location(&c.folder).0).collect();
+                Some(crate::s3_writes::preflight(store, &checkpoint_bucket)?)
+            }
+            None => None,
+        };
         Ok(Job {
+            s3,
             templates,
             model,
             compute_override: rd.computation_time,
@@ -357,6 +376,7 @@ impl Job {
             local: split(gpus, cluster.size, cluster.rank),
             transfer: self.transfer_size,
             odirect: self.odirect,
+            s3: self.s3.clone(),
         }))
     }
 
@@ -371,6 +391,7 @@ impl Job {
             "transfer_size": self.transfer_size,
             "odirect": self.odirect,
             "train": self.workload.train,
+            "storage": self.s3.as_ref().map(|t| t.settings_json()),
         })
     }
 
@@ -403,7 +424,7 @@ impl Job {
                 self.source
             )));
         }
-        if ckpt.spec.num_checkpoints_write > 0 && cluster.is_root() {
+        if ckpt.spec.num_checkpoints_write > 0 && cluster.is_root() && self.s3.is_none() {
             dataset::claim_directory(&self.data_dir, self.force)?;
             dataset::write_marker(&Layout {
                 root: self.data_dir.clone(),
@@ -424,6 +445,9 @@ impl Job {
                 "{}: a checkpoint-only workload has no dataset to generate (run 'trainio replay' with it)",
                 self.source
             )));
+        }
+        if let Some(target) = &self.s3 {
+            return self.datagen_s3(target, cluster, gpus);
         }
         if cluster.is_root() {
             self.precheck_free_space(gpus)?;
@@ -451,6 +475,58 @@ impl Job {
             );
         }
         Ok(())
+    }
+
+    /// Datagen to object storage: every rank PUTs its share of the objects.
+    fn datagen_s3(&self, target: &crate::s3_writes::S3Target, cluster: &Cluster, gpus: u64) -> Result<()> {
+        let layout = self.layout(gpus)?;
+        if cluster.is_root() {
+            self.print_size_check("datagen", &layout, gpus, None, client_ram(cluster));
+        }
+        cluster.barrier();
+        let started = std::time::Instant::now();
+        let bytes = crate::s3_writes::generate(target, &layout, cluster.rank, cluster.size)?;
+        cluster.barrier();
+        if cluster.is_root() {
+            eprintln!(
+                "trainio datagen: {} objects, {:.1} MiB in {} ({:.1} MiB put by rank 0 in {:.1} s, {})",
+                layout.files.len(),
+                layout.total_bytes() as f64 / 1048576.0,
+                target.store.uri(),
+                bytes as f64 / 1048576.0,
+                started.elapsed().as_secs_f64(),
+                target.store.library.name()
+            );
+        }
+        Ok(())
+    }
+
+    /// Object storage: the layout the engine reads, each object one file of samples read
+    /// in one request per sample (the library turns it into its GETs, s3_reads.rs), and
+    /// the objects' sizes as listed.
+    fn s3_layout(
+        &self,
+        target: &crate::s3_writes::S3Target,
+        layout: &Layout,
+        mine: &[usize],
+        sizing: &str,
+    ) -> Result<(Layout, u64)> {
+        let have = target.dataset_objects()?;
+        target.verify(layout, mine, &have).map_err(|e| InputError(format!("{e:#} ({sizing})")))?;
+        let spf = layout.samples_per_file.max(1);
+        let files: Vec<dataset::DataFile> = layout
+            .files
+            .iter()
+            .map(|f| dataset::DataFile { rel: f.rel.clone(), size: f.size, sample: (f.size / spf).max(1) })
+            .collect();
+        let largest = files.iter().map(|f| f.sample).max().unwrap_or(1);
+        if largest > i32::MAX as u64 {
+            bail!(InputError(format!(
+                "{}: samples of {largest} bytes: object replay reads at most 2 GiB per request",
+                self.source
+            )));
+        }
+        Ok((Layout { files, format: crate::formats::Format::Raw, ..layout.clone() }, largest))
     }
 
     /// Steps per epoch each GPU gets from `layout` (its shard of whole batches, at most
@@ -575,10 +651,12 @@ impl Job {
                 self.workload.num_files_train
             ),
         };
-        match placement.as_ref().filter(|p| p.in_place()) {
-            Some(p) => p.verify_in_place(&mine).map_err(InputError)?,
+        let mut object_layout = None;
+        match (placement.as_ref().filter(|p| p.in_place()), &self.s3) {
+            (Some(p), _) => p.verify_in_place(&mine).map_err(InputError)?,
+            (None, Some(t)) => object_layout = Some(self.s3_layout(t, &layout, &mine, &sizing)?),
             // DLIO's dataset: every file checked when the layout was made from them.
-            None if self.in_place_dlio() => {
+            (None, None) if self.in_place_dlio() => {
                 if cluster.is_root() {
                     eprintln!(
                         "trainio replay: note: {}: DLIO's dataset, read in place: {} files of {}; each file is read whole in {} B requests (the reads numpy.load or DLIO's reader make of its files are not modeled)",
@@ -589,7 +667,7 @@ impl Job {
                     );
                 }
             }
-            None => layout.verify_files(&mine, &sizing)?,
+            (None, None) => layout.verify_files(&mine, &sizing)?,
         }
         let used: Vec<usize> = match &placement {
             // The layout holds only the files some GPU reads, each once.
@@ -600,12 +678,16 @@ impl Job {
         let w = &self.workload;
         match &self.templates {
             None => {
+                let (read_layout, transfer) = match &object_layout {
+                    Some((l, largest)) => (l.clone(), *largest),
+                    None => (layout.clone(), self.transfer_size),
+                };
                 let program = WorkloadProgram::new(
                     w,
-                    layout.clone(),
+                    read_layout,
                     gpus,
                     &local,
-                    self.transfer_size,
+                    transfer,
                     self.max_steps,
                     self.odirect,
                     self.tf_buffer,
@@ -658,7 +740,16 @@ impl Job {
                     required_mib_s_per_gpu: crate::datasize::need_bytes_per_s(w).map(|b| b / (1u64 << 20) as f64),
                     map_path: None,
                 };
-                self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients)
+                let objects = match (&self.s3, &object_layout) {
+                    (Some(t), Some((l, _))) => Some(crate::s3_reads::ObjectSet {
+                        bucket: t.store.bucket.clone(),
+                        prefix: t.store.prefix.clone(),
+                        root: l.root.clone(),
+                        sizes: l.files.iter().map(|f| (f.rel.clone(), f.size)).collect(),
+                    }),
+                    _ => None,
+                };
+                self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients, objects)
             }
             Some(templates) => {
                 let program = TraceProgram::new(
@@ -753,7 +844,7 @@ impl Job {
                             .unwrap_or_default(),
                     ),
                 };
-                self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients)
+                self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients, None)
             }
         }
     }
@@ -768,8 +859,9 @@ impl Job {
         used_bytes: u64,
         settings: Settings,
         clients: Option<(u64, u64)>,
+        objects: Option<crate::s3_reads::ObjectSet>,
     ) -> Result<Option<serde_json::Value>> {
-        if let Some((hosts, client_ram)) = clients {
+        if let (Some((hosts, client_ram)), None) = (clients, &self.s3) {
             if !self.odirect
                 && !self.drop_caches
                 && used_bytes < 5 * client_ram
@@ -800,18 +892,42 @@ impl Job {
             None => self.checkpointer(cluster, gpus)?,
             Some(_) => None,
         };
-        let engine = Engine::new(program, local, cluster.rank, cluster, options, self.workload.seed)?
-            .with_checkpoints(checkpointer.as_ref());
-        cluster.barrier();
-        let cpu0 = cpu_seconds();
-        let meter = crate::client::Meter::start();
-        let run = engine.run()?;
-        let client = meter.finish();
+        let run = match (&self.s3, objects) {
+            (Some(t), Some(objects)) => {
+                let slots = (0..local.len()).map(|g| program.read_threads(g).max(1)).sum();
+                let backend = crate::s3_reads::S3Reads::new(
+                    slots,
+                    (*t.endpoint).clone(),
+                    t.store.library.pattern(),
+                    objects,
+                    program.max_request().max(1),
+                )?;
+                let engine =
+                    Engine::with_backend(program, local, cluster.rank, cluster, options, self.workload.seed, backend)?
+                        .with_checkpoints(checkpointer.as_ref());
+                cluster.barrier();
+                timed(|| metered(|| engine.run()))?
+            }
+            _ => {
+                let engine = Engine::new(program, local, cluster.rank, cluster, options, self.workload.seed)?
+                    .with_checkpoints(checkpointer.as_ref());
+                cluster.barrier();
+                timed(|| metered(|| engine.run()))?
+            }
+        };
+        let ((run, client), cpu_s) = run;
+        let mut run = run;
+        if let (Some(t), Some(reads)) = (&self.s3, run.object.take()) {
+            // The reads' log and this rank's other requests (checkpoints) together.
+            let mut all = crate::s3_client::RequestLog::from_wire(&reads).unwrap_or_default();
+            all.merge(&t.log.lock().unwrap());
+            run.object = Some(all.to_wire());
+        }
         let report = RankReport {
             rank: cluster.rank,
             hostname: cluster.hostname.clone(),
             mem_total_bytes: mem_total_bytes(),
-            cpu_s: cpu_seconds() - cpu0,
+            cpu_s,
             client,
             run,
         };
@@ -831,8 +947,28 @@ impl Job {
             let per_rank: Vec<_> = reports.iter().map(|r| r.run.checkpoints.clone()).collect();
             summary["writes"] = crate::trace_writes::summary(&per_rank);
         }
+        if let Some(t) = &self.s3 {
+            if let Some(o) = crate::s3_writes::combine_logs(reports.iter().filter_map(|r| r.run.object.as_ref())) {
+                summary["object"] = o;
+            }
+            summary["settings"]["storage"] = t.settings_json();
+        }
         Ok(Some(summary))
     }
+}
+
+/// `f`'s result with the scheduler's account of this rank's threads over it (client.rs).
+fn metered<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, crate::client::ClientCpu)> {
+    let meter = crate::client::Meter::start();
+    let out = f()?;
+    Ok((out, meter.finish()))
+}
+
+/// Runs `f`, with the process CPU seconds it took.
+fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
+    let cpu0 = cpu_seconds();
+    let out = f()?;
+    Ok((out, cpu_seconds() - cpu0))
 }
 
 fn median(v: &[f64]) -> Option<f64> {

@@ -129,6 +129,8 @@ pub struct Workload {
     /// Overrides (`--param KEY=VALUE`, `++workload.KEY=VALUE`) applied to the file, in
     /// order, each as `KEY=VALUE`.
     pub params: Vec<String>,
+    /// `storage.storage_type: s3`: the dataset and checkpoints are objects (object_store.rs).
+    pub object_store: Option<crate::object_store::ObjectStore>,
 }
 
 /// Every key trainio reads from a workload file: what `--param` may set.
@@ -183,6 +185,12 @@ pub const KNOWN_KEYS: &[&str] = &[
     "checkpoint.steps_between_checkpoints",
     "checkpoint.model_size",
     "storage.storage_type",
+    "storage.storage_root",
+    "storage.storage_library",
+    "storage.protocol",
+    "storage.storage_options.endpoint_url",
+    "storage.storage_options.region",
+    "storage.storage_options.secure",
     "dataset.data_folder",
 ];
 
@@ -205,8 +213,12 @@ pub const QUIET_KEYS: &[&str] = &[
     "workflow.generate_data",
     "workflow.evaluation",
     "workflow.profiling",
-    "storage.storage_root",
     "storage.storage_options",
+    "reader.storage_type",
+    "reader.storage_root",
+    "reader.storage_library",
+    "reader.storage_options",
+    "reader.protocol",
     "checkpoint.type",
     "checkpoint.checkpoint_rank_sync",
     "checkpoint.steps_between_checkpoints",
@@ -393,7 +405,7 @@ impl Workload {
         for p in params {
             applied.push(apply_param(&mut root, p)?);
         }
-        refuse_object_storage(&root)?;
+        let object_store = crate::object_store::ObjectStore::from_root(&root)?;
         let empty = Value::Mapping(Default::default());
         let workflow = root.get("workflow").unwrap_or(&empty);
         let do_checkpoint = boolean(workflow, "workflow", "checkpoint")?.unwrap_or(false);
@@ -496,6 +508,7 @@ impl Workload {
             train: train_flag,
             dataset_only: train_flag && !do_train,
             params: applied,
+            object_store,
         };
         workload.validate()?;
         Ok(workload)
@@ -540,26 +553,6 @@ impl Workload {
         }
         Ok(())
     }
-}
-
-/// A workload that reads object storage cannot be honoured by replaying files: refused,
-/// unless the user asks for local files (`--param storage.storage_type=local_fs`).
-fn refuse_object_storage(root: &Value) -> Result<()> {
-    let storage = root.get("storage").and_then(|s| s.get("storage_type")).and_then(Value::as_str);
-    let folder = root.get("dataset").and_then(|d| d.get("data_folder")).and_then(Value::as_str);
-    let local = matches!(storage, None | Some("local_fs"));
-    let remote_folder = folder.filter(|f| f.contains("://"));
-    if !local || (storage.is_none() && remote_folder.is_some()) {
-        let what = match (storage, remote_folder) {
-            (Some(t), _) if t != "local_fs" => format!("storage.storage_type: {t}"),
-            (_, Some(f)) => format!("dataset.data_folder: {f}"),
-            _ => "object storage".into(),
-        };
-        bail!(
-            "reads object storage ({what}), which trainio does not emulate (it replays files under --data-dir); add --param storage.storage_type=local_fs to run it on local files anyway"
-        );
-    }
-    Ok(())
 }
 
 fn shuffle(reader: &Value, key: &str) -> Result<Shuffle> {
@@ -655,7 +648,13 @@ mod tests {
         assert!(typo_warnings(&clean).is_empty(), "{:?}", typo_warnings(&clean));
         let s3 = format!("{V2}storage:\n  storage_type: s3\n");
         let e = format!("{:#}", Workload::from_yaml(&s3, "x").unwrap_err());
-        assert!(e.contains("storage.storage_type: s3") && e.contains("local_fs"), "{e}");
+        assert!(e.contains("storage.storage_root: missing"), "{e}");
+        let bucket = format!("{s3}  storage_root: mlp-bucket/run\n  storage_library: minio\n");
+        let store = Workload::from_yaml(&bucket, "x").unwrap().object_store.unwrap();
+        assert_eq!((store.bucket.as_str(), store.prefix.as_str()), ("mlp-bucket", "run"));
+        let gcs = format!("{V2}storage:\n  storage_type: gcs\n");
+        let e = format!("{:#}", Workload::from_yaml(&gcs, "x").unwrap_err());
+        assert!(e.contains("storage.storage_type: gcs") && e.contains("local_fs"), "{e}");
         let url = V2.replace("format: npz", "format: npz\n  data_folder: s3://bucket");
         assert!(Workload::from_yaml(&url, "x").is_err());
         let local = Workload::from_yaml_with(&s3, "x", &["storage.storage_type=local_fs".into()]);

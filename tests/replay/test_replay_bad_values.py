@@ -32,7 +32,7 @@ def test_bad_numbers_are_one_line_exit_2(tmpfs_dir: Path, key: str, value: str, 
         assert not (tmpfs_dir / "d").exists()
 
 
-def test_a_typo_is_named_and_object_storage_is_refused(tmpfs_dir: Path) -> None:
+def test_a_typo_is_named_and_an_object_storage_without_bucket_is_refused(tmpfs_dir: Path) -> None:
     wl = write_workload(tmpfs_dir / "wl.yaml", files=8, record=64 << 10, batch=2)
     wl.write_text(wl.read_text().replace("batch_size: 2", "batch_sise: 2"))
     p = run_trainio("datagen", "--workload", wl, "--data-dir", tmpfs_dir / "d")
@@ -41,6 +41,6 @@ def test_a_typo_is_named_and_object_storage_is_refused(tmpfs_dir: Path) -> None:
     s3.write_text(wl.read_text() + "storage:\n  storage_type: s3\n")
     p = run_trainio("replay", "--workload", s3, "--data-dir", tmpfs_dir / "e", check=False)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert "storage.storage_type: s3" in p.stderr and not (tmpfs_dir / "e").exists()
+    assert "storage.storage_root: missing" in p.stderr and not (tmpfs_dir / "e").exists()
     run_trainio("datagen", "--workload", s3, "--data-dir", tmpfs_dir / "e", "--param", "storage.storage_type=local_fs")
     assert (tmpfs_dir / "e" / "train").is_dir()

@@ -1,0 +1,101 @@
+"""The S3 server the tests talk to, and a small S3 client of the tests' own (SigV4 with
+hashlib/hmac over urllib), so what trainio put is listed by code that shares nothing
+with trainio's Rust client."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import hmac
+import urllib.error
+import urllib.parse
+import urllib.request
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+
+
+@dataclasses.dataclass
+class S3Server:
+    endpoint: str
+    root: Path
+    access_key: str
+    secret_key: str
+    last_headers: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def bucket(self, name: str) -> str:
+        """Creates bucket `name` (s3s-fs keeps a bucket as a directory of its root)."""
+        (self.root / name).mkdir()
+        return name
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment MLPerf's object mode reads: endpoint and keys."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            **extra,
+        }
+
+    def request(self, method: str, path: str, query: dict[str, str] | None = None, *, secret: str | None = None):
+        """A signed request; returns (status, body)."""
+        query = query or {}
+        host = urllib.parse.urlsplit(self.endpoint).netloc
+        now = datetime.datetime.now(datetime.UTC)
+        amz, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+        qs = "&".join(
+            f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}"
+            for k, v in sorted(query.items())
+        )
+        payload = hashlib.sha256(b"").hexdigest()
+        signed = "host;x-amz-content-sha256;x-amz-date"
+        headers = f"host:{host}\nx-amz-content-sha256:{payload}\nx-amz-date:{amz}\n"
+        canonical = f"{method}\n{urllib.parse.quote(path)}\n{qs}\n{headers}\n{signed}\n{payload}"
+        scope = f"{day}/us-east-1/s3/aws4_request"
+        to_sign = f"AWS4-HMAC-SHA256\n{amz}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+        key = ("AWS4" + (secret or self.secret_key)).encode()
+        for part in (day, "us-east-1", "s3", "aws4_request"):
+            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+        sig = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+        auth = f"AWS4-HMAC-SHA256 Credential={self.access_key}/{scope}, SignedHeaders={signed}, Signature={sig}"
+        req = urllib.request.Request(
+            f"{self.endpoint}{urllib.parse.quote(path)}" + (f"?{qs}" if qs else ""),
+            method=method,
+            headers={"x-amz-date": amz, "x-amz-content-sha256": payload, "authorization": auth},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                self.last_headers = dict(r.headers)
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def etag(self, bucket: str, key: str) -> str:
+        """The object's ETag (HeadObject): a multipart upload's ends in -PARTS."""
+        status, _ = self.request("HEAD", f"/{bucket}/{key}")
+        assert status == 200, status
+        return {k.lower(): v for k, v in self.last_headers.items()}["etag"].strip('"')
+
+    def list(self, bucket: str, prefix: str = "") -> dict[str, int]:
+        """Every object under `prefix`: key -> size, through ListObjectsV2."""
+        out: dict[str, int] = {}
+        token = None
+        while True:
+            q = {"list-type": "2", "prefix": prefix}
+            if token:
+                q["continuation-token"] = token
+            status, body = self.request("GET", f"/{bucket}", q)
+            assert status == 200, (status, body[:300])
+            tree = ET.fromstring(body)
+            for c in tree.iter(f"{NS}Contents"):
+                out[c.findtext(f"{NS}Key")] = int(c.findtext(f"{NS}Size"))
+            token = tree.findtext(f"{NS}NextContinuationToken")
+            if tree.findtext(f"{NS}IsTruncated") != "true" or not token:
+                return out
+
+    def files_on_disk(self, bucket: str) -> dict[str, int]:
+        """The server's own directory: key -> bytes, as s3s-fs stored them."""
+        base = self.root / bucket
+        return {str(p.relative_to(base)): p.stat().st_size for p in base.rglob("*") if p.is_file()}
