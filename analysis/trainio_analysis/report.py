@@ -316,6 +316,19 @@ def _gpus(
     return fig
 
 
+def _sweep_need(sw: dict[str, Any]) -> str:
+    """What one simulated accelerator of a workload sweep needs (record × batch / compute
+    time, `per_gpu_need_mib_s`), and the supported count's total; empty without it."""
+    need = sw.get("per_gpu_need_mib_s")
+    if not isinstance(need, int | float) or isinstance(need, bool):
+        return ""
+    who = f"simulated {sw['accelerator']}" if isinstance(sw.get("accelerator"), str) else "simulated GPU"
+    total = need * int(sw["supported_gpus"])
+    return html.escape(
+        f"; one {who} needs {need:.1f} MiB/s at 100% AU, {int(sw['supported_gpus'])} of them {total:.1f} MiB/s"
+    )
+
+
 def _sweep_figure(sweeps: list[tuple[str, dict[str, Any]]]) -> go.Figure:
     fig = go.Figure()
     threshold = None
@@ -524,6 +537,7 @@ def _summary(
         f'<p class="answer">Sweep {html.escape(name)} ({html.escape(str(sw.get("workload", "")))}): '
         f"<b>{int(sw['supported_gpus'])} GPUs supported</b> at AU ≥ {sw.get('threshold_percent', 90):g} %"
         + (" (the sweep stopped at its --max-gpus)" if sw.get("limited_by_max_gpus") else "")
+        + _sweep_need(sw)
         + "</p>"
         for name, sw in sweeps
     )

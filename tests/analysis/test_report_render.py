@@ -75,6 +75,8 @@ def _sweep(path: Path) -> Path:
                 "threshold_percent": 90.0,
                 "supported_gpus": 12,
                 "limited_by_max_gpus": False,
+                "accelerator": "b200",
+                "per_gpu_need_mib_s": 6041.14,
                 "curve": curve,
                 "runs": [],
             }
@@ -208,6 +210,8 @@ def test_sizing_report_of_1_and_15_gpus_renders_in_headless_chromium(tmp_path: P
     assert len(re.findall(r">p99\.9 ", sections["latency-cdf"])) == 2
     summary = dom[dom.index('id="summary"') : dom.index('id="sweep"')]
     assert "12 GPUs supported" in summary
+    # the need of one accelerator (sweep's per_gpu_need_mib_s), and of the 12 supported
+    assert "one simulated b200 needs 6041.1 MiB/s at 100% AU, 12 of them 72493.7 MiB/s" in summary
     for want in (
         "gpu-node-3",
         "6.1.0-28-amd64",

@@ -1,5 +1,6 @@
 """`replay --runs N` (MLPerf's result: the mean of 5 runs on one dataset) and the run
-rules checked against the results: dataset size, AU threshold, cache, number of runs."""
+rules checked against the results: dataset size, AU threshold, cache, number of runs, and
+the run's MLPerf Storage v3.0 category."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from replay_helpers import load_json, run_trainio, write_workload
 
-RULES = ["dataset_size", "au_threshold", "cache", "runs"]
+RULES = ["dataset_size", "au_threshold", "cache", "runs", "category"]
 
 
 def replay(tmp_path, *extra, name="r.json", check=True):
@@ -26,6 +27,10 @@ def by_name(rules):
     assert [r["name"] for r in rules] == RULES, rules
     for r in rules:
         assert isinstance(r["pass"], bool) and r["reason"], r
+    # The test workload's model ("test") is none of v3.0's: whatif, and not submittable.
+    category = rules[-1]
+    assert (category["verdict"], category["pass"]) == ("whatif", False), category
+    assert "test is not a training workload of MLPerf Storage v3.0" in category["reason"], category
     return {r["name"]: r for r in rules}
 
 
