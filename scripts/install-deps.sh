@@ -66,6 +66,14 @@ if ! cmp -s tests/interop/requirements.txt .venv/.requirements-interop; then
   .venv/bin/pip install --quiet -r tests/interop/requirements.txt
   cp tests/interop/requirements.txt .venv/.requirements-interop
 fi
+# DLIO itself for tests/replay (tests/replay/requirements-dlio.txt says why --no-deps).
+if ! cmp -s tests/replay/requirements-dlio.txt .venv/.requirements-dlio; then
+  echo "install-deps: installing tests/replay/requirements-dlio.txt (DLIO) into .venv"
+  .venv/bin/pip install --quiet --no-deps -r tests/replay/requirements-dlio.txt
+  rm -rf .venv/dlio-site
+  .venv/bin/pip install --quiet --no-deps --target .venv/dlio-site pydftracer==1.0.2
+  cp tests/replay/requirements-dlio.txt .venv/.requirements-dlio
+fi
 # s3s-fs, the S3 server of the object-storage tests (tests/objectstore): real HTTP, SigV4,
 # multipart uploads and ranged GETs over a directory (docs/design.md says why this one).
 # 0.14.1 is the last release that builds with this machine's Rust (0.15 wants 1.96);

@@ -2,9 +2,10 @@
 (unchanged, scaled down by overrides) on the npz layout DLIO's generator writes, and the
 one-line refusals where the directory does not hold the layout the workload implies.
 
-dlio-benchmark 2.0.0 from PyPI requires tensorflow and nvidia-dali-cuda110 (not on
-PyPI), so it does not install in the test venv; `dlio_npz_dataset` writes what its
-NPZGenerator writes instead (dlio_benchmark/data_generator/npz_generator.py and
+DLIO itself generates one in the last test (dlio-benchmark 2.0.0 from PyPI, installed
+without the tensorflow and nvidia-dali-cuda110 it requires and never uses here:
+tests/replay/requirements-dlio.txt). The faster tests use `dlio_npz_dataset`, which
+writes what its NPZGenerator writes (dlio_benchmark/data_generator/npz_generator.py and
 data_generator.py, 2.0.0): `train/img_<i>_of_<N>.npz`, i padded to the digits of N, each
 `np.savez(x=uint8 array of shape (d1, d2, samples per file), y=labels)` with d1, d2 drawn
 from normal(sqrt(record), stdev / 2 / sqrt(record)) after np.random.seed(10), and an
@@ -14,10 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
-from replay_helpers import load_json, run_trainio
+import pytest
+from replay_helpers import MPI_ENV, ROOT, load_json, run_trainio
 
 UNET3D = Path(__file__).resolve().parent / "data" / "dlio-configs" / "mlperf-storage-v3" / "unet3d_h100.yaml"
 FILES, RECORD, STDEV = 14, 65536, 16384
@@ -104,3 +109,60 @@ def test_a_layout_that_does_not_match_is_refused_in_one_line(tmpfs_dir: Path) ->
     # datagen does not write into it.
     g = run_trainio("datagen", "--workload", UNET3D, "--data-dir", data, *SCALE[:3], check=False)
     assert g.returncode == 2 and "not a trainio dataset" in g.stderr
+
+
+# DLIO's own generator, run as `dlio_benchmark` runs (hydra overrides on its unet3d
+# workload; 2.0.0 names the record length `record_length`). Its profiler needs the
+# pydftracer it pins (.venv/dlio-site, scripts/install-deps.sh), and it imports tensorflow
+# at module level for its TF profiler and framework, which a PyTorch workload's datagen
+# never calls: an empty module stands in (the wheel's tensorflow requirement is not met).
+DLIO_GENERATE = """
+import runpy, sys, types
+sys.modules["tensorflow"] = types.ModuleType("tensorflow")
+sys.argv = ["dlio_benchmark"] + sys.argv[1:]
+runpy.run_module("dlio_benchmark.main", run_name="__main__")
+"""
+
+
+def test_replays_a_dataset_dlio_itself_generated_in_place(tmpfs_dir: Path) -> None:
+    """DLIO 2.0.0 (from PyPI) generates unet3d's npz files; the replay of v3.0's
+    unet3d_h100.yaml with the same overrides reads every byte of them in place."""
+    site = ROOT / ".venv" / "dlio-site"
+    if not (site / "dftracer").is_dir():
+        pytest.fail(f"{site}: DLIO's pydftracer is missing: run scripts/install-deps.sh")
+    data = tmpfs_dir / "unet3d"
+    gen = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DLIO_GENERATE,
+            "workload=unet3d_h100",
+            "++workload.workflow.generate_data=True",
+            "++workload.workflow.train=False",
+            f"++workload.dataset.num_files_train={FILES}",
+            f"++workload.dataset.data_folder={data}",
+            f"++workload.dataset.record_length={RECORD}",
+            f"++workload.dataset.record_length_stdev={STDEV}",
+            f"hydra.run.dir={tmpfs_dir / 'dlio-out'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmpfs_dir,
+        env={**os.environ, **MPI_ENV, "PYTHONPATH": str(site), "DFTRACER_ENABLE": "0"},
+    )
+    assert gen.returncode == 0, gen.stdout[-2000:] + gen.stderr[-2000:]
+    paths = sorted((data / "train").glob("*.npz"))
+    assert len(paths) == FILES, paths
+    sizes = [p.stat().st_size for p in paths]
+    assert len(set(sizes)) > 1, "DLIO draws each file's dimensions"
+    before = snapshot(data)
+    out = tmpfs_dir / "r.json"
+    p = run_trainio("replay", "--workload", UNET3D, "--data-dir", data, "--json", out, *SCALE)
+    j = load_json(out)
+    assert j["steps"] == 2 and j["bytes_read"] == sum(sizes), (j["steps"], j["bytes_read"], sum(sizes))
+    assert j["settings"]["dataset_files"] == FILES and j["settings"]["dataset_bytes"] == sum(sizes)
+    assert any("DLIO's dataset, read in place" in ln for ln in p.stderr.splitlines()), p.stderr
+    after = snapshot(data)
+    assert {k: v for k, v in after.items() if k in before} == before
