@@ -316,9 +316,8 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
             Some(p) => p.write(&mut out, &mut fill).map(|_| None),
             None => formats::write_file(layout.format, &mut out, layout.samples_per_file, f.sample, &mut fill),
         };
-        let patch = written
-            .and_then(|p| out.flush().map(|_| p))
-            .with_context(|| format!("writing {}", path.display()))?;
+        let patch =
+            written.and_then(|p| out.flush().map(|_| p)).with_context(|| format!("writing {}", path.display()))?;
         if let Some((at, bytes)) = patch {
             use std::os::unix::fs::FileExt;
             out.get_ref().write_all_at(&bytes, at).with_context(|| format!("writing {}", path.display()))?;

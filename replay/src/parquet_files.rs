@@ -315,9 +315,9 @@ impl Spec {
             None | Some("none") => Codec::None,
             Some("snappy") => Codec::Snappy,
             Some("gzip") => Codec::Gzip,
-            Some(other) => bail!(
-                "dataset.compression: '{other}' is not a codec trainio writes Parquet with (none, snappy, gzip)"
-            ),
+            Some(other) => {
+                bail!("dataset.compression: '{other}' is not a codec trainio writes Parquet with (none, snappy, gzip)")
+            }
         };
         Ok(Spec { columns, row_group_size, generation_batch, codec, cache })
     }

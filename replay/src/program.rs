@@ -135,7 +135,8 @@ impl WorkloadProgram {
     /// of `file`: pyarrow's footer reads when the reader opens the file (once an epoch:
     /// it keeps files open), then, unless it holds the row's row group, pyarrow's reads
     /// of that row group's columns asked for (parquet_files.rs).
-    fn parquet_reads(&self, gpu: usize, worker: usize, epoch: u64, file: usize, k: u64) -> Vec<Req> {
+    /// Each request is (offset, bytes, WILLNEED hint rather than a read).
+    fn parquet_reads(&self, gpu: usize, worker: usize, epoch: u64, file: usize, k: u64) -> Vec<(u64, u64, bool)> {
         let Some(layout) = &self.layout.parquet else {
             return Vec::new();
         };
@@ -146,13 +147,16 @@ impl WorkloadProgram {
         }
         let mut out = Vec::new();
         if reader.opened.insert(file) {
-            out.extend(layout.footer_reads());
+            out.extend(layout.footer_reads().into_iter().map(|(o, n)| (o, n, false)));
         }
         let rg = layout.row_group_of(k);
         if let Some(i) = reader.cached.iter().position(|&c| c == (file, rg)) {
             reader.cached.remove(i);
         } else {
-            out.extend(layout.row_group_reads(rg));
+            // Arrow's read cache: WILLNEED for every range, then the reads.
+            let ranges = layout.row_group_reads(rg);
+            out.extend(ranges.iter().map(|&(o, n)| (o, n, true)));
+            out.extend(ranges.into_iter().map(|(o, n)| (o, n, false)));
             if reader.cached.len() as u64 >= layout.spec.cache {
                 reader.cached.pop_front();
             }
@@ -400,8 +404,9 @@ impl Program for WorkloadProgram {
             let worker = (step % self.read_threads.max(1) as u64) as usize;
             let mut last = None;
             for (f, k) in samples {
-                for (offset, len) in self.parquet_reads(gpu, worker, epoch, f, k) {
-                    reads.push(SampleRead { chain: last == Some(f), ..SampleRead::new(f as u32, offset, len) });
+                for (offset, len, advise) in self.parquet_reads(gpu, worker, epoch, f, k) {
+                    let chain = last == Some(f);
+                    reads.push(SampleRead { chain, advise, ..SampleRead::new(f as u32, offset, len) });
                     last = Some(f);
                 }
             }

@@ -142,9 +142,6 @@ mod tests {
         w.begin(22);
         w.bool(1, true);
         w.end();
-        assert_eq!(
-            w.finish(),
-            [0x15, 2, 0x36, 1, 0x08, 40, 2, b'a', b'b', 0x19, 0x25, 0, 6, 0x1c, 0x11, 0, 0]
-        );
+        assert_eq!(w.finish(), [0x15, 2, 0x36, 1, 0x08, 40, 2, b'a', b'b', 0x19, 0x25, 0, 6, 0x1c, 0x11, 0, 0]);
     }
 }

@@ -112,15 +112,26 @@ def drop_cache(data: Path) -> None:
 
 
 def record_real(
-    out: Path, fmt: str, data: Path, *, spf: int, batch: int, threads: int, wrap=list, loader: str = "pytorch"
+    out: Path,
+    fmt: str,
+    data: Path,
+    *,
+    spf: int,
+    batch: int,
+    threads: int,
+    wrap=list,
+    loader: str = "pytorch",
+    extra: tuple = (),
 ) -> None:
     """`trainio record` of the real reader (real_reader.py; indexed_reader.py for DLIO's
-    indexed_binary formats, under the PyTorch or DALI loader) reading the dataset; `wrap`
-    turns the reader's command into the one to trace (e.g. Throttle.wrap)."""
+    indexed_binary formats, under the PyTorch or DALI loader) reading the dataset, with
+    `extra` arguments; `wrap` turns the reader's command into the one to trace (e.g.
+    Throttle.wrap)."""
     script = INDEXED_READER if fmt.endswith("indexed_binary") else REAL_READER
     reader = [sys.executable, script, fmt, data, "--spf", spf, "--batch", batch, "--threads", threads]
     if script == INDEXED_READER:
         reader += ["--loader", loader]
+    reader += list(extra)
     trainio("record", "-o", out, "--layers", "block,file", "--", *wrap(reader))
 
 
