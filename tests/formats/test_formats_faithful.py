@@ -19,7 +19,16 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from formats_testlib import compare, drop_cache, record_emulation, record_real, trainio, write_workload
+from formats_testlib import (
+    PARQUET_SELECTED,
+    compare,
+    drop_cache,
+    parquet_workload,
+    record_emulation,
+    record_real,
+    trainio,
+    write_workload,
+)
 
 from trainio_testlib import throttled_cgroup
 
@@ -166,25 +175,6 @@ def test_whole_sample_reads_are_not_numpys(fs, tmp_path: Path) -> None:
     assert file_layer["size_w1_log2"] > 0.5, file_layer
 
 
-def _parquet_workload(path: Path, *, select: bool) -> Path:
-    """16 files of 64 rows in row groups of 8; a row is a label, two 4 KiB lists read
-    and, between them, an 8 KiB list read only without selection (DLIO's `read` flag).
-    A batch is a file, so one worker reads a file's footer and all its row groups. (With
-    fewer, larger row groups the replay's two small writes of its lock file weigh enough
-    among the block requests to move the size W1 by 0.15 octave.)"""
-    wl = write_workload(path, fmt="parquet", files=16, spf=64, record=1, batch=64, threads=2)
-    columns = f"""  parquet:
-    row_group_size: 8
-    columns:
-      - {{name: label, dtype: float32, size: 1, read: true}}
-      - {{name: a, dtype: float32, size: 1024, read: true}}
-      - {{name: b, dtype: float32, size: 2048, read: {str(not select).lower()}}}
-      - {{name: c, dtype: float32, size: 1024, read: true}}
-"""
-    wl.write_text(wl.read_text().replace("  record_length_bytes: 1\n", columns, 1))
-    return wl
-
-
 def _record_both(data: Path, wl: Path, tmp: Path, fmt: str, majmin: str, *, spf: int, batch: int, extra: tuple = ()):
     """The real reader, then the replay, each recorded on the throttled device."""
     real, emu = tmp / "real", tmp / "emu"
@@ -205,9 +195,9 @@ def test_parquet_emulation_reads_as_pyarrow(fs, tmp_path: Path, select: bool) ->
     sizes within 0.1 octave and per-issue queue depths within 1 at the block layer."""
     _, majmin, mnt = fs
     data = mnt / f"data-parquet-{select}"
-    wl = _parquet_workload(tmp_path / "w.yaml", select=select)
+    wl = parquet_workload(tmp_path / "w.yaml", files=16, select=select)
     trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
-    extra = ("--columns", "label,a,c") if select else ()
+    extra = PARQUET_SELECTED if select else ()
     real, emu, result = _record_both(data, wl, tmp_path, "parquet", majmin, spf=64, batch=64, extra=extra)
 
     block = compare(real, emu, majmin, "block")
