@@ -536,6 +536,44 @@ mod tests {
     }
 
     #[test]
+    fn parquet_readers_keep_files_open_and_their_last_row_groups() {
+        // 2 files of 8 rows in row groups of 2, batch 4, 2 workers: worker 0 reads batches
+        // 0 and 2 (rows 0-3 of file 0, then of file 1), worker 1 batches 1 and 3.
+        let y = "dataset:\n  format: parquet\n  num_files_train: 2\n  num_samples_per_file: 8\n  parquet:\n    row_group_size: 2\n    row_group_cache_size: 1\n    columns:\n      - {name: a, dtype: float32, size: 1024}\n      - {name: b, dtype: float32, size: 4096, read: false}\n      - {name: c, dtype: float32, size: 1024}\nreader:\n  batch_size: 4\n  read_threads: 2\ntrain:\n  computation_time: 0.1\n";
+        let w = Workload::from_yaml(y, "t").unwrap();
+        assert_eq!(w.record_length, 6144.0 * 4.0, "a row's bytes when the file gives none");
+        let layout = Layout::from_workload(&w, 1, 0, Path::new("/d"));
+        let pq = layout.parquet.clone().unwrap();
+        let p = WorkloadProgram::new(&w, layout, 1, &[0], 1 << 20, 0, false, TF_BUFFER);
+        assert_eq!(p.reader_json("parquet", "pytorch")["model"], "pyarrow-row-group");
+        let reads = |step| -> Vec<(u32, u64, u64, bool, bool)> {
+            p.batch(0, 0, step).reads.iter().map(|r| (r.file, r.offset, r.len, r.advise, r.chain)).collect()
+        };
+        // Row groups 0 and 1 of file 0: the footer, then each row group's two ranges (b,
+        // unread, lies between a and c), WILLNEED first; all on one open.
+        let mut want = vec![];
+        for (o, n) in pq.footer_reads() {
+            want.push((0, o, n, false, !want.is_empty()));
+        }
+        for rg in [0, 1] {
+            let ranges = pq.row_group_reads(rg);
+            assert_eq!(ranges.len(), 2);
+            for advise in [true, false] {
+                for &(o, n) in &ranges {
+                    want.push((0, o, n, advise, true));
+                }
+            }
+        }
+        assert_eq!(reads(0), want);
+        // Worker 1 reads file 0's other rows: its own reader, so the footer again.
+        assert_eq!(reads(1)[0], want[0]);
+        // Worker 0 again, file 1; then a new epoch forgets what the readers held.
+        let file1 = reads(2);
+        assert_eq!((file1.len(), file1[0].0), (want.len(), 1));
+        assert_eq!(p.batch(0, 1, 0).reads.len(), want.len());
+    }
+
+    #[test]
     fn hdf5_samples_are_h5pys_reads_on_one_open() {
         let y = "dataset:\n  format: hdf5\n  num_files_train: 2\n  num_samples_per_file: 4\n  record_length_bytes: 262144\nreader:\n  batch_size: 2\n  read_threads: 1\ntrain:\n  computation_time: 0.1\n";
         let w = Workload::from_yaml(y, "t").unwrap();
