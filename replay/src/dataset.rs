@@ -312,9 +312,11 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
             }
             bar.inc(buf.len() as u64);
         };
-        let written = match &layout.parquet {
-            Some(p) => p.write(&mut out, &mut fill).map(|_| None),
-            None => formats::write_file(layout.format, &mut out, layout.samples_per_file, f.sample, &mut fill),
+        let written = match (&layout.parquet, layout.format) {
+            (Some(p), _) => p.write(&mut out, &mut fill).map(|_| None),
+            // The file's index seeds the image's coefficients: images differ.
+            (None, Format::Jpeg) => crate::jpeg::write(&mut out, f.sample, i as u64).map(|_| None),
+            (None, format) => formats::write_file(format, &mut out, layout.samples_per_file, f.sample, &mut fill),
         };
         let patch =
             written.and_then(|p| out.flush().map(|_| p)).with_context(|| format!("writing {}", path.display()))?;
