@@ -66,6 +66,12 @@ if ! cmp -s tests/interop/requirements.txt .venv/.requirements-interop; then
   .venv/bin/pip install --quiet -r tests/interop/requirements.txt
   cp tests/interop/requirements.txt .venv/.requirements-interop
 fi
+# duckdb, a third reader of datagen's Parquet files (tests/formats).
+if ! cmp -s tests/formats/requirements.txt .venv/.requirements-formats; then
+  echo "install-deps: installing tests/formats/requirements.txt (duckdb) into .venv"
+  .venv/bin/pip install --quiet -r tests/formats/requirements.txt
+  cp tests/formats/requirements.txt .venv/.requirements-formats
+fi
 # DLIO itself for tests/replay (tests/replay/requirements-dlio.txt says why --no-deps).
 if ! cmp -s tests/replay/requirements-dlio.txt .venv/.requirements-dlio; then
   echo "install-deps: installing tests/replay/requirements-dlio.txt (DLIO) into .venv"

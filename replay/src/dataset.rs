@@ -10,6 +10,7 @@
 //! that marker, or into a device node, unless `--force` is given.
 
 use crate::formats::{self, Format};
+use crate::parquet_files as formats_parquet;
 use crate::workload::Workload;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -44,6 +45,9 @@ pub struct Layout {
     pub description: String,
     /// The files' format (formats.rs): how datagen writes them and the replay reads them.
     pub format: Format,
+    /// Parquet: where the row groups and column chunks of every file lie (all files have
+    /// the same).
+    pub parquet: Option<std::sync::Arc<formats_parquet::FileLayout>>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -86,7 +90,13 @@ impl Layout {
             Format::Hdf5(_) => "hdf5",
             Format::IndexedBinary => "indexed_binary",
             Format::MmapIndexedBinary => "mmap_indexed_binary",
+            Format::Parquet => "parquet",
+            Format::Jpeg => "jpeg",
             Format::Raw => "dat",
+        };
+        let parquet = match (format, &workload.parquet) {
+            (Format::Parquet, Some(spec)) => Some(std::sync::Arc::new(formats_parquet::FileLayout::new(spec, spf))),
+            _ => None,
         };
         let files = (0..n)
             .map(|i| {
@@ -105,7 +115,10 @@ impl Layout {
                 } else {
                     PathBuf::from("train").join(name)
                 };
-                DataFile { rel, size: formats::shape(format, spf, sample).size, sample }
+                match &parquet {
+                    Some(p) => DataFile { rel, size: p.size, sample: p.spec.row_bytes() },
+                    None => DataFile { rel, size: formats::shape(format, spf, sample).size, sample },
+                }
             })
             .collect();
         Layout {
@@ -114,6 +127,7 @@ impl Layout {
             samples_per_file: spf,
             description: format!("workload {}", workload.name),
             format,
+            parquet,
         }
     }
 
@@ -298,9 +312,14 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
             }
             bar.inc(buf.len() as u64);
         };
-        let patch = formats::write_file(layout.format, &mut out, layout.samples_per_file, f.sample, &mut fill)
-            .and_then(|p| out.flush().map(|_| p))
-            .with_context(|| format!("writing {}", path.display()))?;
+        let written = match (&layout.parquet, layout.format) {
+            (Some(p), _) => p.write(&mut out, &mut fill).map(|_| None),
+            // The file's index seeds the image's coefficients: images differ.
+            (None, Format::Jpeg) => crate::jpeg::write(&mut out, f.sample, i as u64).map(|_| None),
+            (None, format) => formats::write_file(format, &mut out, layout.samples_per_file, f.sample, &mut fill),
+        };
+        let patch =
+            written.and_then(|p| out.flush().map(|_| p)).with_context(|| format!("writing {}", path.display()))?;
         if let Some((at, bytes)) = patch {
             use std::os::unix::fs::FileExt;
             out.get_ref().write_all_at(&bytes, at).with_context(|| format!("writing {}", path.display()))?;

@@ -50,11 +50,15 @@ pub struct SampleRead {
     /// Trace mode: the job read these bytes through a memory mapping (page faults), so
     /// the replay maps them and touches each page in order rather than reading them.
     pub mapped: bool,
+    /// Workload mode: not a read but posix_fadvise(WILLNEED) of the range, as Arrow's
+    /// read cache asks for the ranges it is about to read (the kernel reads them ahead,
+    /// each exactly); the worker goes straight on to its next request.
+    pub advise: bool,
 }
 
 impl SampleRead {
     pub fn new(file: u32, offset: u64, len: u64) -> SampleRead {
-        SampleRead { file, offset, len, chain: false, close: false, think_ns: 0, mapped: false }
+        SampleRead { file, offset, len, chain: false, close: false, think_ns: 0, mapped: false, advise: false }
     }
 }
 
@@ -680,6 +684,12 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
     }
 
     fn submit_read(&mut self, w: usize, read: SampleRead) -> Result<()> {
+        if read.advise {
+            let (fd, offset, len) = (self.workers[w].fd, read.offset as libc::off_t, read.len as libc::off_t);
+            // A hint: a failure changes what is cached ahead, not what is read.
+            unsafe { libc::posix_fadvise(fd, offset, len, libc::POSIX_FADV_WILLNEED) };
+            return self.after_read(w, read);
+        }
         let max = self.max_request;
         let worker = &self.workers[w];
         let mut offset = read.offset + worker.pos;

@@ -12,8 +12,10 @@
 //!   (contiguous, or chunked along the samples) and `labels` (hdf5.rs);
 //! - `indexed_binary`, `mmap_indexed_binary`: the samples back to back, with two index
 //!   files beside each data file (indexed.rs);
-//! - every other format (`jpeg`, `png` among them, see docs/replay.md): opaque bytes,
-//!   read whole.
+//! - `parquet`: the columns of `dataset.parquet`, as pyarrow writes them for DLIO's
+//!   parquet generator (parquet_files.rs);
+//! - `jpeg`: baseline JPEG images that PIL decodes, of the record length (jpeg.rs);
+//! - every other format (`png` among them, see docs/replay.md): opaque bytes, read whole.
 //!
 //! The array of an npz or npy file, and an hdf5 file's `records_0`, is `uint8` of shape
 //! (samples per file, sample bytes): sample k is the k-th row.
@@ -32,7 +34,11 @@ pub enum Format {
     /// DLIO's indexed_binary and mmap_indexed_binary (indexed.rs): the samples back to back.
     IndexedBinary,
     MmapIndexedBinary,
-    /// Opaque bytes (jpeg, png, and the formats trainio does not lay out).
+    /// Columns in row groups (parquet_files.rs: the layout is the dataset's `Layout`).
+    Parquet,
+    /// One baseline JPEG image a file (jpeg.rs).
+    Jpeg,
+    /// Opaque bytes (png, and the formats trainio does not lay out).
     Raw,
 }
 
@@ -45,6 +51,8 @@ impl Format {
             "hdf5" => Format::Hdf5(0),
             "indexed_binary" => Format::IndexedBinary,
             "mmap_indexed_binary" => Format::MmapIndexedBinary,
+            "parquet" => Format::Parquet,
+            "jpeg" => Format::Jpeg,
             _ => Format::Raw,
         }
     }
@@ -103,9 +111,12 @@ pub struct Shape {
 pub fn shape(format: Format, spf: u64, sample: u64) -> Shape {
     let payload = spf * sample;
     match format {
-        Format::Raw | Format::IndexedBinary | Format::MmapIndexedBinary => {
+        // A Parquet file's size comes from its layout (parquet_files.rs), not from here.
+        Format::Raw | Format::IndexedBinary | Format::MmapIndexedBinary | Format::Parquet => {
             Shape { size: payload, data: 0, member: 0, central: 0, header: 0 }
         }
+        // One image a file, of the sample's bytes, whatever the samples per file.
+        Format::Jpeg => Shape { size: sample, data: 0, member: 0, central: 0, header: 0 },
         Format::Npy => {
             let header = npy_header(&[spf, sample]).len() as u64;
             Shape { size: header + payload, data: header, member: 0, central: 0, header }
@@ -185,6 +196,9 @@ pub fn write_file(
         Format::Raw | Format::IndexedBinary | Format::MmapIndexedBinary => {
             payload(out, 0, spf * sample, &mut None).map(|_| None)
         }
+        // Written by their own modules (dataset.rs calls them), which read plans from here.
+        Format::Parquet => Err(io::Error::other("a Parquet file is written from its layout (parquet_files.rs)")),
+        Format::Jpeg => Err(io::Error::other("a JPEG image is written by jpeg.rs")),
         Format::Npy => {
             out.write_all(&npy_header(&[spf, sample]))?;
             payload(out, 0, spf * sample, &mut None).map(|_| None)
@@ -272,17 +286,17 @@ pub type Req = (u64, u64);
 /// CPython's `io.BufferedReader` (Modules/_io/bufferedio.c) over a file of `size` bytes
 /// with a buffer of `bs` (the file's st_blksize): the read syscalls a sequence of reads
 /// and seeks makes. The buffer holds `[start, end)`; the raw file position is `end`.
-struct PyFile {
+pub struct PyFile {
     bs: u64,
     size: u64,
     start: u64,
     end: u64,
     pos: u64,
-    out: Vec<Req>,
+    pub out: Vec<Req>,
 }
 
 impl PyFile {
-    fn new(bs: u64, size: u64) -> PyFile {
+    pub fn new(bs: u64, size: u64) -> PyFile {
         PyFile { bs, size, start: 0, end: 0, pos: 0, out: Vec::new() }
     }
 
@@ -296,7 +310,7 @@ impl PyFile {
 
     /// seek(target, SEEK_SET/SEEK_CUR): within the buffer when some of it is left,
     /// otherwise an lseek that drops the buffer.
-    fn seek(&mut self, target: u64) {
+    pub fn seek(&mut self, target: u64) {
         if self.end > self.pos && target >= self.start && target <= self.end {
             self.pos = target;
         } else {
@@ -316,7 +330,7 @@ impl PyFile {
 
     /// read(n): from the buffer; else what is left of it, then whole buffers' worth
     /// straight into the caller's memory, then one buffer fill for the rest.
-    fn read(&mut self, n: u64) {
+    pub fn read(&mut self, n: u64) {
         let avail = self.end - self.pos;
         if n <= avail {
             self.pos += n;

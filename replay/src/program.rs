@@ -57,6 +57,17 @@ pub struct WorkloadProgram {
     loader: String,
     /// mmap_indexed_binary: the mappings of the files read so far, by file.
     mapped: RefCell<std::collections::HashMap<usize, crate::indexed::Mapped>>,
+    /// Parquet: per local GPU, per worker, what its reader holds.
+    parquet_readers: RefCell<Vec<Vec<ParquetReader>>>,
+}
+
+/// What one worker's DLIO parquet reader holds in an epoch: the files whose footer it
+/// read (it keeps them open), and the row groups it keeps (least recently used first).
+#[derive(Default, Clone)]
+struct ParquetReader {
+    epoch: u64,
+    opened: std::collections::HashSet<usize>,
+    cached: std::collections::VecDeque<(usize, usize)>,
 }
 
 /// TensorFlow's reader buffer when the workload sets no transfer_size.
@@ -113,7 +124,45 @@ impl WorkloadProgram {
             streamed: RefCell::new(vec![None; n]),
             loader: workload.data_loader.to_ascii_lowercase(),
             mapped: RefCell::new(std::collections::HashMap::new()),
+            parquet_readers: RefCell::new(vec![
+                vec![ParquetReader::default(); workload.read_threads.max(1) as usize];
+                n
+            ]),
         }
+    }
+
+    /// Parquet: the reads DLIO's reader in worker `worker` of GPU `gpu` makes for row `k`
+    /// of `file`: pyarrow's footer reads when the reader opens the file (once an epoch:
+    /// it keeps files open), then, unless it holds the row's row group, pyarrow's reads
+    /// of that row group's columns asked for (parquet_files.rs).
+    /// Each request is (offset, bytes, WILLNEED hint rather than a read).
+    fn parquet_reads(&self, gpu: usize, worker: usize, epoch: u64, file: usize, k: u64) -> Vec<(u64, u64, bool)> {
+        let Some(layout) = &self.layout.parquet else {
+            return Vec::new();
+        };
+        let mut readers = self.parquet_readers.borrow_mut();
+        let reader = &mut readers[gpu][worker];
+        if reader.epoch != epoch {
+            *reader = ParquetReader { epoch, ..Default::default() };
+        }
+        let mut out = Vec::new();
+        if reader.opened.insert(file) {
+            out.extend(layout.footer_reads().into_iter().map(|(o, n)| (o, n, false)));
+        }
+        let rg = layout.row_group_of(k);
+        if let Some(i) = reader.cached.iter().position(|&c| c == (file, rg)) {
+            reader.cached.remove(i);
+        } else {
+            // Arrow's read cache: WILLNEED for every range, then the reads.
+            let ranges = layout.row_group_reads(rg);
+            out.extend(ranges.iter().map(|&(o, n)| (o, n, true)));
+            out.extend(ranges.into_iter().map(|(o, n)| (o, n, false)));
+            if reader.cached.len() as u64 >= layout.spec.cache {
+                reader.cached.pop_front();
+            }
+        }
+        reader.cached.push_back((file, rg));
+        out
     }
 
     /// The order in which GPU `gpu` reads its shard's files in `epoch` (indices into the
@@ -138,6 +187,8 @@ impl WorkloadProgram {
             (_, Format::Hdf5(_)) => ("h5py-row", crate::hdf5::SIEVE),
             (false, Format::IndexedBinary) => ("dlio-indexed-binary", self.blksize),
             (false, Format::MmapIndexedBinary) => ("dlio-mmap-indexed-binary", 0),
+            (_, Format::Parquet) => ("pyarrow-row-group", crate::parquet_files::FOOTER_READ),
+            (false, Format::Jpeg) => ("pil-jpeg", self.blksize),
             _ => ("whole-sample", self.transfer_size),
         };
         serde_json::json!({
@@ -159,6 +210,12 @@ impl WorkloadProgram {
             (false, Format::Npy) => formats::npy_plan(&shape, self.blksize),
             (_, Format::Hdf5(c)) => crate::hdf5::plan(spf, sample, c, k),
             (false, Format::IndexedBinary) => vec![indexed::sample_read(k, sample, self.blksize)],
+            (false, Format::Jpeg) => crate::jpeg::pil_plan(shape.size, self.blksize),
+            // A reader of its own (DALI's workers): the footer, then the row's row group.
+            (_, Format::Parquet) => match &self.layout.parquet {
+                Some(p) => p.footer_reads().into_iter().chain(p.row_group_reads(p.row_group_of(k))).collect(),
+                None => Vec::new(),
+            },
             _ => {
                 let stride = if self.format == Format::TfRecord { sample + formats::TFRECORD_FRAME } else { sample };
                 let start = shape.data + k * stride;
@@ -341,6 +398,20 @@ impl Program for WorkloadProgram {
         }
         let mut reads = self.index_reads(gpu, epoch, step);
         let samples = order[from..to].iter().map(|&k| (files[(k as u64 / spf) as usize], k as u64 % spf));
+        if self.format == Format::Parquet && !self.dali() {
+            // PyTorch's worker step mod W reads this batch; its reader keeps files open,
+            // so reads of one file one after another go on one open of it.
+            let worker = (step % self.read_threads.max(1) as u64) as usize;
+            let mut last = None;
+            for (f, k) in samples {
+                for (offset, len, advise) in self.parquet_reads(gpu, worker, epoch, f, k) {
+                    let chain = last == Some(f);
+                    reads.push(SampleRead { chain, advise, ..SampleRead::new(f as u32, offset, len) });
+                    last = Some(f);
+                }
+            }
+            return Batch { samples: (to - from) as u32, reads, streams: Vec::new() };
+        }
         if !self.dali() {
             reads.extend(samples.flat_map(|(f, k)| self.sample_reads(f, k)));
             return Batch { samples: (to - from) as u32, reads, streams: Vec::new() };
@@ -408,6 +479,12 @@ impl Program for WorkloadProgram {
             (false, Format::IndexedBinary) => {
                 largest.max(indexed::index_bytes(self.layout.samples_per_file)).max(self.blksize)
             }
+            // pyarrow's reads are issued whole: the footer's, a row group's coalesced ranges.
+            (_, Format::Parquet) => self.layout.parquet.as_ref().map_or(plain, |p| {
+                let rgs = (0..p.row_groups.len()).flat_map(|rg| p.row_group_reads(rg));
+                rgs.chain(p.footer_reads()).map(|(_, len)| len).max().unwrap_or(plain)
+            }),
+            (false, Format::Jpeg) => crate::jpeg::PIL_BLOCK.max(self.blksize),
             _ => plain,
         }
     }
@@ -456,6 +533,44 @@ mod tests {
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), 12);
+    }
+
+    #[test]
+    fn parquet_readers_keep_files_open_and_their_last_row_groups() {
+        // 2 files of 8 rows in row groups of 2, batch 4, 2 workers: worker 0 reads batches
+        // 0 and 2 (rows 0-3 of file 0, then of file 1), worker 1 batches 1 and 3.
+        let y = "dataset:\n  format: parquet\n  num_files_train: 2\n  num_samples_per_file: 8\n  parquet:\n    row_group_size: 2\n    row_group_cache_size: 1\n    columns:\n      - {name: a, dtype: float32, size: 1024}\n      - {name: b, dtype: float32, size: 4096, read: false}\n      - {name: c, dtype: float32, size: 1024}\nreader:\n  batch_size: 4\n  read_threads: 2\ntrain:\n  computation_time: 0.1\n";
+        let w = Workload::from_yaml(y, "t").unwrap();
+        assert_eq!(w.record_length, 6144.0 * 4.0, "a row's bytes when the file gives none");
+        let layout = Layout::from_workload(&w, 1, 0, Path::new("/d"));
+        let pq = layout.parquet.clone().unwrap();
+        let p = WorkloadProgram::new(&w, layout, 1, &[0], 1 << 20, 0, false, TF_BUFFER);
+        assert_eq!(p.reader_json("parquet", "pytorch")["model"], "pyarrow-row-group");
+        let reads = |step| -> Vec<(u32, u64, u64, bool, bool)> {
+            p.batch(0, 0, step).reads.iter().map(|r| (r.file, r.offset, r.len, r.advise, r.chain)).collect()
+        };
+        // Row groups 0 and 1 of file 0: the footer, then each row group's two ranges (b,
+        // unread, lies between a and c), WILLNEED first; all on one open.
+        let mut want = vec![];
+        for (o, n) in pq.footer_reads() {
+            want.push((0, o, n, false, !want.is_empty()));
+        }
+        for rg in [0, 1] {
+            let ranges = pq.row_group_reads(rg);
+            assert_eq!(ranges.len(), 2);
+            for advise in [true, false] {
+                for &(o, n) in &ranges {
+                    want.push((0, o, n, advise, true));
+                }
+            }
+        }
+        assert_eq!(reads(0), want);
+        // Worker 1 reads file 0's other rows: its own reader, so the footer again.
+        assert_eq!(reads(1)[0], want[0]);
+        // Worker 0 again, file 1; then a new epoch forgets what the readers held.
+        let file1 = reads(2);
+        assert_eq!((file1.len(), file1[0].0), (want.len(), 1));
+        assert_eq!(p.batch(0, 1, 0).reads.len(), want.len());
     }
 
     #[test]

@@ -251,9 +251,10 @@ impl Job {
                 )));
             }
         }
+        let format = crate::formats::Format::parse(&w.format);
         if (args.odirect || w.odirect)
             && templates.is_none()
-            && crate::indexed::is_indexed(crate::formats::Format::parse(&w.format))
+            && (crate::indexed::is_indexed(format) || format == crate::formats::Format::Parquet)
         {
             // DLIO's reader factory raises for these formats under O_DIRECT.
             bail!(InputError(format!(
@@ -432,6 +433,7 @@ impl Job {
                 samples_per_file: 1,
                 description: format!("checkpoints of {}", self.workload.name),
                 format: crate::formats::Format::Raw,
+                parquet: None,
             })?;
         }
         cluster.barrier();

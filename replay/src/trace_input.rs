@@ -329,6 +329,7 @@ impl Placement {
                 samples_per_file: 1,
                 description: if in_place { "the job's own files (in place)" } else { "trace replay" }.into(),
                 format: crate::formats::Format::Raw,
+                parquet: None,
             },
         }
     }

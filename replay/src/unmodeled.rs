@@ -7,7 +7,8 @@ use serde_yaml::Value;
 
 /// Formats whose files the replay lays out and reads as their readers do; any other is
 /// opaque bytes read whole.
-const LAID_OUT: &[&str] = &["npz", "npy", "tfrecord", "hdf5", "indexed_binary", "mmap_indexed_binary"];
+const LAID_OUT: &[&str] =
+    &["npz", "npy", "tfrecord", "hdf5", "indexed_binary", "mmap_indexed_binary", "parquet", "jpeg"];
 /// Loaders whose concurrency the replay models (PyTorch's worker processes, TF's
 /// interleave, DALI's parallel external source).
 const LOADERS: &[&str] = &["pytorch", "tensorflow", "dali"];

@@ -131,6 +131,9 @@ pub struct Workload {
     pub params: Vec<String>,
     /// `storage.storage_type: s3`: the dataset and checkpoints are objects (object_store.rs).
     pub object_store: Option<crate::object_store::ObjectStore>,
+    /// `format: parquet`: the columns, row groups and codec of `dataset.parquet`
+    /// (parquet_files.rs).
+    pub parquet: Option<crate::parquet_files::Spec>,
 }
 
 /// Every key trainio reads from a workload file: what `--param` may set.
@@ -143,6 +146,11 @@ pub const KNOWN_KEYS: &[&str] = &[
     "dataset.record_length",
     "dataset.record_length_bytes_stdev",
     "dataset.record_length_stdev",
+    "dataset.compression",
+    "dataset.parquet.row_group_size",
+    "dataset.parquet.generation_batch_size",
+    "dataset.parquet.read_mode",
+    "dataset.parquet.row_group_cache_size",
     "reader.data_loader",
     "reader.batch_size",
     "reader.read_threads",
@@ -202,7 +210,6 @@ pub const QUIET_KEYS: &[&str] = &[
     "dataset.num_files_eval",
     "dataset.num_subfolders_eval",
     "dataset.file_prefix",
-    "dataset.compression",
     "dataset.keep_files",
     "reader.shuffle_size",
     "reader.multiprocessing_context",
@@ -334,8 +341,9 @@ fn apply_param(root: &mut Value, param: &str) -> Result<String> {
     Ok(normalized)
 }
 
-/// DLIO's FormatType values (dlio_benchmark/common/enumerations.py): a workload of any
-/// other format (parquet among them) is one DLIO refuses to run.
+/// DLIO's FormatType values (dlio_benchmark/common/enumerations.py; parquet since the
+/// parquet reader of MLPerf Storage v3.0's DLIO): a workload of any other format is one
+/// DLIO refuses to run.
 pub const DLIO_FORMATS: &[&str] = &[
     "tfrecord",
     "hdf5",
@@ -348,6 +356,7 @@ pub const DLIO_FORMATS: &[&str] = &[
     "indexed_binary",
     "mmap_indexed_binary",
     "synthetic",
+    "parquet",
 ];
 
 /// The largest workload file read (DLIO's and MLPerf's are a few KiB).
@@ -438,13 +447,21 @@ impl Workload {
             Some(m @ Value::Mapping(_)) => m.get("name").and_then(Value::as_str).unwrap_or(fallback_name).to_string(),
             _ => fallback_name.to_string(),
         };
-        let record_length = first_number(dataset, "dataset", &["record_length_bytes", "record_length"])?
+        let format = string(dataset, "format").unwrap_or_default();
+        let is_parquet = format.eq_ignore_ascii_case("parquet");
+        let record_length = first_number(dataset, "dataset", &["record_length_bytes", "record_length"])?;
+        // Parquet's columns give a row's bytes when the file does not.
+        let parquet = match is_parquet {
+            true => Some(crate::parquet_files::Spec::from_dataset(dataset, record_length.unwrap_or(1.0))?),
+            false => None,
+        };
+        let record_length = record_length
+            .or(parquet.as_ref().map(|p| p.row_bytes() as f64))
             .or((!train_flag).then_some(1.0))
             .context("dataset.record_length_bytes (or v1.0's record_length) is required")?;
         if record_length <= 0.0 {
             bail!("dataset.record_length_bytes must be positive, got {record_length}");
         }
-        let format = string(dataset, "format").unwrap_or_default();
         if !format.is_empty() && !DLIO_FORMATS.contains(&format.to_ascii_lowercase().as_str()) {
             bail!("dataset.format: '{format}' is not a format DLIO reads ({})", DLIO_FORMATS.join(", "));
         }
@@ -509,6 +526,7 @@ impl Workload {
             dataset_only: train_flag && !do_train,
             params: applied,
             object_store,
+            parquet,
         };
         workload.validate()?;
         Ok(workload)

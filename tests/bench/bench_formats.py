@@ -7,12 +7,15 @@ largest), per-issue queue depth (mean), throughput over the active span, and
 Set-up: ext4 on a loop device over /dev/shm (4 KiB blocks, no lazy init, noatime), one
 simulated GPU, 32 files of 1 MiB (npz, npy), 32 files of 8 × 128 KiB samples (TFRecord
 records, indexed_binary and mmap_indexed_binary samples), 32 hdf5 files of 4 rows of 256
-KiB or of 64 rows of 16 KiB (read through h5py's sieve), batch 2 (hdf5 also a batch a
-file: `b4`, `b64`), `--threads` readers, the device's reads capped by a cgroup at
+KiB or of 64 rows of 16 KiB (read through h5py's sieve), 32 parquet files of 64 rows in
+row groups of 8 (formats_testlib.parquet_workload; with and without column selection, a
+batch a file), 32 JPEG images of 322957 bytes (retinanet's record length), batch 2 (hdf5
+also a batch a file: `b4`, `b64`), `--threads` readers, the device's reads capped by a cgroup at
 `--mibs` (300 MiB/s: storage-bound, so the device and not the readers' CPU on a busy host
 sets the pace; 0 for no cap); the page cache of the dataset is dropped (fadvise) before
 each side. Real readers: tests/formats/real_reader.py (numpy.load or h5py in worker
-processes; TensorFlow's TFRecord reads written in Python, TensorFlow not being installed)
+processes; pyarrow's ParquetFile as DLIO's parquet reader drives it; PIL as DLIO's image
+reader; TensorFlow's TFRecord reads written in Python, TensorFlow not being installed)
 and tests/formats/indexed_reader.py (DLIO's two indexed_binary readers in PyTorch's
 worker processes or DALI's, DALI's scheduling written out). The replay runs with
 `--io-engine psync`. Targets: size W1 <= 0.5 octave, QD W1 <= 1.
@@ -33,9 +36,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "formats"))
 from formats_testlib import (  # noqa: E402
+    PARQUET_SELECTED,
     analyze,
     compare,
     drop_cache,
+    parquet_workload,
     record_emulation,
     record_real,
     trainio,
@@ -58,6 +63,12 @@ CASES = [
     ("indexed_binary", "pytorch", 8, 128 << 10, 2),
     ("mmap_indexed_binary", "pytorch", 8, 128 << 10, 2),
     ("indexed_binary", "dali", 8, 128 << 10, 2),
+    # parquet_workload: 64 rows of 36 KiB a file, row groups of 8, a batch a file; the
+    # middle column read or not (`record` 1: with column selection)
+    ("parquet", "pytorch", 64, 1, 64),
+    ("parquet", "pytorch", 64, 0, 64),
+    # retinanet's record length
+    ("jpeg", "pytorch", 1, 322957, 2),
 ]
 
 
@@ -84,20 +95,34 @@ def run_case(
 ):
     name = f"{fmt}-{loader}-{record}-{batch}-{threads}"
     data = mnt / name
-    wl = write_workload(
-        work / f"{name}.yaml", fmt=fmt, loader=loader, files=32, spf=spf, record=record, batch=batch, threads=threads
-    )
+    extra: tuple = ()
+    if fmt == "parquet":
+        wl = parquet_workload(work / f"{name}.yaml", files=32, select=bool(record))
+        wl.write_text(wl.read_text().replace("read_threads: 2", f"read_threads: {threads}"))
+        extra = PARQUET_SELECTED if record else ()
+    else:
+        wl = write_workload(
+            work / f"{name}.yaml",
+            fmt=fmt,
+            loader=loader,
+            files=32,
+            spf=spf,
+            record=record,
+            batch=batch,
+            threads=threads,
+        )
     trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
     real, emu = work / f"{name}-real", work / f"{name}-emu"
     with throttled_cgroup(majmin, mibs << 20 if mibs else None) as th:
         drop_cache(data)
-        record_real(real, fmt, data, spf=spf, batch=batch, threads=threads, wrap=th.wrap, loader=loader)
+        record_real(real, fmt, data, spf=spf, batch=batch, threads=threads, wrap=th.wrap, loader=loader, extra=extra)
         drop_cache(data)
         record_emulation(emu, wl, data, wrap=th.wrap)
     block, file_layer = compare(real, emu, majmin, "block"), compare(real, emu, majmin, "file")
     ra, rb = sizes_and_qd(analyze(real, majmin)), sizes_and_qd(analyze(emu, majmin))
+    detail = {"hdf5": f" {record >> 10}K rows b{batch}", "parquet": " columns read" if record else " all columns"}
     return {
-        "case": f"{fmt}{f' {record >> 10}K rows b{batch}' if fmt == 'hdf5' else ''} × {loader} ({threads} readers)",
+        "case": f"{fmt}{detail.get(fmt, '')} × {loader} ({threads} readers)",
         "size_kib": (ra[0], rb[0]),
         "max_kib": (ra[1], rb[1]),
         "qd": (ra[2], rb[2]),

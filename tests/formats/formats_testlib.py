@@ -50,6 +50,29 @@ reader:
     return path
 
 
+def parquet_workload(path: Path, *, files: int, select: bool) -> Path:
+    """`files` files of 64 rows in row groups of 8; a row is a label, two 4 KiB lists read
+    and, between them, an 8 KiB list read only without selection (DLIO's `read` flag).
+    A batch is a file, so one worker reads a file's footer and all its row groups. (With
+    fewer, larger row groups the replay's two small writes of its lock file weigh enough
+    among 16 files' block requests to move the size W1 by 0.15 octave.)"""
+    wl = write_workload(path, fmt="parquet", files=files, spf=64, record=1, batch=64, threads=2)
+    columns = f"""  parquet:
+    row_group_size: 8
+    columns:
+      - {{name: label, dtype: float32, size: 1, read: true}}
+      - {{name: a, dtype: float32, size: 1024, read: true}}
+      - {{name: b, dtype: float32, size: 2048, read: {str(not select).lower()}}}
+      - {{name: c, dtype: float32, size: 1024, read: true}}
+"""
+    wl.write_text(wl.read_text().replace("  record_length_bytes: 1\n", columns, 1))
+    return wl
+
+
+# Real reader arguments of parquet_workload: the columns asked for when selecting.
+PARQUET_SELECTED = ("--columns", "label,a,c")
+
+
 def trainio(*args, timeout: float = 300):
     """bin/trainio ARGS; fails the test with its output when it exits non-zero."""
     p = run([str(TRAINIO), *map(str, args)], timeout=timeout)
@@ -112,15 +135,26 @@ def drop_cache(data: Path) -> None:
 
 
 def record_real(
-    out: Path, fmt: str, data: Path, *, spf: int, batch: int, threads: int, wrap=list, loader: str = "pytorch"
+    out: Path,
+    fmt: str,
+    data: Path,
+    *,
+    spf: int,
+    batch: int,
+    threads: int,
+    wrap=list,
+    loader: str = "pytorch",
+    extra: tuple = (),
 ) -> None:
     """`trainio record` of the real reader (real_reader.py; indexed_reader.py for DLIO's
-    indexed_binary formats, under the PyTorch or DALI loader) reading the dataset; `wrap`
-    turns the reader's command into the one to trace (e.g. Throttle.wrap)."""
+    indexed_binary formats, under the PyTorch or DALI loader) reading the dataset, with
+    `extra` arguments; `wrap` turns the reader's command into the one to trace (e.g.
+    Throttle.wrap)."""
     script = INDEXED_READER if fmt.endswith("indexed_binary") else REAL_READER
     reader = [sys.executable, script, fmt, data, "--spf", spf, "--batch", batch, "--threads", threads]
     if script == INDEXED_READER:
         reader += ["--loader", loader]
+    reader += list(extra)
     trainio("record", "-o", out, "--layers", "block,file", "--", *wrap(reader))
 
 

@@ -1,7 +1,8 @@
 """The real readers of a generated dataset, as DLIO's loaders drive them, for recording
 with `trainio record` next to the emulation (tests/formats, make bench-formats).
 
-    real_reader.py FORMAT LOADER DATA_DIR --gpus-files N --batch B --threads W [--buffer BYTES]
+    real_reader.py FORMAT DATA_DIR --spf N --batch B --threads W [--buffer BYTES]
+                   [--columns A,B] [--cache N]
 
 - pytorch (npz, npy, hdf5): W worker processes (DataLoader's num_workers); batch b is
   read by worker b mod W, sample after sample, each sample by DLIO's on-demand reader:
@@ -9,6 +10,12 @@ with `trainio record` next to the emulation (tests/formats, make bench-formats).
   through zipfile's buffered reads; npy: ``np.load(f)``), the sample's row taken, the
   file closed; hdf5 as DLIO's HDF5Reader: ``h5py.File(f, "r")["records_0"][k]``, then
   close.
+- parquet: DLIO's parquet reader in each worker: the file opened once with
+  ``pyarrow.parquet.ParquetFile`` (its footer read) and kept open, then for each sample
+  ``read_row_group(rg, columns=COLUMNS)`` of the sample's row group unless the reader
+  holds it (the last CACHE row groups it read).
+- jpeg: DLIO's image reader, ``np.asarray(PIL.Image.open(f))`` per sample (the file
+  opened, the image decoded, the file closed).
 - tfrecord: TensorFlow's TFRecordDataset with num_parallel_reads=W (a parallel
   interleave of W files, one reader thread each), each file read by TF's RecordReader:
   an input buffer of BYTES (TF's default 256 KiB) filled with pread at the file position
@@ -33,6 +40,11 @@ def files_of(data: Path) -> list[Path]:
 
 def load_sample(fmt: str, path: Path, row: int):
     import numpy as np
+
+    if fmt == "jpeg":
+        from PIL import Image
+
+        return np.asarray(Image.open(path))
 
     if fmt == "npz":
         with np.load(path) as npz:
@@ -83,6 +95,44 @@ def pytorch(fmt: str, files: list[Path], spf: int, batch: int, workers: int, ste
 
     if fmt == "hdf5":
         import h5py  # noqa: F401
+    if fmt == "jpeg":
+        from PIL import Image  # noqa: F401
+    run_together([lambda w=w: worker(w) for w in range(workers)])
+
+
+def parquet(files: list[Path], spf: int, batch: int, workers: int, columns: list[str] | None, cache: int) -> None:
+    """DLIO's parquet reader under a DataLoader of `workers` processes: worker w reads
+    batches w, w + W, …; each worker's reader keeps its files open and its last `cache`
+    row groups."""
+    import bisect
+    from collections import OrderedDict
+
+    import pyarrow.parquet as pq
+
+    samples = [(f, k) for f in files for k in range(spf)]
+    steps = len(samples) // batch
+
+    def worker(w: int) -> None:
+        opened: dict[Path, tuple] = {}
+        held: OrderedDict = OrderedDict()
+        for b in range(w, steps, workers):
+            for f, k in samples[b * batch : (b + 1) * batch]:
+                if f not in opened:
+                    pf = pq.ParquetFile(f)
+                    starts = [0]
+                    for i in range(pf.metadata.num_row_groups):
+                        starts.append(starts[-1] + pf.metadata.row_group(i).num_rows)
+                    opened[f] = (pf, starts)
+                pf, starts = opened[f]
+                rg = bisect.bisect_right(starts, k) - 1
+                if (f, rg) in held:
+                    held.move_to_end((f, rg))
+                    continue
+                pf.read_row_group(rg, columns=columns)
+                held[(f, rg)] = True
+                if len(held) > cache:
+                    held.popitem(last=False)
+
     run_together([lambda w=w: worker(w) for w in range(workers)])
 
 
@@ -149,17 +199,21 @@ def tensorflow(files: list[Path], threads: int, buffer: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("format", choices=["npz", "npy", "tfrecord", "hdf5"])
+    ap.add_argument("format", choices=["npz", "npy", "tfrecord", "hdf5", "parquet", "jpeg"])
     ap.add_argument("data", type=Path)
     ap.add_argument("--spf", type=int, default=1)
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--steps", type=int, default=1 << 30)
     ap.add_argument("--buffer", type=int, default=256 << 10)
+    ap.add_argument("--columns", help="parquet: the columns read, comma-separated (default all)")
+    ap.add_argument("--cache", type=int, default=1, help="parquet: row groups a reader holds")
     a = ap.parse_args()
     files = files_of(a.data)
     if a.format == "tfrecord":
         tensorflow(files, a.threads, a.buffer)
+    elif a.format == "parquet":
+        parquet(files, a.spf, a.batch, a.threads, a.columns.split(",") if a.columns else None, a.cache)
     else:
         pytorch(a.format, files, a.spf, a.batch, a.threads, a.steps)
 

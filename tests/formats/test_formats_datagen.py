@@ -1,5 +1,6 @@
 """datagen writes valid files of the formats trainio lays out: the real readers open them
-(numpy for npz and npy, h5py for hdf5, a check of TensorFlow's framing for tfrecord)."""
+(numpy for npz and npy, h5py for hdf5, a check of TensorFlow's framing for tfrecord,
+pyarrow, polars and duckdb for parquet, PIL and torchvision for jpeg)."""
 
 from __future__ import annotations
 
@@ -119,8 +120,118 @@ def test_chunked_hdf5_is_what_h5py_writes(tmpfs_dir: Path) -> None:
 
 
 def test_other_formats_are_opaque_files(tmpfs_dir: Path) -> None:
-    files = _datagen(tmpfs_dir, "jpeg", files=2, spf=1, record=5000)
+    files = _datagen(tmpfs_dir, "png", files=2, spf=1, record=5000)
     assert [f.stat().st_size for f in files] == [8192, 8192]
+
+
+# DLIO's column spec (dataset.parquet.columns), every numeric dtype trainio writes.
+PARQUET_COLUMNS = """    columns:
+      - {name: label, dtype: float32, size: 1, read: true}
+      - {name: dense, dtype: float32, size: 128, read: true}
+      - {name: aux, dtype: float64, size: 40, read: false}
+      - {name: cat, dtype: int8, size: 1}
+      - {name: half, dtype: float16, size: 3}
+      - {name: ids, dtype: uint16, size: 2}
+      - {name: big, dtype: int64, size: 1}
+"""
+
+
+def _parquet_workload(tmp: Path, compression: str) -> Path:
+    wl = write_workload(tmp / f"pq-{compression}.yaml", fmt="parquet", files=2, spf=250, record=1)
+    text = wl.read_text().replace(
+        "dataset:\n",
+        f"dataset:\n  compression: {compression}\n  parquet:\n    row_group_size: 100\n{PARQUET_COLUMNS}",
+        1,
+    )
+    wl.write_text(text.replace("  record_length_bytes: 1\n", ""))
+    return wl
+
+
+def test_parquet_is_read_by_pyarrow_polars_and_duckdb(tmpfs_dir: Path) -> None:
+    """The files hold the workload's columns, dtypes, sizes and row groups, in the codec it
+    names; pyarrow, polars and duckdb read every row."""
+    import duckdb
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    for codec in ("none", "snappy", "gzip"):
+        tmp = tmpfs_dir / codec
+        tmp.mkdir()
+        wl = _parquet_workload(tmp, codec)
+        data = tmp / "data"
+        trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
+        files = sorted((data / "train").iterdir())
+        assert [f.suffix for f in files] == [".parquet"] * 2
+        for f in files:
+            pf = pq.ParquetFile(f)
+            meta = pf.metadata
+            assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [100, 100, 50]
+            assert meta.row_group(0).column(0).compression == {"none": "UNCOMPRESSED"}.get(codec, codec.upper())
+            table = pf.read()
+            assert table.num_rows == 250
+            schema = table.schema
+            assert schema.field("label").type == pa.float32()
+            assert schema.field("dense").type.value_type == pa.float32()
+            assert schema.field("aux").type.value_type == pa.float64()
+            assert schema.field("cat").type == pa.int8()
+            assert schema.field("half").type.value_type == pa.float16()
+            assert schema.field("ids").type.value_type == pa.uint16()
+            assert schema.field("big").type == pa.int64()
+            lengths = {c: set(pc.list_value_length(table[c]).to_pylist()) for c in ("dense", "aux", "ids")}
+            assert lengths == {"dense": {128}, "aux": {40}, "ids": {2}}
+            assert len(set(table["label"].to_pylist())) > 200, "values must vary"
+            df = pl.read_parquet(f)
+            assert df.height == 250 and df["dense"].list.len().unique().to_list() == [128]
+        rows, cats, dense = duckdb.sql(
+            f"select count(*), count(distinct cat), sum(len(dense)) from read_parquet('{data}/train/*.parquet')"
+        ).fetchall()[0]
+        assert (rows, dense) == (500, 500 * 128) and cats > 100, (rows, cats, dense)
+
+
+def test_parquet_keys_trainio_does_not_write_are_refused(tmpfs_dir: Path) -> None:
+    """A dtype, codec or read mode datagen does not write is refused in one line naming
+    the key, exit 2, before anything is written."""
+    wl = _parquet_workload(tmpfs_dir, "snappy")
+    text = wl.read_text()
+    data = tmpfs_dir / "data"
+    for old, new, says in [
+        ("dtype: int64", "dtype: string", "dataset.parquet.columns[6].dtype: 'string'"),
+        ("compression: snappy", "compression: lzo", "dataset.compression: 'lzo'"),
+        ("row_group_size: 100", "row_group_size: 100\n    read_mode: mmap", "dataset.parquet.read_mode"),
+    ]:
+        wl.write_text(text.replace(old, new, 1))
+        p = run([str(TRAINIO), "datagen", "--workload", str(wl), "--data-dir", str(data), "--gpus", "1", "-q"])
+        err = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(err) == 1 and says in err[0], (new, p.returncode, p.stderr)
+        assert not data.exists(), "nothing is written"
+
+
+def test_jpeg_images_open_in_pil_and_torchvision(tmpfs_dir: Path) -> None:
+    """JPEG files of the record length (± its stdev, rounded up to 4 KiB) that PIL decodes
+    and torchvision's ImageFolder loader opens; the images differ."""
+    from PIL import Image
+    from torchvision.datasets.folder import pil_loader
+
+    wl = write_workload(tmpfs_dir / "j.yaml", fmt="jpeg", files=6, spf=1, record=322957)
+    stdev = "  record_length_bytes: 322957\n  record_length_bytes_stdev: 30000\n"
+    wl.write_text(wl.read_text().replace("  record_length_bytes: 322957\n", stdev))
+    data = tmpfs_dir / "data"
+    trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
+    files = sorted((data / "train").iterdir())
+    assert [f.suffix for f in files] == [".jpeg"] * 6
+    sizes = [f.stat().st_size for f in files]
+    assert len(set(sizes)) > 1 and all(s % 4096 == 0 and 200_000 < s < 450_000 for s in sizes), sizes
+    pixels = []
+    for f in files:
+        with Image.open(f) as im:
+            assert im.format == "JPEG" and im.mode == "L"
+            x = np.asarray(im)
+        assert x.shape[1] == 512 and x.std() > 10, (x.shape, x.std())
+        pixels.append(x[:8].tobytes())
+        assert pil_loader(str(f)).mode == "RGB"
+    assert len(set(pixels)) == 6, "images must differ"
 
 
 def test_hdf5_with_odirect_is_refused(tmpfs_dir: Path) -> None:

@@ -19,7 +19,16 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from formats_testlib import compare, drop_cache, record_emulation, record_real, trainio, write_workload
+from formats_testlib import (
+    PARQUET_SELECTED,
+    compare,
+    drop_cache,
+    parquet_workload,
+    record_emulation,
+    record_real,
+    trainio,
+    write_workload,
+)
 
 from trainio_testlib import throttled_cgroup
 
@@ -164,3 +173,81 @@ def test_whole_sample_reads_are_not_numpys(fs, tmp_path: Path) -> None:
     record_emulation(emu, wl, data, "--odirect")
     file_layer = compare(real, emu, majmin, "file")
     assert file_layer["size_w1_log2"] > 0.5, file_layer
+
+
+def _record_both(data: Path, wl: Path, tmp: Path, fmt: str, majmin: str, *, spf: int, batch: int, extra: tuple = ()):
+    """The real reader, then the replay, each recorded on the throttled device."""
+    real, emu = tmp / "real", tmp / "emu"
+    with throttled_cgroup(majmin, CAP) as th:
+        drop_cache(data)
+        record_real(real, fmt, data, spf=spf, batch=batch, threads=2, wrap=th.wrap, extra=extra)
+        drop_cache(data)
+        result = record_emulation(emu, wl, data, wrap=th.wrap)
+    return real, emu, result
+
+
+@pytest.mark.parametrize("select", [True, False], ids=["columns-selected", "all-columns"])
+def test_parquet_emulation_reads_as_pyarrow(fs, tmp_path: Path, select: bool) -> None:
+    """DLIO's parquet reader (pyarrow's ParquetFile, read_row_group of the columns whose
+    `read` is true) and the replay read the same files: the same preads on every file
+    (the footer's last 64 KiB, then per row group the coalesced column chunks, each
+    announced with posix_fadvise(WILLNEED) first, as Arrow's read cache does), request
+    sizes within 0.1 octave and per-issue queue depths within 1 at the block layer."""
+    _, majmin, mnt = fs
+    data = mnt / f"data-parquet-{select}"
+    wl = parquet_workload(tmp_path / "w.yaml", files=16, select=select)
+    trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
+    extra = PARQUET_SELECTED if select else ()
+    real, emu, result = _record_both(data, wl, tmp_path, "parquet", majmin, spf=64, batch=64, extra=extra)
+
+    block = compare(real, emu, majmin, "block")
+    assert block["bytes_read"]["a"] > 0 and block["bytes_read"]["b"] > 0
+    assert block["size_w1_log2"] <= 0.1, block
+    assert block["qd_w1_issue"] <= 1.0, block
+
+    want, got = _file_reads(real, majmin), _file_reads(emu, majmin)
+    assert len(want) == 16, sorted(want)
+    # pyarrow issues a row group's ranges from its I/O threads, in no fixed order
+    assert {f: sorted(r) for f, r in got.items()} == {f: sorted(r) for f, r in want.items()}
+    size = next((data / "train").iterdir()).stat().st_size
+    for reads in want.values():
+        # the footer, then 8 row groups of one read each (all columns adjacent), or two
+        # (the unread column's 64 KiB chunk splits label+a from c)
+        assert reads[0] == (size - (64 << 10), 64 << 10), reads
+        assert len(reads) == 1 + 8 * (2 if select else 1), reads
+    assert result["settings"]["reader"] == {
+        "format": "parquet",
+        "data_loader": "pytorch",
+        "model": "pyarrow-row-group",
+        "buffer_bytes": 64 << 10,
+    }
+
+
+def test_jpeg_emulation_reads_as_pil(fs, tmp_path: Path) -> None:
+    """DLIO's image reader (np.asarray(PIL.Image.open(f)), 2 workers, batch 2) and the
+    replay read the same 16 JPEG images of ~320 KB (retinanet's record length): the same
+    reads on every file (a 4 KiB buffer fill for the header, then 64 KiB reads from the
+    start through Python's buffered reader), request sizes within 0.1 octave and queue
+    depths within 1 at the block layer."""
+    _, majmin, mnt = fs
+    data = mnt / "data-jpeg"
+    wl = write_workload(tmp_path / "w.yaml", fmt="jpeg", files=16, spf=1, record=322957, batch=2, threads=2)
+    trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
+    real, emu, result = _record_both(data, wl, tmp_path, "jpeg", majmin, spf=1, batch=2)
+
+    block = compare(real, emu, majmin, "block")
+    assert block["bytes_read"]["a"] > 0 and block["bytes_read"]["b"] > 0
+    assert block["size_w1_log2"] <= 0.1, block
+    assert block["qd_w1_issue"] <= 1.0, block
+    want, got = _file_reads(real, majmin), _file_reads(emu, majmin)
+    assert len(want) == 16, sorted(want)
+    assert got == want
+    bs = next((data / "train").iterdir()).stat().st_blksize
+    calls = Counter(n for reads in want.values() for _, n in reads)
+    assert calls[bs] == 16 and calls[(64 << 10) - bs] == 16 and calls[64 << 10] >= 3 * 16, calls
+    assert result["settings"]["reader"] == {
+        "format": "jpeg",
+        "data_loader": "pytorch",
+        "model": "pil-jpeg",
+        "buffer_bytes": bs,
+    }

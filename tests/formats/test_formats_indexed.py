@@ -133,7 +133,8 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path: Path) -> None:
     for fmt, args, says in [
         ("indexed_binary", ["--odirect"], "refuses O_DIRECT"),
         ("mmap_indexed_binary", ["--odirect"], "refuses O_DIRECT"),
-        ("parquet", [], "'parquet' is not a format DLIO reads"),
+        ("parquet", ["--odirect"], "refuses O_DIRECT"),
+        ("orc", [], "'orc' is not a format DLIO reads"),
     ]:
         wl = write_workload(tmp_path / f"{fmt}.yaml", fmt=fmt, files=2, record=4096, batch=1)
         data = tmp_path / f"data-{fmt}"
