@@ -42,9 +42,9 @@ def has_key(section: str, key: str, d: dict) -> bool:
 # named in one line: the key, and the files (as parsed) that use it.
 UNMODELED = {
     "reader.computation_threads": lambda d: "computation_threads" in d.get("reader", {}),
-    # v3.0's retinanet and the whatif flux files: JPEG's files are opaque bytes read whole
-    # until trainio lays JPEG out (the formats work drops this line).
-    "dataset.format": lambda d: d.get("dataset", {}).get("format") in ("jpeg", "png"),
+    # PNG's files are opaque bytes read whole (JPEG and Parquet are laid out and read as
+    # PIL and pyarrow read them).
+    "dataset.format": lambda d: d.get("dataset", {}).get("format") == "png",
     # The object-storage files run on local files: the library, protocol and endpoint
     # they name are not used (the v3.0 folder's older layouts keep them under reader:).
     **{
@@ -214,17 +214,9 @@ def test_every_published_training_file_runs_scaled_down(shm):
         assert sorted(named) == expected, (f, p.stderr)
         assert f.read_bytes() == before
         shutil.rmtree(data, ignore_errors=True)
-    # 58 distinct files: 32 training ones run (the object-storage ones refused first, then
-    # run on local files), 7 datagen ones, 9 checkpoint-only ones planned; the 10 Parquet
-    # files (v3.0's flux and dlrm, their datagen files, the deleted dlrm_parquet_* and the
-    # selective-read example) are refused on the format alone until trainio lays out
-    # Parquet: then all of them run, none refused.
-    parquet_runs = ran["parquet_refused"] == 0
-    assert ran == {
-        "replay": 32 + (7 if parquet_runs else 0),
-        "datagen": 7 + (3 if parquet_runs else 0),
-        "plan": 9,
-        "s3": 7,
-        "parquet_refused": 0 if parquet_runs else 10,
-    }, ran
+    # 58 distinct files: 39 training ones run (the object-storage ones refused first, then
+    # run on local files; the 7 Parquet ones among them: v3.0's flux and dlrm, the deleted
+    # dlrm_parquet_* and the selective-read example), 10 datagen ones (3 Parquet), 9
+    # checkpoint-only ones planned; no file refused on its format.
+    assert ran == {"replay": 39, "datagen": 10, "plan": 9, "s3": 7, "parquet_refused": 0}, ran
     assert sum(ran[k] for k in ("replay", "datagen", "plan", "parquet_refused")) == len(workload_files())
