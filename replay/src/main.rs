@@ -12,6 +12,7 @@ mod engine;
 mod errors;
 mod formats;
 mod hdf5;
+mod histogram;
 mod indexed;
 mod lock;
 mod object_store;
