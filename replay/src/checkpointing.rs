@@ -404,6 +404,9 @@ pub fn human_summary(j: &serde_json::Value) -> String {
         j["hosts"]
     );
     out += &human(&j["checkpoint"]);
+    if j["object"].is_object() {
+        out += &crate::s3_client::human(&j["object"]);
+    }
     out
 }
 

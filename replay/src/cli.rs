@@ -73,7 +73,8 @@ pub struct SourceArgs {
     /// Recorded trace (directory of Parquet segments, or one .parquet file): its file-layer reads.
     #[arg(long, value_name = "TRACE")]
     pub trace: Option<PathBuf>,
-    /// Directory that holds (or will hold) the dataset.
+    /// Directory that holds (or will hold) the dataset (with a workload on object storage,
+    /// `storage.storage_type: s3`, the bucket holds the dataset instead).
     #[arg(long, value_name = "DIR")]
     pub data_dir: PathBuf,
     /// Use a non-empty directory that trainio did not create.

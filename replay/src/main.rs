@@ -15,6 +15,7 @@ mod engine;
 mod errors;
 mod formats;
 mod hdf5;
+mod histogram;
 mod indexed;
 mod jpeg;
 mod lock;

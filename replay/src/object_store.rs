@@ -132,7 +132,8 @@ impl ObjectStore {
         let kind = text(key("storage_type"));
         let section = if storage.and_then(|s| s.get("storage_type")).is_some() { "storage" } else { "reader" };
         match kind.as_deref().map(str::to_ascii_lowercase).as_deref() {
-            None | Some("local_fs") => {
+            Some("local_fs") => return Ok(None),
+            None => {
                 if let Some(f) = folder.as_deref().filter(|f| f.contains("://")) {
                     bail!(
                         "dataset.data_folder: {f}: give object storage as MLPerf's object mode does (storage.storage_type: s3, storage.storage_root: BUCKET), or add --param storage.storage_type=local_fs to run on local files"
@@ -174,9 +175,20 @@ impl ObjectStore {
         let secure = options.and_then(|o| o.get("secure"));
         let insecure = matches!(secure, Some(Value::Bool(false)))
             || matches!(secure, Some(Value::String(s)) if s.eq_ignore_ascii_case("false"));
+        // DLIO's dlio-main files give the folder as a URI of the same bucket
+        // (data_folder: s3://BUCKET[/prefix]): the part after the bucket is the prefix.
+        let folder = folder.unwrap_or_default();
+        let folder = match folder.split_once("://") {
+            Some((_, rest)) => match rest.trim_matches('/').split_once('/') {
+                Some((b, p)) if b == bucket => p.to_string(),
+                None if rest.trim_matches('/') == bucket => String::new(),
+                _ => bail!("dataset.data_folder: {folder}: not in the bucket of {section}.storage_root ({bucket})"),
+            },
+            None => folder,
+        };
         Ok(Some(ObjectStore {
             bucket: bucket.to_string(),
-            prefix: join_key(&[root_prefix, folder.as_deref().unwrap_or("")]),
+            prefix: join_key(&[root_prefix, &folder]),
             library,
             endpoint_url: opt("endpoint_url"),
             region: opt("region"),
@@ -293,6 +305,14 @@ mod tests {
         assert_eq!((t.bucket.as_str(), t.prefix.as_str(), t.library), ("pr1-test-bucket", "unet3d", Library::S3dlio));
         assert_eq!(t.endpoint_url, None, "an empty endpoint is no endpoint");
         assert!(store("dataset: {data_folder: x}\n").unwrap().is_none());
+        let uri = store("dataset: {data_folder: 's3://bkt/run'}\nstorage: {storage_type: s3, storage_root: bkt}\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(uri.prefix, "run", "a folder given as a URI of the same bucket");
+        assert!(
+            store("dataset: {data_folder: 's3://other'}\nstorage: {storage_type: s3, storage_root: bkt}\n").is_err()
+        );
+        assert!(store("dataset: {data_folder: 's3://bkt'}\nstorage: {storage_type: local_fs}\n").unwrap().is_none());
     }
 
     #[test]

@@ -70,21 +70,7 @@ pub struct Settings {
     pub map_path: Option<Vec<String>>,
 }
 
-pub fn percentile(hist: &BTreeMap<u64, u64>, q: f64) -> u64 {
-    let total: u64 = hist.values().sum();
-    if total == 0 {
-        return 0;
-    }
-    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
-    let mut seen = 0;
-    for (&v, &c) in hist {
-        seen += c;
-        if seen >= rank {
-            return v;
-        }
-    }
-    *hist.keys().last().unwrap()
-}
+pub use crate::histogram::percentile;
 
 pub fn summarize(reports: &[RankReport], settings: &Settings, threshold_percent: f64) -> serde_json::Value {
     let gpus: Vec<&GpuStats> = reports.iter().flat_map(|r| r.run.gpus.iter()).collect();
@@ -310,6 +296,9 @@ pub fn human(j: &serde_json::Value) -> String {
                 g("cpu_us_per_gpu_step")
             );
         }
+    }
+    if j["object"].is_object() {
+        out += &crate::s3_client::human(&j["object"]);
     }
     if j["checkpoint"].is_object() {
         out += &crate::checkpointing::human(&j["checkpoint"]);

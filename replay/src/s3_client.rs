@@ -87,7 +87,7 @@ impl RequestLog {
     pub fn to_json(&self) -> serde_json::Value {
         let lat = |k: Kind| {
             let h = self.latency_us.get(&k).cloned().unwrap_or_default();
-            let ms = |q: f64| crate::results::percentile(&h, q) as f64 / 1000.0;
+            let ms = |q: f64| crate::histogram::percentile(&h, q) as f64 / 1000.0;
             serde_json::json!({"p50_ms": ms(0.5), "p90_ms": ms(0.9), "p99_ms": ms(0.99), "max_ms": ms(1.0)})
         };
         serde_json::json!({
@@ -145,6 +145,35 @@ impl RequestLog {
 }
 
 pub type SharedLog = Arc<Mutex<RequestLog>>;
+
+/// The human summary's line for a results `object` section (RequestLog::to_json).
+pub fn human(o: &serde_json::Value) -> String {
+    let n = |k: &str| o[k].as_u64().unwrap_or(0);
+    let ms = |kind: &str, q: &str| o[kind][q].as_f64().unwrap_or(0.0);
+    let mut line = format!(
+        "  object      {} GETs ({} ranged), {:.1} MiB read; {} PUTs ({} multipart uploads), {:.1} MiB written; at most {} requests in flight\n",
+        n("get_requests"),
+        n("ranged_get_requests"),
+        n("bytes_read") as f64 / 1048576.0,
+        n("put_requests"),
+        n("multipart_uploads"),
+        n("bytes_written") as f64 / 1048576.0,
+        n("max_outstanding_requests")
+    );
+    for (kind, label) in [("get_latency", "GET"), ("put_latency", "PUT")] {
+        let count = if kind == "get_latency" { n("get_requests") } else { n("put_requests") };
+        if count > 0 {
+            line += &format!(
+                "              {label} latency p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms\n",
+                ms(kind, "p50_ms"),
+                ms(kind, "p90_ms"),
+                ms(kind, "p99_ms"),
+                ms(kind, "max_ms")
+            );
+        }
+    }
+    line
+}
 
 /// One request's answer: status, headers (lower-case names) and, unless it was drained,
 /// its body.

@@ -199,6 +199,8 @@ pub const KNOWN_KEYS: &[&str] = &[
     "storage.storage_options.endpoint_url",
     "storage.storage_options.region",
     "storage.storage_options.secure",
+    "storage.storage_options.access_key_id",
+    "storage.storage_options.secret_access_key",
     "dataset.data_folder",
 ];
 
@@ -221,6 +223,10 @@ pub const QUIET_KEYS: &[&str] = &[
     "workflow.evaluation",
     "workflow.profiling",
     "storage.storage_options",
+    // The replay always addresses buckets path-style and does not retry: neither changes
+    // the requests a healthy endpoint sees.
+    "storage.storage_options.s3_force_path_style",
+    "storage.storage_options.s3_max_attempts",
     "reader.storage_type",
     "reader.storage_root",
     "reader.storage_library",

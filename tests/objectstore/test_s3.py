@@ -241,3 +241,50 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_s3dlio_files_take_the_endpoint_and_keys_from_the_environment(s3_server: S3Server, tmp_path: Path) -> None:
+    """MLPerf's test_unet3d_*_s3.yaml: s3dlio, bucket/prefix as storage_root, empty keys and
+    endpoint in the file (so the environment's), and the train file's keys under reader:."""
+    s3_server.bucket("pr1-test-bucket")
+    files, gpus = 6, 2
+    over = [f"++workload.dataset.num_files_train={files}", "++workload.dataset.record_length_bytes=1048576"]
+    run(
+        s3_server,
+        "datagen",
+        "--workload",
+        workload("test_unet3d_datagen_s3.yaml"),
+        "--data-dir",
+        tmp_path / "u",
+        "--gpus",
+        gpus,
+        *over,
+    )
+    listed = s3_server.list("pr1-test-bucket", "unet3d/train/")
+    assert len(listed) == files, listed
+    # s3dlio puts objects up to 32 MiB in one request: no multipart ETag.
+    assert all("-" not in s3_server.etag("pr1-test-bucket", k) for k in listed)
+    out = tmp_path / "r.json"
+    run(
+        s3_server,
+        "replay",
+        "--workload",
+        workload("test_unet3d_train_s3.yaml"),
+        "--data-dir",
+        tmp_path / "u",
+        "--gpus",
+        gpus,
+        "--json",
+        out,
+        "-q",
+        *over,
+    )
+    j = json.loads(out.read_text())
+    # batch 2 over 3 objects per GPU: one step per GPU, 2 objects each, one whole-object GET each.
+    assert j["object"]["get_requests"] == gpus * 2 and j["object"]["ranged_get_requests"] == 0, j["object"]
+    # Whole objects (the file keeps a 1 MiB size spread): 4 of the 6 listed sizes.
+    sizes = sorted(listed.values())
+    assert sum(sizes[:4]) <= j["object"]["bytes_read"] == j["bytes_read"] <= sum(sizes[-4:])
+    assert (
+        j["settings"]["storage"]["library"] == "s3dlio" and j["settings"]["storage"]["endpoint"] == s3_server.endpoint
+    )
