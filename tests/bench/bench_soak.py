@@ -140,8 +140,15 @@ def main() -> int:
                 per_event = (cpu - last[2]) * 1e9 / events if events else float("nan")
                 segs, mib = kept(out)
                 row = (now - start, events / (now - last[0]), rss_mib(pid), per_event, segs, mib, lost_events(url))
-                rows.append(row)
-                print(f"{row[0]:7.0f} {row[1]:9.0f} {row[2]:8.1f} {row[3]:10.0f} {row[4]:5d} {row[5]:9.1f} {row[6]:6d}")
+                # An interval in which fio ended is printed (marked *) but not summarized:
+                # the recorder's idle polling over few events is no per-event cost.
+                whole = fio.poll() is None
+                if whole:
+                    rows.append(row)
+                print(
+                    f"{row[0]:7.0f} {row[1]:9.0f} {row[2]:8.1f} {row[3]:10.0f} {row[4]:5d} {row[5]:9.1f} {row[6]:6d}"
+                    + ("" if whole else " *")
+                )
                 last = (now, reqs, cpu)
             rec.send_signal(signal.SIGINT)
             _, err = rec.communicate(timeout=120)
