@@ -247,3 +247,25 @@ def test_scraped_metrics_match_the_trace(tmp_path: Path, loop_dev: str) -> None:
     p50 = lat.collect().to_series().quantile(0.5)
     got = scrapes[-1][1][("trainio_latency_quantile_seconds", hist + ',quantile="0.5"}')]
     assert p50 / 2 <= got <= p50 * 2, (got, p50)
+
+
+def test_bad_retention_and_metrics_address_are_one_line_exit_2(tmp_path: Path) -> None:
+    import socket
+
+    out = tmp_path / "o"
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        cases = [
+            (("--segment-mb", "8", "--retain-mb", "4"), "--retain-mb 4 is below --segment-mb 8"),
+            (("--metrics-addr", "localhost"), "--metrics-addr"),
+            (("--metrics-addr", f"127.0.0.1:{busy.getsockname()[1]}"), "cannot listen"),
+        ]
+        for args, words in cases:
+            res = trainio("record", "-o", out, *args, "--", "true")
+            lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+            assert res.returncode == 2 and len(lines) == 1 and words in lines[0], (args, res.stderr)
+    finally:
+        busy.close()
+    assert not out.exists(), "nothing is written on bad input"
