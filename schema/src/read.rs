@@ -497,7 +497,8 @@ mod tests {
                 (keys::SCHEMA_VERSION.to_string(), SCHEMA_VERSION.to_string()),
                 (keys::SCHEMA_MINOR.to_string(), SCHEMA_MINOR.to_string()),
                 (keys::START_NS.to_string(), "500".to_string()),
-                (keys::END_NS.to_string(), (t + 10).to_string()),
+                // Just after the segment's last completion, before the next one's first issue.
+                (keys::END_NS.to_string(), (t - 1).to_string()),
                 (keys::SEGMENT.to_string(), i.to_string()),
             ];
             w.close_segment(&meta).unwrap();
@@ -523,13 +524,14 @@ mod tests {
         }
         let meta = read_metadata(&dir).unwrap();
         let r: serde_json::Value = serde_json::from_str(&meta[keys::RETENTION]).unwrap();
-        assert_eq!(r["dropped_segments"], 4, "{r}");
-        assert_eq!(r["dropped_rows"], 4 * 20_000);
+        // Eight segments, three kept: the five oldest went.
+        assert_eq!(r["dropped_segments"], 5, "{r}");
+        assert_eq!(r["dropped_rows"], 5 * 20_000);
         assert_eq!(r["max_bytes"], limit);
         assert_eq!(r["recording_start_ns"], 500);
-        // The kept trace starts where the newest removed segment (the 4th) ended.
+        // The kept trace starts where the newest removed segment (the 5th) ended.
         let until = r["dropped_until_ns"].as_i64().unwrap();
-        assert_eq!(until, 1_000 + 4 * 20_000 * 1000 + 10);
+        assert_eq!(until, 1_000 + 5 * 20_000 * 1000 - 1);
         assert_eq!(meta[keys::START_NS], until.to_string());
         let rows = read_rows(&dir, None).unwrap();
         assert_eq!(rows.len(), 3 * 20_000);

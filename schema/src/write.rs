@@ -626,7 +626,17 @@ impl TraceWriter {
         };
         let with_retention;
         let metadata = if self.retention.is_on() {
-            self.retain(seg.writer.size());
+            // The segment's own bytes, its last row group written: an estimate of a row
+            // group still in memory counts it uncompressed and removes too much.
+            let closing = match seg.writer.flushed_size() {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = fs::remove_file(&seg.partial);
+                    self.lost_rows += seg.rows;
+                    return Err(e.context(format!("closing {}", seg.partial.display())));
+                }
+            };
+            self.retain(closing);
             with_retention = self.retention_metadata(metadata);
             &with_retention[..]
         } else {
