@@ -354,8 +354,10 @@ mod tests {
         assert_eq!(qd_bucket(u32::MAX), QD_BUCKETS);
         assert_eq!(
             (lat_bucket(0), lat_bucket(1000), lat_bucket(1001), lat_bucket(2000), lat_bucket(4_096_000)),
-            (0, 0, 1, 1, 13)
+            (0, 0, 1, 1, 12)
         );
+        // 4.096 ms is 2^12 µs, the upper bound of bucket 12; a ns more is bucket 13.
+        assert_eq!(lat_bucket(4_096_001), 13);
         assert_eq!(lat_bucket(i64::MAX), LAT_BUCKETS);
     }
 
