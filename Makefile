@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # the interpreter pyo3 builds the analyzer's extension for (analysis/native)
 export PYO3_PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: all deps build venv lint test test-fast reference bench-tracer bench-file bench-encode bench-analysis bench-replay bench-fidelity bench-realjob bench-formats demo clean
+.PHONY: all deps build venv lint test test-fast reference bench-tracer bench-file bench-encode bench-analysis bench-replay bench-fidelity bench-realjob bench-formats bench-soak demo clean
 
 all: build venv
 
@@ -74,6 +74,12 @@ bench-fidelity: all
 # compare's W1 scores. Needs root.
 bench-formats: all
 	$(PY) tests/bench/bench_formats.py
+
+# A recorder that stays on (#33): the 4 KiB block bench's rate recorded with retention and
+# metrics for SOAK_S seconds (default 3600); RSS, CPU per event, segments kept and lost
+# events every SOAK_EVERY_S (60). Needs root.
+bench-soak: all
+	$(PY) tests/bench/bench_soak.py
 
 # A real PyTorch job (DataLoader workers, npz/raw, buffered/O_DIRECT) compute- and
 # storage-bound: the job model inferred from its trace and its replay against the job's

@@ -12,7 +12,8 @@
  * Which processes are traced (target_mode):
  *   ALL     every process but the tracer itself;
  *   TGIDS   the tgids in `traced`, seeded by user space and followed through fork;
- *   CGROUP  tasks whose cgroup-v2 id is target_cgroup_id.
+ *   CGROUP  tasks in the cgroup-v2 target_cgroup_id or below it (its ancestor at
+ *           target_cgroup_level is it), e.g. every pod under kubepods.slice.
  * Entry and exit of one syscall are paired through the thread's own storage (a thread is
  * in one syscall at a time). For plain read()/write()/readv() the offset is the file
  * position at entry.
@@ -57,6 +58,7 @@ enum trainio_ipc_type _ipc_type_type = 0;
 
 const volatile __u32 target_mode = TARGET_ALL;
 const volatile __u64 target_cgroup_id = 0;
+const volatile __u32 target_cgroup_level = 0;
 const volatile __u32 self_tgid = 0;
 
 /*
@@ -120,7 +122,7 @@ static __always_inline bool is_traced(__u32 tgid, __u32 **count)
 	if (target_mode == TARGET_TGIDS)
 		return (*count = bpf_map_lookup_elem(&traced, &tgid)) != NULL;
 	if (target_mode == TARGET_CGROUP)
-		return bpf_get_current_cgroup_id() == target_cgroup_id;
+		return bpf_get_current_ancestor_cgroup_id(target_cgroup_level) == target_cgroup_id;
 	return true;
 }
 

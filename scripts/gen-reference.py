@@ -6,7 +6,7 @@ help (`trainio COMMAND --help`), and the value ranges their parsers enforce are 
 parsers: each option that takes a value is given 0, -1, a huge number and a word, together
 with nothing else, so the parser answers with what it refuses and never runs the command
 (a required option is always left missing). The analysis commands (analyze, report,
-compare, export, import) are read from their argparse parser (trainio_analysis.__main__).
+compare, export, import, slice) are read from their argparse parser (trainio_analysis.__main__).
 
 Hand-written examples and notes live in scripts/reference/COMMAND.md and are appended as
 they are. Usage: scripts/gen-reference.py [--out DIR] (default docs/reference), or
@@ -28,8 +28,20 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAINIO = ROOT / "bin" / "trainio"
 HAND = ROOT / "scripts" / "reference"
 COMPILED = ("record", "replay", "datagen", "sweep", "datasize")
-ANALYSIS = ("analyze", "report", "compare", "export", "import")
-COMMANDS = ("record", "analyze", "report", "compare", "export", "import", "replay", "datagen", "sweep", "datasize")
+ANALYSIS = ("analyze", "report", "compare", "export", "import", "slice")
+COMMANDS = (
+    "record",
+    "analyze",
+    "report",
+    "compare",
+    "export",
+    "import",
+    "slice",
+    "replay",
+    "datagen",
+    "sweep",
+    "datasize",
+)
 U64_MAX = str(2**64 - 1)
 # Help that starts with a tool's name keeps its case ("dftracer trace(s)", not "Dftracer").
 KEEP_CASE = ("dftracer", "blkparse", "fio ", "trainio ")

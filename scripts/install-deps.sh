@@ -21,6 +21,8 @@ packages=(
   chromium
   # the venv, if python3 is Debian's own
   python3-venv
+  # tests/deploy: systemd-analyze verify checks deploy/systemd's unit
+  systemd
   # NFS tests: a QEMU guest running Debian's cloud kernel (scripts/nfs-guest; mke2fs -d builds
   # its disk images)
   qemu-system-x86 debootstrap cpio busybox-static e2fsprogs
@@ -88,4 +90,11 @@ S3S_FS_VERSION=0.14.1
 if ! "$HOME/.cargo/bin/s3s-fs" --version 2>/dev/null | grep -qx "s3s-fs $S3S_FS_VERSION"; then
   echo "install-deps: building s3s-fs $S3S_FS_VERSION (cargo install)"
   cargo install --locked --quiet s3s-fs --version "$S3S_FS_VERSION" --features binary
+fi
+# kubernetes-validate: the Kubernetes API schemas and a validator, with which tests/deploy
+# checks deploy/kubernetes's DaemonSet offline.
+if ! cmp -s tests/deploy/requirements.txt .venv/.requirements-deploy; then
+  echo "install-deps: installing tests/deploy/requirements.txt (kubernetes-validate) into .venv"
+  .venv/bin/pip install --quiet -r tests/deploy/requirements.txt
+  cp tests/deploy/requirements.txt .venv/.requirements-deploy
 fi

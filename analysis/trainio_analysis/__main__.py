@@ -1,4 +1,4 @@
-"""Command line: ``python -m trainio_analysis analyze|report|compare|export|import ...``.
+"""Command line: ``python -m trainio_analysis analyze|report|compare|export|import|slice ...``.
 
 Every expected failure (bad trace, empty selection, unwritable output) is one line on
 stderr naming the file and the problem, exit status 2. A closed stdout pipe is not an
@@ -212,6 +212,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     i.add_argument("-o", "--output", required=True, metavar="DIR", help="trace directory to write (absent or empty)")
     i.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+    s = _command(sub, "slice", help="cut a time window or a job's processes out of a trace into a new trace")
+    s.add_argument("trace", help="trace directory, one .parquet file, or a trace set (sliced member by member)")
+    s.add_argument("-o", "--output", required=True, metavar="DIR", help="trace directory to write (absent or empty)")
+    s.add_argument(
+        "--from",
+        dest="start",
+        metavar="TIME",
+        help="window start: seconds from the trace's start (e.g. 120), or a wall-clock time with a zone "
+        "(e.g. 2026-11-26T18:00:00Z); default: the trace's start",
+    )
+    s.add_argument(
+        "--to", dest="end", metavar="TIME", help="window end (exclusive), as --from; default: the trace's end"
+    )
+    s.add_argument(
+        "--pid",
+        type=int,
+        action="append",
+        help="keep only this process's rows and its descendants' (from the proc layer's forks); repeatable",
+    )
+    s.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     return parser
 
 
@@ -251,6 +272,8 @@ def _refuse_outputs_onto_inputs(args: argparse.Namespace) -> None:
         refuse_inputs(args.output, "-o", [args.fio])
     elif args.command == "import":
         refuse_inputs(args.output, "-o", args.dftracer or [args.blktrace])
+    elif args.command == "slice":
+        refuse_inputs(args.output, "-o", [args.trace])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,6 +307,13 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 result = import_blktrace(args.blktrace, args.output)
             print(dumps(result) if args.json else format_import(result, args.output))
+        elif args.command == "slice":
+            from trainio_analysis.slice import format_slice, parse_time, slice_trace
+
+            start = parse_time(args.start, "--from") if args.start is not None else None
+            end = parse_time(args.end, "--to") if args.end is not None else None
+            result = slice_trace(args.trace, args.output, start=start, end=end, pids=args.pid)
+            print(dumps(result) if args.json else format_slice(result))
         else:
             from trainio_analysis.report import write_report
 

@@ -1,4 +1,4 @@
-"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.6).
+"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.7).
 
 This is the only Python module that knows column names, Arrow types and metadata keys;
 everything else imports the names from here. A trace is a directory of
@@ -25,7 +25,7 @@ import json
 import os
 import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from trainio_analysis.errors import TraceError
 
 SCHEMA_VERSION = 1
 #: ``trainio.schema_minor`` written; any minor of a known version is read (absent = 0).
-SCHEMA_MINOR = 6
+SCHEMA_MINOR = 7
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
 META_PREFIX = "trainio."
 SEGMENT_GLOB = "seg-*.parquet"
@@ -137,12 +137,27 @@ JSON_META_DEFAULTS: dict[str, Any] = {
     "nfs_mounts": [],
     "recorder_cpu_ns": {},  # 1.2: only trainio record fills it in
     "source": {},  # 1.4: only trainio import fills it in
+    "retention": {},  # 1.7: only a recording with --retain-mb/--retain-s fills it in
+    "window": {},  # 1.7: only trainio slice fills it in
 }
 INT_META_KEYS = ("clock_offset_ns", "start_ns", "end_ns", "segment", "schema_version", "schema_minor")
 
 # Columns a caller of write_trace may omit, and how they are filled.
 _NULL_DEFAULT = ("insert_ns", "dev", "offset", "fd", "file", *OPTIONAL_COLUMNS)
 _ZERO_DEFAULT = ("error", "flags")
+
+
+class _Held:
+    """An open descriptor of a segment file. A recording with retention removes its oldest
+    segments while readers read them (SCHEMA.md, *Retention*): through ``/proc/self/fd``
+    a segment listed when the trace was opened stays readable until the reader is done."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.path = Path(f"/proc/self/fd/{fd}")
+
+    def __del__(self) -> None:
+        os.close(self.fd)
 
 
 @dataclass(frozen=True)
@@ -160,11 +175,18 @@ class Segment:
     shift_ns: int = 0
     #: In a trace set: the member's host, which prefixes its devices (``HOST/MAJ:MIN``)
     host: str | None = None
+    #: The file held open since the trace was opened (None: opened by ``path``)
+    held: _Held | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def source(self) -> Path:
+        """What to open to read the segment: its held descriptor, else its path."""
+        return self.held.path if self.held is not None else self.path
 
     def column_stats(self, index: int, column: str) -> Any:
         """Parquet statistics of ``column`` in row group ``index`` (None if absent)."""
         if self.footer is None or self.arrow_schema is None:
-            pf = _open_segment(self.path)
+            pf = _open_segment(self.source, self.path)
             footer, schema = pf.metadata, pf.schema_arrow
         else:
             footer, schema = self.footer, self.arrow_schema
@@ -192,17 +214,20 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _open_segment(path: Path) -> pq.ParquetFile:
+def _open_segment(path: Path, name: Path | None = None) -> pq.ParquetFile:
+    """Open ``path`` (``name``: the segment's path, for messages, when ``path`` is its
+    held descriptor)."""
+    name = path if name is None else name
     try:
         # pyarrow aborts the process on some corrupt footers: check them first
         wrong = footer.check_file(path)
         if wrong is not None:
-            msg = f"{path}: not a readable Parquet file ({wrong})"
+            msg = f"{name}: not a readable Parquet file ({wrong})"
             raise TraceError(msg)
         pf = pq.ParquetFile(path)
         pf.schema_arrow  # noqa: B018 (decodes the footer's Arrow schema: fail here, not later)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        msg = f"{path}: not a readable Parquet file ({first_line(exc)})"
+        msg = f"{name}: not a readable Parquet file ({first_line(exc)})"
         raise TraceError(msg) from None
     return pf
 
@@ -370,11 +395,19 @@ def open_trace(path: str | os.PathLike[str]) -> list[Segment]:
         raise TraceError(msg)
     segments = []
     for f in files:
-        pf = _open_segment(f)
+        try:
+            held: _Held | None = _Held(os.open(f, os.O_RDONLY | os.O_CLOEXEC))
+        except FileNotFoundError:
+            if f != files[-1]:
+                continue  # removed by the recorder's retention since it was listed (SCHEMA.md)
+            held = None
+        except OSError:
+            held = None  # _open_segment says why
+        pf = _open_segment(held.path if held is not None else f, f)
         minor = _check_segment(f, pf)
         md = pf.metadata
         groups = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
-        segments.append(Segment(f, md.num_rows, groups, md, pf.schema_arrow, minor))
+        segments.append(Segment(f, md.num_rows, groups, md, pf.schema_arrow, minor, held=held))
     if sum(s.rows for s in segments) == 0:
         msg = f"{path}: empty trace (no rows)"
         raise TraceError(msg)
@@ -493,10 +526,13 @@ def scan_segments(segments: Sequence[Segment]) -> pl.LazyFrame:
     (cheaper to filter and group on than strings). Columns of later minor versions that
     a segment lacks read as null, so old and new traces look the same."""
     names = [
-        tuple(s.arrow_schema.names) if s.arrow_schema is not None else tuple(_open_segment(s.path).schema_arrow.names)
+        tuple(s.arrow_schema.names)
+        if s.arrow_schema is not None
+        else tuple(_open_segment(s.source, s.path).schema_arrow.names)
         for s in segments
     ]
     if len(set(names)) <= 1:
+        # by path: the lazy frame outlives the segments and their held descriptors
         lf = pl.scan_parquet([str(s.path) for s in segments])
         return _with_optional_columns(lf, names[0] if names else ())
     return pl.concat(
@@ -525,9 +561,9 @@ def read_row_group(
     try:
         # one thread: callers read several row groups in parallel themselves
         pf = (
-            pq.ParquetFile(segment.path, metadata=segment.footer)
+            pq.ParquetFile(segment.source, metadata=segment.footer)
             if segment.footer is not None
-            else _open_segment(segment.path)
+            else _open_segment(segment.source, segment.path)
         )
         table = pf.read_row_group(index, columns=list(columns), use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as exc:

@@ -1,4 +1,4 @@
-//! The trainio trace format (traces/SCHEMA.md), version 1.6: the one Rust module that knows
+//! The trainio trace format (traces/SCHEMA.md), version 1.7: the one Rust module that knows
 //! its columns, types and metadata keys. The tracer writes through [`TraceWriter`]; the
 //! replayer reads through [`read_rows`].
 //!
@@ -17,7 +17,7 @@ pub use read::{
     TraceError,
 };
 pub use set::{trace_set_members, Member};
-pub use write::{BatchBuilder, RowKeys, SegmentLimits, TraceWriter};
+pub use write::{BatchBuilder, Dropped, Retention, RowKeys, SegmentLimits, TraceWriter};
 
 use std::sync::Arc;
 
@@ -29,9 +29,10 @@ pub const SCHEMA_VERSION: &str = "1";
 /// 1: the `rpc_*` columns. 2: `trainio.recorder_cpu_ns`. 3: the `proc` and `ipc` layers
 /// and the `ppid` column. 4: the file layer's `fsync`, `fdatasync` and `sync_file_range`
 /// ops. 5: rows of more syscalls, no new op. 6: the file layer's `fault`, `map_pages`,
-/// `mmap` and `madvise` ops (reads through memory mappings). A trace without the key is
-/// 1.0; readers accept any minor.
-pub const SCHEMA_MINOR: &str = "6";
+/// `mmap` and `madvise` ops (reads through memory mappings). 7: `trainio.retention`
+/// (what a recording with retention removed) and `trainio.window` (what `trainio slice`
+/// cut). A trace without the key is 1.0; readers accept any minor.
+pub const SCHEMA_MINOR: &str = "7";
 
 /// Columns added by minor versions: a reader takes them as null when a trace lacks them.
 pub const OPTIONAL_COLUMNS: [&str; 6] =
@@ -57,6 +58,7 @@ pub mod keys {
     pub const EVENTS: &str = "trainio.events";
     pub const NFS_MOUNTS: &str = "trainio.nfs_mounts";
     pub const RECORDER_CPU_NS: &str = "trainio.recorder_cpu_ns";
+    pub const RETENTION: &str = "trainio.retention";
 }
 
 /// The layer a row was recorded at.

@@ -134,6 +134,11 @@ fn segment_minor(seg: &Path, meta: &HashMap<String, String>) -> Result<u32, Trac
 
 pub(crate) fn file_metadata(seg: &Path) -> Result<HashMap<String, String>, TraceError> {
     let file = File::open(seg).map_err(|e| bad(seg, format!("cannot open: {e}")))?;
+    metadata_of(seg, file)
+}
+
+/// The trainio metadata of the open segment file `file` (named `seg`), checked.
+fn metadata_of(seg: &Path, file: File) -> Result<HashMap<String, String>, TraceError> {
     let reader = guard_decoder(seg, || {
         SerializedFileReader::new(file).map_err(|e| bad(seg, format!("not a readable Parquet file ({e})")))
     })?;
@@ -332,10 +337,17 @@ pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, Tra
     let mut interned: HashMap<String, Arc<str>> = HashMap::new();
     let mut intern = |s: &str| -> Arc<str> { interned.entry(s.to_string()).or_insert_with(|| Arc::from(s)).clone() };
     let known_minor: u32 = SCHEMA_MINOR.parse().expect("SCHEMA_MINOR is a number");
-    for seg in segment_paths(path)? {
-        let meta = file_metadata(&seg)?;
+    let segs = segment_paths(path)?;
+    let last = segs.last().cloned();
+    for seg in segs {
+        let file = match File::open(&seg) {
+            Ok(f) => f,
+            // Removed by a recording's retention since it was listed (SCHEMA.md, *Retention*).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && last.as_ref() != Some(&seg) => continue,
+            Err(e) => return Err(bad(&seg, format!("cannot open: {e}"))),
+        };
+        let meta = metadata_of(&seg, file.try_clone().map_err(|e| bad(&seg, format!("cannot open: {e}")))?)?;
         let later_minor = segment_minor(&seg, &meta)? > known_minor;
-        let file = File::open(&seg).map_err(|e| bad(&seg, format!("cannot open: {e}")))?;
         let (reader, pos): (ParquetRecordBatchReader, Positions) = guard_decoder(&seg, || {
             let builder = ParquetRecordBatchReaderBuilder::try_new(file)
                 .map_err(|e| bad(&seg, format!("not a readable Parquet file ({e})")))?;
@@ -460,6 +472,78 @@ mod tests {
         assert_eq!(rows[1].rpc.unwrap().retrans, None);
         assert_eq!(rows[1].rpc.unwrap().rtt_ns, 250_000);
         assert_eq!((rows[2].rpc, rows[3].rpc), (None, None));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Segments of `rows` distinct block rows each, closed with start/end metadata; the
+    /// directory after each close.
+    fn retained_trace(dir: &Path, retention: crate::Retention, sizes: &[usize]) -> Vec<(Vec<PathBuf>, u64)> {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).unwrap();
+        let mut w = TraceWriter::new(dir, SegmentLimits { max_bytes: 1 << 30, max_age: Duration::from_secs(60) })
+            .with_retention(retention);
+        let mut after = Vec::new();
+        let mut t = 1_000_i64;
+        for (i, &rows) in sizes.iter().enumerate() {
+            let mut b = BatchBuilder::new();
+            for k in 0..rows {
+                // Offsets that do not repeat: the segment's size grows with its rows.
+                let offset = Some(((k as i64).wrapping_mul(2_654_435_761) % (1 << 30)) * 4096);
+                b.push(&Row { issue_ns: t, complete_ns: t + 7, offset, ..row(Layer::Block, "read") });
+                t += 1000;
+            }
+            w.write(&b.finish()).unwrap();
+            let meta = vec![
+                (keys::SCHEMA_VERSION.to_string(), SCHEMA_VERSION.to_string()),
+                (keys::SCHEMA_MINOR.to_string(), SCHEMA_MINOR.to_string()),
+                (keys::START_NS.to_string(), "500".to_string()),
+                // Just after the segment's last completion, before the next one's first issue.
+                (keys::END_NS.to_string(), (t - 1).to_string()),
+                (keys::SEGMENT.to_string(), i.to_string()),
+            ];
+            w.close_segment(&meta).unwrap();
+            let segs = segment_paths(dir).unwrap();
+            let bytes = segs.iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+            after.push((segs, bytes));
+        }
+        after
+    }
+
+    #[test]
+    fn retention_removes_the_oldest_segments_and_says_so() {
+        let dir = std::env::temp_dir().join(format!("trainio-schema-retain-{}", std::process::id()));
+        // One segment's size, to set the limit at three of them.
+        let one = retained_trace(&dir, crate::Retention::default(), &[20_000])[0].1;
+        let limit = 3 * one + one / 2;
+        let after = retained_trace(&dir, crate::Retention { max_bytes: Some(limit), max_age: None }, &[20_000; 8]);
+        for (i, (segs, bytes)) in after.iter().enumerate() {
+            assert!(*bytes <= limit, "after segment {i}: {bytes} B kept, limit {limit}");
+            // Never fewer than the limit allows: only whole segments beyond it go.
+            assert_eq!(segs.len(), (i + 1).min(3), "after segment {i}: {segs:?}");
+            assert!(segs.last().unwrap().ends_with(format!("seg-{i:06}.parquet")));
+        }
+        let meta = read_metadata(&dir).unwrap();
+        let r: serde_json::Value = serde_json::from_str(&meta[keys::RETENTION]).unwrap();
+        // Eight segments, three kept: the five oldest went.
+        assert_eq!(r["dropped_segments"], 5, "{r}");
+        assert_eq!(r["dropped_rows"], 5 * 20_000);
+        assert_eq!(r["max_bytes"], limit);
+        assert_eq!(r["recording_start_ns"], 500);
+        // The kept trace starts where the newest removed segment (the 5th) ended.
+        let until = r["dropped_until_ns"].as_i64().unwrap();
+        assert_eq!(until, 1_000 + 5 * 20_000 * 1000 - 1);
+        assert_eq!(meta[keys::START_NS], until.to_string());
+        let rows = read_rows(&dir, None).unwrap();
+        assert_eq!(rows.len(), 3 * 20_000);
+        assert!(rows.iter().all(|r| r.issue_ns > until));
+
+        // An age of zero keeps the newest finished segment and the one being closed.
+        let after = retained_trace(&dir, crate::Retention { max_bytes: None, max_age: Some(Duration::ZERO) }, &[10; 4]);
+        for (i, (segs, _)) in after.iter().enumerate() {
+            assert_eq!(segs.len(), (i + 1).min(2), "after segment {i}");
+        }
+        let r: serde_json::Value = serde_json::from_str(&read_metadata(&dir).unwrap()[keys::RETENTION]).unwrap();
+        assert_eq!((r["dropped_segments"].as_u64(), r["max_bytes"].is_null()), (Some(2), true));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -166,6 +166,13 @@ impl SegmentFile {
         self.file.bytes_written() as u64 + pending as u64
     }
 
+    /// Writes the row group in progress and returns the bytes in the file: all but the
+    /// footer, exactly (the size retention counts a closing segment by).
+    pub(crate) fn flushed_size(&mut self) -> Result<u64> {
+        self.flush()?;
+        Ok(self.file.bytes_written() as u64)
+    }
+
     pub(crate) fn append_key_value_metadata(&mut self, kv: KeyValue) {
         self.file.append_key_value_metadata(kv);
     }

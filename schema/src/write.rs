@@ -381,6 +381,42 @@ pub struct SegmentLimits {
     pub max_age: Duration,
 }
 
+/// What a trace keeps of itself while it is written (`trainio record --retain-mb`,
+/// `--retain-s`): when a segment is closed, the oldest finished segments are removed
+/// until the rest (the closing one included) fit `max_bytes` and none closed more than
+/// `max_age` ago. The newest finished segment always stays, so a reader finds a trace
+/// (and its metadata) at every moment; the open segment is never removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Retention {
+    pub max_bytes: Option<u64>,
+    pub max_age: Option<Duration>,
+}
+
+impl Retention {
+    pub fn is_on(&self) -> bool {
+        self.max_bytes.is_some() || self.max_age.is_some()
+    }
+}
+
+/// What retention has removed so far (SCHEMA.md, `trainio.retention`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dropped {
+    pub segments: u64,
+    pub rows: u64,
+    pub bytes: u64,
+    /// `trainio.end_ns` of the newest removed segment: rows before it may be missing.
+    pub until_ns: Option<i64>,
+}
+
+/// A finished segment as retention sees it.
+#[derive(Clone, Debug)]
+struct Kept {
+    bytes: u64,
+    rows: u64,
+    closed: Instant,
+    end_ns: Option<i64>,
+}
+
 /// Parquet settings, chosen for the tracer's drain path (CPU per row) at ~7 bytes per
 /// row: every integer column is delta-encoded without a dictionary (a dictionary costs a
 /// hash per value per row; constant or slowly varying columns delta-pack to a few bits),
@@ -424,13 +460,101 @@ pub struct TraceWriter {
     next_index: u32,
     current: Option<OpenSegment>,
     finished: Vec<PathBuf>,
+    /// Size, rows and closing time of each of `finished`.
+    kept: Vec<Kept>,
+    retention: Retention,
+    dropped: Dropped,
+    /// `trainio.start_ns` as the first segment's metadata gave it (the recording's start).
+    recording_start_ns: Option<String>,
     lost_rows: u64,
 }
 
 impl TraceWriter {
     /// `dir` must exist; the caller has checked that it is empty.
     pub fn new(dir: &Path, limits: SegmentLimits) -> Self {
-        TraceWriter { dir: dir.to_path_buf(), limits, next_index: 0, current: None, finished: Vec::new(), lost_rows: 0 }
+        TraceWriter {
+            dir: dir.to_path_buf(),
+            limits,
+            next_index: 0,
+            current: None,
+            finished: Vec::new(),
+            kept: Vec::new(),
+            retention: Retention::default(),
+            dropped: Dropped::default(),
+            recording_start_ns: None,
+            lost_rows: 0,
+        }
+    }
+
+    /// The same writer, removing its oldest segments as `retention` says.
+    pub fn with_retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// What retention has removed so far.
+    pub fn dropped(&self) -> Dropped {
+        self.dropped
+    }
+
+    /// Removes the oldest finished segments that retention no longer keeps, given the
+    /// bytes of the segment about to be closed. The newest finished segment stays.
+    fn retain(&mut self, closing_bytes: u64) {
+        let mut total: u64 = self.kept.iter().map(|k| k.bytes).sum::<u64>() + closing_bytes;
+        while self.finished.len() > 1 {
+            let oldest = &self.kept[0];
+            let too_big = self.retention.max_bytes.is_some_and(|max| total > max);
+            let too_old = self.retention.max_age.is_some_and(|age| oldest.closed.elapsed() > age);
+            if !(too_big || too_old) {
+                break;
+            }
+            match fs::remove_file(&self.finished[0]) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                // Left in place (and counted as kept); the next close tries again.
+                Err(_) => break,
+            }
+            let k = self.kept.remove(0);
+            self.finished.remove(0);
+            total -= k.bytes;
+            self.dropped.segments += 1;
+            self.dropped.rows += k.rows;
+            self.dropped.bytes += k.bytes;
+            self.dropped.until_ns = k.end_ns.or(self.dropped.until_ns);
+        }
+    }
+
+    /// The `trainio.retention` value (and, once segments were removed, the
+    /// `trainio.start_ns` that the kept trace starts at) for the segment being closed.
+    fn retention_metadata(&mut self, metadata: &[(String, String)]) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = metadata.to_vec();
+        let start = out.iter().find(|(k, _)| k == crate::keys::START_NS).map(|(_, v)| v.clone());
+        if self.recording_start_ns.is_none() {
+            self.recording_start_ns = start;
+        }
+        let recording_start: Option<i64> = self.recording_start_ns.as_deref().and_then(|v| v.parse().ok());
+        let d = self.dropped;
+        let value = serde_json::json!({
+            "max_bytes": self.retention.max_bytes,
+            "max_age_s": self.retention.max_age.map(|a| a.as_secs_f64()),
+            "recording_start_ns": recording_start,
+            "dropped_segments": d.segments,
+            "dropped_rows": d.rows,
+            "dropped_bytes": d.bytes,
+            "dropped_until_ns": d.until_ns,
+        })
+        .to_string();
+        out.retain(|(k, _)| k != crate::keys::RETENTION);
+        out.push((crate::keys::RETENTION.into(), value));
+        if let Some(until) = d.until_ns {
+            // The kept trace covers what follows the newest removed segment.
+            for (k, v) in out.iter_mut() {
+                if k == crate::keys::START_NS && recording_start.is_some_and(|s| s < until) {
+                    *v = until.to_string();
+                }
+            }
+        }
+        out
     }
 
     pub fn dir(&self) -> &Path {
@@ -500,6 +624,25 @@ impl TraceWriter {
         let Some(mut seg) = self.current.take() else {
             return Ok(None);
         };
+        let with_retention;
+        let metadata = if self.retention.is_on() {
+            // The segment's own bytes, its last row group written: an estimate of a row
+            // group still in memory counts it uncompressed and removes too much.
+            let closing = match seg.writer.flushed_size() {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = fs::remove_file(&seg.partial);
+                    self.lost_rows += seg.rows;
+                    return Err(e.context(format!("closing {}", seg.partial.display())));
+                }
+            };
+            self.retain(closing);
+            with_retention = self.retention_metadata(metadata);
+            &with_retention[..]
+        } else {
+            metadata
+        };
+        let end_ns = metadata.iter().find(|(k, _)| k == crate::keys::END_NS).and_then(|(_, v)| v.parse().ok());
         for (k, v) in metadata {
             seg.writer.append_key_value_metadata(KeyValue::new(k.clone(), v.clone()));
         }
@@ -514,6 +657,8 @@ impl TraceWriter {
             return Err(e);
         }
         self.next_index += 1;
+        let bytes = fs::metadata(&seg.done).map(|m| m.len()).unwrap_or(0);
+        self.kept.push(Kept { bytes, rows, closed: Instant::now(), end_ns });
         self.finished.push(seg.done.clone());
         Ok(Some(seg.done))
     }

@@ -14,7 +14,7 @@ import pytest
 
 from trainio_testlib import ROOT, TRAINIO
 
-ANALYSIS = ("analyze", "report", "compare", "export", "import")
+ANALYSIS = ("analyze", "report", "compare", "export", "import", "slice")
 COMPILED = ("record", "replay", "datagen", "sweep")
 VERSION = re.search(
     r'^\[workspace\.package\][^\[]*?^version\s*=\s*"([^"]+)"', (ROOT / "Cargo.toml").read_text(), re.M | re.S
@@ -101,11 +101,11 @@ def test_output_and_json_options_mean_what_docs_cli_says() -> None:
     """-o is the made thing's path wherever it exists; --json is a flag where the object goes
     to stdout and takes a FILE in replay and sweep (docs/cli.md)."""
     helps = {cmd: run(TRAINIO, cmd, "--help").stdout for cmd in (*ANALYSIS, *COMPILED)}
-    for cmd in ("record", "report", "export", "import"):
+    for cmd in ("record", "report", "export", "import", "slice"):
         assert re.search(r"-o( \S+)?, --output", helps[cmd]), cmd
     for cmd in ("analyze", "compare", "replay", "datagen", "sweep"):
         assert "--output" not in helps[cmd], cmd
-    for cmd in ("analyze", "compare", "export", "import"):
+    for cmd in ("analyze", "compare", "export", "import", "slice"):
         assert re.search(r"^\s+--json\s+print", helps[cmd], re.M), cmd
     for cmd in ("replay", "sweep"):
         assert "--json <FILE>" in helps[cmd], cmd

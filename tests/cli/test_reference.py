@@ -14,7 +14,19 @@ import pytest
 from trainio_testlib import ROOT, TRAINIO
 
 REFERENCE = ROOT / "docs" / "reference"
-COMMANDS = ("record", "analyze", "report", "compare", "export", "import", "replay", "datagen", "sweep", "datasize")
+COMMANDS = (
+    "record",
+    "analyze",
+    "report",
+    "compare",
+    "export",
+    "import",
+    "slice",
+    "replay",
+    "datagen",
+    "sweep",
+    "datasize",
+)
 
 
 @pytest.fixture(scope="module")

@@ -150,7 +150,7 @@ def test_nfs_layer_is_skipped_where_the_kernel_has_no_nfs_client(tmp_path: Path)
     assert "skipping nfs" in res.stderr
     meta = read_metadata(out)
     assert "nfs" in meta["skipped_probes"] and "nfs" not in meta["layers"]
-    assert meta["schema_minor"] == 6 and meta["nfs_mounts"] == []
+    assert meta["schema_minor"] == 7 and meta["nfs_mounts"] == []
     df = scan_trace(out).collect()
     writes = df.filter((pl.col("layer") == "file") & (pl.col("op") == "write"))
     assert writes["bytes"].sum() == 4 * 65536
@@ -454,15 +454,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cgroup_mode_traces_only_the_cgroup_and_stops_at_duration(tmp_path: Path) -> None:
+def test_cgroup_mode_traces_only_the_cgroup_subtree_and_stops_at_duration(tmp_path: Path) -> None:
     unified = Path("/sys/fs/cgroup/unified")
     base = unified if (unified / "cgroup.procs").exists() else Path("/sys/fs/cgroup")
     cg = base / f"trainio-test-{os.getpid()}"
-    inside, outside = tmp_path / "in.bin", tmp_path / "out.bin"
+    # A cgroup below the target (a pod's container under kubepods.slice) is traced too.
+    child = cg / "pod"
+    inside, below, outside = tmp_path / "in.bin", tmp_path / "below.bin", tmp_path / "out.bin"
     inside.write_bytes(b"i" * 4096)
+    below.write_bytes(b"b" * 4096)
     outside.write_bytes(b"o" * 4096)
     cg.mkdir()
-    proc = other = rec = None
+    child.mkdir()
+    proc = nested = other = rec = None
     try:
         # Both read when told to, once the recorder says it is recording.
         proc = subprocess.Popen(
@@ -470,27 +474,38 @@ def test_cgroup_mode_traces_only_the_cgroup_and_stops_at_duration(tmp_path: Path
             stdin=subprocess.PIPE,
             text=True,
         )
+        nested = subprocess.Popen(
+            ["sh", "-c", f"echo $$ > {child}/cgroup.procs; read go; cat {below} > /dev/null"],
+            stdin=subprocess.PIPE,
+            text=True,
+        )
         other = subprocess.Popen(["sh", "-c", f"read go; cat {outside} > /dev/null"], stdin=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 10
-        while str(proc.pid) not in (cg / "cgroup.procs").read_text().split():
-            assert time.monotonic() < deadline and proc.poll() is None, "the shell did not join the cgroup"
-            time.sleep(0.01)  # the shell joins the cgroup first thing
+        for sh, where in ((proc, cg), (nested, child)):
+            while str(sh.pid) not in (where / "cgroup.procs").read_text().split():
+                assert time.monotonic() < deadline and sh.poll() is None, "the shell did not join the cgroup"
+                time.sleep(0.01)  # the shell joins the cgroup first thing
         t0 = time.monotonic()
         rec = record_until_recording("--layers", "file", "-o", tmp_path / "t", "--cgroup", cg, "--duration", "3")
         proc.communicate("go\n", timeout=30)
+        nested.communicate("go\n", timeout=30)
         other.communicate("go\n", timeout=30)
         rc, err = finish(rec)
         elapsed = time.monotonic() - t0
         assert rc == 0, err
         assert 3 <= elapsed < 15
         files = set(rows(tmp_path / "t", layer="file", op="read")["file"].to_list())
-        assert str(inside) in files and str(outside) not in files
+        assert str(inside) in files and str(below) in files and str(outside) not in files
         assert read_metadata(tmp_path / "t")["target"] == {"cgroup": str(cg)}
+        # Both shells were there at the start: each has a start row.
+        started = set(rows(tmp_path / "t", layer="proc", op="start")["pid"].to_list())
+        assert {proc.pid, nested.pid} <= started
     finally:
-        for p in (proc, other, rec):
+        for p in (proc, nested, other, rec):
             if p:
                 p.kill()
                 p.wait()
+        child.rmdir()
         cg.rmdir()
 
 
@@ -881,4 +896,4 @@ except OSError:
     assert (ops["error"] == 0).all() and ops["fd"].n_unique() == 1
     syncs = scan_trace(out).filter(pl.col("op").is_in(["fsync", "fdatasync", "sync_file_range"])).collect()
     assert syncs.height == 3, syncs
-    assert read_metadata(out)["schema_minor"] == 6
+    assert read_metadata(out)["schema_minor"] == 7

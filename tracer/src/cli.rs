@@ -55,6 +55,23 @@ pub struct Args {
     #[arg(long, default_value_t = 300.0, value_parser = seconds)]
     pub segment_s: f64,
 
+    /// Keep at most this many MiB of finished segments: when a segment closes, the oldest
+    /// are removed (at least one finished segment and the one being written stay, so the
+    /// output holds at most this plus about two --segment-mb). Off by default
+    #[arg(long, value_name = "MiB", value_parser = clap::value_parser!(u64).range(1..=MAX_SEGMENT_MB * 1024))]
+    pub retain_mb: Option<u64>,
+
+    /// Keep only segments closed at most this many seconds ago (checked whenever a segment
+    /// closes: at least every --segment-s). Off by default
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    pub retain_s: Option<f64>,
+
+    /// Serve live metrics of the recording (per device: requests, bytes, queue-depth and
+    /// latency histograms, latency percentiles; per process: file-layer requests and bytes)
+    /// as Prometheus text at http://ADDR/metrics, e.g. 127.0.0.1:9464. Off by default
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+
     /// Do not sample the kernel's BPF run-time statistics (by default on at the start of
     /// every 20 s for 50,000 program runs or 1 s; they cost two clock reads per run while on)
     #[arg(long)]
@@ -70,7 +87,8 @@ pub struct Args {
     #[arg(long, conflicts_with_all = ["cgroup", "command"])]
     pub pid: Option<u32>,
 
-    /// Trace the processes of this cgroup-v2 directory
+    /// Trace the processes of this cgroup-v2 directory and of the cgroups below it (e.g.
+    /// every pod under /sys/fs/cgroup/kubepods.slice)
     #[arg(long, conflicts_with = "command")]
     pub cgroup: Option<PathBuf>,
 

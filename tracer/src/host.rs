@@ -229,11 +229,20 @@ pub fn all_pids() -> Vec<u32> {
 /// The processes in a cgroup-v2 directory now (its own members, as the file layer's
 /// cgroup test selects them, not those of its children).
 pub fn cgroup_pids(path: &Path) -> Vec<u32> {
-    let mut pids: Vec<u32> = fs::read_to_string(path.join("cgroup.procs"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect();
+    // The cgroup's processes and its descendants' (the file layer traces the subtree).
+    let mut pids = Vec::new();
+    let mut dirs = vec![path.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        pids.extend(
+            fs::read_to_string(dir.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse::<u32>().ok()),
+        );
+        if let Ok(entries) = fs::read_dir(&dir) {
+            dirs.extend(entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
+        }
+    }
     pids.sort_unstable();
     pids.dedup();
     pids
@@ -273,6 +282,15 @@ pub fn cgroup_id(path: &Path) -> Result<u64> {
         bail!("--cgroup {}: not a cgroup-v2 directory (bpf_get_current_cgroup_id needs cgroup v2)", path.display());
     }
     Ok(fs::metadata(path)?.ino())
+}
+
+/// The level of a cgroup-v2 directory below its hierarchy's root (the root is 0): the
+/// ancestor level at which the file layer finds the target (bpf_get_current_ancestor_cgroup_id).
+pub fn cgroup_level(path: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    let path = fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let Ok(dev) = fs::metadata(&path).map(|m| m.dev()) else { return 0 };
+    path.ancestors().skip(1).take_while(|a| fs::metadata(a).is_ok_and(|m| m.dev() == dev)).count() as u32
 }
 
 /// One line of a mount's per-op RPC statistics in /proc/self/mountstats (statvers 1.1:

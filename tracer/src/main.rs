@@ -3,6 +3,7 @@ mod cli;
 mod encoder;
 mod events;
 mod host;
+mod metrics;
 mod probes;
 mod record;
 

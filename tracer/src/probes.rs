@@ -21,7 +21,8 @@ pub enum Target {
     All,
     /// tgids seeded by user space, followed through fork.
     Tgids,
-    Cgroup(u64),
+    /// A cgroup-v2 (id, level below the root): its tasks and those of its descendants.
+    Cgroup(u64, u32),
 }
 
 pub struct Settings {
@@ -279,9 +280,10 @@ impl<'o> Probes<'o> {
             match s.target {
                 Target::All => ro.target_mode = 0,
                 Target::Tgids => ro.target_mode = 1,
-                Target::Cgroup(id) => {
+                Target::Cgroup(id, level) => {
                     ro.target_mode = 2;
                     ro.target_cgroup_id = id;
+                    ro.target_cgroup_level = level;
                 }
             }
             open.maps.file_events.set_max_entries(s.ringbuf_bytes).context("sizing the file ring buffer")?;

@@ -10,16 +10,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
-use trainio_schema::{keys, Layer, SegmentLimits, TraceWriter, SCHEMA_MINOR, SCHEMA_VERSION};
+use trainio_schema::{keys, Layer, Retention, SegmentLimits, TraceWriter, SCHEMA_MINOR, SCHEMA_VERSION};
 
 use crate::cli::{usage, Args};
 use crate::encoder::{thread_cpu_ns, Encoder};
 use crate::events::{Collector, FLUSH_ROWS};
 use crate::host;
+use crate::metrics::LiveMetrics;
 use crate::probes::{Probes, Settings, Target};
 
 /// How long the drain waits for records: long enough for about TURN_ROWS rows to arrive
@@ -185,6 +187,12 @@ fn per_host_output(set: &Path) -> Result<PathBuf> {
 
 /// Every check that can fail on bad input, before anything is loaded or written.
 fn preflight(args: &Args) -> Result<Checked> {
+    if let Some(mb) = args.retain_mb.filter(|&mb| mb < args.segment_mb) {
+        usage!(
+            "--retain-mb {mb} is below --segment-mb {}: retention keeps whole segments (lower --segment-mb)",
+            args.segment_mb
+        );
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         usage!("must run as root: loading BPF programs needs CAP_BPF and CAP_PERFMON (try sudo)");
@@ -249,7 +257,7 @@ fn preflight(args: &Args) -> Result<Checked> {
         (Subject::Pid(pid), Target::Tgids)
     } else if let Some(cg) = &args.cgroup {
         let id = host::cgroup_id(cg).map_err(as_usage)?;
-        (Subject::Cgroup(cg.clone()), Target::Cgroup(id))
+        (Subject::Cgroup(cg.clone()), Target::Cgroup(id, host::cgroup_level(cg)))
     } else {
         (Subject::All, Target::All)
     };
@@ -450,6 +458,11 @@ pub fn run(mut args: Args) -> Result<i32> {
         args.output = per_host_output(&args.output)?;
     }
     let checked = preflight(&args)?;
+    // Bound before anything is loaded or written: a bad or busy address is bad input.
+    let listener = match &args.metrics_addr {
+        Some(addr) => Some(crate::metrics::listen(addr).map_err(|m| anyhow::Error::new(crate::cli::Usage(m)))?),
+        None => None,
+    };
     std::fs::create_dir_all(&args.output)
         .with_context(|| format!("creating {}", args.output.display()))
         .map_err(as_usage)?;
@@ -509,10 +522,27 @@ pub fn run(mut args: Args) -> Result<i32> {
         let c = collector.clone();
         probes.ring_buffer(move |data| c.borrow_mut().on_record(data))?
     };
-    let mut encoder = Encoder::start(TraceWriter::new(
-        &args.output,
-        SegmentLimits { max_bytes: args.segment_mb << 20, max_age: Duration::from_secs_f64(args.segment_s) },
-    ))?;
+    let retention =
+        Retention { max_bytes: args.retain_mb.map(|mb| mb << 20), max_age: args.retain_s.map(Duration::from_secs_f64) };
+    let mut encoder = Encoder::start(
+        TraceWriter::new(
+            &args.output,
+            SegmentLimits { max_bytes: args.segment_mb << 20, max_age: Duration::from_secs_f64(args.segment_s) },
+        )
+        .with_retention(retention),
+    )?;
+
+    let live = listener.map(|l| {
+        let m = Arc::new(Mutex::new(LiveMetrics::default()));
+        let at = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        crate::metrics::serve(l, m.clone());
+        (m, at)
+    });
+    if let Some((_, at)) = &live {
+        note(&format!("serving metrics at http://{at}/metrics"));
+    }
+    let live = live.map(|(m, _)| m);
+    let mut last_status = Instant::now();
 
     install_signal_handlers();
     let mut child = match &checked.subject {
@@ -560,6 +590,14 @@ pub fn run(mut args: Args) -> Result<i32> {
         stats.tick(&probes);
         if collector.borrow().batch.len() >= FLUSH_ROWS || now - last_flush >= FLUSH_EVERY {
             let batch = collector.borrow_mut().batch.finish();
+            if let Some(m) = &live {
+                let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
+                m.observe(&batch);
+                if now - last_status >= FLUSH_EVERY {
+                    m.set_status(probes.lost(), started.elapsed());
+                    last_status = now;
+                }
+            }
             encoder.send(batch)?;
             last_flush = now;
         }
@@ -625,6 +663,11 @@ pub fn run(mut args: Args) -> Result<i32> {
         collector.borrow_mut().on_record(&rec);
     }
     let batch = collector.borrow_mut().batch.finish();
+    if let Some(m) = &live {
+        let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
+        m.observe(&batch);
+        m.set_status(probes.lost(), started.elapsed());
+    }
     encoder.send(batch)?;
     let fin = encoder.finish()?;
     let (mut writer, mut write_error) = (fin.writer, fin.write_error);
@@ -711,6 +754,16 @@ fn print_summary(
         mib(size),
         elapsed.as_secs_f64()
     );
+    let dropped = writer.dropped();
+    if dropped.segments > 0 {
+        eprintln!(
+            "  retention removed {} segment{} ({} rows, {:.1} MiB)",
+            dropped.segments,
+            if dropped.segments == 1 { "" } else { "s" },
+            dropped.rows,
+            mib(dropped.bytes)
+        );
+    }
     eprintln!("  {:<6} {:<9} {:>10} {:>11} {:>11}", "layer", "dev", "events", "read MiB", "write MiB");
     for ((layer, dev), t) in &coll.tally() {
         let dev = dev.as_deref().unwrap_or("-");
