@@ -89,7 +89,11 @@ pub fn notes(root: &Value, w: &Workload) -> Vec<String> {
     out.sort();
     // Keys read or quiet whose value asks for what the replay does not do.
     let get = |section: &str, key: &str| root.get(section).and_then(|s| s.get(key));
-    if let Some(c) = get("dataset", "compression").filter(|c| !matches!(scalar(c).as_str(), "none" | "null" | "")) {
+    // Parquet's codec is written and read (parquet_files.rs); other formats' is not.
+    if let Some(c) = get("dataset", "compression")
+        .filter(|c| !matches!(scalar(c).as_str(), "none" | "null" | ""))
+        .filter(|_| w.parquet.is_none())
+    {
         out.push(format!("dataset.compression: {}: files are written and read uncompressed", scalar(c)));
     }
     if get("workflow", "evaluation").is_some_and(truthy) {
@@ -109,6 +113,26 @@ pub fn notes(root: &Value, w: &Workload) -> Vec<String> {
             serde_json::to_string(c).unwrap_or_else(|_| scalar(c)),
             crate::hdf5::CHUNKS_MAX
         ));
+    }
+    // Object-storage keys of a file run on local files (storage_type: local_fs): the
+    // library, protocol and bucket it names are not used (the older layouts keep them
+    // under reader:).
+    if w.object_store.is_none() {
+        for (section, key) in [
+            ("storage", "storage_library"),
+            ("storage", "protocol"),
+            ("reader", "storage_library"),
+            ("reader", "storage_options"),
+            ("reader", "storage_root"),
+            ("reader", "protocol"),
+        ] {
+            if let Some(v) = get(section, key) {
+                out.push(format!("{section}.{key}: {}: not used: the run reads local files", scalar(v)));
+            }
+        }
+    }
+    if w.main_process_reads {
+        out.push("reader.read_threads: 0: the main process's reads (a DataLoader without workers) are replayed by one reader that reads ahead of the compute (prefetch), as read_threads: 1 does".into());
     }
     if get("reader", "dont_use_mmap").is_some_and(|v| !truthy(v)) {
         out.push("reader.dont_use_mmap: false: reads through mmap are not modeled (the replay issues reads)".into());

@@ -104,6 +104,10 @@ pub struct Workload {
     pub chunk_dims: Vec<u64>,
     pub batch_size: u64,
     pub read_threads: u64,
+    /// `reader.read_threads: 0`: DLIO's loader reads in the main process (PyTorch's
+    /// `num_workers=0`); the replay reads with one reader (`read_threads` is 1) and
+    /// names the difference (unmodeled.rs).
+    pub main_process_reads: bool,
     pub prefetch_size: u64,
     /// Bytes per read request; None = 1 MiB (see docs/replay.md).
     pub transfer_size: Option<u64>,
@@ -147,6 +151,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "dataset.record_length_bytes_stdev",
     "dataset.record_length_stdev",
     "dataset.compression",
+    "dataset.parquet.columns",
     "dataset.parquet.row_group_size",
     "dataset.parquet.generation_batch_size",
     "dataset.parquet.read_mode",
@@ -207,6 +212,9 @@ pub const KNOWN_KEYS: &[&str] = &[
 /// Keys of DLIO's sections that trainio does not read and that do not change the I/O it
 /// emulates: no warning for them.
 pub const QUIET_KEYS: &[&str] = &[
+    // which of DLIO's generators writes the Parquet files (s3dlio's or pyarrow's): the
+    // files' layout is the section's either way
+    "dataset.parquet.use_s3dlio_gen",
     "dataset.record_length_bytes_resize",
     "dataset.record_length_resize",
     "dataset.num_files_eval",
@@ -482,6 +490,8 @@ impl Workload {
         };
         let batch_size = uint(reader, "reader", "batch_size")?.unwrap_or(1);
         let read_threads = uint(reader, "reader", "read_threads")?.unwrap_or(1);
+        let main_process_reads = read_threads == 0;
+        let read_threads = read_threads.max(1);
         let prefetch_size = uint(reader, "reader", "prefetch_size")?.unwrap_or(2);
         let computation_time = compute_time(train)?;
         let au = match metric {
@@ -517,6 +527,7 @@ impl Workload {
                 .unwrap_or_default(),
             batch_size,
             read_threads,
+            main_process_reads,
             prefetch_size,
             transfer_size: uint(reader, "reader", "transfer_size")?,
             odirect: boolean(reader, "reader", "odirect")?.unwrap_or(false),

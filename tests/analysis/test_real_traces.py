@@ -44,9 +44,19 @@ def test_iodepth_1_is_all_qd_1(tmp_path: Path, loop_dev: str) -> None:
     res = trainio("record", "-o", tmp_path / "t", "--layers", "block", "--dev", loop_dev, "--", *fio(loop_dev, 1, "8M"))
     assert res.returncode == 0, res.stderr
     a = analyze(tmp_path / "t")
-    assert a["events"] == 2048
-    assert {int(k): v for k, v in a["qd_hist_issue"].items()} == {1: 1.0}
+    # The kernel now and then delivers no block_rq_complete to BPF for a request (bpftrace's
+    # classic tracepoint misses the same ones; issue #35 item 1): the trace counts each as
+    # `block_rq_complete:unseen` and has no row for it. Every request is a row or counted.
+    unseen = a["lost_events"]["by_probe"].get("block_rq_complete:unseen", 0)
+    assert a["events"] + unseen == 2048, (a["events"], a["lost_events"])
+    assert unseen <= 3, a["lost_events"]  # 0-3 in 6 recordings (issue #35)
     assert {int(k): v for k, v in a["qd_hist_issue_computed"].items()} == {1: 1.0}
+    if unseen == 0:
+        assert {int(k): v for k, v in a["qd_hist_issue"].items()} == {1: 1.0}
+    else:
+        # the kernel-side in-flight counter waits for the request's next use to learn of
+        # the completion it missed: a few requests see QD 2 meanwhile
+        assert a["qd_hist_issue"].get("1", 0) >= 0.99, a["qd_hist_issue"]
 
 
 def test_16_outstanding_time_weighted_qd_matches_iostat(tmp_path: Path, loop_dev: str) -> None:
