@@ -35,6 +35,9 @@ pub struct WorkloadProgram {
     pub prefetch_size: usize,
     pub transfer_size: u64,
     pub compute: ComputeTime,
+    /// DLIO's `preprocess_time` (mean, stdev; seconds): slept by the worker after each
+    /// sample it reads.
+    preprocess: (f64, f64),
     pub epochs: u64,
     pub steps_per_epoch: u64,
     file_shuffle: Shuffle,
@@ -110,6 +113,7 @@ impl WorkloadProgram {
             prefetch_size: workload.prefetch_size as usize,
             transfer_size,
             compute: workload.computation_time.clone(),
+            preprocess: (workload.preprocess_time, workload.preprocess_time_stdev),
             epochs: workload.epochs,
             steps_per_epoch: steps,
             file_shuffle: workload.file_shuffle,
@@ -128,6 +132,105 @@ impl WorkloadProgram {
                 vec![ParquetReader::default(); workload.read_threads.max(1) as usize];
                 n
             ]),
+        }
+    }
+
+    /// The reads of GPU `gpu`'s batch `step` of `epoch`, by the format's reader.
+    fn batch_reads(&self, gpu: usize, epoch: u64, step: u64) -> Batch {
+        if self.format == Format::TfRecord {
+            let mut streamed = self.streamed.borrow_mut();
+            if streamed[gpu].as_ref().map(|(e, _)| *e) != Some(epoch) {
+                streamed[gpu] = Some((epoch, self.stream_batches(gpu, epoch)));
+            }
+            let batches = &mut streamed[gpu].as_mut().unwrap().1;
+            return std::mem::take(&mut batches[step as usize]);
+        }
+        let mut orders = self.orders.borrow_mut();
+        if orders[gpu].as_ref().map(|(e, _)| *e) != Some(epoch) {
+            orders[gpu] = Some((epoch, self.sample_order(gpu, epoch)));
+        }
+        let order = &orders[gpu].as_ref().unwrap().1;
+        let spf = self.layout.samples_per_file;
+        let files = &self.shards[gpu].1;
+        let from = (step * self.batch_size) as usize;
+        let to = (from + self.batch_size as usize).min(order.len());
+        if self.format == Format::MmapIndexedBinary && !self.odirect {
+            for &k in &order[from..to] {
+                self.touch_mapped(files[(k as u64 / spf) as usize], k as u64 % spf);
+            }
+            return Batch { samples: (to - from) as u32, reads: Vec::new(), streams: Vec::new() };
+        }
+        let mut reads = self.index_reads(gpu, epoch, step);
+        let samples = order[from..to].iter().map(|&k| (files[(k as u64 / spf) as usize], k as u64 % spf));
+        if self.format == Format::Parquet && !self.dali() {
+            // PyTorch's worker step mod W reads this batch; its reader keeps files open,
+            // so reads of one file one after another go on one open of it.
+            let worker = (step % self.read_threads.max(1) as u64) as usize;
+            let mut last = None;
+            for (f, k) in samples {
+                for (offset, len, advise) in self.parquet_reads(gpu, worker, epoch, f, k) {
+                    let chain = last == Some(f);
+                    reads.push(SampleRead { chain, advise, ..SampleRead::new(f as u32, offset, len) });
+                    last = Some(f);
+                }
+            }
+            return Batch { samples: (to - from) as u32, reads, streams: Vec::new() };
+        }
+        if !self.dali() {
+            reads.extend(samples.flat_map(|(f, k)| self.sample_reads(f, k)));
+            return Batch { samples: (to - from) as u32, reads, streams: Vec::new() };
+        }
+        // DALI: the GPU's process read the index files (stream 0) before its workers start.
+        let mut streams = vec![0; reads.len()];
+        let samples: Vec<(usize, u64)> = samples.collect();
+        for (j, &(f, k)) in samples.iter().enumerate() {
+            let mut sample = self.sample_reads(f, k);
+            let alias = self.sample_alias(f, k);
+            if let Some(last) = sample.last_mut() {
+                last.close = true;
+            }
+            for r in &mut sample {
+                r.file = alias;
+            }
+            streams.extend(std::iter::repeat_n(dali_worker(j, samples.len(), self.read_threads) as u32, sample.len()));
+            reads.extend(sample);
+        }
+        Batch { samples: (to - from) as u32, reads, streams }
+    }
+
+    /// DLIO's `preprocess`: after each sample's reads, the worker sleeps a normal draw
+    /// of `preprocess_time` (± stdev, clamped at 0), before the sample joins its batch.
+    /// A sample's first read is the one on a new open of its file (`chain` false), so the
+    /// read before it ends the sample before; index files' reads and Parquet's WILLNEED
+    /// hints end none. Parquet's rows share their row group's reads (or find it cached):
+    /// the batch's draws are slept together after its last read, and a batch read wholly
+    /// from the reader's row-group cache sleeps none (docs/replay.md, *Formats*).
+    fn add_preprocess(&self, batch: &mut Batch, gpu: usize, epoch: u64, step: u64) {
+        let (mean, stdev) = self.preprocess;
+        let global = self.shards[gpu].0;
+        let mut rng = StdRng::seed_from_u64(self.seed ^ 0x0005_eed0_fd11 ^ (epoch << 40) ^ (global << 20) ^ step);
+        let normal = rand_distr::Normal::new(mean, stdev).ok();
+        let mut draw = || {
+            use rand_distr::Distribution;
+            let t = normal.map_or(mean, |d| d.sample(&mut rng)).max(0.0);
+            (t * 1e9) as u64
+        };
+        let n = self.layout.files.len() as u32;
+        let data: Vec<usize> = (0..batch.reads.len())
+            .filter(|&i| {
+                let r = &batch.reads[i];
+                !r.advise && (r.file < n || r.file >= 3 * n)
+            })
+            .collect();
+        let Some(&last) = data.last() else { return };
+        if self.format == Format::Parquet {
+            batch.reads[last].think_ns = (0..batch.samples).map(|_| draw()).sum();
+            return;
+        }
+        for (j, &i) in data.iter().enumerate() {
+            if data.get(j + 1).is_none_or(|&k| !batch.reads[k].chain) {
+                batch.reads[i].think_ns = draw();
+            }
         }
     }
 
@@ -191,12 +294,17 @@ impl WorkloadProgram {
             (false, Format::Jpeg) => ("pil-jpeg", self.blksize),
             _ => ("whole-sample", self.transfer_size),
         };
-        serde_json::json!({
+        let mut out = serde_json::json!({
             "format": format,
             "data_loader": loader,
             "model": model,
             "buffer_bytes": buffer,
-        })
+        });
+        if self.preprocess != (0.0, 0.0) && self.format != Format::TfRecord {
+            let (mean, stdev) = self.preprocess;
+            out["preprocess_time_s"] = serde_json::json!({"mean": mean, "stdev": stdev});
+        }
+        out
     }
 
     /// The requests that read sample `k` of `file` as the format's reader does, on one
@@ -373,65 +481,12 @@ impl Program for WorkloadProgram {
     }
 
     fn batch(&self, gpu: usize, epoch: u64, step: u64) -> Batch {
-        if self.format == Format::TfRecord {
-            let mut streamed = self.streamed.borrow_mut();
-            if streamed[gpu].as_ref().map(|(e, _)| *e) != Some(epoch) {
-                streamed[gpu] = Some((epoch, self.stream_batches(gpu, epoch)));
-            }
-            let batches = &mut streamed[gpu].as_mut().unwrap().1;
-            return std::mem::take(&mut batches[step as usize]);
+        let mut batch = self.batch_reads(gpu, epoch, step);
+        // DLIO's TFRecord reader (tf.data) does not call preprocess.
+        if self.format != Format::TfRecord && self.preprocess != (0.0, 0.0) {
+            self.add_preprocess(&mut batch, gpu, epoch, step);
         }
-        let mut orders = self.orders.borrow_mut();
-        if orders[gpu].as_ref().map(|(e, _)| *e) != Some(epoch) {
-            orders[gpu] = Some((epoch, self.sample_order(gpu, epoch)));
-        }
-        let order = &orders[gpu].as_ref().unwrap().1;
-        let spf = self.layout.samples_per_file;
-        let files = &self.shards[gpu].1;
-        let from = (step * self.batch_size) as usize;
-        let to = (from + self.batch_size as usize).min(order.len());
-        if self.format == Format::MmapIndexedBinary && !self.odirect {
-            for &k in &order[from..to] {
-                self.touch_mapped(files[(k as u64 / spf) as usize], k as u64 % spf);
-            }
-            return Batch { samples: (to - from) as u32, reads: Vec::new(), streams: Vec::new() };
-        }
-        let mut reads = self.index_reads(gpu, epoch, step);
-        let samples = order[from..to].iter().map(|&k| (files[(k as u64 / spf) as usize], k as u64 % spf));
-        if self.format == Format::Parquet && !self.dali() {
-            // PyTorch's worker step mod W reads this batch; its reader keeps files open,
-            // so reads of one file one after another go on one open of it.
-            let worker = (step % self.read_threads.max(1) as u64) as usize;
-            let mut last = None;
-            for (f, k) in samples {
-                for (offset, len, advise) in self.parquet_reads(gpu, worker, epoch, f, k) {
-                    let chain = last == Some(f);
-                    reads.push(SampleRead { chain, advise, ..SampleRead::new(f as u32, offset, len) });
-                    last = Some(f);
-                }
-            }
-            return Batch { samples: (to - from) as u32, reads, streams: Vec::new() };
-        }
-        if !self.dali() {
-            reads.extend(samples.flat_map(|(f, k)| self.sample_reads(f, k)));
-            return Batch { samples: (to - from) as u32, reads, streams: Vec::new() };
-        }
-        // DALI: the GPU's process read the index files (stream 0) before its workers start.
-        let mut streams = vec![0; reads.len()];
-        let samples: Vec<(usize, u64)> = samples.collect();
-        for (j, &(f, k)) in samples.iter().enumerate() {
-            let mut sample = self.sample_reads(f, k);
-            let alias = self.sample_alias(f, k);
-            if let Some(last) = sample.last_mut() {
-                last.close = true;
-            }
-            for r in &mut sample {
-                r.file = alias;
-            }
-            streams.extend(std::iter::repeat_n(dali_worker(j, samples.len(), self.read_threads) as u32, sample.len()));
-            reads.extend(sample);
-        }
-        Batch { samples: (to - from) as u32, reads, streams }
+        batch
     }
 
     fn compute_seconds(&self, _gpu: usize, _epoch: u64, _step: u64, rng: &mut StdRng) -> f64 {
@@ -533,6 +588,38 @@ mod tests {
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), 12);
+    }
+
+    #[test]
+    fn preprocess_time_is_slept_after_each_sample() {
+        // npz (several reads a sample, the first on a new open), 3 samples a batch: one
+        // sleep per sample, on its last read; none on TFRecord (DLIO's tf.data reader).
+        let y = |fmt: &str, stdev: f64| {
+            format!("dataset:\n  format: {fmt}\n  num_files_train: 6\n  num_samples_per_file: 2\n  record_length_bytes: 300000\nreader:\n  batch_size: 3\n  preprocess_time: 0.004\n  preprocess_time_stdev: {stdev}\ntrain:\n  computation_time: 0.1\n")
+        };
+        let program = |fmt: &str, stdev: f64| {
+            let w = Workload::from_yaml(&y(fmt, stdev), "t").unwrap();
+            let layout = Layout::from_workload(&w, 1, 0, Path::new("/d"));
+            WorkloadProgram::new(&w, layout, 1, &[0], 64 << 10, 0, false, TF_BUFFER)
+        };
+        let p = program("npz", 0.0);
+        let b = p.batch(0, 0, 1);
+        assert!(b.reads.len() > 3, "several reads a sample");
+        let thinks: Vec<(bool, u64)> = b.reads.iter().map(|r| (r.chain, r.think_ns)).collect();
+        for (i, &(_, t)) in thinks.iter().enumerate() {
+            let ends_sample = thinks.get(i + 1).is_none_or(|&(chain, _)| !chain);
+            assert_eq!(t, if ends_sample { 4_000_000 } else { 0 }, "read {i} of {thinks:?}");
+        }
+        assert_eq!(thinks.iter().filter(|t| t.1 > 0).count(), 3);
+        // A spread: draws differ, are never negative, and average near the mean.
+        let p = program("npz", 0.002);
+        let draws: Vec<u64> =
+            (0..200).flat_map(|s| p.batch(0, 0, s % 4).reads).map(|r| r.think_ns).filter(|&t| t > 0).collect();
+        let mean = draws.iter().sum::<u64>() as f64 / draws.len() as f64;
+        assert!((mean - 4e6).abs() < 0.4e6, "{mean}");
+        assert!(draws.iter().any(|&t| t != draws[0]));
+        let p = program("tfrecord", 0.0);
+        assert!(p.batch(0, 0, 0).reads.iter().all(|r| r.think_ns == 0));
     }
 
     #[test]

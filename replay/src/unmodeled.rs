@@ -19,8 +19,8 @@ const VALUE_CHECKED: &[&str] = &["reader.dont_use_mmap", "dataset.chunk_dims"];
 /// What the replay does instead of an unread key.
 fn why(dotted: &str) -> &'static str {
     match dotted {
-        "reader.computation_threads" | "reader.preprocess_time" | "reader.preprocess_time_stdev" => {
-            "the samples are not preprocessed: no CPU stage between a sample's read and the step's compute"
+        "reader.computation_threads" => {
+            "TensorFlow's preprocessing threads are not modeled: each reader sleeps its own preprocess_time"
         }
         "dataset.num_dset_per_record" => "an hdf5 file holds one dataset, records_0, and a sample is one row of it",
         _ => "trainio does not read this key",
@@ -131,6 +131,20 @@ pub fn notes(root: &Value, w: &Workload) -> Vec<String> {
             }
         }
     }
+    if w.preprocess_time > 0.0 || w.preprocess_time_stdev > 0.0 {
+        let f = w.format.to_ascii_lowercase();
+        if f == "tfrecord" {
+            out.push(format!(
+                "reader.preprocess_time: {}: not slept: DLIO's TFRecord reader (tf.data) does not call preprocess",
+                w.preprocess_time
+            ));
+        } else if f == "mmap_indexed_binary" {
+            out.push(format!(
+                "reader.preprocess_time: {}: not slept: samples read through mappings have no read to sleep after",
+                w.preprocess_time
+            ));
+        }
+    }
     if w.main_process_reads {
         out.push("reader.read_threads: 0: the main process's reads (a DataLoader without workers) are replayed by one reader that reads ahead of the compute (prefetch), as read_threads: 1 does".into());
     }
@@ -193,6 +207,15 @@ mod tests {
     }
 
     #[test]
+    fn preprocess_time_is_named_where_dlio_does_not_sleep_it() {
+        let y = BASE.replace("  batch_size: 1\n", "  batch_size: 1\n  preprocess_time: 0.01\n");
+        assert_eq!(notes_of(&y), Vec::<String>::new(), "slept after each npz sample");
+        let n = notes_of(&y.replace("format: npz", "format: tfrecord").replace("pytorch", "tensorflow"));
+        assert_eq!(n.len(), 1, "{n:?}");
+        assert!(n[0].starts_with("reader.preprocess_time: 0.01: not slept"), "{n:?}");
+    }
+
+    #[test]
     fn one_line_per_feature() {
         let y = BASE
             .replace("  batch_size: 1\n", "  batch_size: 1\n  computation_threads: 8\n  preprocess_time: 0.01\n")
@@ -200,10 +223,9 @@ mod tests {
             .replace("data_loader: pytorch", "data_loader: native_dali")
             + "workflow:\n  evaluation: True\n";
         let n = notes_of(&y);
-        assert_eq!(n.len(), 5, "{n:#?}");
+        assert_eq!(n.len(), 4, "{n:#?}");
         for key in [
             "reader.computation_threads: 8:",
-            "reader.preprocess_time: 0.01:",
             "workflow.evaluation: true:",
             "dataset.format: png:",
             "reader.data_loader: native_dali:",

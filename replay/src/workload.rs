@@ -116,6 +116,11 @@ pub struct Workload {
     pub sample_shuffle: Shuffle,
     pub epochs: u64,
     pub computation_time: ComputeTime,
+    /// `reader.preprocess_time` (± `preprocess_time_stdev`), seconds: DLIO's reader
+    /// sleeps a normal draw of it (clamped at 0) after reading each sample, in the
+    /// worker, before the sample joins its batch (reader_handler.py, `preprocess`).
+    pub preprocess_time: f64,
+    pub preprocess_time_stdev: f64,
     pub seed: u64,
     /// Accelerator-utilization threshold in percent: metric.au × 100, else the edition's
     /// threshold for the model (edition.rs), else 90.
@@ -164,6 +169,8 @@ pub const KNOWN_KEYS: &[&str] = &[
     "reader.odirect",
     "reader.file_shuffle",
     "reader.sample_shuffle",
+    "reader.preprocess_time",
+    "reader.preprocess_time_stdev",
     "train.epochs",
     "train.computation_time",
     "train.computation_time_stdev",
@@ -494,6 +501,8 @@ impl Workload {
         let read_threads = read_threads.max(1);
         let prefetch_size = uint(reader, "reader", "prefetch_size")?.unwrap_or(2);
         let computation_time = compute_time(train)?;
+        let preprocess_time = number(reader, "reader", "preprocess_time")?.unwrap_or(0.0);
+        let preprocess_time_stdev = number(reader, "reader", "preprocess_time_stdev")?.unwrap_or(0.0);
         let au = match metric {
             Some(m) => number(m, "metric", "au")?,
             None => None,
@@ -535,6 +544,8 @@ impl Workload {
             sample_shuffle: shuffle(reader, "sample_shuffle")?,
             epochs: uint(train, "train", "epochs")?.unwrap_or(1),
             computation_time,
+            preprocess_time,
+            preprocess_time_stdev,
             seed: uint(train, "train", "seed")?.unwrap_or(123),
             au_threshold_percent,
             au_threshold_from,
@@ -563,6 +574,15 @@ impl Workload {
         }
         if self.computation_time.mean() < 0.0 {
             bail!("train.computation_time must not be negative");
+        }
+        for (key, v) in [
+            ("reader.preprocess_time", self.preprocess_time),
+            ("reader.preprocess_time_stdev", self.preprocess_time_stdev),
+        ] {
+            // An hour a sample is beyond any decoder; the bound keeps the nanoseconds in u64.
+            if !(0.0..=3600.0).contains(&v) {
+                bail!("{key} must be between 0 and 3600 seconds, got {v}");
+            }
         }
         if self.transfer_size == Some(0) {
             bail!("reader.transfer_size must be positive");
