@@ -170,6 +170,7 @@ def fidelity_run(
     compute: float = 0.05,
     realtime: bool = True,
     reference: bool = False,
+    io_engine: str = "psync",
 ) -> dict:
     """Issue #6's experiment. On a quiet ext4 on a loop device over /dev/shm: record an
     emulated training at `gpus` GPUs (one MPI rank, i.e. one process, per GPU, psync
@@ -186,7 +187,10 @@ def fidelity_run(
     `reference`: after the replay, record the original once more ("original-b"), score it
     against the first recording ("compare_reference", block layer: how far two runs of the
     same job land from each other on this host now, the spread a replay's scores are read
-    against) and score the replay against it too ("compare_b")."""
+    against) and score the replay against it too ("compare_b").
+
+    `io_engine`: how the original reads (`psync`, or `io_uring`: then it is recorded with
+    `--io-uring`, so its reads are file-layer rows, and replayed from them)."""
     work.mkdir(parents=True)
     wl = work / "workload.yaml"
     wl.write_text(FIDELITY_WORKLOAD.format(record=record, batch=batch, threads=threads, compute=compute))
@@ -209,6 +213,7 @@ def fidelity_run(
                     TRAINIO,
                     "record",
                     "-q",
+                    *(["--io-uring"] if io_engine == "io_uring" else []),
                     "--output",
                     work / name,
                     "--dev",
@@ -233,7 +238,7 @@ def fidelity_run(
                     steps,
                     "--odirect",
                     "--io-engine",
-                    "psync",
+                    io_engine,
                     *rt,
                     "--json",
                     work / f"{name}.json",

@@ -40,6 +40,7 @@ use parquet::arrow::ProjectionMask;
 use serde::Serialize;
 use trainio_schema::{read_rows, segment_paths, trace_set_members, Layer, OwnedRow};
 
+pub mod async_reads;
 pub mod mapped;
 pub mod shards;
 pub mod whatif;
@@ -1318,7 +1319,8 @@ fn build_gpu(
                 g
             }
         };
-        let mut tids: HashMap<u32, u32> = HashMap::new();
+        let mut streams =
+            async_reads::Streams::new(async_reads::async_tids(act.iter().copied().filter(|r| is_data_read(r))));
         let mut busy = i64::MIN;
         let mut cur: Option<Step> = None;
         // Per read of the current burst, and per finished burst: (issue, complete) ns.
@@ -1372,8 +1374,7 @@ fn build_gpu(
             match &*r.op {
                 "open" if r.error == 0 => open_count += 1,
                 "read" if is_data_read(r) => {
-                    let next = tids.len() as u32;
-                    let stream = *tids.entry(r.tid).or_insert(next);
+                    let stream = streams.of(r);
                     let mut rd = files.add(r);
                     rd.reader = stream;
                     s.reads.push(rd);
@@ -1393,11 +1394,17 @@ fn build_gpu(
         for s in &mut steps {
             s.wait_s = (s.ready_ns - s.first_read_ns).max(0) as f64 / 1e9;
         }
-        readers = tids.len().max(1);
+        readers = streams.count().max(1);
         // The thread that computes is the process's main thread: if it read every batch
-        // itself, the job read, then computed. Otherwise other threads read ahead.
+        // itself with read syscalls, the job read, then computed. Otherwise other threads
+        // read ahead, or its own requests (io_uring) were in flight while it computed.
         let inline = pids.iter().flat_map(|&p| rows_of(&ix.data, p)).all(|r| r.tid == r.pid);
-        synchronous = workers.is_empty() && inline;
+        synchronous = workers.is_empty() && inline && !streams.any_async();
+        if streams.any_async() {
+            warnings.push(format!(
+                "GPU {index} (pid {rank}): its reads were asynchronous (several in flight from one thread: io_uring): replayed on {readers} streams, as many as it kept in flight"
+            ));
+        }
         if synchronous {
             for w in steps.windows(2) {
                 if w[0].interval_s.is_some() {

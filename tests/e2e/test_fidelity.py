@@ -3,7 +3,7 @@ the original: throughput within ±5 %, AU within ±2 points, per-issue block-lay
 depth histogram within W1 1.0.
 
 Real everything: a loop device over /dev/shm with ext4, an emulated training at 4 GPUs
-(one MPI rank per GPU, psync reads, O_DIRECT) recorded with bin/trainio record, its
+(one MPI rank per GPU, psync reads or io_uring requests, O_DIRECT) recorded with bin/trainio record, its
 trace replayed at 4 GPUs with --record, scored by `trainio compare --json`.
 
 Two runs of the same job on this 2-core host do not give the same scores: between two
@@ -39,15 +39,21 @@ def work():
 
 @pytest.mark.root
 @pytest.mark.slow
-def test_replay_at_the_recorded_gpu_count_reproduces_the_original(work):
+@pytest.mark.parametrize("io_engine", ["psync", "io_uring"])
+def test_replay_at_the_recorded_gpu_count_reproduces_the_original(work, io_engine):
+    """psync: each rank's 4 reader threads in read syscalls. io_uring: each rank's one
+    thread keeps up to 4 requests in flight while it computes, recorded with
+    `--io-uring`; the model sees the overlapping requests of one thread, counts its
+    streams and paces by its step period (model/src/async_reads.rs)."""
     if os.geteuid() != 0:
         pytest.fail("needs root (loop device, BPF)")
-    r = fidelity_run(GPUS, work, reference=True)
+    r = fidelity_run(GPUS, work, reference=True, io_engine=io_engine)
     orig, rep, cmp_ = r["original"], r["replay"], r["compare"]
     # The experiment is what it claims: the trace had one template per recorded GPU, the
     # replay read every recorded byte, and there were enough requests to score.
     templates = rep["settings"]["templates"]
     assert len(templates) == GPUS and rep["gpus"] == GPUS
+    assert all(t["readers"] == 4 and not t["synchronous"] for t in templates), templates
     assert rep["bytes_read"] == orig["bytes_read"]
     assert cmp_["layer"] == "block"
     blocks = cmp_["bytes_read"]
