@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 # trainio_testlib puts analysis/ on the path: it goes first.
-from trainio_testlib import TRAINIO, loop_device, majmin, trainio
+from trainio_testlib import TRAINIO, loop_device, majmin, throttled_cgroup, trainio
 
 # isort: split
 from test_record import finish, fio
@@ -209,16 +209,17 @@ def test_scraped_metrics_match_the_trace(tmp_path: Path, loop_dev: str) -> None:
                 break
         assert url, "no metrics address announced"
         # Two bursts of 4 KiB reads at QD 32, each followed by a quiet second and a
-        # scrape: every row of a burst has then reached the metrics (and the trace).
+        # scrape: every row of a burst has then reached the metrics (and the trace). fio
+        # runs in a cgroup of its own (no cap), whose series count its requests.
         scrapes = []
-        for size in ("48M", "32M"):
-            run = subprocess.run(
-                fio(loop_dev, "--ioengine=io_uring", "--iodepth=32", f"--io_size={size}"), capture_output=True
-            )
-            assert run.returncode == 0, run.stderr
-            time.sleep(1.5)
-            at = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            scrapes.append((at, _scrape(url)))
+        with throttled_cgroup(dev, None) as job:
+            for size in ("48M", "32M"):
+                cmd = job.wrap(fio(loop_dev, "--ioengine=io_uring", "--iodepth=32", f"--io_size={size}"))
+                run = subprocess.run(cmd, capture_output=True)
+                assert run.returncode == 0, run.stderr
+                time.sleep(1.5)
+                at = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+                scrapes.append((at, _scrape(url)))
     finally:
         p.send_signal(signal.SIGINT)
         rc, err = finish(p)
@@ -242,6 +243,18 @@ def test_scraped_metrics_match_the_trace(tmp_path: Path, loop_dev: str) -> None:
         assert m[("trainio_queue_depth_bucket", hist + ',le="32"}')] == count
         assert m[("trainio_queue_depth_bucket", hist + ',le="16"}')] < count
         since, prev = at, m
+    # The job's cgroup: every read fio issued, and no other process's.
+    fio_reads = trace.filter(pl.col("comm").cast(pl.Utf8).str.starts_with("fio") & (pl.col("issue_ns") < at))
+    n_fio = fio_reads.select(pl.len()).collect().item()
+    mine = [
+        v
+        for (name, labels), v in scrapes[-1][1].items()
+        if name == "trainio_cgroup_requests_total"
+        and f'/{job.path.name}"' in labels
+        and 'layer="block"' in labels
+        and 'op="read"' in labels
+    ]
+    assert len(mine) == 1 and abs(mine[0] - n_fio) <= 0.01 * n_fio, (mine, n_fio)
     # The latency percentiles agree with the trace's to the histogram's resolution (2x).
     lat = trace.filter(pl.col("issue_ns") < scrapes[-1][0]).select((pl.col("complete_ns") - pl.col("issue_ns")) / 1e9)
     p50 = lat.collect().to_series().quantile(0.5)

@@ -5,7 +5,11 @@
 //! Per layer and device: requests and bytes by op (counters: Prometheus' `rate()` gives
 //! IOPS and throughput), the per-issue queue depth and the latency of data requests
 //! (read, write) as histograms, and latency percentiles read off that histogram. Per
-//! process of the file layer: requests and bytes by op. Rows arrive in the encoder's
+//! process of the file layer: requests and bytes by op. Per cgroup (a pod, a systemd unit,
+//! a job's slice) and layer (file, block): data requests and bytes by op, the cgroup read
+//! from `/proc/PID/cgroup` the first time a process's row arrives (a process gone by then
+//! counts as `unknown`; a block request counts toward the process that issued it, which
+//! for writeback is a kernel worker). Rows arrive in the encoder's
 //! batches (at least once a second), so a scrape lags the kernel by about a second.
 //!
 //! The server is one thread that answers `GET /metrics` and closes each connection; it
@@ -27,6 +31,8 @@ const QD_BUCKETS: usize = 11;
 const LAT_BUCKETS: usize = 26;
 /// Processes of the file layer with series of their own; later ones are summed as "other".
 const MAX_PROCESSES: usize = 256;
+/// Cgroups with series of their own; later ones are summed as "other".
+const MAX_CGROUPS: usize = 256;
 /// The percentiles reported per device.
 const QUANTILES: [f64; 4] = [0.5, 0.9, 0.99, 0.999];
 
@@ -95,6 +101,10 @@ pub struct LiveMetrics {
     devices: BTreeMap<(String, String), DeviceSeries>,
     /// (pid, comm) -> op -> (requests, bytes), file layer.
     processes: BTreeMap<(String, String), BTreeMap<String, (u64, u64)>>,
+    /// (cgroup, layer) -> op -> (requests, bytes), data requests of the file and block layers.
+    cgroups: BTreeMap<(String, String), BTreeMap<String, (u64, u64)>>,
+    /// pid -> its cgroup, read once.
+    cgroup_of: std::collections::HashMap<u32, String>,
     /// layer -> rows.
     rows: BTreeMap<String, u64>,
     lost: BTreeMap<String, u64>,
@@ -150,6 +160,18 @@ impl LiveMetrics {
                 s.lat[lat_bucket(lat)] += 1;
                 s.lat_sum_ns += lat.max(0) as u128;
             }
+            if data && (layer == "file" || layer == "block") {
+                let cg = self.cgroup(pid.value(i));
+                let key = (cg, layer.clone());
+                let key = if self.cgroups.len() < MAX_CGROUPS || self.cgroups.contains_key(&key) {
+                    key
+                } else {
+                    ("other".into(), layer.clone())
+                };
+                let e = self.cgroups.entry(key).or_default().entry(op.clone()).or_default();
+                e.0 += 1;
+                e.1 += b;
+            }
             if layer == "file" && data {
                 let key = (pid.value(i).to_string(), comm_v[comm_k[i]].clone());
                 let key = if self.processes.len() < MAX_PROCESSES || self.processes.contains_key(&key) {
@@ -162,6 +184,25 @@ impl LiveMetrics {
                 e.1 += b;
             }
         }
+    }
+
+    /// The cgroup of process `pid`: its cgroup v2 path (the `0::` line of
+    /// /proc/PID/cgroup), else its v1 systemd or first hierarchy's, read once per pid;
+    /// `unknown` when the process is gone.
+    fn cgroup(&mut self, pid: u32) -> String {
+        if let Some(c) = self.cgroup_of.get(&pid) {
+            return c.clone();
+        }
+        let c = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .ok()
+            .and_then(|text| cgroup_path(&text))
+            .unwrap_or_else(|| "unknown".into());
+        // pids are reused: forget them all now and then rather than grow without bound.
+        if self.cgroup_of.len() >= 65536 {
+            self.cgroup_of.clear();
+        }
+        self.cgroup_of.insert(pid, c.clone());
+        c
     }
 
     /// The recorder's own counters, as of the latest batch.
@@ -245,6 +286,34 @@ impl LiveMetrics {
                 }
             }
         }
+        let _ = writeln!(
+            o,
+            "# HELP trainio_cgroup_requests_total Reads and writes by the issuing process's cgroup, per layer."
+        );
+        let _ = writeln!(o, "# TYPE trainio_cgroup_requests_total counter");
+        for ((cg, layer), ops) in &self.cgroups {
+            for (op, (n, _)) in ops {
+                let _ = writeln!(
+                    o,
+                    "trainio_cgroup_requests_total{{cgroup=\"{}\",layer=\"{layer}\",op=\"{op}\"}} {n}",
+                    esc(cg)
+                );
+            }
+        }
+        let _ = writeln!(
+            o,
+            "# HELP trainio_cgroup_bytes_total Bytes read and written by the issuing process's cgroup, per layer."
+        );
+        let _ = writeln!(o, "# TYPE trainio_cgroup_bytes_total counter");
+        for ((cg, layer), ops) in &self.cgroups {
+            for (op, (_, b)) in ops {
+                let _ = writeln!(
+                    o,
+                    "trainio_cgroup_bytes_total{{cgroup=\"{}\",layer=\"{layer}\",op=\"{op}\"}} {b}",
+                    esc(cg)
+                );
+            }
+        }
         let _ = writeln!(o, "# HELP trainio_process_requests_total File-layer reads and writes by process.");
         let _ = writeln!(o, "# TYPE trainio_process_requests_total counter");
         for ((pid, comm), ops) in &self.processes {
@@ -266,6 +335,28 @@ impl LiveMetrics {
         }
         o
     }
+}
+
+/// The cgroup path in the text of /proc/PID/cgroup: the first of v2's `0::PATH`, v1's
+/// blkio (the I/O controller), v1's `name=systemd` and any other hierarchy's that is not
+/// the root (a hybrid host keeps every process at v2's root); else the root.
+fn cgroup_path(text: &str) -> Option<String> {
+    let lines: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            Some((if id == "0" && controllers.is_empty() { "v2" } else { controllers }, path))
+        })
+        .collect();
+    let first = lines.first()?;
+    let below_root =
+        |want: &dyn Fn(&str) -> bool| lines.iter().find(|(c, p)| want(c) && *p != "/").map(|(_, p)| p.to_string());
+    below_root(&|c| c == "v2")
+        .or_else(|| below_root(&|c| c.split(',').any(|x| x == "blkio")))
+        .or_else(|| below_root(&|c| c == "name=systemd"))
+        .or_else(|| below_root(&|_| true))
+        .or_else(|| Some(first.1.to_string()))
 }
 
 /// Listens on `addr` (checked before anything is loaded: a bad or busy address is bad
@@ -359,6 +450,41 @@ mod tests {
         // 4.096 ms is 2^12 µs, the upper bound of bucket 12; a ns more is bucket 13.
         assert_eq!(lat_bucket(4_096_001), 13);
         assert_eq!(lat_bucket(i64::MAX), LAT_BUCKETS);
+    }
+
+    #[test]
+    fn requests_count_toward_the_issuing_process_cgroup() {
+        assert_eq!(
+            cgroup_path("0::/kubepods.slice/pod1/cri-x.scope\n").as_deref(),
+            Some("/kubepods.slice/pod1/cri-x.scope")
+        );
+        let v1 = "12:blkio:/\n1:name=systemd:/system.slice/train.service\n";
+        assert_eq!(cgroup_path(v1).as_deref(), Some("/system.slice/train.service"));
+        // Hybrid: v2 at the root, the job below v1's blkio.
+        let hybrid = "7:blkio:/job-1\n4:memory:/other\n1:name=systemd:/\n0::/\n";
+        assert_eq!(cgroup_path(hybrid).as_deref(), Some("/job-1"));
+        assert_eq!(cgroup_path("1:name=systemd:/\n0::/\n").as_deref(), Some("/"));
+        assert_eq!(cgroup_path(""), None);
+        // This process's rows: its own cgroup; a pid that cannot exist: unknown.
+        let own = cgroup_path(&std::fs::read_to_string("/proc/self/cgroup").unwrap()).unwrap();
+        let me = std::process::id();
+        let mut b = BatchBuilder::new();
+        for _ in 0..3 {
+            b.push(&Row { pid: me, ..row("read", Some("7:0"), 1, 100, 4096) });
+        }
+        b.push(&Row { pid: me, layer: Layer::File, ..row("write", Some("7:0"), 1, 100, 512) });
+        b.push(&Row { pid: u32::MAX, ..row("read", Some("7:0"), 1, 100, 4096) });
+        b.push(&Row { pid: me, ..row("flush", Some("7:0"), 1, 100, 0) });
+        let mut m = LiveMetrics::default();
+        m.observe(&b.finish());
+        let text = m.render();
+        let has = |line: String| assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        has(format!("trainio_cgroup_requests_total{{cgroup=\"{own}\",layer=\"block\",op=\"read\"}} 3"));
+        has(format!("trainio_cgroup_bytes_total{{cgroup=\"{own}\",layer=\"block\",op=\"read\"}} 12288"));
+        has(format!("trainio_cgroup_bytes_total{{cgroup=\"{own}\",layer=\"file\",op=\"write\"}} 512"));
+        has("trainio_cgroup_requests_total{cgroup=\"unknown\",layer=\"block\",op=\"read\"} 1".into());
+        // Only data requests count: no cgroup series of the flush.
+        assert!(!text.lines().any(|l| l.starts_with("trainio_cgroup_") && l.contains("op=\"flush\"")), "{text}");
     }
 
     #[test]
