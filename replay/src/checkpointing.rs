@@ -88,7 +88,7 @@ impl Checkpointer {
         io: impl FnOnce(&std::path::Path) -> Result<checkpoint::RankIo>,
     ) -> Result<CheckpointIo> {
         let dir = checkpoint::checkpoint_dir(&self.root, &self.spec, epoch, step);
-        cluster.barrier();
+        cluster.barrier()?;
         let t0 = Instant::now();
         let io = io(&dir);
         let duration_s = t0.elapsed().as_secs_f64();
@@ -98,7 +98,7 @@ impl Checkpointer {
         let first = cluster.gather(mine.into_bytes()).and_then(|all| all.into_iter().find(|m| !m.is_empty()));
         let failed = String::from_utf8_lossy(&cluster.broadcast(first.unwrap_or_default())).into_owned();
         if !failed.is_empty() {
-            cluster.barrier();
+            cluster.barrier()?;
             // A checkpoint half written is no checkpoint: its directory goes (the
             // earlier, whole ones stay).
             let removed = if phase == "write" && cluster.is_root() {
@@ -115,7 +115,7 @@ impl Checkpointer {
             )));
         }
         let io = io?;
-        cluster.barrier();
+        cluster.barrier()?;
         Ok(CheckpointIo {
             phase: phase.into(),
             index,

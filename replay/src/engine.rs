@@ -175,7 +175,8 @@ pub struct RankRun {
     /// This rank's part of every checkpoint the job wrote.
     #[serde(default)]
     pub checkpoints: Vec<crate::checkpointing::CheckpointIo>,
-    /// Why the run stopped before its last step (a checkpoint that failed), if it did.
+    /// Why the run stopped before its last step (a checkpoint that failed, a rank lost),
+    /// if it did.
     #[serde(default)]
     pub stopped: Option<String>,
     /// Object storage: this rank's request log (the backend's `object_log`).
@@ -313,7 +314,7 @@ pub struct Engine<'a, P: Program, B: Backend> {
     checkpoints: Vec<crate::checkpointing::CheckpointIo>,
     /// Trace mode: the bytes its write bursts write.
     write_buf: Vec<u8>,
-    /// Why the run stopped early (errors::CheckpointFailed).
+    /// Why the run stopped early (errors::CheckpointFailed, errors::PeerLost).
     stopped: Option<String>,
 }
 
@@ -425,7 +426,21 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
         loop {
             self.fire_timers()?;
             if let Some(b) = self.pending_barrier.as_mut() {
-                if b.done() {
+                let arrived = match b.poll() {
+                    Ok(arrived) => arrived,
+                    Err(crate::errors::PeerLost(lost)) => {
+                        // A rank is silent: the barrier never completes. This rank stops
+                        // where it stands, as for a failed checkpoint, and keeps its steps.
+                        self.pending_barrier = None;
+                        let (epoch, step) = (self.gpus[0].epoch + 1, self.gpus[0].step + 1);
+                        self.stopped =
+                            Some(format!("{} at the step barrier after step {step} of epoch {epoch}", lost.describe()));
+                        let now = self.now();
+                        self.stop_all(now, &mut completions)?;
+                        break;
+                    }
+                };
+                if arrived {
                     self.pending_barrier = None;
                     let released = self.now();
                     if let Err(e) = self.release_barrier() {

@@ -1,5 +1,6 @@
 //! The error kind every command reports as bad input: one line, exit status 2 (main.rs).
-//! A leaf module, so that any module can raise it without depending on another.
+//! A leaf module (but for watchdog::Lost, itself a leaf), so that any module can raise these
+//! without depending on another.
 
 /// An error in what the user gave us (file, flags): reported in one line, exit 2.
 #[derive(Debug)]
@@ -22,3 +23,14 @@ impl std::fmt::Display for CheckpointFailed {
     }
 }
 impl std::error::Error for CheckpointFailed {}
+
+/// Ranks that went silent (their host's network cut, or the host down), found by the
+/// watchdog (watchdog.rs): the MPI wait that met it ends with this instead of lasting.
+#[derive(Debug)]
+pub struct PeerLost(pub crate::watchdog::Lost);
+impl std::fmt::Display for PeerLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.describe())
+    }
+}
+impl std::error::Error for PeerLost {}

@@ -37,6 +37,7 @@ mod trace_input;
 mod trace_writes;
 mod unmodeled;
 mod uring;
+mod watchdog;
 mod workload;
 mod yaml_keys;
 
@@ -81,6 +82,20 @@ fn main() {
         }
         cluster.abort(2);
     }
+    if let Some(lost) = cluster.lost() {
+        // A rank other than 0 that stopped for a lost rank: rank 0 named it (and saved
+        // this rank's results) unless rank 0 is the one this rank lost.
+        if lost.ranks.contains(&0) {
+            eprintln!(
+                "trainio {name}: rank {} on {} stopped: {}; its results could not reach rank 0",
+                cluster.rank,
+                cluster.hostname,
+                lost.describe()
+            );
+        }
+        cluster.abort(2);
+    }
+    cluster.finish();
 }
 
 /// Refuses a results file (`--json`) that is the workload or trace the command reads, or
@@ -101,7 +116,7 @@ pub fn check_not_input(path: &std::path::Path, src: &cli::SourceArgs) -> Result<
     output::refuse_inputs(path, "--json", &inputs, &inside)
 }
 
-/// A run that stopped early (a checkpoint that failed) ends the command with its cause
+/// A run that stopped early (a checkpoint that failed, a rank lost) ends the command with its cause
 /// in one line, exit 2, once its results are shown and saved.
 fn stopped_error(summary: &serde_json::Value, json: Option<&std::path::Path>) -> Result<()> {
     let last = summary["runs"].as_array().and_then(|r| r.last()).unwrap_or(summary);

@@ -436,7 +436,7 @@ impl Job {
                 parquet: None,
             })?;
         }
-        cluster.barrier();
+        cluster.barrier()?;
         checkpointing::run_checkpoint_only(&ckpt, cluster, self.checkpoint_settings(), self.progress)
     }
 
@@ -462,10 +462,10 @@ impl Job {
             dataset::claim_directory(&self.data_dir, self.force)?;
             dataset::write_marker(&layout)?;
         }
-        cluster.barrier();
+        cluster.barrier()?;
         let started = std::time::Instant::now();
         let bytes = dataset::generate(&layout, cluster.rank, cluster.size, self.progress && cluster.is_root())?;
-        cluster.barrier();
+        cluster.barrier()?;
         if cluster.is_root() {
             eprintln!(
                 "trainio datagen: {} files, {:.1} MiB in {} ({:.1} MiB written by rank 0 in {:.1} s)",
@@ -485,10 +485,10 @@ impl Job {
         if cluster.is_root() {
             self.print_size_check("datagen", &layout, gpus, None, client_ram(cluster));
         }
-        cluster.barrier();
+        cluster.barrier()?;
         let started = std::time::Instant::now();
         let bytes = crate::s3_writes::generate(target, &layout, cluster.rank, cluster.size)?;
-        cluster.barrier();
+        cluster.barrier()?;
         if cluster.is_root() {
             eprintln!(
                 "trainio datagen: {} objects, {:.1} MiB in {} ({:.1} MiB put by rank 0 in {:.1} s, {})",
@@ -907,13 +907,13 @@ impl Job {
                 let engine =
                     Engine::with_backend(program, local, cluster.rank, cluster, options, self.workload.seed, backend)?
                         .with_checkpoints(checkpointer.as_ref());
-                cluster.barrier();
+                cluster.barrier()?;
                 timed(|| metered(|| engine.run()))?
             }
             _ => {
                 let engine = Engine::new(program, local, cluster.rank, cluster, options, self.workload.seed)?
                     .with_checkpoints(checkpointer.as_ref());
-                cluster.barrier();
+                cluster.barrier()?;
                 timed(|| metered(|| engine.run()))?
             }
         };
@@ -940,6 +940,15 @@ impl Job {
         let mut summary = results::summarize(&reports, &settings, self.threshold_percent);
         if let Some(why) = reports.iter().find_map(|r| r.run.stopped.clone()) {
             summary["stopped"] = why.into();
+        }
+        if let Some(lost) = cluster.lost() {
+            // Found at the gather (--no-barrier: the ranks still heard from ran to their
+            // end): the results are theirs.
+            if summary.get("stopped").is_none() {
+                summary["stopped"] =
+                    format!("{}: the results are those of the ranks still heard from", lost.describe()).into();
+            }
+            summary["lost"] = lost.to_json();
         }
         if let Some(c) = &checkpointer {
             let per_rank: Vec<_> = reports.iter().map(|r| r.run.checkpoints.clone()).collect();
