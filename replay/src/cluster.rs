@@ -104,6 +104,11 @@ impl Cluster {
         let names = self.gather(self.hostname.clone().into_bytes()).map(|all| all.join(&b'\n')).unwrap_or_default();
         let hosts: Vec<String> =
             String::from_utf8_lossy(&self.broadcast(names)).split('\n').map(str::to_string).collect();
+        // Ranks of one host cannot be cut off from each other, and mpirun ends a job whose
+        // rank dies: the watchdog would only risk calling a starved rank lost.
+        if hosts.iter().all(|h| *h == hosts[0]) {
+            return None;
+        }
         let hub = if self.is_root() { watchdog::listen().map_err(|e| e.to_string()) } else { Err(String::new()) };
         let hello = self.broadcast(match &hub {
             Ok(h) => h.hello.clone().into_bytes(),
