@@ -162,6 +162,22 @@ def test_boto3_requests_are_recorded_as_the_client_made_them(tmp_path: Path, s3_
     # The requests share keep-alive connections: fewer sockets than requests.
     assert rows["fd"].n_unique() <= concurrent + 1 < len(rows)
 
+    # analyze and report show them per endpoint.
+    res = trainio("analyze", out, "--json")
+    assert res.returncode == 0, res.stderr
+    ep = json.loads(res.stdout)["object_requests"]["endpoints"][f"127.0.0.1:{port}"]
+    assert ep["requests"] == len(rows) and ep["incomplete"] == 0
+    assert ep["by_status"] == {"200": len(rows) - 3, "206": 2, "404": 1}
+    assert ep["qd_max"] == rows["queue_depth"].max() > 1
+    assert ep["bytes_written"] == sum(r[4] for r in log if r[0] == "put")
+    assert ep["latency_us"]["max"] == (rows["complete_ns"] - rows["issue_ns"]).max() / 1e3
+    assert max(ep["timeline"]["qd_mean"]) > 1
+    html = tmp_path / "report.html"
+    res = trainio("report", out, "-o", html)
+    assert res.returncode == 0, res.stderr
+    text = html.read_text()
+    assert "Object requests (HTTP, per endpoint)" in text and 'id="object-outstanding"' in text
+
 
 def test_object_without_file_is_refused(tmp_path: Path) -> None:
     r = trainio("record", "--layers", "block,object", "-o", tmp_path / "t", "--", "true")
