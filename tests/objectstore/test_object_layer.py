@@ -172,6 +172,10 @@ def test_boto3_requests_are_recorded_as_the_client_made_them(tmp_path: Path, s3_
     assert ep["bytes_written"] == sum(r[4] for r in log if r[0] == "put")
     assert ep["latency_us"]["max"] == (rows["complete_ns"] - rows["issue_ns"]).max() / 1e3
     assert max(ep["timeline"]["qd_mean"]) > 1
+    res = trainio("analyze", out)
+    assert res.returncode == 0, res.stderr
+    assert f"object       {len(rows)} HTTP requests" in res.stdout
+    assert f"127.0.0.1:{port}" in res.stdout and "status 200 14, 206 2, 404 1" in res.stdout
     html = tmp_path / "report.html"
     res = trainio("report", out, "-o", html)
     assert res.returncode == 0, res.stderr
