@@ -7,6 +7,7 @@ statuses, latency, and the endpoint's queue depth under 8 concurrent GETs."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from s3_helpers import S3Server
 
 from trainio_analysis.trace import read_metadata, scan_trace
-from trainio_testlib import trainio, wait_no_trainio_programs
+from trainio_testlib import TRAINIO, trainio, wait_no_trainio_programs
 
 pytestmark = [pytest.mark.root]
 
@@ -188,3 +189,68 @@ def test_object_without_file_is_refused(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "object" in r.stderr and "file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "t").exists()
+
+
+def test_the_replays_own_s3_reads_are_recorded_as_it_counted_them(tmp_path: Path, s3_server: S3Server) -> None:
+    """trainio replay of MLPerf's s3torchconnector unet3d file (ranged 8 MiB GETs, a
+    sample's parts at once) recorded: its GETs of the dataset are the replay's own count."""
+    from test_s3 import MPI_ENV, run, scaled, workload
+
+    bucket, files, record, gpus = "mlp-s3torch", 4, 12 * (1 << 20), 2
+    s3_server.bucket(bucket)
+    over = scaled(s3_server, files, record)
+    wl = "unet3d_h100_s3torch"
+    run(
+        s3_server,
+        "datagen",
+        "--workload",
+        workload(f"{wl}_datagen.yaml"),
+        "--data-dir",
+        tmp_path / "u",
+        "--gpus",
+        gpus,
+        *over,
+    )
+    out, res = tmp_path / "trace", tmp_path / "r.json"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_ENDPOINT"))},
+        **MPI_ENV,
+        **s3_server.env(),
+    }
+    rec = trainio(
+        "record",
+        "--layers",
+        "file,object",
+        "-o",
+        out,
+        "--",
+        TRAINIO,
+        "replay",
+        "--workload",
+        workload(f"{wl}.yaml"),
+        "--data-dir",
+        tmp_path / "u",
+        "--gpus",
+        gpus,
+        "--epochs",
+        1,
+        "--computation-time",
+        "0.01",
+        "--json",
+        res,
+        "-q",
+        *over,
+        env=env,
+        timeout=300,
+    )
+    assert rec.returncode == 0, rec.stderr[-3000:]
+    o = json.loads(res.read_text())["object"]
+    rows = scan_trace(out).filter(pl.col("layer") == "object").collect()
+    data = rows.filter((pl.col("op") == "get") & pl.col("file").str.starts_with(f"{bucket}/test-run/unet3d/train/"))
+    # each of the 4 objects is 12 MiB + the npz header: 2 parts of 8 MiB
+    assert o["get_requests"] == 2 * files, o
+    assert data.height == o["get_requests"] and data["offset"].is_not_null().sum() == o["ranged_get_requests"]
+    assert data["bytes"].sum() == o["bytes_read"]
+    assert (data["http_status"] == 206).all() and (data["error"] == 0).all()
+    assert (data["bytes"] == data["bytes_requested"]).all()
+    assert data["queue_depth"].max() >= 2, "the replay fetches a sample's parts at once"
