@@ -28,6 +28,8 @@ pub const INCOMPLETE: i32 = -libc::ENODATA;
 const AF_INET: u16 = 2;
 #[cfg(test)]
 const AF_INET6: u16 = 10;
+/// Bytes the kernel copies of a head at most (TRAINIO_HTTP_CAP in bpf/trainio.h).
+const CAPTURE: usize = 2048;
 /// How long a finished request is kept to count it in later-drained issues' depth.
 const DEPTH_HORIZON_NS: i64 = 1_000_000_000;
 
@@ -198,8 +200,20 @@ fn parse_range(v: &str) -> Option<Range> {
 /// The parts of a request head: method, key, Range, Content-Length, head length.
 type RequestHead = (String, String, Option<Range>, Option<i64>, usize);
 
+/// The complete lines of a head cut short by the kernel's copy (`CAPTURE` bytes): a head
+/// longer than that is known by its request line and the headers within the copy, and
+/// its length is taken as the whole send (usize::MAX: no body bytes in it).
+fn cut_head(data: &[u8]) -> Option<(Vec<&str>, usize)> {
+    if data.len() < CAPTURE {
+        return None;
+    }
+    let end = data.windows(2).rposition(|w| w == b"\r\n")?;
+    let text = std::str::from_utf8(&data[..end]).ok()?;
+    Some((text.split("\r\n").collect(), usize::MAX))
+}
+
 fn parse_request(data: &[u8]) -> Option<RequestHead> {
-    let (lines, len) = split_head(data)?;
+    let (lines, len) = split_head(data).or_else(|| cut_head(data))?;
     let mut parts = lines.first()?.split(' ');
     let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
     if !version.starts_with("HTTP/1.") {
@@ -313,7 +327,7 @@ impl ObjectTracker {
                 key: key.into(),
                 range,
                 request_length: length,
-                body_sent: (io.ret - head_len as i64).max(0),
+                body_sent: io.ret.saturating_sub(i64::try_from(head_len).unwrap_or(i64::MAX)).max(0),
                 status: None,
                 first_byte_ns: None,
                 response_length: None,
@@ -535,6 +549,19 @@ mod tests {
         t.on_io(&io(false, 1, (92, 93), ok.len() as i64, ok), &mut out);
         let got: Vec<_> = out.iter().map(|r| (r.issue_ns, r.queue_depth)).collect();
         assert_eq!(got, [(20, 2), (25, 3), (10, 1), (90, 1)]);
+    }
+
+    #[test]
+    fn a_head_longer_than_the_copy_is_known_by_its_first_lines() {
+        let mut t = ObjectTracker::new();
+        let mut out = Vec::new();
+        let mut head = b"GET /bkt/long HTTP/1.1\r\nRange: bytes=0-9\r\nX-Pad: ".to_vec();
+        head.resize(CAPTURE, b'a');
+        t.on_io(&io(true, 1, (0, 1), 3000, &head), &mut out);
+        let ok = b"HTTP/1.1 206 Partial Content\r\nContent-Length: 10\r\n\r\n0123456789";
+        t.on_io(&io(false, 1, (2, 3), ok.len() as i64, ok), &mut out);
+        let got: Vec<_> = out.iter().map(|r| (r.op, &*r.key, r.offset, r.bytes_requested, r.bytes)).collect();
+        assert_eq!(got, [("get", "bkt/long", Some(0), 10, 10)]);
     }
 
     #[test]
