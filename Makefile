@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # the interpreter pyo3 builds the analyzer's extension for (analysis/native)
 export PYO3_PYTHON := $(CURDIR)/$(VENV)/bin/python
 
-.PHONY: all deps build venv lint test test-fast reference bench-tracer bench-file bench-encode bench-analysis bench-replay bench-fidelity bench-realjob bench-formats bench-soak demo clean
+.PHONY: all deps build venv lint test test-fast reference bench-tracer bench-file bench-object bench-encode bench-analysis bench-replay bench-fidelity bench-realjob bench-formats bench-soak demo clean
 
 all: build venv
 
@@ -51,6 +51,10 @@ bench-tracer: all
 # The file layer's cost to a process that reads with syscalls (4 KiB pread64 from page cache).
 bench-file: all
 	$(PY) tests/bench/bench_file.py
+
+# The object layer's cost to a process that talks HTTP (GETs over keep-alive, 3 settings).
+bench-object: all
+	$(PY) tests/bench/bench_object.py
 
 # The recorder's user-space CPU per row (building Arrow batches, encoding Parquet) on
 # synthetic block rows: no root, no device, and steadier than IOPS for comparing encoders.

@@ -8,6 +8,10 @@
  *   ipc   their reads and writes on pipes, FIFOs and sockets, and their poll/ppoll calls
  *         whose first pollfd is one (struct ipc_event). These do not count in the file
  *         layer's read concurrency.
+ *   object with object_layer set, a send or receive on a TCP socket is a struct http_event
+ *         (the ipc row, the peer, and the first bytes when they start an HTTP head),
+ *         from which user space rebuilds the HTTP object requests (tracer/src/object.rs).
+ *         Off, it costs the one load of object_layer per socket syscall.
  *
  * Which processes are traced (target_mode):
  *   ALL     every process but the tracer itself;
@@ -45,6 +49,7 @@ struct ipc_event _ipc_event_type = {};
 enum trainio_proc_op _proc_op_type = 0;
 enum trainio_ipc_op _ipc_op_type = 0;
 enum trainio_ipc_type _ipc_type_type = 0;
+struct http_event _http_event_type = {};
 
 #define TARGET_ALL 0
 #define TARGET_TGIDS 1
@@ -60,6 +65,12 @@ const volatile __u32 target_mode = TARGET_ALL;
 const volatile __u64 target_cgroup_id = 0;
 const volatile __u32 target_cgroup_level = 0;
 const volatile __u32 self_tgid = 0;
+/* The object layer: sends and receives on TCP sockets become http_events (see trainio.h). */
+const volatile __u32 object_layer = 0;
+
+#define AF_INET 2
+#define AF_INET6 10
+#define IPPROTO_TCP 6
 
 /*
  * A process's read/write syscalls in flight (its read concurrency): the value of its
@@ -92,6 +103,13 @@ struct pending_io {
 	__u32 dev;
 	__u32 flags;
 	__u32 ipc; /* enum trainio_ipc_type of an ipc syscall (op is then a trainio_ipc_op); 0: file layer */
+	/* Object layer, on a TCP socket (family != 0): the peer, and the syscall's buffer. */
+	__u64 buf;     /* user address of the data (the first iovec's with readv/writev/msg) */
+	__u64 buf_len; /* its length */
+	__u8 daddr[16];
+	__u16 dport;
+	__u16 family; /* 0: not an object-layer syscall */
+	__u32 pad;
 };
 
 /*
@@ -306,6 +324,7 @@ static __always_inline void begin_ipc(struct pending_io *p, __u32 ipc, __u32 op,
 				      struct file_bits *fb)
 {
 	p->ipc = ipc;
+	p->family = 0;
 	p->op = op;
 	p->fd = fd;
 	p->requested = requested;
@@ -337,7 +356,63 @@ static __always_inline bool write_op(__u32 op)
  * offset < 0: a data op uses the file position at entry; other ops have no offset.
  * flags < 0: the row's flags are the file's f_flags; else these (mmap's prot and flags).
  */
-static __always_inline int enter_io_flags(__u32 op, int fd, __u64 requested, __s64 offset, __s64 flags)
+/*
+ * The peer of a TCP socket's file into p (family, address, port); p->family = 0 when the
+ * socket is not TCP over IPv4/IPv6.
+ */
+static __always_inline void socket_peer(struct file *f, struct pending_io *p)
+{
+	struct socket *sock = (struct socket *)BPF_CORE_READ(f, private_data);
+	struct sock *sk = sock ? BPF_CORE_READ(sock, sk) : NULL;
+	__u16 family;
+
+	p->family = 0;
+	if (!sk || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
+		return;
+	family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	if (family == AF_INET) {
+		__builtin_memset(p->daddr, 0, sizeof(p->daddr));
+		bpf_core_read(p->daddr, 4, &sk->__sk_common.skc_daddr);
+	} else if (family == AF_INET6) {
+		bpf_core_read(p->daddr, 16, &sk->__sk_common.skc_v6_daddr);
+	} else {
+		return;
+	}
+	p->dport = BPF_CORE_READ(sk, __sk_common.skc_dport);
+	p->family = family;
+}
+
+/*
+ * The user buffer of a socket syscall (arg1: its second argument): a plain buffer for
+ * read/write/sendto/recvfrom, an iovec array for readv/writev, a msghdr for sendmsg and
+ * recvmsg, whose first iovec is taken (HTTP clients send and receive a head from one
+ * buffer).
+ */
+static __always_inline void socket_buffer(struct pending_io *p, __u32 op, __u64 arg1, __u64 requested)
+{
+	struct user_msghdr h;
+	struct iovec v;
+
+	p->buf = arg1;
+	p->buf_len = requested;
+	if (op == TRAINIO_FOP_SENDMSG || op == TRAINIO_FOP_RECVMSG) {
+		if (bpf_probe_read_user(&h, sizeof(h), (void *)arg1) || !h.msg_iovlen)
+			goto none;
+		arg1 = (__u64)h.msg_iov;
+	} else if (op != TRAINIO_FOP_READV && op != TRAINIO_FOP_WRITEV) {
+		return;
+	}
+	if (bpf_probe_read_user(&v, sizeof(v), (void *)arg1))
+		goto none;
+	p->buf = (__u64)v.iov_base;
+	p->buf_len = v.iov_len;
+	return;
+none:
+	p->buf = 0;
+	p->buf_len = 0;
+}
+
+static __always_inline int enter_io_buf(__u32 op, int fd, __u64 requested, __s64 offset, __s64 flags, __u64 arg1)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u32 tgid = task->tgid, *count = NULL;
@@ -366,6 +441,11 @@ static __always_inline int enter_io_flags(__u32 op, int fd, __u64 requested, __s
 	if (ipc) {
 		/* Not counted in the process's read concurrency. */
 		begin_ipc(p, ipc, write_op(op) ? TRAINIO_IPC_WRITE : TRAINIO_IPC_READ, fd, requested, &fb);
+		if (object_layer && ipc == TRAINIO_IPC_SOCKET) {
+			socket_peer(f, p);
+			if (p->family)
+				socket_buffer(p, op, arg1, requested);
+		}
 		return 0;
 	}
 	p->ipc = 0;
@@ -381,22 +461,32 @@ static __always_inline int enter_io_flags(__u32 op, int fd, __u64 requested, __s
 	return 0;
 }
 
+static __always_inline int enter_io_flags(__u32 op, int fd, __u64 requested, __s64 offset, __s64 flags)
+{
+	return enter_io_buf(op, fd, requested, offset, flags, 0);
+}
+
 static __always_inline int enter_io(__u32 op, int fd, __u64 requested, __s64 offset)
 {
 	return enter_io_flags(op, fd, requested, offset, -1);
 }
 
-/* The exit of an ipc syscall whose entry filled p. */
-static __always_inline int exit_ipc(struct task_struct *task, struct pending_io *p, long ret)
+/* A syscall that can move data on a socket: its buffer is kept for the object layer. */
+static __always_inline int enter_sock_io(__u32 op, int fd, __u64 requested, __u64 arg1)
 {
-	struct ipc_event *e = bpf_ringbuf_reserve(&file_events, sizeof(*e), 0);
+	return enter_io_buf(op, fd, requested, -1, -1, arg1);
+}
 
-	if (!e) {
-		count_lost(TRAINIO_LOST_IPC_RINGBUF);
-		p->enter_ns = 0;
-		return 0;
-	}
-	e->kind = TRAINIO_KIND_IPC;
+/* The object layer's record being built, per CPU (too large for the BPF stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct http_event);
+} http_scratch SEC(".maps");
+
+static __always_inline void fill_ipc(struct ipc_event *e, struct task_struct *task, struct pending_io *p, long ret)
+{
 	e->op = p->op;
 	e->enter_ns = p->enter_ns;
 	e->exit_ns = bpf_ktime_get_ns();
@@ -410,6 +500,72 @@ static __always_inline int exit_ipc(struct task_struct *task, struct pending_io 
 	e->ipc = p->ipc;
 	e->pad = 0;
 	task_comm(e->comm, task);
+}
+
+/*
+ * Whether a send (write) or receive starts with an HTTP/1.x request or response head, by
+ * its first bytes: only heads are copied, body bytes are only counted.
+ */
+static __always_inline bool http_head(const char *b, bool write)
+{
+	if (!write)
+		return b[0] == 'H' && b[1] == 'T' && b[2] == 'T' && b[3] == 'P' && b[4] == '/';
+	return (b[0] == 'G' && b[1] == 'E' && b[2] == 'T' && b[3] == ' ') ||
+	       (b[0] == 'P' && b[1] == 'U' && b[2] == 'T' && b[3] == ' ') ||
+	       (b[0] == 'H' && b[1] == 'E' && b[2] == 'A' && b[3] == 'D') ||
+	       (b[0] == 'P' && b[1] == 'O' && b[2] == 'S' && b[3] == 'T') ||
+	       (b[0] == 'D' && b[1] == 'E' && b[2] == 'L' && b[3] == 'E');
+}
+
+/* The exit of a send or receive on a TCP socket with the object layer on. */
+static __always_inline int exit_http(struct task_struct *task, struct pending_io *p, long ret)
+{
+	__u32 zero = 0, len = 0;
+	struct http_event *e = bpf_map_lookup_elem(&http_scratch, &zero);
+	char first[8];
+
+	if (!e) {
+		p->enter_ns = 0;
+		return 0;
+	}
+	fill_ipc(&e->ipc, task, p, ret);
+	e->ipc.kind = TRAINIO_KIND_HTTP;
+	__builtin_memcpy(e->daddr, p->daddr, sizeof(e->daddr));
+	e->dport = p->dport;
+	e->family = p->family;
+	if (ret >= 5 && p->buf && p->buf_len >= 5 &&
+	    !bpf_probe_read_user(first, sizeof(first), (void *)p->buf) &&
+	    http_head(first, p->op == TRAINIO_IPC_WRITE)) {
+		len = ret < p->buf_len ? ret : p->buf_len;
+		if (len > TRAINIO_HTTP_CAP)
+			len = TRAINIO_HTTP_CAP;
+		if (bpf_probe_read_user(e->data, len, (void *)p->buf))
+			len = 0;
+	}
+	e->captured = len;
+	p->enter_ns = 0;
+	if (bpf_ringbuf_output(&file_events, e, offsetof(struct http_event, data) + len,
+			       wake_flags(&file_events)))
+		count_lost(TRAINIO_LOST_IPC_RINGBUF);
+	return 0;
+}
+
+/* The exit of an ipc syscall whose entry filled p. */
+static __always_inline int exit_ipc(struct task_struct *task, struct pending_io *p, long ret)
+{
+	struct ipc_event *e;
+
+	if (p->family)
+		return exit_http(task, p, ret);
+	e = bpf_ringbuf_reserve(&file_events, sizeof(*e), 0);
+
+	if (!e) {
+		count_lost(TRAINIO_LOST_IPC_RINGBUF);
+		p->enter_ns = 0;
+		return 0;
+	}
+	e->kind = TRAINIO_KIND_IPC;
+	fill_ipc(e, task, p, ret);
 	p->enter_ns = 0;
 	submit_batched(file_events, e);
 	return 0;
@@ -459,7 +615,7 @@ static __always_inline int exit_io(long ret)
 SEC("tracepoint/syscalls/sys_enter_read")
 int tio_read_enter(struct trace_event_raw_sys_enter *ctx)
 {
-	return enter_io(TRAINIO_FOP_READ, ARG(0), ARG(2), -1);
+	return enter_sock_io(TRAINIO_FOP_READ, ARG(0), ARG(2), ARG(1));
 }
 
 SEC("tracepoint/syscalls/sys_enter_pread64")
@@ -471,7 +627,7 @@ int tio_pread_enter(struct trace_event_raw_sys_enter *ctx)
 SEC("tracepoint/syscalls/sys_enter_readv")
 int tio_readv_enter(struct trace_event_raw_sys_enter *ctx)
 {
-	return enter_io(TRAINIO_FOP_READV, ARG(0), iovec_bytes((void *)ARG(1), ARG(2)), -1);
+	return enter_sock_io(TRAINIO_FOP_READV, ARG(0), iovec_bytes((void *)ARG(1), ARG(2)), ARG(1));
 }
 
 /* On 64-bit the position is pos_l (args[3]); pos_h is shifted out by the kernel. */
@@ -491,7 +647,7 @@ int tio_preadv2_enter(struct trace_event_raw_sys_enter *ctx)
 SEC("tracepoint/syscalls/sys_enter_write")
 int tio_write_enter(struct trace_event_raw_sys_enter *ctx)
 {
-	return enter_io(TRAINIO_FOP_WRITE, ARG(0), ARG(2), -1);
+	return enter_sock_io(TRAINIO_FOP_WRITE, ARG(0), ARG(2), ARG(1));
 }
 
 SEC("tracepoint/syscalls/sys_enter_pwrite64")
@@ -503,7 +659,7 @@ int tio_pwrite_enter(struct trace_event_raw_sys_enter *ctx)
 SEC("tracepoint/syscalls/sys_enter_writev")
 int tio_writev_enter(struct trace_event_raw_sys_enter *ctx)
 {
-	return enter_io(TRAINIO_FOP_WRITEV, ARG(0), iovec_bytes((void *)ARG(1), ARG(2)), -1);
+	return enter_sock_io(TRAINIO_FOP_WRITEV, ARG(0), iovec_bytes((void *)ARG(1), ARG(2)), ARG(1));
 }
 
 SEC("tracepoint/syscalls/sys_enter_pwritev")
@@ -532,25 +688,25 @@ static __always_inline __u64 msghdr_bytes(const struct user_msghdr *m)
 SEC("tracepoint/syscalls/sys_enter_sendto")
 int tio_sendto_enter(struct trace_event_raw_sys_enter *ctx)
 {
-	return enter_io(TRAINIO_FOP_SENDTO, ARG(0), ARG(2), -1);
+	return enter_sock_io(TRAINIO_FOP_SENDTO, ARG(0), ARG(2), ARG(1));
 }
 
 SEC("tracepoint/syscalls/sys_enter_sendmsg")
 int tio_sendmsg_enter(struct trace_event_raw_sys_enter *ctx)
 {
-	return enter_io(TRAINIO_FOP_SENDMSG, ARG(0), msghdr_bytes((void *)ARG(1)), -1);
+	return enter_sock_io(TRAINIO_FOP_SENDMSG, ARG(0), msghdr_bytes((void *)ARG(1)), ARG(1));
 }
 
 SEC("tracepoint/syscalls/sys_enter_recvfrom")
 int tio_recvfrom_enter(struct trace_event_raw_sys_enter *ctx)
 {
-	return enter_io(TRAINIO_FOP_RECVFROM, ARG(0), ARG(2), -1);
+	return enter_sock_io(TRAINIO_FOP_RECVFROM, ARG(0), ARG(2), ARG(1));
 }
 
 SEC("tracepoint/syscalls/sys_enter_recvmsg")
 int tio_recvmsg_enter(struct trace_event_raw_sys_enter *ctx)
 {
-	return enter_io(TRAINIO_FOP_RECVMSG, ARG(0), msghdr_bytes((void *)ARG(1)), -1);
+	return enter_sock_io(TRAINIO_FOP_RECVMSG, ARG(0), msghdr_bytes((void *)ARG(1)), ARG(1));
 }
 
 SEC("tracepoint/syscalls/sys_enter_close")

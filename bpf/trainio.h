@@ -19,6 +19,7 @@ enum trainio_kind {
 	TRAINIO_KIND_BLOCK_BATCH = 5, /* struct block_batch: block_events, back to back */
 	TRAINIO_KIND_PROC = 6,  /* struct process_event */
 	TRAINIO_KIND_IPC = 7,   /* struct ipc_event */
+	TRAINIO_KIND_HTTP = 8,  /* struct http_event: an ipc_event on a TCP socket, with its bytes */
 };
 
 /* What a process_event reports (the proc layer's ops; `start` rows come from user space). */
@@ -216,6 +217,26 @@ struct ipc_event {
 	__u32 ipc;       /* enum trainio_ipc_type */
 	__u32 pad;
 	char comm[TRAINIO_COMM_LEN];
+};
+
+/*
+ * The object layer (file.bpf.c, with object_layer set): a send or receive of a traced
+ * process on a TCP socket is this record instead of an ipc_event. It carries the ipc row
+ * (ipc.kind = TRAINIO_KIND_HTTP), the socket's peer, and the first bytes the syscall moved
+ * when they start an HTTP/1.x request or response head ("GET ", "PUT ", ..., "HTTP/"):
+ * user space parses the heads (tracer/src/object.rs) and counts the other sends and
+ * receives as body bytes. A record is written with only its captured bytes: its length
+ * is offsetof(data) + captured.
+ */
+#define TRAINIO_HTTP_CAP 2048
+
+struct http_event {
+	struct ipc_event ipc;
+	__u8 daddr[16];  /* the peer's address: IPv4 in the first 4 bytes, or IPv6 */
+	__u16 dport;     /* the peer's port, network byte order */
+	__u16 family;    /* AF_INET or AF_INET6 */
+	__u32 captured;  /* bytes of data[]: the syscall's first bytes, ≤ TRAINIO_HTTP_CAP */
+	char data[TRAINIO_HTTP_CAP];
 };
 
 #endif /* TRAINIO_H */

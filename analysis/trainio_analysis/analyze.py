@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from trainio_analysis import trace as tr
 from trainio_analysis.analyze_decode import Chunk, Decoder, ProcessTotals
+from trainio_analysis.analyze_object import object_requests
 from trainio_analysis.analyze_plan import Plan, Selection
 from trainio_analysis.analyze_result import Totals, result
 from trainio_analysis.errors import SelectionError, TraceError
@@ -293,6 +294,8 @@ def analyze(
         members = tr.trace_set_members(path)
         if members is not None:
             out["per_host"] = _per_host(members, out, sel, burst_gap_ms, workers)
+        elif "object" in out["layers_present"]:
+            out["object_requests"] = object_requests(path)
         return out
     except (pa.ArrowException, pl.exceptions.PolarsError) as exc:
         # every read goes through trace.py, which names the file; this is the net

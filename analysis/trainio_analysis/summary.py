@@ -84,6 +84,7 @@ def format_summary(r: dict[str, Any]) -> str:
             f"{_opt(steps['required_mib_s_per_gpu'], '.1f')} MiB/s per GPU"
         )
     lines.extend(_write_lines(r.get("write_bursts")))
+    lines.extend(_object_lines(r.get("object_requests")))
     lines.extend(_model_lines(r.get("job_model")))
     for p in r.get("processes", [])[:20]:
         lines.append(
@@ -102,6 +103,24 @@ def format_summary(r: dict[str, Any]) -> str:
         else f"  lost events  {lost['total']:,} INCOMPLETE TRACE: {lost['by_probe']}"
     )
     return "\n".join(lines)
+
+
+def _object_lines(obj: dict | None) -> list[str]:
+    """The object layer's HTTP requests, one line per endpoint (analyze's object_requests)."""
+    if not obj:
+        return []
+    out = [f"  object       {obj['requests']:,} HTTP requests over {obj['duration_s']:.3f} s:"]
+    for name, e in obj["endpoints"].items():
+        lat, ttfb = e["latency_us"], e["ttfb_us"]
+        out.append(
+            f"    {name:<21} {e['requests']:,} ({', '.join(f'{k} {v}' for k, v in e['by_op'].items())}; "
+            f"status {', '.join(f'{k} {v}' for k, v in e['by_status'].items())}), read {_size(e['bytes_read'])}, "
+            f"written {_size(e['bytes_written'])}, first byte p50 {_opt(ttfb['p50'], '.0f')} us, "
+            f"latency p50 {_opt(lat['p50'], '.0f')} p99 {_opt(lat['p99'], '.0f')} us, outstanding mean "
+            f"{e['qd_mean_time']:.2f} max {e['qd_max']}"
+            + (f", {e['incomplete']} incomplete" if e["incomplete"] else "")
+        )
+    return out
 
 
 def _host_lines(hosts: list[dict] | None) -> list[str]:

@@ -1,4 +1,4 @@
-"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.7).
+"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.8).
 
 This is the only Python module that knows column names, Arrow types and metadata keys;
 everything else imports the names from here. A trace is a directory of
@@ -40,7 +40,7 @@ from trainio_analysis.errors import TraceError
 
 SCHEMA_VERSION = 1
 #: ``trainio.schema_minor`` written; any minor of a known version is read (absent = 0).
-SCHEMA_MINOR = 7
+SCHEMA_MINOR = 8
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
 META_PREFIX = "trainio."
 SEGMENT_GLOB = "seg-*.parquet"
@@ -76,10 +76,24 @@ COLUMNS: tuple[tuple[str, pa.DataType, bool], ...] = (
     ("rpc_retrans", pa.uint32(), True),
     # 1.3: the parent's tgid of a proc row's process
     ("ppid", pa.uint32(), True),
+    # 1.8: an object-layer row's server, response status and first response byte
+    ("endpoint", DICT16, True),
+    ("http_status", pa.uint32(), True),
+    ("first_byte_ns", pa.int64(), True),
 )
 #: Columns added by minor versions: a trace written before them lacks them, and readers
 #: see them as all-null columns.
-OPTIONAL_COLUMNS = ("rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans", "ppid")
+OPTIONAL_COLUMNS = (
+    "rpc_xid",
+    "rpc_backlog_ns",
+    "rpc_rtt_ns",
+    "rpc_execute_ns",
+    "rpc_retrans",
+    "ppid",
+    "endpoint",
+    "http_status",
+    "first_byte_ns",
+)
 SCHEMA = pa.schema([pa.field(n, t, nullable=null) for n, t, null in COLUMNS])
 COLUMN_TYPES = {n: t for n, t, _ in COLUMNS}
 _NULLABLE = {n: null for n, _, null in COLUMNS}
@@ -91,7 +105,7 @@ _INT_RANGE = {
 }
 STRING_COLUMNS = frozenset(n for n, t, _ in COLUMNS if pa.types.is_dictionary(t))
 
-LAYERS = ("block", "file", "nfs", "proc", "ipc")
+LAYERS = ("block", "file", "nfs", "proc", "ipc", "object")
 #: The layers whose rows are storage I/O, the ones an analysis characterizes; proc
 #: (process lifecycle) and ipc (pipes, sockets) rows describe the job's structure.
 STORAGE_LAYERS = ("block", "file", "nfs")
@@ -113,6 +127,7 @@ OPS = {
     "nfs": ("read", "write", "commit"),
     "proc": ("start", "fork", "exec", "comm", "exit"),
     "ipc": ("read", "write", "wait"),
+    "object": ("get", "put", "head", "post", "delete", "other"),
 }
 #: Ops whose rows are counted in a layer's queue depth (SCHEMA.md, `queue_depth`).
 QD_OPS = {
@@ -121,6 +136,7 @@ QD_OPS = {
     "nfs": ("read", "write"),
     "proc": (),
     "ipc": (),
+    "object": OPS["object"],
 }
 #: Ops whose bytes are data transfers (throughput, sizes).
 DATA_OPS = ("read", "write")

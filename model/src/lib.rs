@@ -325,7 +325,7 @@ pub fn load_input(trace: &Path) -> Result<Input, String> {
                         input.add_block_dev_read(r.dev.as_deref(), r.pid, r.issue_ns, r.bytes.max(0) as u64);
                     }
                 }
-                Layer::Nfs => {}
+                Layer::Nfs | Layer::Object => {}
             }
         }
         return Ok(input);

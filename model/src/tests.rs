@@ -28,6 +28,7 @@ fn row(layer: Layer, op: &str, pid: u32, tid: u32, comm: &str, issue: i64, compl
         flags: 0,
         rpc: None,
         ppid: None,
+        object: None,
     }
 }
 

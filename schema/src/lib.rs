@@ -1,4 +1,4 @@
-//! The trainio trace format (traces/SCHEMA.md), version 1.7: the one Rust module that knows
+//! The trainio trace format (traces/SCHEMA.md), version 1.8: the one Rust module that knows
 //! its columns, types and metadata keys. The tracer writes through [`TraceWriter`]; the
 //! replayer reads through [`read_rows`].
 //!
@@ -31,12 +31,23 @@ pub const SCHEMA_VERSION: &str = "1";
 /// ops. 5: rows of more syscalls, no new op. 6: the file layer's `fault`, `map_pages`,
 /// `mmap` and `madvise` ops (reads through memory mappings). 7: `trainio.retention`
 /// (what a recording with retention removed) and `trainio.window` (what `trainio slice`
-/// cut). A trace without the key is 1.0; readers accept any minor.
-pub const SCHEMA_MINOR: &str = "7";
+/// cut). 8: the `object` layer (HTTP object requests) and its columns `endpoint`,
+/// `http_status` and `first_byte_ns`. A trace without the key is 1.0; readers accept any
+/// minor.
+pub const SCHEMA_MINOR: &str = "8";
 
 /// Columns added by minor versions: a reader takes them as null when a trace lacks them.
-pub const OPTIONAL_COLUMNS: [&str; 6] =
-    ["rpc_xid", "rpc_backlog_ns", "rpc_rtt_ns", "rpc_execute_ns", "rpc_retrans", "ppid"];
+pub const OPTIONAL_COLUMNS: [&str; 9] = [
+    "rpc_xid",
+    "rpc_backlog_ns",
+    "rpc_rtt_ns",
+    "rpc_execute_ns",
+    "rpc_retrans",
+    "ppid",
+    "endpoint",
+    "http_status",
+    "first_byte_ns",
+];
 
 /// Metadata keys (Parquet key-value metadata, UTF-8 values; JSON where SCHEMA.md says).
 pub mod keys {
@@ -71,10 +82,12 @@ pub enum Layer {
     Proc,
     /// Reads, writes and polls of the traced processes on pipes, FIFOs and sockets (1.3).
     Ipc,
+    /// HTTP object requests (S3) of the traced processes, from their socket syscalls (1.8).
+    Object,
 }
 
 impl Layer {
-    pub const ALL: [Layer; 5] = [Layer::Block, Layer::File, Layer::Nfs, Layer::Proc, Layer::Ipc];
+    pub const ALL: [Layer; 6] = [Layer::Block, Layer::File, Layer::Nfs, Layer::Proc, Layer::Ipc, Layer::Object];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -83,6 +96,7 @@ impl Layer {
             Layer::Nfs => "nfs",
             Layer::Proc => "proc",
             Layer::Ipc => "ipc",
+            Layer::Object => "object",
         }
     }
 
@@ -110,6 +124,7 @@ impl Layer {
             Layer::Nfs => &["read", "write", "commit"],
             Layer::Proc => &["start", "fork", "exec", "comm", "exit"],
             Layer::Ipc => &["read", "write", "wait"],
+            Layer::Object => &["get", "put", "head", "post", "delete", "other"],
         }
     }
 }
@@ -178,6 +193,17 @@ pub struct Rpc {
     pub retrans: Option<u32>,
 }
 
+/// What an object-layer row has beyond the common columns (schema 1.8).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObjectFields<S = Arc<str>> {
+    /// The server the request went to: `IP:PORT` (`[IPv6]:PORT`).
+    pub endpoint: S,
+    /// The response's status code; None when no response head arrived.
+    pub http_status: Option<u32>,
+    /// When the first byte of the response arrived (exit of the receive that returned it).
+    pub first_byte_ns: Option<i64>,
+}
+
 fn dict(name: &str, key: DataType, nullable: bool) -> Field {
     Field::new(name, DataType::Dictionary(Box::new(key), Box::new(DataType::Utf8)), nullable)
 }
@@ -208,6 +234,9 @@ pub fn arrow_schema() -> SchemaRef {
         Field::new("rpc_execute_ns", DataType::Int64, true),
         Field::new("rpc_retrans", DataType::UInt32, true),
         Field::new("ppid", DataType::UInt32, true),
+        dict("endpoint", DataType::Int16, true),
+        Field::new("http_status", DataType::UInt32, true),
+        Field::new("first_byte_ns", DataType::Int64, true),
     ]))
 }
 

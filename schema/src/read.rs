@@ -16,7 +16,7 @@ use arrow_schema::{DataType, Schema};
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
-use crate::{arrow_schema, keys, Layer, Rpc, OPTIONAL_COLUMNS, SCHEMA_MINOR, SCHEMA_VERSION};
+use crate::{arrow_schema, keys, Layer, ObjectFields, Rpc, OPTIONAL_COLUMNS, SCHEMA_MINOR, SCHEMA_VERSION};
 
 /// A trace that cannot be read: the message names the file and what is wrong.
 #[derive(Debug)]
@@ -191,6 +191,8 @@ pub struct OwnedRow {
     pub rpc: Option<Rpc>,
     /// The parent's tgid on proc rows (schema 1.3); None elsewhere and in older traces.
     pub ppid: Option<u32>,
+    /// Endpoint, status and first byte of an object-layer row (schema 1.8); None elsewhere.
+    pub object: Option<ObjectFields>,
 }
 
 /// Columns cast to one canonical type whatever the writer used (dictionary or plain
@@ -200,7 +202,7 @@ struct Columns {
     ints: HashMap<&'static str, Int64Array>,
 }
 
-const STRING_COLS: [&str; 5] = ["layer", "op", "dev", "comm", "file"];
+const STRING_COLS: [&str; 6] = ["layer", "op", "dev", "comm", "file", "endpoint"];
 const INT_COLS: [&str; 12] = [
     "issue_ns",
     "complete_ns",
@@ -292,7 +294,11 @@ fn columns(seg: &Path, batch: &RecordBatch, pos: &Positions, first_row: usize) -
             .expect("every column is a string, integer or optional column");
         let Some(col) = batch.column_by_name(name) else {
             // added by a minor version: a trace written before it reads as all null
-            ints.insert(name, Int64Array::from(vec![None::<i64>; batch.num_rows()]));
+            if STRING_COLS.contains(&name) {
+                strings.insert(name, StringArray::from(vec![None::<&str>; batch.num_rows()]));
+            } else {
+                ints.insert(name, Int64Array::from(vec![None::<i64>; batch.num_rows()]));
+            }
             continue;
         };
         if !field.is_nullable() && col.null_count() > 0 {
@@ -431,6 +437,11 @@ pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, Tra
                         retrans: n("rpc_retrans", i).map(|r| r as u32),
                     }),
                     ppid: n("ppid", i).map(|p| p as u32),
+                    object: (row_layer == Layer::Object).then(|| ObjectFields {
+                        endpoint: intern(s("endpoint", i).unwrap_or("")),
+                        http_status: n("http_status", i).map(|v| v as u32),
+                        first_byte_ns: n("first_byte_ns", i),
+                    }),
                 });
             }
             first_row += batch.num_rows();
@@ -601,6 +612,41 @@ mod tests {
     }
 
     #[test]
+    fn object_rows_round_trip_with_their_endpoint_status_and_first_byte() {
+        let dir = std::env::temp_dir().join(format!("trainio-schema-object-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut b = BatchBuilder::new();
+        let get = Row { offset: Some(100), bytes: 50, bytes_requested: 50, fd: Some(7), ..row(Layer::Object, "get") };
+        let get = Row { file: Some("bkt/a/b.npz"), dev: None, queue_depth: 3, ..get };
+        b.push_object(
+            &get,
+            &ObjectFields { endpoint: "127.0.0.1:9000", http_status: Some(206), first_byte_ns: Some(15) },
+        );
+        b.push(&row(Layer::File, "read"));
+        let missing = Row { file: Some("bkt/none"), offset: None, bytes: 0, dev: None, ..row(Layer::Object, "head") };
+        b.push_object(&missing, &ObjectFields { endpoint: "[::1]:80", http_status: None, first_byte_ns: None });
+        let mut w = TraceWriter::new(&dir, SegmentLimits { max_bytes: 1 << 30, max_age: Duration::from_secs(60) });
+        w.write(&b.finish()).unwrap();
+        let meta = vec![
+            (keys::SCHEMA_VERSION.to_string(), SCHEMA_VERSION.to_string()),
+            (keys::SCHEMA_MINOR.to_string(), SCHEMA_MINOR.to_string()),
+        ];
+        w.close_segment(&meta).unwrap();
+        let rows = read_rows(&dir, None).unwrap();
+        assert_eq!(rows.len(), 3);
+        let o = rows[0].object.as_ref().expect("an object row has its fields");
+        assert_eq!((&*o.endpoint, o.http_status, o.first_byte_ns), ("127.0.0.1:9000", Some(206), Some(15)));
+        assert_eq!((rows[0].offset, rows[0].bytes, rows[0].queue_depth), (Some(100), 50, 3));
+        assert_eq!(rows[0].file.as_deref(), Some("bkt/a/b.npz"));
+        assert!(rows[1].object.is_none(), "a file row has no object fields");
+        let o = rows[2].object.as_ref().unwrap();
+        assert_eq!((&*o.endpoint, o.http_status, o.first_byte_ns), ("[::1]:80", None, None));
+        assert_eq!(read_rows(&dir, Some(Layer::Object)).unwrap().len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_1_3_trace_written_by_the_python_writer_reads_as_python_reads_it() {
         // tests/analysis/test_trace.py, PROC_IPC_ROWS: the same rows, read there too.
         let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/python-1.3.parquet");
@@ -637,5 +683,6 @@ mod tests {
         assert!(!rows.is_empty());
         assert!(rows.iter().all(|r| r.rpc.is_none()));
         assert!(rows.iter().all(|r| r.ppid.is_none()), "a trace before 1.3 has no ppid");
+        assert!(rows.iter().all(|r| r.object.is_none()), "a trace before 1.8 has no object rows");
     }
 }

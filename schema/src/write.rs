@@ -20,7 +20,7 @@ use parquet::schema::types::ColumnPath;
 use rustc_hash::FxHashMap;
 
 use crate::segment::SegmentFile;
-use crate::{arrow_schema, Row, Rpc};
+use crate::{arrow_schema, ObjectFields, Row, Rpc};
 
 /// A dictionary-encoded string column. The tracer appends the same few strings (layer,
 /// op, device, command) to every row, so the previous row's value is compared first and
@@ -192,6 +192,9 @@ pub struct BatchBuilder {
     rpc_execute_ns: Runs<Int64Type>,
     rpc_retrans: Runs<UInt32Type>,
     ppid: Runs<UInt32Type>,
+    endpoint: DictColumn<Int16Type>,
+    http_status: Runs<UInt32Type>,
+    first_byte_ns: Runs<Int64Type>,
     len: usize,
     /// Rows each column is sized for after every finish (0: grow as needed).
     capacity: usize,
@@ -230,6 +233,9 @@ impl BatchBuilder {
             rpc_execute_ns: Runs::with_capacity(0),
             rpc_retrans: Runs::with_capacity(0),
             ppid: Runs::with_capacity(0),
+            endpoint: DictColumn::new(),
+            http_status: Runs::with_capacity(0),
+            first_byte_ns: Runs::with_capacity(0),
             len: 0,
             capacity: 0,
         }
@@ -269,6 +275,9 @@ impl BatchBuilder {
         self.rpc_execute_ns = Runs::with_capacity(rows);
         self.rpc_retrans = Runs::with_capacity(rows);
         self.ppid = Runs::with_capacity(rows);
+        self.endpoint.reserve(rows);
+        self.http_status = Runs::with_capacity(rows);
+        self.first_byte_ns = Runs::with_capacity(rows);
     }
 
     pub fn len(&self) -> usize {
@@ -295,8 +304,18 @@ impl BatchBuilder {
         self.push_with(r, rpc, None)
     }
 
+    /// An object-layer row (schema 1.8) with its endpoint, status and first byte.
+    pub fn push_object(&mut self, r: &Row, o: &ObjectFields<&str>) {
+        self.push_inner(r, None, None, Some(o))
+    }
+
     #[inline]
     fn push_with(&mut self, r: &Row, rpc: Option<&Rpc>, keys: Option<RowKeys>) {
+        self.push_inner(r, rpc, keys, None)
+    }
+
+    #[inline]
+    fn push_inner(&mut self, r: &Row, rpc: Option<&Rpc>, keys: Option<RowKeys>, object: Option<&ObjectFields<&str>>) {
         // Dictionary keys overflow only past 127 ops/layers or 32767 devices per batch.
         self.layer.append_keyed(r.layer as u128, r.layer.as_str()).expect("layer dictionary");
         match keys {
@@ -336,6 +355,12 @@ impl BatchBuilder {
         self.rpc_execute_ns.push(rpc.map(|p| p.execute_ns));
         self.rpc_retrans.push(rpc.and_then(|p| p.retrans));
         self.ppid.push(r.ppid);
+        match object {
+            Some(o) => self.endpoint.append(o.endpoint).expect("endpoint dictionary"),
+            None => self.endpoint.append_null(),
+        }
+        self.http_status.push(object.and_then(|o| o.http_status));
+        self.first_byte_ns.push(object.and_then(|o| o.first_byte_ns));
         self.len += 1;
     }
 
@@ -365,6 +390,9 @@ impl BatchBuilder {
             Arc::new(self.rpc_execute_ns.finish()),
             Arc::new(self.rpc_retrans.finish()),
             Arc::new(self.ppid.finish()),
+            Arc::new(self.endpoint.finish()),
+            Arc::new(self.http_status.finish()),
+            Arc::new(self.first_byte_ns.finish()),
         ];
         self.len = 0;
         if self.capacity > 0 {

@@ -69,6 +69,15 @@ def _layer_gpu(minor: str) -> Callable[[Path], None]:
     return make
 
 
+def _object_row() -> pa.Table:
+    """The base with its second row an object request (schema 1.8) and its columns."""
+    t = _with(_base(), "layer", pa.array(["block", "object", "file", "block"]).dictionary_encode())
+    t = _with(t, "op", pa.array(["read", "get", "read", "read"]).dictionary_encode())
+    t = _with(t, "endpoint", pa.array([None, "127.0.0.1:9000", None, None]).dictionary_encode())
+    t = _with(t, "http_status", [None, 206, None, None])
+    return _with(t, "first_byte_ns", [None, 12_000, None, None])
+
+
 CASES = [
     Case("the recorder's types", lambda d: _write(_seg(d), _base()), 4),
     Case("int64 queue_depth", lambda d: _write(_seg(d), _cast(_base(), "queue_depth", pa.int64())), 4),
@@ -144,6 +153,7 @@ CASES = [
         None,
         ("row group 0, row 1", "unknown op", "fault"),
     ),
+    Case("an object-layer GET, schema 1.8", lambda d: _write(_seg(d), _object_row(), minor="8"), 4),
     Case(
         "a stray notes.parquet beside the segments",
         lambda d: (_write(_seg(d), _base()), pq.write_table(pa.table({"note": ["hello"]}), d / "notes.parquet")),

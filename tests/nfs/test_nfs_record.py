@@ -304,7 +304,7 @@ def test_nfs_mounts_metadata_has_options_and_transports(guest_run) -> None:
     v3 = _mount_entry(meta, "/mnt/nfs3")
     assert v3["nconnect"] == 1 and "vers=3" in v3["opts"] and len(v3["at_close"]["xprts"]) == 1
     assert v3["dev"] == guest_run.mount("/mnt/nfs3")["dev"]
-    assert meta["schema_minor"] == 7
+    assert meta["schema_minor"] == 8
     # without the nfs layer there is nothing to say about NFS mounts
     assert read_metadata(trace(guest_run, "loop-qd1"))["nfs_mounts"] == []
 

@@ -29,8 +29,9 @@ pub struct Args {
     #[arg(long)]
     pub per_host: bool,
 
-    /// Layers to record, comma-separated: block, file, nfs (a layer the kernel lacks is
-    /// skipped with a note)
+    /// Layers to record, comma-separated: block, file, nfs, object (a layer the kernel
+    /// lacks is skipped with a note). object: HTTP/1.x object requests (S3 over plain
+    /// HTTP) from the socket syscalls; it needs file
     #[arg(long, value_delimiter = ',', default_value = "block,file,nfs")]
     pub layers: Vec<String>,
 

@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use trainio_schema::{dev_string, BatchBuilder, Layer, Row, RowKeys, Rpc};
+use trainio_schema::{dev_string, BatchBuilder, Layer, ObjectFields, Row, RowKeys, Rpc};
 
-use crate::bpf::{block_event, file_event, ipc_event, nfs_event, open_event, process_event};
+use crate::bpf::{block_event, file_event, http_event, ipc_event, nfs_event, open_event, process_event};
 use crate::bpf::{trainio_file_op as fop, trainio_kind as kind, trainio_nfs_op as nfsop, trainio_rpc_flags as rpcf};
 use crate::bpf::{trainio_ipc_op as ipcop, trainio_ipc_type as ipct, trainio_proc_op as procop};
 use crate::host::ProcInfo;
+use crate::object::{ObjectRequest, ObjectTracker, SocketIo};
 
 /// Rows per batch: the drain loop (record.rs) hands the collector's batch to the encoder
 /// at this many rows, and the encoder sizes its queue by it. Small batches keep the rows
@@ -27,6 +28,7 @@ const KIND_NFS: u32 = kind::TRAINIO_KIND_NFS.0;
 const KIND_BLOCK_BATCH: u32 = kind::TRAINIO_KIND_BLOCK_BATCH.0;
 const KIND_PROC: u32 = kind::TRAINIO_KIND_PROC.0;
 const KIND_IPC: u32 = kind::TRAINIO_KIND_IPC.0;
+const KIND_HTTP: u32 = kind::TRAINIO_KIND_HTTP.0;
 const FOP_CLOSE: u32 = fop::TRAINIO_FOP_CLOSE.0;
 const FOP_WRITE: u32 = fop::TRAINIO_FOP_WRITE.0;
 const FOP_PWRITE64: u32 = fop::TRAINIO_FOP_PWRITE64.0;
@@ -81,6 +83,10 @@ pub struct Collector {
     /// The last block row's device: kernel dev_t and MAJ:MIN (dev 0: none), so that a run
     /// of one device skips the map lookup.
     last_dev: (u32, Option<Box<str>>),
+    /// The object layer's requests in progress, per connection (object.rs).
+    objects: ObjectTracker,
+    /// Requests the tracker finished, written as rows at once (kept to reuse its buffer).
+    finished: Vec<ObjectRequest>,
     pub undecodable: u64,
 }
 
@@ -153,6 +159,8 @@ impl Collector {
             last_tally: None,
             last_comm: (0, "".into()),
             last_dev: (0, None),
+            objects: ObjectTracker::new(),
+            finished: Vec::new(),
             undecodable: 0,
         }
     }
@@ -198,12 +206,92 @@ impl Collector {
             Some(KIND_NFS) => plain::from_bytes::<nfs_event>(data).map(|e| self.nfs(e)).is_ok(),
             Some(KIND_PROC) => plain::from_bytes::<process_event>(data).map(|e| self.proc(e)).is_ok(),
             Some(KIND_IPC) => plain::from_bytes::<ipc_event>(data).map(|e| self.ipc(e)).is_ok(),
+            Some(KIND_HTTP) => self.http(data),
             _ => false,
         };
         if !decoded {
             self.undecodable += 1;
         }
         0
+    }
+
+    /// An http_event record: the ipc row it carries, then the object layer's share (a
+    /// record holds only its captured bytes of data[], trainio.h).
+    fn http(&mut self, data: &[u8]) -> bool {
+        let fixed = std::mem::offset_of!(http_event, data);
+        let Some(ipc) =
+            data.get(..std::mem::size_of::<ipc_event>()).and_then(|b| plain::from_bytes::<ipc_event>(b).ok())
+        else {
+            return false;
+        };
+        if data.len() < fixed {
+            return false;
+        }
+        let at = |field: usize, n: usize| &data[field..field + n];
+        let mut daddr = [0u8; 16];
+        daddr.copy_from_slice(at(std::mem::offset_of!(http_event, daddr), 16));
+        let u16_at = |field: usize| u16::from_ne_bytes(at(field, 2).try_into().unwrap());
+        let captured = u32::from_ne_bytes(at(std::mem::offset_of!(http_event, captured), 4).try_into().unwrap());
+        let Some(head) = data.get(fixed..fixed + captured as usize) else { return false };
+        self.ipc(ipc);
+        let io = SocketIo {
+            write: ipc.op == ipcop::TRAINIO_IPC_WRITE.0,
+            enter_ns: ipc.enter_ns as i64,
+            exit_ns: ipc.exit_ns as i64,
+            ret: ipc.ret,
+            ino: ipc.ino,
+            pid: ipc.pid,
+            tid: ipc.tid,
+            fd: ipc.fd,
+            comm: comm_str(&ipc.comm),
+            family: u16_at(std::mem::offset_of!(http_event, family)),
+            daddr,
+            dport: u16_at(std::mem::offset_of!(http_event, dport)),
+            head,
+        };
+        let mut done = std::mem::take(&mut self.finished);
+        self.objects.on_io(&io, &mut done);
+        self.push_objects(&mut done);
+        self.finished = done;
+        true
+    }
+
+    /// Writes the object requests still open (at the end of a recording) as incomplete rows.
+    pub fn finish_objects(&mut self) {
+        let mut done = std::mem::take(&mut self.finished);
+        self.objects.finish_all(&mut done);
+        self.push_objects(&mut done);
+        self.finished = done;
+    }
+
+    fn push_objects(&mut self, done: &mut Vec<ObjectRequest>) {
+        for r in done.drain(..) {
+            self.batch.push_object(
+                &Row {
+                    layer: Layer::Object,
+                    op: r.op,
+                    issue_ns: r.issue_ns,
+                    complete_ns: r.complete_ns,
+                    insert_ns: None,
+                    dev: None,
+                    offset: r.offset,
+                    bytes: r.bytes,
+                    bytes_requested: r.bytes_requested,
+                    queue_depth: r.queue_depth,
+                    pid: r.pid,
+                    tid: r.tid,
+                    comm: &r.comm,
+                    fd: Some(r.fd),
+                    file: Some(&r.key),
+                    error: r.error,
+                    flags: 0,
+                    ppid: None,
+                },
+                &ObjectFields { endpoint: &r.endpoint, http_status: r.http_status, first_byte_ns: r.first_byte_ns },
+            );
+            let (read, written) = if matches!(r.op, "put" | "post") { (0, r.bytes) } else { (r.bytes, 0) };
+            self.count(Layer::Object, 0, read.max(0) as u64, written.max(0) as u64);
+        }
     }
 
     /// A block_batch record: an 8-byte header (kind, count), then `count` block_events.

@@ -4,6 +4,7 @@ mod encoder;
 mod events;
 mod host;
 mod metrics;
+mod object;
 mod probes;
 mod record;
 
@@ -26,7 +27,9 @@ mod bpf {
         types::block_event, types::block_pending, types::req_state, BlockSkel, BlockSkelBuilder,
     };
     pub use crate::file_skel::types::{file_event, open_event, trainio_file_op, trainio_kind};
-    pub use crate::file_skel::types::{ipc_event, process_event, trainio_ipc_op, trainio_ipc_type, trainio_proc_op};
+    pub use crate::file_skel::types::{
+        http_event, ipc_event, process_event, trainio_ipc_op, trainio_ipc_type, trainio_proc_op,
+    };
     pub use crate::file_skel::{FileSkel, FileSkelBuilder};
     pub use crate::nfs_skel::types::{nfs_event, trainio_nfs_op, trainio_rpc_flags};
     pub use crate::nfs_skel::{NfsSkel, NfsSkelBuilder};

@@ -29,6 +29,8 @@ pub struct Settings {
     pub block: bool,
     pub file: bool,
     pub nfs: bool,
+    /// The object layer: sends and receives on TCP sockets carry their HTTP heads.
+    pub object: bool,
     pub devs: Vec<u32>,
     pub ringbuf_bytes: u32,
     pub target: Target,
@@ -277,6 +279,7 @@ impl<'o> Probes<'o> {
             let ro = open.maps.rodata_data.as_deref_mut().context("file probes: no rodata")?;
             ro.wakeup_bytes = wakeup;
             ro.self_tgid = std::process::id();
+            ro.object_layer = s.object.into();
             match s.target {
                 Target::All => ro.target_mode = 0,
                 Target::Tgids => ro.target_mode = 1,

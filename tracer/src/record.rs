@@ -146,6 +146,7 @@ struct Checked {
     block: bool,
     file: bool,
     nfs: bool,
+    object: bool,
     devs: Vec<(u32, String)>,
     subject: Subject,
     target: Target,
@@ -200,15 +201,23 @@ fn preflight(args: &Args) -> Result<Checked> {
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
         usage!("this kernel has no BTF (/sys/kernel/btf/vmlinux missing): CONFIG_DEBUG_INFO_BTF=y is needed");
     }
-    let (mut block, mut file, mut nfs) = (false, false, false);
+    let (mut block, mut file, mut nfs, mut object) = (false, false, false, false);
     for l in &args.layers {
         match Layer::parse(l.trim()) {
             Some(Layer::Block) => block = true,
             Some(Layer::File) => file = true,
             Some(Layer::Nfs) => nfs = true,
+            Some(Layer::Object) => object = true,
             // Recorded with the file layer, not chosen on their own.
-            Some(Layer::Proc | Layer::Ipc) | None => usage!("--layers: unknown layer `{l}` (known: block, file, nfs)"),
+            Some(Layer::Proc | Layer::Ipc) | None => {
+                usage!("--layers: unknown layer `{l}` (known: block, file, nfs, object)")
+            }
         }
+    }
+    if object && !file {
+        usage!(
+            "--layers: object is recorded from the file layer's socket probes: add file (e.g. --layers file,object)"
+        );
     }
     if args.io_uring && !file {
         usage!("--io-uring: io_uring requests are recorded at the file layer, which --layers leaves out");
@@ -266,7 +275,7 @@ fn preflight(args: &Args) -> Result<Checked> {
         usage!("--ringbuf-mb {}: at most 2048", args.ringbuf_mb);
     }
     let ringbuf_bytes = (bytes as u32).next_power_of_two();
-    Ok(Checked { block, file, nfs, devs, subject, target, ringbuf_bytes })
+    Ok(Checked { block, file, nfs, object, devs, subject, target, ringbuf_bytes })
 }
 
 /// Starts the command held just before exec until its pid is in the traced map, so the
@@ -475,6 +484,7 @@ pub fn run(mut args: Args) -> Result<i32> {
     let settings = Settings {
         block: checked.block,
         file: checked.file,
+        object: checked.object,
         nfs: checked.nfs,
         devs: checked.devs.iter().map(|(d, _)| *d).collect(),
         ringbuf_bytes: checked.ringbuf_bytes,
@@ -500,6 +510,9 @@ pub fn run(mut args: Args) -> Result<i32> {
     }
     if checked.nfs && !probes.skipped.contains_key("nfs") {
         layers.push("nfs");
+    }
+    if checked.object {
+        layers.push("object");
     }
     let layers_has_nfs = layers.contains(&"nfs");
     let st = Static {
@@ -662,6 +675,7 @@ pub fn run(mut args: Args) -> Result<i32> {
     for rec in probes.take_pending_block() {
         collector.borrow_mut().on_record(&rec);
     }
+    collector.borrow_mut().finish_objects();
     let batch = collector.borrow_mut().batch.finish();
     if let Some(m) = &live {
         let mut m = m.lock().unwrap_or_else(|p| p.into_inner());

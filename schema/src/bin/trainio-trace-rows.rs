@@ -20,6 +20,9 @@ fn row_json(r: &OwnedRow) -> serde_json::Value {
         "rpc_xid": r.rpc.map(|x| x.xid), "rpc_backlog_ns": r.rpc.map(|x| x.backlog_ns),
         "rpc_rtt_ns": r.rpc.map(|x| x.rtt_ns), "rpc_execute_ns": r.rpc.map(|x| x.execute_ns),
         "rpc_retrans": r.rpc.and_then(|x| x.retrans), "ppid": r.ppid,
+        "endpoint": r.object.as_ref().map(|o| &*o.endpoint),
+        "http_status": r.object.as_ref().and_then(|o| o.http_status),
+        "first_byte_ns": r.object.as_ref().and_then(|o| o.first_byte_ns),
     })
 }
 
