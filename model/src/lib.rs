@@ -30,20 +30,27 @@
 //!    unless told otherwise.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
 use std::path::Path;
 
-use arrow_array::{Array, Int64Array, StringArray};
-use arrow_schema::DataType;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ProjectionMask;
-use serde::Serialize;
-use trainio_schema::{read_rows, segment_paths, trace_set_members, Layer, OwnedRow};
+use trainio_schema::{trace_set_members, OwnedRow};
 
+mod describe;
+mod input;
+mod job;
 pub mod mapped;
 pub mod shards;
+mod stats;
+mod trace_set;
 pub mod whatif;
 pub mod writes;
+
+pub use describe::{describe, to_json};
+pub use input::{load_input, Input};
+pub use job::{Coverage, GpuModel, JobModel, LeftOut, Member, Read, Step};
+pub use trace_set::combine;
+
+use input::{is_data_read, rows_of, ByPid, NS_PER_S};
+use stats::{busy_ns, quantile};
 
 /// The name PyTorch's DataLoader workers give themselves.
 pub const WORKER_COMM: &str = "pt_data_worker";
@@ -110,283 +117,6 @@ pub struct Options {
     pub compute_scale: Option<f64>,
 }
 
-/// One read of a step: a byte range of one of the GPU's files, by one of its readers.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Read {
-    pub file: u32,
-    pub offset: u64,
-    pub len: u64,
-    /// The worker (or thread) that issued it, numbered from 0 in order of first read.
-    pub reader: u32,
-    /// Read through a memory mapping (its page faults, mapped.rs), not a read syscall.
-    pub mapped: bool,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Step {
-    #[serde(skip)]
-    pub reads: Vec<Read>,
-    pub bytes: u64,
-    pub samples: u32,
-    /// When the batch's first read was issued (trace clock, ns).
-    pub first_read_ns: i64,
-    /// When the GPU had the batch: the end of its read off the worker pipe, or of the
-    /// burst's last read.
-    pub ready_ns: i64,
-    /// Time from this step's batch being ready to the GPU asking for the next one
-    /// (compute, plus any wait for other ranks); None for the last step.
-    pub interval_s: Option<f64>,
-    /// Time the GPU waited for this batch (polling its workers' pipe, or reading the burst).
-    pub wait_s: f64,
-    /// Loader threads that read ahead (`GpuModel::paced`): from this burst's first read to
-    /// the next one's, the recorded step period (the last step: the median).
-    pub period_s: Option<f64>,
-    /// A DataLoader worker's own time on this batch outside its reads: from its first
-    /// read to its handoff, less the time inside read syscalls (decoding, augmenting,
-    /// collating). None for steps that are not a worker's batch.
-    pub worker_cpu_s: Option<f64>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Member {
-    pub pid: u32,
-    pub comm: String,
-    /// `rank` or `worker`.
-    pub role: &'static str,
-    /// Why a worker is a worker: `named pt_data_worker`, `hands off to its parent`.
-    pub why: String,
-    pub bytes: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct GpuModel {
-    pub index: usize,
-    /// The host the GPU ran on, in the model of a trace set (None: one trace).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    pub rank_pid: u32,
-    pub comm: String,
-    pub members: Vec<Member>,
-    pub workers: usize,
-    /// Readers the replay gives this GPU: its workers, or the threads that read.
-    pub readers: usize,
-    /// The rank reads its batches itself, then computes (no worker reads ahead).
-    pub synchronous: bool,
-    /// Reads come from threads other than the one that computes (a loader thread pool, or
-    /// worker processes whose handoff is not in the trace): steps are bursts that the
-    /// threads read ahead, compute per step is the recorded step period, and the replay
-    /// starts each burst no earlier than its recorded time.
-    pub paced: bool,
-    /// Batches a GPU's workers may have started but it has not taken (PyTorch's
-    /// prefetch_factor 2 × workers).
-    pub prefetch_batches: usize,
-    /// `handoff` (batches from the worker pipe) or `bursts` (gaps between reads).
-    pub step_signal: &'static str,
-    pub steps: Vec<Step>,
-    /// Recorded path and the size a copy needs (largest byte read, rounded to 4 KiB).
-    pub files: Vec<(String, u64)>,
-    pub bytes: u64,
-    pub samples: u64,
-    pub compute_s: Option<f64>,
-    pub interval_p50_s: Option<f64>,
-    pub interval_p90_s: Option<f64>,
-    pub wait_s: f64,
-    /// GPU-side time per step spent taking a batch that is not waiting for storage: the
-    /// rank receiving a batch from its workers (unpickling, shared-memory handles), or
-    /// the loader's own CPU time between a rank's reads. The replay spends it too.
-    pub handoff_s: f64,
-    /// What `compute_s` was measured from: `collective` (the batch in hand to the first
-    /// send of the step's collective), `next_get` (an index write to the next get of the
-    /// worker pipe), `gap` (an inline loader's idle gap), `period` (reader threads).
-    pub compute_signal: &'static str,
-    /// With `compute_signal` `collective`: the collective's own time per step, from its
-    /// first send to the next ask for data when no rank waits for another (the 10th
-    /// percentile); 0 otherwise. The replay spends it, outside compute.
-    pub sync_s: f64,
-    pub bytes_per_step: f64,
-    pub samples_per_step: f64,
-    pub required_mib_s: Option<f64>,
-    /// The GPU's utilization in the recording, by DLIO's formula with the inferred compute.
-    pub au_recorded: Option<f64>,
-    pub mib_s_recorded: Option<f64>,
-    /// Workers' time per sample outside their reads (the median over the batches of
-    /// `Step::worker_cpu_s` / samples): the loader's preprocessing per sample, which the
-    /// storage does not set. None without workers.
-    pub worker_cpu_s_per_sample: Option<f64>,
-    /// Of a worker's time on a batch (first read to handoff), the share outside its
-    /// reads (median over the batches): near 1 a loader-bound job, near 0 a storage-bound one.
-    pub worker_cpu_share: Option<f64>,
-    /// Bytes a worker read after its last handoff (a batch never delivered).
-    pub unfinished_bytes: u64,
-    /// The rank's write bursts (writes::bursts), placed in its steps.
-    pub write_bursts: Vec<writes::WriteBurst>,
-    /// Files the GPU wrote: recorded path and the size a copy needs (largest byte written).
-    #[serde(skip)]
-    pub write_files: Vec<(String, u64)>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct LeftOut {
-    /// The host, in the model of a trace set (None: one trace).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    pub pid: u32,
-    pub comm: String,
-    pub bytes: u64,
-    pub why: String,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Coverage {
-    /// The host, in the model of a trace set (None: one trace).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    pub pid: u32,
-    pub comm: String,
-    pub block_read_bytes: u64,
-    pub file_read_bytes: u64,
-    /// The process belongs to a GPU; then the two figures from its GPU's first data read on.
-    pub in_gpu: bool,
-    pub block_read_bytes_training: u64,
-    pub file_read_bytes_training: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct JobModel {
-    pub data_dev: Option<String>,
-    /// How the GPUs were found.
-    pub grouping: String,
-    pub gpus: Vec<GpuModel>,
-    pub left_out: Vec<LeftOut>,
-    pub compute_s: Option<f64>,
-    pub bytes_per_step: Option<f64>,
-    pub required_mib_s_per_gpu: Option<f64>,
-    pub steps: u64,
-    /// Per traced process with block reads: block bytes against file-layer bytes.
-    pub coverage: Vec<Coverage>,
-    /// Set when the file layer lacks most of what the job read: the reason, one line.
-    pub incomplete: Option<String>,
-    pub warnings: Vec<String>,
-    /// Every traced process's write bursts, the job's checkpoints among them.
-    pub writes: writes::WriteSummary,
-    /// The hosts of a trace set's model, in member order (empty: one trace).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub hosts: Vec<String>,
-}
-
-/// What the model reads from a trace.
-#[derive(Default)]
-pub struct Input {
-    pub file: Vec<OwnedRow>,
-    pub proc_rows: Vec<OwnedRow>,
-    pub ipc: Vec<OwnedRow>,
-    /// Block-layer bytes read, by the pid in whose context each request was issued and
-    /// the second (issue_ns / 1e9) it was issued in.
-    pub block_reads: HashMap<(u32, i64), u64>,
-    /// The same per device (`MAJ:MIN` of the disk).
-    pub block_dev_reads: HashMap<String, HashMap<(u32, i64), u64>>,
-    pub has_block: bool,
-}
-
-impl Input {
-    pub fn add_block_read(&mut self, pid: u32, issue_ns: i64, bytes: u64) {
-        *self.block_reads.entry((pid, issue_ns.div_euclid(NS_PER_S))).or_default() += bytes;
-    }
-    /// A block read on `dev`, counted both per pid and second and per device.
-    pub fn add_block_dev_read(&mut self, dev: Option<&str>, pid: u32, issue_ns: i64, bytes: u64) {
-        self.add_block_read(pid, issue_ns, bytes);
-        let Some(dev) = dev else { return };
-        let per_pid = match self.block_dev_reads.get_mut(dev) {
-            Some(m) => m,
-            None => self.block_dev_reads.entry(dev.to_string()).or_default(),
-        };
-        *per_pid.entry((pid, issue_ns.div_euclid(NS_PER_S))).or_default() += bytes;
-    }
-}
-
-const NS_PER_S: i64 = 1_000_000_000;
-
-/// Reads what the model needs from a trace: its file, proc and ipc rows, and the block
-/// layer summed per process (streamed: a block layer of 100 M rows is never held).
-pub fn load_input(trace: &Path) -> Result<Input, String> {
-    let mut input = Input::default();
-    let segs = segment_paths(trace).map_err(|e| e.to_string())?;
-    let total: u64 = segs.iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
-    if total < (256 << 20) {
-        for r in read_rows(trace, None).map_err(|e| e.to_string())? {
-            match r.layer {
-                Layer::File => input.file.push(r),
-                Layer::Proc => input.proc_rows.push(r),
-                Layer::Ipc => input.ipc.push(r),
-                Layer::Block => {
-                    input.has_block = true;
-                    if &*r.op == "read" {
-                        input.add_block_dev_read(r.dev.as_deref(), r.pid, r.issue_ns, r.bytes.max(0) as u64);
-                    }
-                }
-                Layer::Nfs => {}
-            }
-        }
-        return Ok(input);
-    }
-    for layer in [Layer::File, Layer::Proc, Layer::Ipc] {
-        let rows = read_rows(trace, Some(layer)).map_err(|e| e.to_string())?;
-        match layer {
-            Layer::File => input.file = rows,
-            Layer::Proc => input.proc_rows = rows,
-            _ => input.ipc = rows,
-        }
-    }
-    for seg in &segs {
-        block_sums(seg, &mut input)?;
-    }
-    Ok(input)
-}
-
-/// Block-layer read bytes per pid of one segment, reading only the columns needed.
-fn block_sums(seg: &Path, input: &mut Input) -> Result<(), String> {
-    let f = File::open(seg).map_err(|e| format!("{}: cannot open: {e}", seg.display()))?;
-    let b = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| format!("{}: not Parquet: {e}", seg.display()))?;
-    let schema = b.parquet_schema();
-    let want = ["layer", "op", "pid", "bytes", "issue_ns", "dev"];
-    let idx: Vec<usize> = (0..schema.num_columns()).filter(|&i| want.contains(&schema.column(i).name())).collect();
-    let mask = ProjectionMask::leaves(schema, idx);
-    let reader =
-        b.with_projection(mask).with_batch_size(65536).build().map_err(|e| format!("{}: {e}", seg.display()))?;
-    for batch in reader {
-        let batch = batch.map_err(|e| format!("{}: corrupt: {e}", seg.display()))?;
-        let col = |n: &str, t: &DataType| {
-            batch
-                .column_by_name(n)
-                .ok_or_else(|| format!("{}: missing column `{n}`", seg.display()))
-                .and_then(|c| arrow_cast::cast(c, t).map_err(|e| format!("{}: column `{n}`: {e}", seg.display())))
-        };
-        let layer = col("layer", &DataType::Utf8)?;
-        let op = col("op", &DataType::Utf8)?;
-        let pid = col("pid", &DataType::Int64)?;
-        let bytes = col("bytes", &DataType::Int64)?;
-        let issue = col("issue_ns", &DataType::Int64)?;
-        let issue = issue.as_any().downcast_ref::<Int64Array>().unwrap();
-        let dev = col("dev", &DataType::Utf8)?;
-        let dev = dev.as_any().downcast_ref::<StringArray>().unwrap();
-        let layer = layer.as_any().downcast_ref::<StringArray>().unwrap();
-        let op = op.as_any().downcast_ref::<StringArray>().unwrap();
-        let pid = pid.as_any().downcast_ref::<Int64Array>().unwrap();
-        let bytes = bytes.as_any().downcast_ref::<Int64Array>().unwrap();
-        for i in 0..batch.num_rows() {
-            if layer.is_null(i) || layer.value(i) != "block" {
-                continue;
-            }
-            input.has_block = true;
-            if !op.is_null(i) && op.value(i) == "read" {
-                let d = (!dev.is_null(i)).then(|| dev.value(i));
-                input.add_block_dev_read(d, pid.value(i) as u32, issue.value(i), bytes.value(i).max(0) as u64);
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The job model of a trace, or of a trace set (the per-host traces of one job, see
 /// [`combine`]).
 pub fn infer_trace(trace: &Path, opts: &Options) -> Result<JobModel, String> {
@@ -407,95 +137,11 @@ fn infer_trace_as_recorded(trace: &Path, opts: &Options) -> Result<JobModel, Str
     infer(&input, opts).map_err(|e| format!("{}: {e}", trace.display()))
 }
 
-/// One job's model from its hosts' models: (host, shift onto the set's clock, model). The
-/// GPUs are every host's, numbered in host order, their times moved onto the set's clock;
-/// the job's figures are computed over them as [`infer`] computes one host's.
-pub fn combine(parts: Vec<(String, i64, JobModel)>) -> JobModel {
-    let mut gpus = Vec::new();
-    let mut left_out = Vec::new();
-    let mut coverage = Vec::new();
-    let mut warnings = Vec::new();
-    let mut incomplete = Vec::new();
-    let mut bursts = Vec::new();
-    let mut hosts = Vec::new();
-    let mut devs: Vec<String> = Vec::new();
-    let mut grouping = String::new();
-    for (host, shift, m) in parts {
-        if grouping.is_empty() {
-            grouping = m.grouping.clone();
-        }
-        if let Some(d) = &m.data_dev {
-            if !devs.contains(d) {
-                devs.push(d.clone());
-            }
-        }
-        for mut g in m.gpus {
-            g.index = gpus.len();
-            g.host = Some(host.clone());
-            for s in &mut g.steps {
-                s.first_read_ns += shift;
-                s.ready_ns += shift;
-            }
-            for b in &mut g.write_bursts {
-                b.start_ns += shift;
-                b.end_ns += shift;
-            }
-            gpus.push(g);
-        }
-        left_out.extend(m.left_out.into_iter().map(|l| LeftOut { host: Some(host.clone()), ..l }));
-        coverage.extend(m.coverage.into_iter().map(|c| Coverage { host: Some(host.clone()), ..c }));
-        warnings.extend(m.warnings.into_iter().map(|w| format!("{host}: {w}")));
-        incomplete.extend(m.incomplete.map(|w| format!("{host}: {w}")));
-        bursts.extend(m.writes.bursts.into_iter().map(|mut b| {
-            b.start_ns += shift;
-            b.end_ns += shift;
-            b
-        }));
-        hosts.push(host);
-    }
-    bursts.sort_by_key(|b| (b.start_ns, b.end_ns));
-    let computes: Vec<f64> = gpus.iter().filter_map(|g| g.compute_s).collect();
-    let bps: Vec<f64> = gpus.iter().filter(|g| !g.steps.is_empty()).map(|g| g.bytes_per_step).collect();
-    let reqs: Vec<f64> = gpus.iter().filter_map(|g| g.required_mib_s).collect();
-    JobModel {
-        // one device when every host read the same MAJ:MIN (shared storage seen alike)
-        data_dev: (devs.len() == 1).then(|| devs[0].clone()),
-        grouping: format!("{grouping}; {} hosts", hosts.len()),
-        compute_s: quantile(&computes, 0.5),
-        bytes_per_step: quantile(&bps, 0.5),
-        required_mib_s_per_gpu: quantile(&reqs, 0.5),
-        steps: gpus.iter().map(|g| g.steps.len() as u64).sum(),
-        gpus,
-        left_out,
-        coverage,
-        incomplete: (!incomplete.is_empty()).then(|| incomplete.join("; ")),
-        warnings,
-        writes: writes::summarize(bursts),
-        hosts,
-    }
-}
-
 #[derive(Default)]
 struct Proc {
     ppid: Option<u32>,
     comm: Option<String>,
     worker_name: bool,
-}
-
-fn quantile(v: &[f64], q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let pos = q * (s.len() - 1) as f64;
-    let lo = pos.floor() as usize;
-    let hi = pos.ceil() as usize;
-    Some(s[lo] + (s[hi] - s[lo]) * (pos - lo as f64))
-}
-
-fn is_data_read(r: &OwnedRow) -> bool {
-    &*r.op == "read" && r.error == 0 && r.bytes > 0 && r.offset.is_some()
 }
 
 /// The step gap: the geometric middle of the largest jump between sorted gaps (at least
@@ -1001,44 +647,6 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
         writes: writes::summarize(job_bursts),
         hosts: Vec::new(),
     })
-}
-
-/// The rows of each process, indexed once: a GPU's inference and its coverage read only
-/// their own processes' rows, not the whole trace per GPU and per worker.
-struct ByPid<'a> {
-    file: HashMap<u32, Vec<&'a OwnedRow>>,
-    ipc: HashMap<u32, Vec<&'a OwnedRow>>,
-    /// Data reads (`is_data_read`, on the data device).
-    data: HashMap<u32, Vec<&'a OwnedRow>>,
-    /// Block read bytes by second.
-    block: HashMap<u32, Vec<(i64, u64)>>,
-}
-
-impl<'a> ByPid<'a> {
-    fn new(input: &'a Input, data_reads: &[&'a OwnedRow], block_reads: &HashMap<(u32, i64), u64>) -> Self {
-        let group = |rows: &mut dyn Iterator<Item = &'a OwnedRow>| {
-            let mut m: HashMap<u32, Vec<&'a OwnedRow>> = HashMap::new();
-            for r in rows {
-                m.entry(r.pid).or_default().push(r);
-            }
-            m
-        };
-        let mut block: HashMap<u32, Vec<(i64, u64)>> = HashMap::new();
-        for (&(pid, sec), &b) in block_reads {
-            block.entry(pid).or_default().push((sec, b));
-        }
-        ByPid {
-            file: group(&mut input.file.iter()),
-            ipc: group(&mut input.ipc.iter()),
-            data: group(&mut data_reads.iter().copied()),
-            block,
-        }
-    }
-}
-
-/// The rows of `pid` in one of ByPid's maps.
-fn rows_of<'m, 'a>(m: &'m HashMap<u32, Vec<&'a OwnedRow>>, pid: u32) -> &'m [&'a OwnedRow] {
-    m.get(&pid).map(Vec::as_slice).unwrap_or(&[])
 }
 
 /// Counts the opens of data files per (pid, time window): the samples of a batch, one
@@ -1605,21 +1213,6 @@ fn collective_split(
     (computes.len() >= need).then_some((computes, syncs))
 }
 
-/// Time covered by the rows' [issue, complete] spans (their union), rows sorted by issue.
-fn busy_ns(rows: &[&OwnedRow]) -> i64 {
-    let (mut total, mut start, mut end) = (0i64, i64::MIN, i64::MIN);
-    for r in rows {
-        if r.issue_ns > end {
-            total += (end - start).max(0);
-            start = r.issue_ns;
-            end = r.complete_ns;
-        } else {
-            end = end.max(r.complete_ns);
-        }
-    }
-    total + (end - start).max(0)
-}
-
 fn distinct_files(reads: &[Read]) -> u32 {
     reads.iter().map(|r| r.file).collect::<HashSet<_>>().len() as u32
 }
@@ -1769,84 +1362,6 @@ fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, us
         }
     }
     (steps, split, joined, deepest)
-}
-
-/// The model as JSON (without the per-read lists).
-pub fn to_json(m: &JobModel) -> String {
-    serde_json::to_string(m).expect("the model serializes")
-}
-
-/// One line per GPU and the job's figures, as `analyze` and `replay` print them.
-pub fn describe(m: &JobModel) -> Vec<String> {
-    let mut out = Vec::new();
-    let f = |x: Option<f64>, scale: f64, unit: &str| {
-        x.map(|v| format!("{:.1} {unit}", v * scale)).unwrap_or_else(|| "-".into())
-    };
-    out.push(format!(
-        "job model: {} GPU(s) found ({}); data device {}",
-        m.gpus.len(),
-        m.grouping,
-        m.data_dev.as_deref().unwrap_or("?")
-    ));
-    for g in &m.gpus {
-        let workers: Vec<String> = g.members.iter().filter(|x| x.role == "worker").map(|x| x.pid.to_string()).collect();
-        out.push(format!(
-            "  GPU {}{}: rank pid {} ({}){}; {} steps ({}), compute {}/step{}, {:.2} MiB/step, {:.1} samples/step, needs {}",
-            g.index,
-            g.host.as_deref().map(|h| format!(" on {h}")).unwrap_or_default(),
-            g.rank_pid,
-            g.comm,
-            if workers.is_empty() { String::new() } else { format!(" + {} worker(s) {}", workers.len(), workers.join(",")) },
-            g.steps.len(),
-            g.step_signal,
-            f(g.compute_s, 1e3, "ms"),
-            if g.compute_signal == "collective" {
-                format!(" + collective {:.1} ms", g.sync_s * 1e3)
-            } else {
-                String::new()
-            },
-            g.bytes_per_step / (1u64 << 20) as f64,
-            g.samples_per_step,
-            f(g.required_mib_s, 1.0, "MiB/s"),
-        ));
-        if let (Some(per), Some(share)) = (g.worker_cpu_s_per_sample, g.worker_cpu_share) {
-            out.push(format!(
-                "    worker CPU per sample {:.2} ms ({:.0}% of a worker's time on a batch, the rest in its reads)",
-                per * 1e3,
-                share * 100.0
-            ));
-        }
-        if !g.write_bursts.is_empty() {
-            let at: Vec<String> = g
-                .write_bursts
-                .iter()
-                .map(|b| b.after_step.map(|k| k.to_string()).unwrap_or_else(|| "start".into()))
-                .collect();
-            out.push(format!(
-                "    writes: {} burst(s) after steps {}, {:.2} MiB, {} sync(s)",
-                g.write_bursts.len(),
-                at.join(","),
-                g.write_bursts.iter().map(|b| b.bytes).sum::<u64>() as f64 / (1u64 << 20) as f64,
-                g.write_bursts.iter().map(|b| b.syncs).sum::<u64>(),
-            ));
-        }
-    }
-    for l in &m.left_out {
-        out.push(format!(
-            "  left out: pid {} ({}), {:.2} MiB: {}",
-            l.pid,
-            l.comm,
-            l.bytes as f64 / (1u64 << 20) as f64,
-            l.why
-        ));
-    }
-    if let Some(msg) = &m.incomplete {
-        out.push(format!("  INCOMPLETE: {msg}"));
-    }
-    for w in &m.warnings {
-        out.push(format!("  note: {w}"));
-    }
-    out
 }
 
 #[cfg(test)]
