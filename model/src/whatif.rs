@@ -18,8 +18,8 @@
 //!   recorded.
 
 use crate::job::{GpuModel, JobModel, Step};
+use crate::options::Options;
 use crate::stats::quantile;
-use crate::Options;
 
 /// The model with the what-ifs of `opts` applied (none: unchanged).
 pub fn apply(mut m: JobModel, opts: &Options) -> Result<JobModel, String> {
