@@ -240,8 +240,8 @@ def _model_bars(m: JobModel) -> list[_GpuBar]:
             rank_pid=g.rank_pid,
             comm=g.comm,
             processes=len(g.members),
-            compute_s=g.compute_s or 0.0,
-            required_mib_s=g.required_mib_s or 0.0,
+            compute_s=g.compute_s or 0,
+            required_mib_s=g.required_mib_s or 0,
         )
         for g in m.gpus
     ]
