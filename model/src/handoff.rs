@@ -74,7 +74,7 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
                 reads.push(rd);
                 cursor += 1;
             }
-            let samples = opens_between(&opens, &[workers[wi]], prev, at);
+            let samples = opens_between(opens, &[workers[wi]], prev, at);
             prev = at;
             if reads.is_empty() {
                 continue; // a message that carried no batch (a status, the end)
