@@ -34,45 +34,8 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
             "GPU {index} (pid {rank}): its workers' batch handoff is not in the trace (no ipc layer): steps are bursts of reads, which merge or split batches when workers read ahead"
         ));
     }
-    // Activity on data files of the group: reads, opens, closes.
-    let mut act: Vec<&OwnedRow> = pids
-        .iter()
-        .flat_map(|&p| ev.file_rows(p))
-        .copied()
-        .filter(|r| {
-            is_data_read(r) && ev.job.data.on_dev(r) || matches!(&*r.op, "open" | "close") && ev.is_data_file(r)
-        })
-        .collect();
-    act.sort_by_key(|r| (r.issue_ns, r.complete_ns));
-    // A gap in which the rank wrote a burst (a checkpoint saved between two steps)
-    // separates steps whatever its length. Gaps in which any process of the job
-    // wrote are left out of the gaps that set the step gap: a checkpoint's pause, or
-    // a rank waiting at a collective for another rank's checkpoint, would otherwise
-    // look like the gap between batches, and the compute gaps like gaps inside one.
-    let write_spans: Vec<(i64, i64)> =
-        writes::bursts(ev.file_rows(rank), &mut Vec::new()).iter().map(|b| (b.start_ns, b.end_ns)).collect();
+    let Activity { act, write_spans, gap_ns } = activity(ev, warnings);
     let wrote_in = |from: i64, to: i64| write_spans.iter().any(|&(s, e)| s < to && e > from);
-    let job_wrote_in = |from: i64, to: i64| ev.job.job_writes.iter().any(|&(s, e)| s < to && e > from);
-    let mut gaps = Vec::new();
-    let mut busy = i64::MIN;
-    for r in &act {
-        if busy != i64::MIN && r.issue_ns > busy && !wrote_in(busy, r.issue_ns) && !job_wrote_in(busy, r.issue_ns) {
-            gaps.push(r.issue_ns - busy);
-        }
-        busy = busy.max(r.complete_ns);
-    }
-    let gap_ns = match ev.job.opts.burst_gap_ms {
-        Some(ms) => (ms * 1e6) as i64,
-        None => {
-            let (g, found) = step_gap_ns(&gaps);
-            if !found && gaps.len() > 1 {
-                warnings.push(format!(
-                    "GPU {index} (pid {rank}): no clear gap between batches; steps split at {DEFAULT_BURST_GAP_MS} ms idle gaps"
-                ));
-            }
-            g
-        }
-    };
     let mut tids: HashMap<u32, u32> = HashMap::new();
     let mut busy = i64::MIN;
     let mut cur: Option<Step> = None;
@@ -196,6 +159,59 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
         handoff_s: handoff,
         unfinished_bytes: 0,
     }
+}
+
+/// The GPU's activity on its data files (reads, opens, closes) in time order, the
+/// spans of the rank's write bursts, and the step gap that splits the activity.
+struct Activity<'a> {
+    act: Vec<&'a OwnedRow>,
+    write_spans: Vec<(i64, i64)>,
+    gap_ns: i64,
+}
+
+fn activity<'a>(ev: &GpuEvidence<'a>, warnings: &mut Vec<String>) -> Activity<'a> {
+    let (index, rank) = (ev.index, ev.rank);
+    // Activity on data files of the group: reads, opens, closes.
+    let mut act: Vec<&'a OwnedRow> = ev
+        .pids
+        .iter()
+        .flat_map(|&p| ev.file_rows(p))
+        .copied()
+        .filter(|r| {
+            is_data_read(r) && ev.job.data.on_dev(r) || matches!(&*r.op, "open" | "close") && ev.is_data_file(r)
+        })
+        .collect();
+    act.sort_by_key(|r| (r.issue_ns, r.complete_ns));
+    // A gap in which the rank wrote a burst (a checkpoint saved between two steps)
+    // separates steps whatever its length. Gaps in which any process of the job
+    // wrote are left out of the gaps that set the step gap: a checkpoint's pause, or
+    // a rank waiting at a collective for another rank's checkpoint, would otherwise
+    // look like the gap between batches, and the compute gaps like gaps inside one.
+    let write_spans: Vec<(i64, i64)> =
+        writes::bursts(ev.file_rows(rank), &mut Vec::new()).iter().map(|b| (b.start_ns, b.end_ns)).collect();
+    let wrote_in = |from: i64, to: i64| write_spans.iter().any(|&(s, e)| s < to && e > from);
+    let job_wrote_in = |from: i64, to: i64| ev.job.job_writes.iter().any(|&(s, e)| s < to && e > from);
+    let mut gaps = Vec::new();
+    let mut busy = i64::MIN;
+    for r in &act {
+        if busy != i64::MIN && r.issue_ns > busy && !wrote_in(busy, r.issue_ns) && !job_wrote_in(busy, r.issue_ns) {
+            gaps.push(r.issue_ns - busy);
+        }
+        busy = busy.max(r.complete_ns);
+    }
+    let gap_ns = match ev.job.opts.burst_gap_ms {
+        Some(ms) => (ms * 1e6) as i64,
+        None => {
+            let (g, found) = step_gap_ns(&gaps);
+            if !found && gaps.len() > 1 {
+                warnings.push(format!(
+                    "GPU {index} (pid {rank}): no clear gap between batches; steps split at {DEFAULT_BURST_GAP_MS} ms idle gaps"
+                ));
+            }
+            g
+        }
+    };
+    Activity { act, write_spans, gap_ns }
 }
 
 /// The step gap: the geometric middle of the largest jump between sorted gaps (at least

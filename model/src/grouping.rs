@@ -244,29 +244,7 @@ pub(crate) fn group(
                 warnings.push("no proc layer in the trace (schema < 1.3 or recorded without the file layer): every process that reads is its own GPU".into());
                 "per process (the trace has no proc layer)".to_string()
             };
-            for &pid in reader_bytes.keys() {
-                let Some(parent) = procs.ppid(pid) else { continue };
-                let named = procs.worker_name(pid);
-                let handoff = procs.hands_off(pid, parent);
-                if named || handoff {
-                    let why = match (named, handoff) {
-                        (true, true) => "named pt_data_worker, hands off to its parent",
-                        (true, false) => "named pt_data_worker",
-                        _ => "hands off to its parent",
-                    };
-                    worker_of.insert(pid, (parent, why.to_string()));
-                }
-            }
-            // A worker's parent that is itself a worker: follow up to the rank.
-            let snapshot = worker_of.clone();
-            for (_, (rank, _)) in worker_of.iter_mut() {
-                for _ in 0..8 {
-                    match snapshot.get(rank) {
-                        Some((up, _)) => *rank = *up,
-                        None => break,
-                    }
-                }
-            }
+            worker_of = auto_workers(procs, reader_bytes);
         }
     }
     let left: HashSet<u32> = left_out.iter().map(|l| l.pid).collect();
@@ -345,4 +323,34 @@ pub(crate) fn group(
         }
     }
     Groups { desc: grouping_desc, gpus, worker_of, left_out }
+}
+
+/// Each reading process that is a worker of its parent (named `pt_data_worker`, or
+/// handing off to it), with the rank it reads for and why it is a worker.
+fn auto_workers(procs: &Processes, reader_bytes: &BTreeMap<u32, u64>) -> HashMap<u32, (u32, String)> {
+    let mut worker_of: HashMap<u32, (u32, String)> = HashMap::new();
+    for &pid in reader_bytes.keys() {
+        let Some(parent) = procs.ppid(pid) else { continue };
+        let named = procs.worker_name(pid);
+        let handoff = procs.hands_off(pid, parent);
+        if named || handoff {
+            let why = match (named, handoff) {
+                (true, true) => "named pt_data_worker, hands off to its parent",
+                (true, false) => "named pt_data_worker",
+                _ => "hands off to its parent",
+            };
+            worker_of.insert(pid, (parent, why.to_string()));
+        }
+    }
+    // A worker's parent that is itself a worker: follow up to the rank.
+    let snapshot = worker_of.clone();
+    for (_, (rank, _)) in worker_of.iter_mut() {
+        for _ in 0..8 {
+            match snapshot.get(rank) {
+                Some((up, _)) => *rank = *up,
+                None => break,
+            }
+        }
+    }
+    worker_of
 }

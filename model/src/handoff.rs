@@ -22,9 +22,8 @@ const GET_MERGE_NS: i64 = 1_000_000;
 pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<String>) -> StepsFound {
     let GpuEvidence { index, rank, workers, .. } = *ev;
     let input = ev.job.input;
-    let (data_pipes, index_pipes, opens) = (&ev.data_pipes, &ev.index_pipes, &ev.opens);
+    let (data_pipes, opens) = (&ev.data_pipes, &ev.opens);
     let mut unfinished_bytes = 0u64;
-    let mut windows: Vec<(i64, i64, i64)> = Vec::new();
     // Workers in the order they were started: PyTorch's worker ids. Batch b goes to
     // worker b mod W, so a worker's s-th batch is batch s*W + w.
     let fork_at: HashMap<u32, i64> =
@@ -113,6 +112,47 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
             own as f64 / (1u64 << 20) as f64
         ));
     }
+    let RankGets { windows, computes, waits, costs } = rank_gets(ev);
+    // The median step that got a batch off the pipe: a step served from batches the
+    // rank already held costs nothing here, its batch's unpickling was paid when it
+    // was read; the windows at the loader's end hold several steps.
+    let handoff_s = quantile(&costs, 0.5).unwrap_or(0.0);
+    if computes.is_empty() {
+        warnings.push(format!(
+            "GPU {index} (pid {rank}): no batch index written to its workers after the first batch: compute time unknown"
+        ));
+    }
+    for (k, step) in steps.iter_mut().enumerate() {
+        step.interval_s = computes.get(k).copied();
+        step.wait_s = waits.get(k).copied().unwrap_or(0.0);
+    }
+    StepsFound {
+        steps,
+        signal: "handoff",
+        readers: nw,
+        synchronous: false,
+        intervals: Some(computes),
+        windows,
+        read_ahead: 2,
+        handoff_s,
+        unfinished_bytes,
+    }
+}
+
+/// What the rank's gets say, per step between two of its index writes: its compute
+/// window (`StepsFound::windows`), its compute, its wait on the pipe, and, for a step
+/// that got a batch off the pipe, what taking it cost.
+struct RankGets {
+    windows: Vec<(i64, i64, i64)>,
+    computes: Vec<f64>,
+    waits: Vec<f64>,
+    costs: Vec<f64>,
+}
+
+fn rank_gets(ev: &GpuEvidence) -> RankGets {
+    let rank = ev.rank;
+    let (data_pipes, index_pipes) = (&ev.data_pipes, &ev.index_pipes);
+    let mut windows: Vec<(i64, i64, i64)> = Vec::new();
     // The rank's time outside getting data. It takes a batch, then writes the next
     // batch index to a worker's index queue: one write per step. From there to its
     // next poll or read of the worker pipe (or to the next index write, when the
@@ -163,28 +203,5 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
             costs.push(((next - end) - waited).max(0) as f64 / 1e9);
         }
     }
-    // The median step that got a batch off the pipe: a step served from batches the
-    // rank already held costs nothing here, its batch's unpickling was paid when it
-    // was read; the windows at the loader's end hold several steps.
-    let handoff_s = quantile(&costs, 0.5).unwrap_or(0.0);
-    if computes.is_empty() {
-        warnings.push(format!(
-            "GPU {index} (pid {rank}): no batch index written to its workers after the first batch: compute time unknown"
-        ));
-    }
-    for (k, step) in steps.iter_mut().enumerate() {
-        step.interval_s = computes.get(k).copied();
-        step.wait_s = waits.get(k).copied().unwrap_or(0.0);
-    }
-    StepsFound {
-        steps,
-        signal: "handoff",
-        readers: nw,
-        synchronous: false,
-        intervals: Some(computes),
-        windows,
-        read_ahead: 2,
-        handoff_s,
-        unfinished_bytes,
-    }
+    RankGets { windows, computes, waits, costs }
 }
