@@ -13,6 +13,7 @@ import json
 import os
 import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from plotly.subplots import make_subplots
 
 from trainio_analysis.analyze import analyze
 from trainio_analysis.errors import SelectionError, TrainioError
+from trainio_analysis.model import JobModel, parse_job_model
 
 PLOT_IDS = (
     "timeline",
@@ -218,25 +220,63 @@ def _latency_cdf(results: list[tuple[str, dict[str, Any]]]) -> go.Figure:
     return fig
 
 
-def _replay_model(r: dict[str, Any]) -> dict[str, Any]:
-    """A replay's results in the job model's shape, for the per-GPU figure: its simulated
-    GPUs with the bytes each read and its compute per step."""
-    gpus = []
+@dataclass(frozen=True)
+class _GpuBar:
+    """One bar of the per-GPU figure: a job model's GPU or a replay's simulated GPU."""
+
+    index: int
+    bytes: int
+    rank_pid: int
+    comm: str
+    processes: int
+    compute_s: float
+    required_mib_s: float
+
+
+def _model_bars(m: JobModel) -> list[_GpuBar]:
+    """The job model's GPUs: a rank and its workers, with their compute and need."""
+    return [
+        _GpuBar(
+            index=g.index,
+            bytes=g.bytes,
+            rank_pid=g.rank_pid,
+            comm=g.comm,
+            processes=len(g.members),
+            compute_s=g.compute_s or 0,
+            required_mib_s=g.required_mib_s or 0,
+        )
+        for g in m.gpus
+    ]
+
+
+def _replay_bars(r: dict[str, Any]) -> list[_GpuBar]:
+    """A replay's simulated GPUs, from its results: the bytes each read and its compute
+    per step."""
+    bars = []
     for g in r.get("per_gpu", []):
         steps = g.get("steps") or 0
         compute = g["compute_s"] / steps if steps else 0
-        gpus.append(
-            {
-                "index": g["gpu"],
-                "bytes": g["bytes_read"],
-                "rank_pid": g["rank"],
-                "comm": "replay rank",
-                "members": [g["rank"]],
-                "compute_s": compute,
-                "required_mib_s": g["bytes_read"] / steps / compute / 2**20 if steps and compute else 0,
-            }
+        bars.append(
+            _GpuBar(
+                index=g["gpu"],
+                bytes=g["bytes_read"],
+                rank_pid=g["rank"],
+                comm="replay rank",
+                processes=1,
+                compute_s=compute,
+                required_mib_s=g["bytes_read"] / steps / compute / 2**20 if steps and compute else 0,
+            )
         )
-    return {"gpus": gpus}
+    return bars
+
+
+def _job_models(files: list[tuple[str, dict[str, Any] | None]]) -> list[JobModel | None]:
+    """The typed job model of each file-layer analysis (None: no file layer, or no model)."""
+    out: list[JobModel | None] = []
+    for name, fr in files:
+        raw = (fr or {}).get("job_model")
+        out.append(None if raw is None else parse_job_model(raw, source=name))
+    return out
 
 
 def _gpus(
@@ -247,30 +287,20 @@ def _gpus(
     """Per GPU of the job model (a rank and its workers; launchers left out) or of a
     replay's results, else per process, else per device."""
     fig = go.Figure()
-    models = [
-        (name, _replay_model(rp) if rp is not None else (fr or {}).get("job_model"))
-        for (name, fr), rp in zip(files, replays, strict=True)
+    bars = [
+        (name, _replay_bars(rp) if rp is not None else _model_bars(m) if m is not None else [])
+        for (name, _), m, rp in zip(files, _job_models(files), replays, strict=True)
     ]
-    if any(m and m.get("gpus") for _, m in models):
-        for name, m in models:
-            if not m or not m.get("gpus"):
+    if any(gpus for _, gpus in bars):
+        for name, gpus in bars:
+            if not gpus:
                 continue
-            gpus = m["gpus"]
             fig.add_trace(
                 go.Bar(
                     name=name,
-                    x=[f"GPU {g['index']}" for g in gpus],
-                    y=[g["bytes"] / 2**20 for g in gpus],
-                    customdata=[
-                        [
-                            g["rank_pid"],
-                            g["comm"] or "",
-                            len(g["members"]),
-                            g["compute_s"] or 0,
-                            g["required_mib_s"] or 0,
-                        ]
-                        for g in gpus
-                    ],
+                    x=[f"GPU {g.index}" for g in gpus],
+                    y=[g.bytes / 2**20 for g in gpus],
+                    customdata=[[g.rank_pid, g.comm, g.processes, g.compute_s, g.required_mib_s] for g in gpus],
                     hovertemplate="%{y:.1f} MiB, rank %{customdata[0]} %{customdata[1]}, "
                     "%{customdata[2]} processes, compute %{customdata[3]:.3f} s/step, "
                     "needs %{customdata[4]:.1f} MiB/s<extra></extra>",
@@ -491,14 +521,12 @@ def _summary(
     """The summary panel: one column per trace. A job's recording shows its job model; a
     replay's own recording shows the replay's results (GPUs, AU, steps, bytes per GPU)."""
 
-    def model(k: int) -> dict[str, Any]:
-        fr = files[k][1]
-        return (fr or {}).get("job_model") or {}
+    models = _job_models(files)
 
     def job(k: int, what: str) -> str:
         """One figure of the job a trace holds: the replay's results, else its job model."""
         rp = replays[k]
-        m = model(k)
+        m = models[k]
         if rp is not None and "per_gpu" not in rp and rp.get("runs"):
             rp = rp["runs"][-1]  # `--runs N`: the last run, the one recorded last
         if rp is not None:
@@ -517,19 +545,18 @@ def _summary(
                 "steps": f"{rp.get('steps', 0)} per GPU, {gpu_steps} in all" if "steps" in rp else "–",
                 "bytes_gpu": _bytes_label(int(rp.get("bytes_read", 0) / max(1, rp.get("gpus", 1)))),
             }[what]
-        if not m:
+        if m is None:
             return "–"
-        gpus = m.get("gpus", [])
+        gpus = m.gpus
         return {
             "gpus": str(len(gpus)),
-            "compute": _seconds(m.get("compute_s")),
-            "bytes_step": _bytes_label(int(m["bytes_per_step"])) if m.get("bytes_per_step") else "–",
-            "need": mib_s(m.get("required_mib_s_per_gpu")),
-            "left_out": ", ".join(f"{p.get('pid')} {p.get('comm') or ''}".strip() for p in m.get("left_out", []))
-            or "none",
+            "compute": _seconds(m.compute_s),
+            "bytes_step": _bytes_label(int(m.bytes_per_step)) if m.bytes_per_step else "–",
+            "need": mib_s(m.required_mib_s_per_gpu),
+            "left_out": ", ".join(f"{p.pid} {p.comm}".strip() for p in m.left_out) or "none",
             "au": "– (a job's I/O does not hold its AU)",
-            "steps": f"{m.get('steps', 0)} per GPU" if m.get("steps") else "–",
-            "bytes_gpu": _bytes_label(int(sum(g["bytes"] for g in gpus) / len(gpus))) if gpus else "–",
+            "steps": f"{m.steps} per GPU" if m.steps else "–",
+            "bytes_gpu": _bytes_label(int(sum(g.bytes for g in gpus) / len(gpus))) if gpus else "–",
         }[what]
 
     def devices(r: dict[str, Any]) -> str:

@@ -112,6 +112,7 @@ mod tests {
             flags: 0,
             rpc: None,
             ppid: None,
+            object: None,
         }
     }
 

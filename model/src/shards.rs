@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io::{Read as _, Seek, SeekFrom};
 use std::path::Path;
 
-use crate::Step;
+use crate::job::Step;
 
 const BLOCK: u64 = 512;
 /// Members read from one shard's index at most (a shard of a million members is 512 MB of
@@ -137,7 +137,7 @@ pub fn recount(steps: &mut [Step], files: &[(String, u64)]) -> (usize, Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Read;
+    use crate::job::Read;
     use std::io::Write;
 
     /// A POSIX tar of `members` (name, size), written as tar and Python's tarfile do.

@@ -3,6 +3,7 @@
 #![allow(clippy::too_many_arguments)] // row builders take a row's fields positionally
 use super::*;
 use std::sync::Arc;
+use trainio_schema::{Layer, OwnedRow};
 
 const MS: i64 = 1_000_000;
 const MIB: u64 = 1 << 20;

@@ -17,7 +17,9 @@
 //!   (F × compute). What was measured in the recording (AU, MiB/s, waits) stays as
 //!   recorded.
 
-use crate::{quantile, GpuModel, JobModel, Options, Step};
+use crate::job::{GpuModel, JobModel, Step};
+use crate::options::Options;
+use crate::stats::quantile;
 
 /// The model with the what-ifs of `opts` applied (none: unchanged).
 pub fn apply(mut m: JobModel, opts: &Options) -> Result<JobModel, String> {
