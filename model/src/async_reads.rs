@@ -92,28 +92,8 @@ mod tests {
     use super::*;
 
     fn read(tid: u32, issue: i64, complete: i64) -> OwnedRow {
-        OwnedRow {
-            layer: trainio_schema::Layer::File,
-            op: "read".into(),
-            issue_ns: issue,
-            complete_ns: complete,
-            insert_ns: None,
-            dev: None,
-            offset: Some(0),
-            bytes: 4096,
-            bytes_requested: 4096,
-            queue_depth: 1,
-            pid: 1,
-            tid,
-            comm: "t".into(),
-            fd: Some(3),
-            file: None,
-            error: 0,
-            flags: 0,
-            rpc: None,
-            ppid: None,
-            object: None,
-        }
+        let r = crate::tests::row(trainio_schema::Layer::File, "read", 1, tid, "t", issue, complete);
+        OwnedRow { offset: Some(0), bytes: 4096, ..r }
     }
 
     #[test]

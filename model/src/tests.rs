@@ -8,7 +8,7 @@ use trainio_schema::{Layer, OwnedRow};
 const MS: i64 = 1_000_000;
 const MIB: u64 = 1 << 20;
 
-fn row(layer: Layer, op: &str, pid: u32, tid: u32, comm: &str, issue: i64, complete: i64) -> OwnedRow {
+pub(crate) fn row(layer: Layer, op: &str, pid: u32, tid: u32, comm: &str, issue: i64, complete: i64) -> OwnedRow {
     OwnedRow {
         layer,
         op: Arc::from(op),

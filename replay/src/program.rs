@@ -227,9 +227,23 @@ impl WorkloadProgram {
             batch.reads[last].think_ns = (0..batch.samples).map(|_| draw()).sum();
             return;
         }
+        // PIL decodes as it reads (ImageFile.load feeds the decoder each 64 KiB it reads):
+        // a JPEG sample's draw is spread over its reads; DLIO's other readers sleep it
+        // after the sample.
+        let spread = self.format == Format::Jpeg;
+        let mut first = 0;
         for (j, &i) in data.iter().enumerate() {
             if data.get(j + 1).is_none_or(|&k| !batch.reads[k].chain) {
-                batch.reads[i].think_ns = draw();
+                let t = draw();
+                if spread {
+                    let reads = &data[first..=j];
+                    for &r in reads {
+                        batch.reads[r].think_ns = t / reads.len() as u64;
+                    }
+                } else {
+                    batch.reads[i].think_ns = t;
+                }
+                first = j + 1;
             }
         }
     }
@@ -620,6 +634,11 @@ mod tests {
         assert!(draws.iter().any(|&t| t != draws[0]));
         let p = program("tfrecord", 0.0);
         assert!(p.batch(0, 0, 0).reads.iter().all(|r| r.think_ns == 0));
+        // JPEG: PIL decodes as it reads, so each read of a sample carries its share.
+        let p = program("jpeg", 0.0);
+        let b = p.batch(0, 0, 0);
+        let n = b.reads.len() as u64;
+        assert!(n > 3 && b.reads.iter().all(|r| r.think_ns == 3 * 4_000_000 / n), "{:?}", b.reads);
     }
 
     #[test]

@@ -202,3 +202,32 @@ def pil_decode_s(files: list[Path], readers: int = 1) -> float:
     with ProcessPoolExecutor(readers) as pool:
         times = sorted(pool.map(_decode_pass, [files] * readers))
     return times[len(times) // 2]
+
+
+def reader_cpu_per_sample(trace: Path, majmin: str) -> float:
+    """The real reader's own time per sample outside its read syscalls, from its
+    recording: per reader process, the span from its first data read to its last read's
+    end less the union of its reads, summed and divided by the samples (files read, one image each):
+    PIL's decoding as it ran beside the device, the recorder and the other readers."""
+    import polars as pl
+
+    df = pl.read_parquet(sorted(trace.glob("*.parquet")))
+    df = df.filter((pl.col("layer") == "file") & (pl.col("dev") == majmin)).with_columns(
+        pl.col("op").cast(pl.Utf8), pl.col("file").cast(pl.Utf8)
+    )
+    df = df.filter(pl.col("file").str.contains("/train/"))
+    cpu_ns, samples = 0, 0
+    for (_pid,), rows in df.group_by(["pid"]):
+        reads = rows.filter(pl.col("op") == "read").sort("issue_ns")
+        samples += reads["file"].n_unique()
+        spans = list(zip(reads["issue_ns"], reads["complete_ns"], strict=True))
+        if not spans:
+            continue
+        busy, end = 0, spans[0][0]
+        for a, b in spans:
+            a = max(a, end)
+            if b > a:
+                busy += b - a
+            end = max(end, b)
+        cpu_ns += (end - spans[0][0]) - busy
+    return cpu_ns / 1e9 / max(samples, 1)

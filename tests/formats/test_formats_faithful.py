@@ -24,7 +24,7 @@ from formats_testlib import (
     compare,
     drop_cache,
     parquet_workload,
-    pil_decode_s,
+    reader_cpu_per_sample,
     record_emulation,
     record_real,
     trainio,
@@ -231,23 +231,28 @@ def test_jpeg_emulation_reads_as_pil(fs, tmp_path: Path) -> None:
     start through Python's buffered reader), request sizes within 0.1 octave and
     per-issue queue depths within 1 at the block layer (plus the distance between two
     recordings of the real reader). PIL decodes between its reads; the replay is given
-    that time as DLIO's `reader.preprocess_time`, measured on the same files in this test
-    (without it, the replay read 6× faster than PIL and its QD W1 ranged 0.81 to 1.09 over
-    runs on this host; with it, 0.08 to 0.33 in 7 of 8 runs, and 1.6 in one where the host
-    slowed the real reader to 33 MiB/s)."""
+    that time as DLIO's `reader.preprocess_time`, taken from the real reader's recording
+    in this test (its time outside its reads per sample). Without it, the replay read 6×
+    faster than PIL and its QD W1 ranged 0.81 to 1.09 over runs on this host; with PIL's
+    decode time measured apart from the run, a quiet host's real reader was still 1.6×
+    slower than the replay (the decoders share 2 CPUs with the device's kernel worker
+    and the recorder) and QD W1 reached 1.23; slept after each image rather than spread
+    over its reads as PIL decodes, 0.55 to 1.23 over 5 runs (0.04 to 0.30 spread)."""
     _, majmin, mnt = fs
     data = mnt / "data-jpeg"
     wl = write_workload(tmp_path / "w.yaml", fmt="jpeg", files=16, spf=1, record=322957, batch=2, threads=2)
     trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
-    decode = pil_decode_s(sorted((data / "train").rglob("*.jpeg")), 2)
-    wl.write_text(wl.read_text().replace("train:\n", f"  preprocess_time: {decode:.6f}\ntrain:\n", 1))
-    # PIL's decoding is CPU time: a busy host slows the real reader and not the replay's
-    # sleeps. The real reader is recorded before and after the replay, and the replay is
-    # held to the nearer one, with the two recordings' own distance as added margin.
+    # PIL's decoding is CPU time: how long it takes depends on what else runs (the device's
+    # kernel worker, the recorder, a busy host), so it is taken from the real reader's own
+    # recording, its time outside its reads per sample, and given to the replay as DLIO's
+    # preprocess_time. The real reader is recorded again after the replay, and the replay
+    # is held to the nearer of the two, with their own distance as added margin.
     real, emu, real2 = tmp_path / "real", tmp_path / "emu", tmp_path / "real2"
     with throttled_cgroup(majmin, CAP) as th:
         drop_cache(data)
         record_real(real, "jpeg", data, spf=1, batch=2, threads=2, wrap=th.wrap)
+        decode = reader_cpu_per_sample(real, majmin)
+        wl.write_text(wl.read_text().replace("train:\n", f"  preprocess_time: {decode:.6f}\ntrain:\n", 1))
         drop_cache(data)
         result = record_emulation(emu, wl, data, wrap=th.wrap)
         drop_cache(data)
