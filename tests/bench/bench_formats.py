@@ -15,8 +15,8 @@ also a batch a file: `b4`, `b64`), `--threads` readers, the device's reads cappe
 sets the pace; 0 for no cap); the page cache of the dataset is dropped (fadvise) before
 each side. Real readers: tests/formats/real_reader.py (numpy.load or h5py in worker
 processes; pyarrow's ParquetFile as DLIO's parquet reader drives it; PIL as DLIO's image
-reader, its decode time measured on the same files and given to the replay as
-`reader.preprocess_time`; TensorFlow's TFRecord reads written in Python, TensorFlow not being installed)
+reader, its time outside its reads per image (from its recording) given to the replay
+as `reader.preprocess_time`; TensorFlow's TFRecord reads written in Python, TensorFlow not being installed)
 and tests/formats/indexed_reader.py (DLIO's two indexed_binary readers in PyTorch's
 worker processes or DALI's, DALI's scheduling written out). The replay runs with
 `--io-engine psync`. Targets: size W1 <= 0.5 octave, QD W1 <= 1.
@@ -42,7 +42,7 @@ from formats_testlib import (  # noqa: E402
     compare,
     drop_cache,
     parquet_workload,
-    pil_decode_s,
+    reader_cpu_per_sample,
     record_emulation,
     record_real,
     trainio,
@@ -114,14 +114,15 @@ def run_case(
             threads=threads,
         )
     trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 1, "-q")
-    if fmt == "jpeg":
-        # PIL's decoding, as DLIO's preprocess_time (measured here on the same files)
-        decode = pil_decode_s(sorted((data / "train").rglob("*.jpeg")), threads)
-        wl.write_text(wl.read_text().replace("train:\n", f"  preprocess_time: {decode:.6f}\ntrain:\n", 1))
     real, emu = work / f"{name}-real", work / f"{name}-emu"
     with throttled_cgroup(majmin, mibs << 20 if mibs else None) as th:
         drop_cache(data)
         record_real(real, fmt, data, spf=spf, batch=batch, threads=threads, wrap=th.wrap, loader=loader, extra=extra)
+        if fmt == "jpeg":
+            # PIL's decoding, as DLIO's preprocess_time: the real reader's time outside its
+            # reads per image, from its recording
+            decode = reader_cpu_per_sample(real, majmin)
+            wl.write_text(wl.read_text().replace("train:\n", f"  preprocess_time: {decode:.6f}\ntrain:\n", 1))
         drop_cache(data)
         record_emulation(emu, wl, data, wrap=th.wrap)
     block, file_layer = compare(real, emu, majmin, "block"), compare(real, emu, majmin, "file")

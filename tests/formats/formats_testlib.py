@@ -176,34 +176,6 @@ def analyze(trace: Path, majmin: str, layer: str = "block") -> dict:
     return json.loads(trainio("analyze", "--json", "--layer", layer, "--dev", majmin, trace).stdout)
 
 
-def _decode_pass(files: list[Path]) -> float:
-    import time
-
-    import numpy as np
-    from PIL import Image
-
-    times = []
-    for _ in range(2):
-        times.clear()
-        for f in files:
-            t = time.perf_counter()
-            np.asarray(Image.open(f))
-            times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
-
-
-def pil_decode_s(files: list[Path], readers: int = 1) -> float:
-    """PIL's time to decode one of `files` (np.asarray(Image.open(f)), as DLIO's image
-    reader does) in each of `readers` processes decoding at once, as the loader's
-    workers do (more workers than cores share them), the files in the page cache: the
-    median over the readers of each one's median over a second pass."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(readers) as pool:
-        times = sorted(pool.map(_decode_pass, [files] * readers))
-    return times[len(times) // 2]
-
-
 def reader_cpu_per_sample(trace: Path, majmin: str) -> float:
     """The real reader's own time per sample outside its read syscalls, from its
     recording: per reader process, the span from its first data read to its last read's

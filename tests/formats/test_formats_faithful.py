@@ -232,12 +232,9 @@ def test_jpeg_emulation_reads_as_pil(fs, tmp_path: Path) -> None:
     per-issue queue depths within 1 at the block layer (plus the distance between two
     recordings of the real reader). PIL decodes between its reads; the replay is given
     that time as DLIO's `reader.preprocess_time`, taken from the real reader's recording
-    in this test (its time outside its reads per sample). Without it, the replay read 6×
-    faster than PIL and its QD W1 ranged 0.81 to 1.09 over runs on this host; with PIL's
-    decode time measured apart from the run, a quiet host's real reader was still 1.6×
-    slower than the replay (the decoders share 2 CPUs with the device's kernel worker
-    and the recorder) and QD W1 reached 1.23; slept after each image rather than spread
-    over its reads as PIL decodes, 0.55 to 1.23 over 5 runs (0.04 to 0.30 spread)."""
+    in this test (its time outside its reads per sample: the decoders share 2 CPUs with
+    the device's kernel worker and the recorder, so a time measured apart from the run is
+    too short), and spreads it over each image's reads, as PIL decodes as it reads."""
     _, majmin, mnt = fs
     data = mnt / "data-jpeg"
     wl = write_workload(tmp_path / "w.yaml", fmt="jpeg", files=16, spf=1, record=322957, batch=2, threads=2)
