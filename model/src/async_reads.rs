@@ -21,8 +21,7 @@ pub fn async_tids<'a>(reads: impl Iterator<Item = &'a OwnedRow>) -> HashSet<u32>
     }
     by_tid
         .into_iter()
-        .filter(|(_, spans)| {
-            let mut spans = spans.clone();
+        .filter_map(|(tid, mut spans)| {
             spans.sort_unstable();
             let mut end = i64::MIN;
             let mut overlaps = 0;
@@ -32,9 +31,8 @@ pub fn async_tids<'a>(reads: impl Iterator<Item = &'a OwnedRow>) -> HashSet<u32>
                 }
                 end = end.max(complete);
             }
-            overlaps >= MIN_OVERLAPS
+            (overlaps >= MIN_OVERLAPS).then_some(tid)
         })
-        .map(|(tid, _)| tid)
         .collect()
 }
 

@@ -460,17 +460,12 @@ mod tests {
         Row { layer, op, ..Row::sample() }
     }
 
-    #[test]
-    fn rpc_fields_round_trip_and_are_null_elsewhere() {
-        let dir = std::env::temp_dir().join(format!("trainio-schema-rt-{}", std::process::id()));
+    /// `b`'s rows written as one segment of a fresh trace named for `name` (with the
+    /// schema's version keys), and read back: (the trace's directory, its rows).
+    fn round_trip(name: &str, mut b: BatchBuilder) -> (std::path::PathBuf, Vec<OwnedRow>) {
+        let dir = std::env::temp_dir().join(format!("trainio-schema-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let rpc = Rpc { xid: 0xdead_beef, backlog_ns: 1000, rtt_ns: 250_000, execute_ns: 300_000, retrans: Some(2) };
-        let mut b = BatchBuilder::new();
-        b.push_rpc(&row(Layer::Nfs, "read"), Some(&rpc));
-        b.push_rpc(&row(Layer::Nfs, "read"), Some(&Rpc { retrans: None, ..rpc }));
-        b.push_rpc(&row(Layer::Nfs, "write"), None);
-        b.push(&row(Layer::Block, "read"));
         let mut w = TraceWriter::new(&dir, SegmentLimits { max_bytes: 1 << 30, max_age: Duration::from_secs(60) });
         w.write(&b.finish()).unwrap();
         let meta = vec![
@@ -479,6 +474,18 @@ mod tests {
         ];
         w.close_segment(&meta).unwrap();
         let rows = read_rows(&dir, None).unwrap();
+        (dir, rows)
+    }
+
+    #[test]
+    fn rpc_fields_round_trip_and_are_null_elsewhere() {
+        let rpc = Rpc { xid: 0xdead_beef, backlog_ns: 1000, rtt_ns: 250_000, execute_ns: 300_000, retrans: Some(2) };
+        let mut b = BatchBuilder::new();
+        b.push_rpc(&row(Layer::Nfs, "read"), Some(&rpc));
+        b.push_rpc(&row(Layer::Nfs, "read"), Some(&Rpc { retrans: None, ..rpc }));
+        b.push_rpc(&row(Layer::Nfs, "write"), None);
+        b.push(&row(Layer::Block, "read"));
+        let (dir, rows) = round_trip("rt", b);
         assert_eq!(rows[0].rpc, Some(rpc));
         assert_eq!(rows[1].rpc.unwrap().retrans, None);
         assert_eq!(rows[1].rpc.unwrap().rtt_ns, 250_000);
@@ -560,9 +567,6 @@ mod tests {
 
     #[test]
     fn proc_and_ipc_rows_and_ppid_round_trip() {
-        let dir = std::env::temp_dir().join(format!("trainio-schema-proc-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
         let mut b = BatchBuilder::new();
         b.push(&Row {
             ppid: Some(41),
@@ -583,14 +587,7 @@ mod tests {
             ..row(Layer::Ipc, "write")
         });
         b.push(&row(Layer::File, "read"));
-        let mut w = TraceWriter::new(&dir, SegmentLimits { max_bytes: 1 << 30, max_age: Duration::from_secs(60) });
-        w.write(&b.finish()).unwrap();
-        let meta = vec![
-            (keys::SCHEMA_VERSION.to_string(), SCHEMA_VERSION.to_string()),
-            (keys::SCHEMA_MINOR.to_string(), SCHEMA_MINOR.to_string()),
-        ];
-        w.close_segment(&meta).unwrap();
-        let rows = read_rows(&dir, None).unwrap();
+        let (dir, rows) = round_trip("proc", b);
         let got: Vec<_> = rows.iter().map(|r| (r.layer, &*r.op, r.ppid)).collect();
         assert_eq!(
             got,
@@ -613,9 +610,6 @@ mod tests {
 
     #[test]
     fn object_rows_round_trip_with_their_endpoint_status_and_first_byte() {
-        let dir = std::env::temp_dir().join(format!("trainio-schema-object-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
         let mut b = BatchBuilder::new();
         let get = Row { offset: Some(100), bytes: 50, bytes_requested: 50, fd: Some(7), ..row(Layer::Object, "get") };
         let get = Row { file: Some("bkt/a/b.npz"), dev: None, queue_depth: 3, ..get };
@@ -626,14 +620,7 @@ mod tests {
         b.push(&row(Layer::File, "read"));
         let missing = Row { file: Some("bkt/none"), offset: None, bytes: 0, dev: None, ..row(Layer::Object, "head") };
         b.push_object(&missing, &ObjectFields { endpoint: "[::1]:80", http_status: None, first_byte_ns: None });
-        let mut w = TraceWriter::new(&dir, SegmentLimits { max_bytes: 1 << 30, max_age: Duration::from_secs(60) });
-        w.write(&b.finish()).unwrap();
-        let meta = vec![
-            (keys::SCHEMA_VERSION.to_string(), SCHEMA_VERSION.to_string()),
-            (keys::SCHEMA_MINOR.to_string(), SCHEMA_MINOR.to_string()),
-        ];
-        w.close_segment(&meta).unwrap();
-        let rows = read_rows(&dir, None).unwrap();
+        let (dir, rows) = round_trip("object", b);
         assert_eq!(rows.len(), 3);
         let o = rows[0].object.as_ref().expect("an object row has its fields");
         assert_eq!((&*o.endpoint, o.http_status, o.first_byte_ns), ("127.0.0.1:9000", Some(206), Some(15)));

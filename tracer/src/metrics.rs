@@ -286,51 +286,33 @@ impl LiveMetrics {
                 }
             }
         }
-        let _ = writeln!(
-            o,
-            "# HELP trainio_cgroup_requests_total Reads and writes by the issuing process's cgroup, per layer."
-        );
-        let _ = writeln!(o, "# TYPE trainio_cgroup_requests_total counter");
-        for ((cg, layer), ops) in &self.cgroups {
-            for (op, (n, _)) in ops {
-                let _ = writeln!(
-                    o,
-                    "trainio_cgroup_requests_total{{cgroup=\"{}\",layer=\"{layer}\",op=\"{op}\"}} {n}",
-                    esc(cg)
-                );
-            }
-        }
-        let _ = writeln!(
-            o,
-            "# HELP trainio_cgroup_bytes_total Bytes read and written by the issuing process's cgroup, per layer."
-        );
-        let _ = writeln!(o, "# TYPE trainio_cgroup_bytes_total counter");
-        for ((cg, layer), ops) in &self.cgroups {
-            for (op, (_, b)) in ops {
-                let _ = writeln!(
-                    o,
-                    "trainio_cgroup_bytes_total{{cgroup=\"{}\",layer=\"{layer}\",op=\"{op}\"}} {b}",
-                    esc(cg)
-                );
-            }
-        }
-        let _ = writeln!(o, "# HELP trainio_process_requests_total File-layer reads and writes by process.");
-        let _ = writeln!(o, "# TYPE trainio_process_requests_total counter");
-        for ((pid, comm), ops) in &self.processes {
-            for (op, (n, _)) in ops {
-                let _ = writeln!(
-                    o,
-                    "trainio_process_requests_total{{pid=\"{pid}\",comm=\"{}\",op=\"{op}\"}} {n}",
-                    esc(comm)
-                );
-            }
-        }
-        let _ = writeln!(o, "# HELP trainio_process_bytes_total File-layer bytes read and written by process.");
-        let _ = writeln!(o, "# TYPE trainio_process_bytes_total counter");
-        for ((pid, comm), ops) in &self.processes {
-            for (op, (_, b)) in ops {
-                let _ =
-                    writeln!(o, "trainio_process_bytes_total{{pid=\"{pid}\",comm=\"{}\",op=\"{op}\"}} {b}", esc(comm));
+        // Counters by op, per cgroup and per process: each series' labels and its ops.
+        type Ops = BTreeMap<String, (u64, u64)>;
+        let cgroups: Vec<(String, &Ops)> = self
+            .cgroups
+            .iter()
+            .map(|((cg, layer), ops)| (format!("cgroup=\"{}\",layer=\"{layer}\"", esc(cg)), ops))
+            .collect();
+        let processes: Vec<(String, &Ops)> = self
+            .processes
+            .iter()
+            .map(|((pid, comm), ops)| (format!("pid=\"{pid}\",comm=\"{}\"", esc(comm)), ops))
+            .collect();
+        for (family, what, series) in [
+            ("trainio_cgroup", "by the issuing process's cgroup, per layer", &cgroups),
+            ("trainio_process", "by process, file layer", &processes),
+        ] {
+            for (name, help, bytes) in
+                [("requests", "Reads and writes", false), ("bytes", "Bytes read and written", true)]
+            {
+                let _ = writeln!(o, "# HELP {family}_{name}_total {help} {what}.");
+                let _ = writeln!(o, "# TYPE {family}_{name}_total counter");
+                for (labels, ops) in series {
+                    for (op, (n, b)) in *ops {
+                        let v = if bytes { b } else { n };
+                        let _ = writeln!(o, "{family}_{name}_total{{{labels},op=\"{op}\"}} {v}");
+                    }
+                }
             }
         }
         o
