@@ -198,6 +198,12 @@ impl WorkloadProgram {
         Batch { samples: (to - from) as u32, reads, streams }
     }
 
+    /// Whether the readers sleep DLIO's `preprocess_time`: set, and not TFRecord (DLIO's
+    /// tf.data reader does not call `preprocess`).
+    fn sleeps_preprocess(&self) -> bool {
+        self.preprocess != (0.0, 0.0) && self.format != Format::TfRecord
+    }
+
     /// DLIO's `preprocess`: after each sample's reads, the worker sleeps a normal draw
     /// of `preprocess_time` (± stdev, clamped at 0), before the sample joins its batch.
     /// A sample's first read is the one on a new open of its file (`chain` false), so the
@@ -314,7 +320,7 @@ impl WorkloadProgram {
             "model": model,
             "buffer_bytes": buffer,
         });
-        if self.preprocess != (0.0, 0.0) && self.format != Format::TfRecord {
+        if self.sleeps_preprocess() {
             let (mean, stdev) = self.preprocess;
             out["preprocess_time_s"] = serde_json::json!({"mean": mean, "stdev": stdev});
         }
@@ -496,8 +502,7 @@ impl Program for WorkloadProgram {
 
     fn batch(&self, gpu: usize, epoch: u64, step: u64) -> Batch {
         let mut batch = self.batch_reads(gpu, epoch, step);
-        // DLIO's TFRecord reader (tf.data) does not call preprocess.
-        if self.format != Format::TfRecord && self.preprocess != (0.0, 0.0) {
+        if self.sleeps_preprocess() {
             self.add_preprocess(&mut batch, gpu, epoch, step);
         }
         batch
