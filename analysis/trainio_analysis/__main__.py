@@ -232,6 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="keep only this process's rows and its descendants' (from the proc layer's forks); repeatable",
     )
+    s.add_argument(
+        "--cgroup",
+        action="append",
+        metavar="PATH",
+        help="keep only the rows of the processes in this cgroup or beneath it, and their descendants' "
+        "(from the proc layer's cgroup rows, schema 1.9): a path as /proc/PID/cgroup and the metrics' "
+        "cgroup label give it (/kubepods.slice/pod1), or under /sys/fs/cgroup; repeatable, and with "
+        "--pid keeps either",
+    )
     s.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     return parser
 
@@ -312,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
 
             start = parse_time(args.start, "--from") if args.start is not None else None
             end = parse_time(args.end, "--to") if args.end is not None else None
-            result = slice_trace(args.trace, args.output, start=start, end=end, pids=args.pid)
+            result = slice_trace(args.trace, args.output, start=start, end=end, pids=args.pid, cgroups=args.cgroup)
             print(dumps(result) if args.json else format_slice(result))
         else:
             from trainio_analysis.report import write_report

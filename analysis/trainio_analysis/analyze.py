@@ -211,6 +211,7 @@ def _per_host(
             "clock_offset_ns": m.clock_offset_ns,
             "shift_ns": m.shift_ns,
             "gpus": gpus.get(m.host, 0),
+            "complete": m.complete,
         }
         dev = sel.dev
         if dev is not None and "/" in dev:

@@ -416,6 +416,9 @@ def recording(meta: dict[str, Any], path: str | os.PathLike[str]) -> dict[str, A
         "layers": meta.get("layers") if isinstance(meta.get("layers"), list) else sorted(events),
         "tracer_version": meta.get("tracer_version"),
         "source": source.get("format"),
+        # 1.9: False when the recording was cut off (killed recorder, lost host)
+        "complete": tr.recording_complete(meta),
+        "end_reason": meta["end"].get("reason") if isinstance(meta.get("end"), dict) else None,
     }
 
 

@@ -573,12 +573,23 @@ def _summary(
     def mib_s(v: float | None) -> str:
         return "–" if v is None else f"{v:.1f} MiB/s"
 
+    def ended(rec: dict[str, Any]) -> str:
+        if rec.get("complete") is None:
+            return "– (a trace before schema 1.9 does not say)"
+        if rec["complete"]:
+            return f"yes ({rec.get('end_reason') or '–'})"
+        why = rec.get("end_reason")
+        if why in (None, "recording"):
+            why = "recorder killed, host lost, or still recording"
+        return f"NO: cut off ({why}): its rows end early"
+
     rows: list[tuple[str, Any]] = [
         ("host", lambda k, r: r["recording"]["host"] or "–"),
         ("kernel", lambda k, r: r["recording"]["kernel"] or "–"),
         ("command", lambda k, r: r["recording"]["command"] or "–"),
         ("started (UTC)", lambda k, r: r["recording"]["started_utc"] or "–"),
         ("duration", lambda k, r: f"{r['duration_s']:.3f} s (active {r['active_s']:.3f} s)"),
+        ("recording ended", lambda k, r: ended(r["recording"])),
         ("devices", lambda k, r: devices(r)),
         ("GPUs found", lambda k, r: job(k, "gpus")),
         ("AU", lambda k, r: job(k, "au")),

@@ -1,5 +1,5 @@
-"""``trainio slice``: a time window, or one job's processes, cut out of a long trace into a
-new trace (traces/SCHEMA.md, ``trainio.window``).
+"""``trainio slice``: a time window, or one job's processes (by pid or by cgroup), cut out
+of a long trace into a new trace (traces/SCHEMA.md, ``trainio.window``).
 
 A recorder that stays on (``trainio record --retain-mb``) writes days of a node's I/O;
 what one looks at is a job's hour. The slice is a trace like any other, so analyze,
@@ -68,16 +68,32 @@ def _bound(value: float | dt.datetime | None, start_ns: int, clock_offset_ns: in
     return start_ns + int(round(value * 1e9))
 
 
-def _descendants(segments: Sequence[tr.Segment], pids: Iterable[int]) -> set[int]:
-    """``pids`` and every process the trace's proc rows show them forking, transitively."""
+def _process_tree(segments: Sequence[tr.Segment]) -> tuple[dict[int, int], dict[int, str] | None]:
+    """From the proc rows: each process's parent (its first ``ppid``), and each one's
+    cgroup as its latest cgroup row (schema 1.9) gives it; None when the trace has no
+    cgroup rows."""
     parent: dict[int, int] = {}
-    for seg, index, table in tr.iter_row_groups(segments, ["layer", "op", "pid", "ppid"]):
+    latest: dict[int, tuple[int, str]] = {}
+    seen = False
+    for seg, index, table in tr.iter_row_groups(segments, ["layer", "op", "issue_ns", "pid", "ppid", "file"]):
         if tr.row_group_constant(seg, index, "layer") not in (None, "proc"):
             continue
         rows = table.filter(pc.equal(table["layer"].cast(pa.string()), "proc"))
-        for pid, ppid in zip(rows["pid"].to_pylist(), rows["ppid"].to_pylist(), strict=True):
+        cols = [rows[c].to_pylist() for c in ("pid", "ppid")]
+        ops = rows["op"].cast(pa.string()).to_pylist()
+        files = rows["file"].cast(pa.string()).to_pylist()
+        for pid, ppid, op, path, t in zip(*cols, ops, files, rows["issue_ns"].to_pylist(), strict=True):
             if ppid is not None:
                 parent.setdefault(pid, ppid)
+            if op == "cgroup" and path is not None:
+                seen = True
+                if pid not in latest or t >= latest[pid][0]:
+                    latest[pid] = (t, path)
+    return parent, ({pid: path for pid, (_, path) in latest.items()} if seen else None)
+
+
+def _descendants(parent: dict[int, int], pids: Iterable[int]) -> set[int]:
+    """``pids`` and every process the trace's proc rows show them forking, transitively."""
     keep = set(pids)
     changed = True
     while changed:
@@ -89,6 +105,50 @@ def _descendants(segments: Sequence[tr.Segment], pids: Iterable[int]) -> set[int
     return keep
 
 
+def _cgroup_candidates(path: str) -> list[str]:
+    """The forms a cgroup given by the user can take in a trace's cgroup rows: as given,
+    and for a path under /sys/fs/cgroup, relative to the v2 mount or to a v1 hierarchy's
+    (``/sys/fs/cgroup/blkio/job`` is ``/job`` in blkio's hierarchy)."""
+    p = "/" + path.strip().strip("/")
+    mount = "/sys/fs/cgroup"
+    if p != mount and not p.startswith(mount + "/"):
+        return [p]
+    rest = p[len(mount) :] or "/"
+    out = [rest]
+    parts = rest.strip("/").split("/", 1)
+    if parts[0]:
+        out.append("/" + (parts[1] if len(parts) > 1 else ""))
+    return out
+
+
+def _in_cgroups(
+    parent: dict[int, int], cgroup_of: dict[int, str] | None, cgroups: Sequence[str], source: Path
+) -> set[int]:
+    """The processes in one of ``cgroups`` or beneath one: by their latest cgroup row, or
+    (a process gone before the recorder read its cgroup) their nearest ancestor's."""
+    if cgroup_of is None:
+        msg = (
+            f"{source}: no cgroup rows (a trace before schema 1.9, or recorded without the file layer): "
+            "--cgroup cannot tell its processes"
+        )
+        raise InputError(msg)
+    wanted = [c for g in cgroups for c in _cgroup_candidates(g)]
+
+    def under(path: str) -> bool:
+        return any(path == w or w == "/" or path.startswith(w + "/") for w in wanted)
+
+    def cgroup(pid: int) -> str | None:
+        for _ in range(64):  # a fork chain deeper than this is not a job's
+            if pid in cgroup_of:
+                return cgroup_of[pid]
+            if pid not in parent:
+                return None
+            pid = parent[pid]
+        return None
+
+    return {pid for pid in set(parent) | set(cgroup_of) if (c := cgroup(pid)) is not None and under(c)}
+
+
 def _slice_one(
     source: Path,
     output: Path,
@@ -96,6 +156,7 @@ def _slice_one(
     start: float | dt.datetime | None,
     end: float | dt.datetime | None,
     pids: Sequence[int] | None,
+    cgroups: Sequence[str] | None = None,
     origin_ns: int | None = None,
 ) -> dict[str, Any]:
     """Slice one trace. ``origin_ns``: the moment seconds count from, on this trace's
@@ -110,7 +171,13 @@ def _slice_one(
     if lo is not None and hi is not None and hi <= lo:
         msg = f"{source}: the window ends before it starts (--from and --to)"
         raise InputError(msg)
-    keep_pids = sorted(_descendants(segments, pids)) if pids else None
+    keep_pids = None
+    if pids or cgroups:
+        parent, cgroup_of = _process_tree(segments)
+        keep = _descendants(parent, pids or ())
+        if cgroups:
+            keep |= _in_cgroups(parent, cgroup_of, cgroups, source)
+        keep_pids = sorted(keep)
 
     source_rows = kept = 0
     with output_directory(output) as out:
@@ -124,6 +191,7 @@ def _slice_one(
             "start_ns": window_meta["start_ns"],
             "end_ns": window_meta["end_ns"],
             "pids": keep_pids,
+            "cgroups": list(cgroups) if cgroups else None,
         }
         with tr.TraceWriter(out, {**window_meta, "window": window}) as writer:
             for seg in segments:
@@ -154,7 +222,9 @@ def _slice_one(
             window.update(source_rows=source_rows, rows=kept)
             writer.user_meta["window"] = window
         if kept == 0:
-            msg = f"{source}: no rows in the window{' of these processes' if pids else ''}"
+            who = " of these processes" if pids else ""
+            who = f" of the processes in cgroup {', '.join(cgroups)}" if cgroups else who
+            msg = f"{source}: no rows in the window{who}"
             raise InputError(msg)
     return {
         "source": str(source),
@@ -174,9 +244,11 @@ def slice_trace(
     start: float | dt.datetime | None = None,
     end: float | dt.datetime | None = None,
     pids: Sequence[int] | None = None,
+    cgroups: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Cut ``[start, end)`` (and/or the processes ``pids`` and their descendants) out of
-    the trace or trace set ``source`` into ``output`` (absent or empty).
+    """Cut ``[start, end)`` (and/or the processes ``pids``, those in ``cgroups`` or
+    beneath them, and their descendants) out of the trace or trace set ``source`` into
+    ``output`` (absent or empty).
 
     A set is sliced member by member into ``output/MEMBER``, a set again.
 
@@ -184,12 +256,12 @@ def slice_trace(
     -------
     >>> slice_trace("node1", "job", start=120.0, end=180.0)  # doctest: +SKIP
     """
-    if start is None and end is None and not pids:
-        msg = "give a window (--from, --to) or processes (--pid)"
+    if start is None and end is None and not pids and not cgroups:
+        msg = "give a window (--from, --to) or processes (--pid, --cgroup)"
         raise InputError(msg)
     members = tr.trace_set_members(source)
     if members is None:
-        return _slice_one(Path(source), Path(output), start=start, end=end, pids=pids)
+        return _slice_one(Path(source), Path(output), start=start, end=end, pids=pids, cgroups=cgroups)
     set_start = tr.read_metadata(source).get("start_ns")
     with output_directory(output) as out:
         parts = [
@@ -199,6 +271,7 @@ def slice_trace(
                 start=start,
                 end=end,
                 pids=pids,
+                cgroups=cgroups,
                 origin_ns=set_start - m.shift_ns if isinstance(set_start, int) else None,
             )
             for m in members

@@ -74,6 +74,13 @@ def format_summary(r: dict[str, Any]) -> str:
         f"{_size(b['mean_bytes'])}, {b['mean_duration_s'] * 1e3:.2f} ms long, "
         f"{b['mean_gap_s'] * 1e3:.2f} ms apart",
     ]
+    rec = r.get("recording") or {}
+    if rec.get("complete") is False and not r.get("per_host"):
+        lines.insert(
+            1,
+            "  INCOMPLETE   the recording was cut off (recorder killed, host lost, or still recording): "
+            "its rows end early",
+        )
     lines.extend(_host_lines(r.get("per_host")))
     steps = r.get("steps")
     if steps and steps["compute_time_s"] is not None:
@@ -130,6 +137,8 @@ def _host_lines(hosts: list[dict] | None) -> list[str]:
     out = [f"  hosts        {len(hosts)}: the figures above are the job's; each host's:"]
     for h in hosts:
         head = f"    {h['host']:<12} {h['gpus']} GPU(s)"
+        if h.get("complete") is False:
+            head += " INCOMPLETE (its recording was cut off: recorder killed or host lost)"
         if not h["events"]:
             out.append(f"{head}, nothing selected")
             continue

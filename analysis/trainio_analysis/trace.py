@@ -1,4 +1,4 @@
-"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.8).
+"""The Python reader and writer of the trainio trace format (traces/SCHEMA.md, version 1.9).
 
 This is the only Python module that knows column names, Arrow types and metadata keys;
 everything else imports the names from here. A trace is a directory of
@@ -40,7 +40,7 @@ from trainio_analysis.errors import TraceError
 
 SCHEMA_VERSION = 1
 #: ``trainio.schema_minor`` written; any minor of a known version is read (absent = 0).
-SCHEMA_MINOR = 8
+SCHEMA_MINOR = 9
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
 META_PREFIX = "trainio."
 SEGMENT_GLOB = "seg-*.parquet"
@@ -125,7 +125,7 @@ OPS = {
         "madvise",
     ),
     "nfs": ("read", "write", "commit"),
-    "proc": ("start", "fork", "exec", "comm", "exit"),
+    "proc": ("start", "fork", "exec", "comm", "exit", "cgroup"),
     "ipc": ("read", "write", "wait"),
     "object": ("get", "put", "head", "post", "delete", "other"),
 }
@@ -155,7 +155,10 @@ JSON_META_DEFAULTS: dict[str, Any] = {
     "source": {},  # 1.4: only trainio import fills it in
     "retention": {},  # 1.7: only a recording with --retain-mb/--retain-s fills it in
     "window": {},  # 1.7: only trainio slice fills it in
+    "end": {},  # 1.9: whether the recording ended (recording_complete)
 }
+#: ``trainio.end`` of a trace this module writes whole (import, slice of a complete trace)
+WRITTEN_END = {"complete": True, "reason": "written"}
 INT_META_KEYS = ("clock_offset_ns", "start_ns", "end_ns", "segment", "schema_version", "schema_minor")
 
 # Columns a caller of write_trace may omit, and how they are filled.
@@ -327,6 +330,22 @@ class Member:
     clock_offset_ns: int
     #: added to the member's times to put them on the set's clock (the first member's)
     shift_ns: int
+    #: whether the member's recording ended (:func:`recording_complete`); False: its
+    #: recorder was killed or its host lost, so its rows stop early; None before 1.9
+    complete: bool | None = None
+
+
+def recording_complete(meta: dict[str, Any]) -> bool | None:
+    """Whether the trace with this metadata (:func:`read_metadata`'s) ended as its writer
+    meant it to (SCHEMA.md, *The end of a recording*): False for a 1.9+ trace whose last
+    segment does not say ``"complete": true`` (its recorder was killed, its host went
+    down, or it is still recording), None for a trace before 1.9, which cannot say. The
+    Rust reader's ``recording_complete`` answers the same."""
+    minor = meta.get("schema_minor", 0)
+    if not isinstance(minor, int) or minor < 9:
+        return None
+    end = meta.get("end")
+    return isinstance(end, dict) and end.get("complete") is True
 
 
 def trace_set_members(path: str | os.PathLike[str]) -> list[Member] | None:
@@ -383,9 +402,22 @@ def trace_set_members(path: str | os.PathLike[str]) -> list[Member] | None:
         except ValueError:
             msg = f"{d}: trainio.clock_offset_ns {offset_raw[:24]!r} is not an integer"
             raise TraceError(msg) from None
-        members.append(Member(host, d, offset, 0))
+        members.append(Member(host, d, offset, 0, _raw_complete(raw)))
     base = members[0].clock_offset_ns
-    return [Member(m.host, m.path, m.clock_offset_ns, m.clock_offset_ns - base) for m in members]
+    return [Member(m.host, m.path, m.clock_offset_ns, m.clock_offset_ns - base, m.complete) for m in members]
+
+
+def _raw_complete(raw: dict[str, str]) -> bool | None:
+    """:func:`recording_complete` of a segment's raw key-value metadata."""
+    try:
+        minor = int(raw.get(META_PREFIX + "schema_minor", "0").strip())
+    except ValueError:
+        minor = 0
+    try:
+        end = json.loads(raw.get(META_PREFIX + "end", "{}"))
+    except json.JSONDecodeError:
+        end = {}
+    return recording_complete({"schema_minor": minor, "end": end})
 
 
 def open_trace(path: str | os.PathLike[str]) -> list[Segment]:
@@ -494,9 +526,19 @@ def _set_metadata(members: Sequence[Member], metas: Sequence[dict[str, Any]]) ->
                     target[k] = target.get(k, 0) + v
     out.update(devices=devices, layers=layers, events=events, lost_events=lost)
     out["hosts"] = [
-        {"host": h.host, "path": str(h.path), "clock_offset_ns": h.clock_offset_ns, "shift_ns": h.shift_ns}
+        {
+            "host": h.host,
+            "path": str(h.path),
+            "clock_offset_ns": h.clock_offset_ns,
+            "shift_ns": h.shift_ns,
+            "complete": h.complete,
+        }
         for h in members
     ]
+    cut = [h.host for h in members if h.complete is False]
+    if cut:
+        # the set ended only if every member did
+        out["end"] = {"complete": False, "reason": "members cut off: " + ", ".join(cut)}
     return out
 
 
@@ -987,6 +1029,7 @@ class TraceWriter:
         for key, default in JSON_META_DEFAULTS.items():
             if default is not None:
                 meta[key] = default
+        meta["end"] = WRITTEN_END
         meta["layers"] = sorted(self._events)
         meta["events"] = dict(sorted(self._events.items()))
         meta.update({k.removeprefix(META_PREFIX): v for k, v in self.user_meta.items()})

@@ -1,4 +1,4 @@
-//! The trainio trace format (traces/SCHEMA.md), version 1.8: the one Rust module that knows
+//! The trainio trace format (traces/SCHEMA.md), version 1.9: the one Rust module that knows
 //! its columns, types and metadata keys. The tracer writes through [`TraceWriter`]; the
 //! replayer reads through [`read_rows`].
 //!
@@ -17,7 +17,7 @@ pub use read::{
     TraceError,
 };
 pub use set::{trace_set_members, Member};
-pub use write::{BatchBuilder, Dropped, Retention, RowKeys, SegmentLimits, TraceWriter};
+pub use write::{BatchBuilder, Dropped, Retention, RowKeys, SegmentLimits, TraceWriter, RESERVE_NAME};
 
 use std::sync::Arc;
 
@@ -32,9 +32,10 @@ pub const SCHEMA_VERSION: &str = "1";
 /// `mmap` and `madvise` ops (reads through memory mappings). 7: `trainio.retention`
 /// (what a recording with retention removed) and `trainio.window` (what `trainio slice`
 /// cut). 8: the `object` layer (HTTP object requests) and its columns `endpoint`,
-/// `http_status` and `first_byte_ns`. A trace without the key is 1.0; readers accept any
-/// minor.
-pub const SCHEMA_MINOR: &str = "8";
+/// `http_status` and `first_byte_ns`. 9: `trainio.end` (whether the recording ended or
+/// was cut off: a killed recorder, a lost host) and the proc layer's `cgroup` op. A trace without the key is 1.0; readers
+/// accept any minor.
+pub const SCHEMA_MINOR: &str = "9";
 
 /// Columns added by minor versions: a reader takes them as null when a trace lacks them.
 pub const OPTIONAL_COLUMNS: [&str; 9] = [
@@ -70,6 +71,22 @@ pub mod keys {
     pub const NFS_MOUNTS: &str = "trainio.nfs_mounts";
     pub const RECORDER_CPU_NS: &str = "trainio.recorder_cpu_ns";
     pub const RETENTION: &str = "trainio.retention";
+    /// JSON `{"complete": bool, "reason": str}` (1.9): `complete` only in the segment a
+    /// recorder closed as it ended; see [`crate::recording_complete`].
+    pub const END: &str = "trainio.end";
+}
+
+/// Whether the trace whose last segment has this metadata ended as its writer meant it
+/// to (SCHEMA.md, *The end of a recording*): `Some(false)` for a 1.9+ trace whose last
+/// segment does not say `"complete": true` (its recorder was killed, its host went down,
+/// or it is still recording), `None` for a trace before 1.9, which cannot say.
+pub fn recording_complete(meta: &std::collections::HashMap<String, String>) -> Option<bool> {
+    let minor: u32 = meta.get(keys::SCHEMA_MINOR).and_then(|m| m.trim().parse().ok()).unwrap_or(0);
+    if minor < 9 {
+        return None;
+    }
+    let end = meta.get(keys::END).and_then(|v| serde_json::from_str::<serde_json::Value>(v).ok());
+    Some(end.is_some_and(|e| e.get("complete").and_then(|c| c.as_bool()) == Some(true)))
 }
 
 /// The layer a row was recorded at.
@@ -122,7 +139,7 @@ impl Layer {
                 "madvise",
             ],
             Layer::Nfs => &["read", "write", "commit"],
-            Layer::Proc => &["start", "fork", "exec", "comm", "exit"],
+            Layer::Proc => &["start", "fork", "exec", "comm", "exit", "cgroup"],
             Layer::Ipc => &["read", "write", "wait"],
             Layer::Object => &["get", "put", "head", "post", "delete", "other"],
         }

@@ -672,4 +672,51 @@ mod tests {
         assert!(rows.iter().all(|r| r.ppid.is_none()), "a trace before 1.3 has no ppid");
         assert!(rows.iter().all(|r| r.object.is_none()), "a trace before 1.8 has no object rows");
     }
+
+    /// A member written as a recorder leaves it: `end` is its `trainio.end` (None: no key).
+    fn member(dir: &Path, host: &str, minor: &str, end: Option<&str>, reserve: bool) {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut w = TraceWriter::new(dir, SegmentLimits { max_bytes: 1 << 30, max_age: Duration::from_secs(60) });
+        if reserve {
+            w.hold_reserve(1 << 20).unwrap();
+            let held = std::fs::metadata(dir.join(crate::RESERVE_NAME)).unwrap();
+            assert_eq!(held.len(), 1 << 20);
+        }
+        let mut b = BatchBuilder::new();
+        b.push(&row(Layer::Block, "read"));
+        w.write(&b.finish()).unwrap();
+        let mut meta = vec![
+            (keys::SCHEMA_VERSION.to_string(), SCHEMA_VERSION.to_string()),
+            (keys::SCHEMA_MINOR.to_string(), minor.to_string()),
+            (keys::HOSTNAME.to_string(), host.to_string()),
+        ];
+        if let Some(e) = end {
+            meta.push((keys::END.to_string(), e.to_string()));
+        }
+        w.close_segment(&meta).unwrap();
+        // The reserve is not a segment: the trace reads with it in place, and dropping the
+        // writer (as a recorder that ends, or fails, does) removes it.
+        assert_eq!(segment_paths(dir).unwrap().len(), 1);
+        drop(w);
+        assert!(!dir.join(crate::RESERVE_NAME).exists());
+    }
+
+    #[test]
+    fn a_set_member_whose_recording_did_not_end_is_not_complete() {
+        let set = std::env::temp_dir().join(format!("trainio-schema-end-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&set);
+        let done = r#"{"complete": true, "reason": "command exited"}"#;
+        let recording = r#"{"complete": false, "reason": "recording"}"#;
+        member(&set.join("a"), "h1", SCHEMA_MINOR, Some(done), true);
+        member(&set.join("b"), "h2", SCHEMA_MINOR, Some(recording), false);
+        member(&set.join("c"), "h3", SCHEMA_MINOR, None, false);
+        let members = crate::trace_set_members(&set).unwrap().unwrap();
+        let complete: Vec<_> = members.iter().map(|m| (m.host.as_str(), m.complete)).collect();
+        assert_eq!(complete, [("h1", Some(true)), ("h2", Some(false)), ("h3", Some(false))]);
+        // Before 1.9 a trace cannot say.
+        let old = set.join("old");
+        member(&old, "h1", "8", Some(recording), false);
+        assert_eq!(crate::recording_complete(&read_metadata(&old).unwrap()), None);
+        std::fs::remove_dir_all(&set).unwrap();
+    }
 }

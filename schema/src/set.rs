@@ -20,6 +20,9 @@ pub struct Member {
     pub clock_offset_ns: i64,
     /// Add to this member's times to put them on the set's clock (the first member's).
     pub shift_ns: i64,
+    /// Whether the member's recording ended (1.9's `trainio.end`); `Some(false)`: its
+    /// recorder was killed or its host lost, so its rows stop early. None before 1.9.
+    pub complete: Option<bool>,
 }
 
 fn bad(path: &Path, what: impl std::fmt::Display) -> TraceError {
@@ -102,7 +105,8 @@ pub fn trace_set_members(path: &Path) -> Result<Option<Vec<Member>>, TraceError>
                 )
             })?,
         };
-        members.push(Member { host, path: dir, clock_offset_ns, shift_ns: 0 });
+        let complete = crate::recording_complete(&meta);
+        members.push(Member { host, path: dir, clock_offset_ns, shift_ns: 0, complete });
     }
     let base = members[0].clock_offset_ns;
     for m in &mut members {

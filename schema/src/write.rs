@@ -1,5 +1,6 @@
 //! Writing: rows → Arrow batches → numbered Parquet segments.
 use std::fs::{self, File};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -495,6 +496,18 @@ pub struct TraceWriter {
     /// `trainio.start_ns` as the first segment's metadata gave it (the recording's start).
     recording_start_ns: Option<String>,
     lost_rows: u64,
+    /// A file of real blocks held until the last segment is written (SCHEMA.md, *The
+    /// end of a recording*): on a full disk, removing it makes room for that segment.
+    reserve: Option<(PathBuf, u64)>,
+}
+
+/// The reserve's name in the trace directory; readers ignore it (not a segment).
+pub const RESERVE_NAME: &str = ".trainio-reserve";
+
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        self.release_reserve();
+    }
 }
 
 impl TraceWriter {
@@ -511,6 +524,37 @@ impl TraceWriter {
             dropped: Dropped::default(),
             recording_start_ns: None,
             lost_rows: 0,
+            reserve: None,
+        }
+    }
+
+    /// Holds `bytes` of the trace's file system in a reserve file of written (not sparse)
+    /// blocks, so that [`release_reserve`](Self::release_reserve) can free them for the
+    /// last segment when the disk has filled meanwhile.
+    pub fn hold_reserve(&mut self, bytes: usize) -> Result<()> {
+        let path = self.dir.join(RESERVE_NAME);
+        let zeros = vec![0u8; 64 << 10];
+        let written = File::create(&path).and_then(|mut f| {
+            let mut left = bytes;
+            while left > 0 {
+                let n = left.min(zeros.len());
+                f.write_all(&zeros[..n])?;
+                left -= n;
+            }
+            f.sync_all()
+        });
+        if let Err(e) = written {
+            let _ = fs::remove_file(&path);
+            return Err(e).with_context(|| format!("writing {}", path.display()));
+        }
+        self.reserve = Some((path, bytes as u64));
+        Ok(())
+    }
+
+    /// Removes the reserve (if held): its blocks are free for the segments that follow.
+    pub fn release_reserve(&mut self) {
+        if let Some((p, _)) = self.reserve.take() {
+            let _ = fs::remove_file(p);
         }
     }
 
@@ -528,7 +572,9 @@ impl TraceWriter {
     /// Removes the oldest finished segments that retention no longer keeps, given the
     /// bytes of the segment about to be closed. The newest finished segment stays.
     fn retain(&mut self, closing_bytes: u64) {
-        let mut total: u64 = self.kept.iter().map(|k| k.bytes).sum::<u64>() + closing_bytes;
+        // The reserve is part of what the output holds.
+        let reserve = self.reserve.as_ref().map_or(0, |r| r.1);
+        let mut total: u64 = self.kept.iter().map(|k| k.bytes).sum::<u64>() + closing_bytes + reserve;
         while self.finished.len() > 1 {
             let oldest = &self.kept[0];
             let too_big = self.retention.max_bytes.is_some_and(|max| total > max);

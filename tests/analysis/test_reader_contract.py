@@ -128,7 +128,7 @@ CASES = [
     ),
     Case("unknown layer, schema 1.3", _layer_gpu("3"), None, ("row group 0, row 1", "unknown layer", "gpu")),
     Case("unknown layer, schema 1.0", _layer_gpu(None), None, ("row group 0, row 1", "unknown layer", "gpu")),
-    Case("unknown layer, a later minor (1.9)", _layer_gpu("9"), 3),
+    Case(f"unknown layer, a later minor (1.{tr.SCHEMA_MINOR + 1})", _layer_gpu(str(tr.SCHEMA_MINOR + 1)), 3),
     Case(
         "unknown op of a known layer",
         lambda d: _write(_seg(d), _with(_base(), "op", pa.array(["read", "trim", "read", "read"]).dictionary_encode())),

@@ -73,6 +73,7 @@ def test_a_window_keeps_the_rows_that_overlap_it_and_says_so(tmp_path: Path) -> 
         "start_ns": 103 * S,
         "end_ns": 105 * S + 500 * MS,
         "pids": None,
+        "cgroups": None,
         "source_rows": 1001,
         "rows": 251,
     }
@@ -129,6 +130,50 @@ def test_a_process_selection_keeps_its_descendants(tmp_path: Path) -> None:
     assert kept.filter(pl.col("layer") == "block").height == 2
     both = ok(src, "-o", tmp_path / "both", "--pid", 10, "--pid", 20, "--to", 5)
     assert both["pids"] == [10, 11, 12, 20] and both["rows"] == 4 + 5
+
+
+def test_a_cgroup_selection_keeps_its_processes_and_their_descendants(tmp_path: Path) -> None:
+    """cgroup rows (schema 1.9) name each process's cgroup; --cgroup keeps the processes in
+    it or beneath it (the latest row of a process that moved counts; a process without a
+    row is in its parent's), and given under /sys/fs/cgroup (the v2 mount or a v1
+    hierarchy) it names the same cgroup."""
+
+    def cgroup(pid: int, path: str, t: int) -> dict:
+        return {**proc("cgroup", pid, 1, t), "file": path}
+
+    src = tmp_path / "src"
+    rows = [
+        proc("start", 10, 1, 1 * S),
+        cgroup(10, "/system.slice/sshd.service", 1 * S),
+        proc("fork", 11, 10, 2 * S),
+        cgroup(11, "/system.slice/sshd.service", 2 * S),
+        # moved into the pod's cgroup, then executed the entrypoint
+        proc("exec", 11, 10, 2 * S + MS),
+        cgroup(11, "/kubepods.slice/pod1/c1", 2 * S + MS),
+        proc("fork", 12, 11, 3 * S),
+        proc("fork", 20, 1, 3 * S),
+        cgroup(20, "/kubepods.slice/pod10", 3 * S),
+    ]
+    rows += [read(4 * S + i * MS, pid=pid) for i, pid in enumerate([10, 11, 12, 20, 20, 1])]
+    write_trace(src, rows)
+    for i, given in enumerate(
+        ("/kubepods.slice/pod1", "/sys/fs/cgroup/kubepods.slice/pod1/", "/sys/fs/cgroup/blkio/kubepods.slice/pod1")
+    ):
+        got = ok(src, "-o", tmp_path / f"pod{i}", "--cgroup", given)
+        assert got["pids"] == [11, 12], (given, got)
+        assert read_metadata(tmp_path / f"pod{i}")["window"]["cgroups"] == [given]
+    both = ok(src, "-o", tmp_path / "both", "--cgroup", "/kubepods.slice", "--pid", 10)
+    assert both["pids"] == [10, 11, 12, 20]
+    # 11 moved out of sshd's cgroup (its latest row counts), and took 12 with it
+    assert ok(src, "-o", tmp_path / "sshd", "--cgroup", "/system.slice")["pids"] == [10]
+    # pod10 is not beneath pod1, though its name starts the same
+    assert ok(src, "-o", tmp_path / "pod10", "--cgroup", "/kubepods.slice/pod10")["pids"] == [20]
+    # a trace without cgroup rows: one line naming why, exit 2, nothing written
+    old = tmp_path / "old"
+    write_trace(old, [r for r in rows if r["op"] != "cgroup"])
+    res = trainio("slice", str(old), "-o", str(tmp_path / "x"), "--cgroup", "/kubepods.slice")
+    assert res.returncode == 2 and "no cgroup rows" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()
 
 
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None:

@@ -159,3 +159,29 @@ def test_a_set_whose_members_disagree_is_bad_input(tmp_path, case, message):
         assert p.returncode == 2, (argv, p.stderr)
         assert message in p.stderr and len(p.stderr.strip().splitlines()) == 1, (argv, p.stderr)
     assert not (tmp_path / "r.html").exists() and not (tmp_path / "d").exists()
+
+
+def test_a_cut_off_member_is_named_and_the_set_still_analyzes(tmp_path):
+    """A member whose last segment does not say it ended (schema 1.9's trainio.end, as a
+    recorder killed mid-recording leaves it) is complete False, per host and for the
+    job; a member written whole is complete True; a trace before 1.9 cannot say (None)."""
+    job = two_hosts(tmp_path)
+    (seg,) = (job / "h2").glob("seg-*.parquet")
+    kv = {**pq.read_metadata(seg).metadata, b"trainio.end": b'{"complete": false, "reason": "recording"}'}
+    pq.write_table(pq.read_table(seg).replace_schema_metadata(kv), seg)
+    r = analyze_json(job)
+    assert {h["host"]: h["complete"] for h in r["per_host"]} == {"h1": True, "h2": False}
+    assert r["recording"]["complete"] is False and r["recording"]["end_reason"] == "members cut off: h2"
+    assert r["bytes_read"] == 5 * 64 * KIB + 5 * 128 * KIB  # h2's rows are still read
+    h1 = analyze_json(job / "h1")["recording"]
+    assert h1["complete"] is True and h1["end_reason"] == "written", h1
+    # as a trainio of schema 1.8 wrote h1: no trainio.end, and nothing to say
+    (seg,) = (job / "h1").glob("seg-*.parquet")
+    meta = {k: v for k, v in pq.read_metadata(seg).metadata.items() if k != b"trainio.end"}
+    pq.write_table(pq.read_table(seg).replace_schema_metadata({**meta, b"trainio.schema_minor": b"8"}), seg)
+    (seg,) = (job / "h2").glob("seg-*.parquet")
+    kv = {**pq.read_metadata(seg).metadata, b"trainio.schema_minor": b"8"}
+    pq.write_table(pq.read_table(seg).replace_schema_metadata(kv), seg)
+    r = analyze_json(job)
+    assert {h["host"]: h["complete"] for h in r["per_host"]} == {"h1": None, "h2": None}
+    assert r["recording"]["complete"] is None

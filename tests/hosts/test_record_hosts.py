@@ -5,6 +5,10 @@ into SET/HOSTNAME; analyze and replay --trace read the set as one job."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -110,6 +114,82 @@ def test_record_a_2_host_job_as_one_job(bed3, tmp_path):
     assert [t["host"] for t in r["settings"]["templates"]] == ["h1", "h2"]
     assert {g["gpu"]: g["bytes_read"] for g in r["per_gpu"]} == {0: delta["h1"], 1: delta["h2"]}
     assert r["hosts"] == 2
+
+
+def test_a_recorder_killed_on_one_host_leaves_a_set_that_analyzes_with_that_member_cut_off(bed3, tmp_path):
+    """h2's recorder is SIGKILLed once it has finished a segment, while its job still
+    reads; h1's records to the end. The set still analyzes and reports: h1 is complete,
+    h2 is named cut off (schema 1.9's trainio.end), and so is the job."""
+    disk, _devs = bed3.local_disks(["h1", "h2"])
+    reader = tmp_path / "reader.py"
+    # h1 reads for 0.3 s; h2 for 6 s, long after its recorder is killed.
+    reader.write_text(
+        "import mmap, os, socket, sys, time\n"
+        "end = time.monotonic() + {'h1': 0.3, 'h2': 6.0}[socket.gethostname()]\n"
+        "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)\n"
+        "buf = mmap.mmap(-1, 1 << 20)\n"
+        "i = 0\n"
+        "while time.monotonic() < end:\n"
+        "    os.preadv(fd, [buf], (i % 32) << 20)\n"
+        "    i += 1\n"
+        "    time.sleep(0.01)\n"
+    )
+    job = bed3.shared / "cut-job"
+    cmd = bed3.mpirun(
+        {"h1": 1, "h2": 1},
+        [
+            TRAINIO,
+            "record",
+            "--per-host",
+            "-o",
+            job,
+            "--dev",
+            disk,
+            "-q",
+            "--segment-s",
+            "0.3",
+            "--",
+            "python3",
+            reader,
+            disk,
+        ],
+    )
+    p = subprocess.Popen(
+        [str(c) for c in cmd], env=bed3.mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list((job / "h2").glob("seg-*.parquet")):
+            assert p.poll() is None and time.monotonic() < deadline, "h2 finished no segment"
+            time.sleep(0.05)
+        recorders = [pid for pid, name in bed3.processes("h2") if name == "trainio-record"]
+        assert len(recorders) == 1, bed3.processes("h2")
+        os.kill(recorders[0], signal.SIGKILL)
+        p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert sorted(x.name for x in job.iterdir()) == ["h1", "h2"]
+
+    a = run([TRAINIO, "analyze", job, "--json"], timeout=120)
+    assert a.returncode == 0, a.stderr
+    r = json.loads(a.stdout)
+    per_host = {h["host"]: h for h in r["per_host"]}
+    assert per_host["h1"]["complete"] is True and per_host["h2"]["complete"] is False, per_host
+    assert per_host["h2"]["events"] > 0  # its finished segments still read
+    assert r["recording"]["complete"] is False and "h2" in r["recording"]["end_reason"], r["recording"]
+    text = run([TRAINIO, "analyze", job], timeout=120)
+    assert text.returncode == 0, text.stderr
+    cut = [line for line in text.stdout.splitlines() if "INCOMPLETE" in line]
+    assert len(cut) == 1 and cut[0].split()[0] == "h2", text.stdout
+    html = tmp_path / "report.html"
+    rep = run([TRAINIO, "report", job, "-o", html], timeout=180)
+    assert rep.returncode == 0, rep.stderr
+    assert "NO: cut off (members cut off: h2)" in html.read_text()
+    # Each member alone: h1 says why it ended, h2 that it did not.
+    h1 = json.loads(run([TRAINIO, "analyze", job / "h1", "--json"], timeout=120).stdout)["recording"]
+    assert h1["complete"] is True and h1["end_reason"] == "command exited", h1
 
 
 def test_per_host_output_that_holds_a_trace_is_bad_input(tmp_path):

@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from s3_helpers import S3Server
 
-from trainio_analysis.trace import read_metadata, scan_trace
+from trainio_analysis.trace import SCHEMA_MINOR, read_metadata, scan_trace
 from trainio_testlib import TRAINIO, trainio, wait_no_trainio_programs
 
 pytestmark = [pytest.mark.root]
@@ -113,7 +113,7 @@ def test_boto3_requests_are_recorded_as_the_client_made_them(tmp_path: Path, s3_
     concurrent = 8
     out, log = _record_client(tmp_path, s3_server, concurrent)
     meta = read_metadata(out)
-    assert meta["schema_minor"] == 8
+    assert meta["schema_minor"] == SCHEMA_MINOR
     assert "object" in meta["layers"]
     assert all(v == 0 for v in meta["lost_events"].values()), meta["lost_events"]
     rows = scan_trace(out).filter(pl.col("layer") == "object").sort("issue_ns").collect()

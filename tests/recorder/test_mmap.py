@@ -17,7 +17,7 @@ import pytest
 from trainio_testlib import TRAINIO, mounted_loop_fs
 
 # isort: split
-from trainio_analysis.trace import read_metadata, scan_trace
+from trainio_analysis.trace import SCHEMA_MINOR, read_metadata, scan_trace
 
 pytestmark = [pytest.mark.root]
 
@@ -137,7 +137,7 @@ def test_page_faults_of_a_memmap_are_the_pages_touched_and_only_the_traced_proce
         assert ours.filter(pl.col("op") == "read").height == 0
         block = scan_trace(out).filter((pl.col("layer") == "block") & (pl.col("dev") == majmin)).collect()
         assert block.filter(pl.col("op") == "read")["bytes"].sum() >= len(traced) * PAGE
-        assert read_metadata(out)["schema_minor"] == 8
+        assert read_metadata(out)["schema_minor"] == SCHEMA_MINOR
 
 
 PYARROW_READ = r"""

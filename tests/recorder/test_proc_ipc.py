@@ -19,7 +19,7 @@ import pytest
 from trainio_testlib import TRAINIO, mounted_loop_fs
 
 # isort: split
-from trainio_analysis.trace import read_metadata, scan_trace
+from trainio_analysis.trace import SCHEMA_MINOR, read_metadata, scan_trace
 
 pytestmark = [pytest.mark.root]
 
@@ -195,7 +195,7 @@ def test_workers_fork_rename_and_hand_batches_over_a_polled_pipe(tmp_path: Path)
     assert blocked["complete_ns"] > rank_reads["complete_ns"].max()
 
     meta = read_metadata(out)
-    assert meta["schema_minor"] == 8
+    assert meta["schema_minor"] == SCHEMA_MINOR
     assert {"file", "proc", "ipc"} <= set(meta["layers"])
     assert meta["events"]["proc"] == proc.height and meta["events"]["ipc"] == ipc.height
     assert sum(meta["lost_events"].values()) == 0
@@ -271,4 +271,4 @@ def test_vectored_writes_and_socket_sends_and_receives_are_recorded(tmp_path: Pa
     assert sorted(zip(recvs["file"], recvs["bytes"], recvs["bytes_requested"])) == [(b, 32, 64), (b, 48, 100)], recvs
     # Socket syscalls are ipc rows only, and not counted in the read concurrency.
     assert not df.filter(pl.col("layer") == "file")["file"].str.starts_with("socket:").any()
-    assert read_metadata(out)["schema_minor"] == 8
+    assert read_metadata(out)["schema_minor"] == SCHEMA_MINOR

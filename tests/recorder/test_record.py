@@ -20,7 +20,7 @@ import pytest
 from trainio_testlib import TRAINIO, loop_device, majmin, run, trainio
 
 # isort: split
-from trainio_analysis.trace import read_metadata, scan_trace
+from trainio_analysis.trace import SCHEMA_MINOR, read_metadata, scan_trace
 
 MiB = 1 << 20
 
@@ -150,7 +150,7 @@ def test_nfs_layer_is_skipped_where_the_kernel_has_no_nfs_client(tmp_path: Path)
     assert "skipping nfs" in res.stderr
     meta = read_metadata(out)
     assert "nfs" in meta["skipped_probes"] and "nfs" not in meta["layers"]
-    assert meta["schema_minor"] == 8 and meta["nfs_mounts"] == []
+    assert meta["schema_minor"] == SCHEMA_MINOR and meta["nfs_mounts"] == []
     df = scan_trace(out).collect()
     writes = df.filter((pl.col("layer") == "file") & (pl.col("op") == "write"))
     assert writes["bytes"].sum() == 4 * 65536
@@ -896,4 +896,4 @@ except OSError:
     assert (ops["error"] == 0).all() and ops["fd"].n_unique() == 1
     syncs = scan_trace(out).filter(pl.col("op").is_in(["fsync", "fdatasync", "sync_file_range"])).collect()
     assert syncs.height == 3, syncs
-    assert read_metadata(out)["schema_minor"] == 8
+    assert read_metadata(out)["schema_minor"] == SCHEMA_MINOR

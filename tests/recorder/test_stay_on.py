@@ -282,3 +282,53 @@ def test_bad_retention_and_metrics_address_are_one_line_exit_2(tmp_path: Path) -
     finally:
         busy.close()
     assert not out.exists(), "nothing is written on bad input"
+
+
+def test_a_jobs_cgroup_is_recorded_and_slice_keeps_its_processes(tmp_path: Path) -> None:
+    """Two jobs of one recording, each put into a cgroup of its own the way a container
+    runtime does (join the cgroup, then exec): each process has a cgroup row (schema 1.9)
+    naming its cgroup, and `slice --cgroup` keeps one job's reads and none of the other's,
+    whether the cgroup is given as the rows name it or under /sys/fs/cgroup."""
+    files = {}
+    for name in ("a", "b"):
+        files[name] = tmp_path / f"{name}.bin"
+        files[name].write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+    out = tmp_path / "t"
+    # majmin of nothing: the groups only keep track of their processes (no cap)
+    with throttled_cgroup("1:3", None) as ga, throttled_cgroup("1:3", None) as gb:
+        reader = "import sys; f = open(sys.argv[1], 'rb'); [f.read(65536) for _ in range(16)]"
+        driver = (
+            "import subprocess, sys\n"
+            f"for cmd in ({ga.wrap(['python3', '-c', reader, files['a']])!r}, "
+            f"{gb.wrap(['python3', '-c', reader, files['b']])!r}):\n"
+            "    subprocess.run(cmd, check=True)\n"
+        )
+        rec = trainio("record", "-o", str(out), "--layers", "file", "-q", "--", "python3", "-c", driver)
+        assert rec.returncode == 0, rec.stderr
+    proc = scan_trace(out).filter((pl.col("layer") == "proc") & (pl.col("op") == "cgroup")).collect()
+    reads = scan_trace(out).filter((pl.col("layer") == "file") & (pl.col("op") == "read")).collect()
+    by_file = {name: reads.filter(pl.col("file") == str(f)) for name, f in files.items()}
+    for name, group in (("a", ga), ("b", gb)):
+        pids = set(by_file[name]["pid"].to_list())
+        assert len(pids) == 1 and by_file[name]["bytes"].sum() == MiB, (name, by_file[name])
+        # the reader's last cgroup row names its group
+        (pid,) = pids
+        rows = proc.filter(pl.col("pid") == pid).sort("issue_ns")
+        assert rows.height >= 1 and rows["file"][-1].endswith("/" + group.path.name), (name, rows)
+    # only the two readers entered the groups: the driver and its shells' forks did not
+    names = ("/" + ga.path.name, "/" + gb.path.name)
+    entered = proc.filter(pl.col("file").str.ends_with(names[0]) | pl.col("file").str.ends_with(names[1]))
+    readers = {p for name in ("a", "b") for p in by_file[name]["pid"].to_list()}
+    assert set(entered["pid"].to_list()) == readers, (entered, readers)
+    a_row = proc.filter(pl.col("file").str.ends_with("/" + ga.path.name))["file"][0]
+    for i, given in enumerate((a_row, str(ga.path))):
+        cut = tmp_path / f"cut{i}"
+        s = trainio("slice", str(out), "-o", str(cut), "--cgroup", given, "--json")
+        assert s.returncode == 0, s.stderr
+        kept = scan_trace(cut).filter((pl.col("layer") == "file") & (pl.col("op") == "read")).collect()
+        assert kept.filter(pl.col("file") == str(files["b"])).height == 0, "job b's reads kept"
+        assert kept.filter(pl.col("file") == str(files["a"]))["bytes"].sum() == MiB
+        assert read_metadata(cut)["window"]["cgroups"] == [given]
+    # a cgroup that held none of its processes: nothing to keep, one line, exit 2
+    nothing = trainio("slice", str(cut), "-o", str(tmp_path / "none"), "--cgroup", "/no-such-group")
+    assert nothing.returncode == 2 and "no rows" in nothing.stderr, nothing.stderr

@@ -87,6 +87,8 @@ pub struct Collector {
     objects: ObjectTracker,
     /// Requests the tracker finished, written as rows at once (kept to reuse its buffer).
     finished: Vec<ObjectRequest>,
+    /// Each live traced process's cgroup as its last `cgroup` row gave it.
+    cgroups: FxHashMap<u32, Box<str>>,
     pub undecodable: u64,
 }
 
@@ -161,6 +163,7 @@ impl Collector {
             last_dev: (0, None),
             objects: ObjectTracker::new(),
             finished: Vec::new(),
+            cgroups: FxHashMap::default(),
             undecodable: 0,
         }
     }
@@ -556,6 +559,20 @@ impl Collector {
     pub fn proc_start(&mut self, p: &ProcInfo, ns: i64) {
         let file = (!p.cmdline.is_empty()).then_some(p.cmdline.as_str());
         self.push_proc("start", ns, (p.pid, p.pid, p.ppid), &p.comm, file, 0);
+        self.push_cgroup(ns, (p.pid, p.ppid), &p.comm);
+    }
+
+    /// A `cgroup` row after a process's `start`, `fork` or `exec` row when its cgroup,
+    /// as /proc/PID/cgroup gives it now (as the metrics' `cgroup` label names it), is not
+    /// the one its last cgroup row gave: a container runtime moves its process into the
+    /// pod's cgroup, then executes the entrypoint. None when the process is already gone.
+    fn push_cgroup(&mut self, ns: i64, ids: (u32, u32), comm: &str) {
+        let Some(path) = crate::host::cgroup_of(ids.0) else { return };
+        if self.cgroups.get(&ids.0).is_some_and(|c| **c == *path) {
+            return;
+        }
+        self.push_proc("cgroup", ns, (ids.0, ids.0, ids.1), comm, Some(&path), 0);
+        self.cgroups.insert(ids.0, path.into());
     }
 
     fn proc(&mut self, e: &process_event) {
@@ -571,6 +588,13 @@ impl Collector {
         let file = (op == "exec").then(|| String::from_utf8_lossy(&raw[..end]));
         let code = if op == "exit" { e.exit_code } else { 0 };
         self.push_proc(op, e.ns as i64, (e.pid, e.tid, e.ppid), comm_str(&e.comm), file.as_deref(), code);
+        match op {
+            "fork" | "exec" => self.push_cgroup(e.ns as i64, (e.pid, e.ppid), comm_str(&e.comm)),
+            "exit" => {
+                self.cgroups.remove(&e.pid);
+            }
+            _ => {}
+        }
     }
 
     /// One proc-layer row: an instant, `ids` = (pid, tid, ppid), `error` the exit status.

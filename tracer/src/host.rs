@@ -462,6 +462,34 @@ pub fn mount_dev(mount_point: &str) -> Option<String> {
     mounts().into_iter().rev().find(|(_, m)| m.mount_point == mount_point).map(|(d, _)| d)
 }
 
+/// The cgroup path in the text of /proc/PID/cgroup: the first of v2's `0::PATH`, v1's
+/// blkio (the I/O controller), v1's `name=systemd` and any other hierarchy's that is not
+/// the root (a hybrid host keeps every process at v2's root); else the root.
+pub fn cgroup_path(text: &str) -> Option<String> {
+    let lines: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            Some((if id == "0" && controllers.is_empty() { "v2" } else { controllers }, path))
+        })
+        .collect();
+    let first = lines.first()?;
+    let below_root =
+        |want: &dyn Fn(&str) -> bool| lines.iter().find(|(c, p)| want(c) && *p != "/").map(|(_, p)| p.to_string());
+    below_root(&|c| c == "v2")
+        .or_else(|| below_root(&|c| c.split(',').any(|x| x == "blkio")))
+        .or_else(|| below_root(&|c| c == "name=systemd"))
+        .or_else(|| below_root(&|_| true))
+        .or_else(|| Some(first.1.to_string()))
+}
+
+/// The cgroup of process `pid` as [`cgroup_path`] reads it from /proc/PID/cgroup; None
+/// when the process is gone.
+pub fn cgroup_of(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok().and_then(|text| cgroup_path(&text))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -193,10 +193,7 @@ impl LiveMetrics {
         if let Some(c) = self.cgroup_of.get(&pid) {
             return c.clone();
         }
-        let c = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .ok()
-            .and_then(|text| cgroup_path(&text))
-            .unwrap_or_else(|| "unknown".into());
+        let c = crate::host::cgroup_of(pid).unwrap_or_else(|| "unknown".into());
         // pids are reused: forget them all now and then rather than grow without bound.
         if self.cgroup_of.len() >= 65536 {
             self.cgroup_of.clear();
@@ -319,28 +316,6 @@ impl LiveMetrics {
     }
 }
 
-/// The cgroup path in the text of /proc/PID/cgroup: the first of v2's `0::PATH`, v1's
-/// blkio (the I/O controller), v1's `name=systemd` and any other hierarchy's that is not
-/// the root (a hybrid host keeps every process at v2's root); else the root.
-fn cgroup_path(text: &str) -> Option<String> {
-    let lines: Vec<(&str, &str)> = text
-        .lines()
-        .filter_map(|l| {
-            let mut parts = l.splitn(3, ':');
-            let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-            Some((if id == "0" && controllers.is_empty() { "v2" } else { controllers }, path))
-        })
-        .collect();
-    let first = lines.first()?;
-    let below_root =
-        |want: &dyn Fn(&str) -> bool| lines.iter().find(|(c, p)| want(c) && *p != "/").map(|(_, p)| p.to_string());
-    below_root(&|c| c == "v2")
-        .or_else(|| below_root(&|c| c.split(',').any(|x| x == "blkio")))
-        .or_else(|| below_root(&|c| c == "name=systemd"))
-        .or_else(|| below_root(&|_| true))
-        .or_else(|| Some(first.1.to_string()))
-}
-
 /// Listens on `addr` (checked before anything is loaded: a bad or busy address is bad
 /// input), then serves `metrics` from a thread of its own.
 pub fn listen(addr: &str) -> Result<TcpListener, String> {
@@ -393,6 +368,7 @@ fn answer(mut stream: TcpStream, metrics: &Mutex<LiveMetrics>) -> std::io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::cgroup_path;
     use trainio_schema::{BatchBuilder, Layer, Row};
 
     fn row(op: &'static str, dev: Option<&'static str>, qd: u32, lat: i64, bytes: i64) -> Row<'static> {

@@ -95,6 +95,8 @@ impl StatsSampler {
 
 /// lost_events key: rows lost because a segment could not be written (a full disk).
 const WRITE_LOST: &str = "segment_write_failed";
+/// Disk held back for the last segment (its metadata) until the recording ends.
+const RESERVE_BYTES: usize = 1 << 20;
 
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
 /// Signals received: the first is forwarded to the command, a later one stops recording.
@@ -418,6 +420,7 @@ fn segment_metadata(
     segment: u32,
     recorder_cpu_ns: (u64, u64),
     write_lost: u64,
+    ended: Option<&str>,
 ) -> Vec<(String, String)> {
     let mut devs: Vec<&str> = coll.devices().collect();
     devs.extend(st.selected_devs.iter().map(String::as_str));
@@ -458,6 +461,16 @@ fn segment_metadata(
                 Some(start) => nfs_mounts_json(start, &host::nfs_mountstats()).to_string(),
                 None => "[]".into(),
             },
+        ),
+        // Only the segment closed as the recording ends says it is complete: a trace
+        // whose last segment says otherwise was cut off (SCHEMA.md, *The end of a recording*).
+        (
+            keys::END.into(),
+            match ended {
+                Some(reason) => json!({"complete": true, "reason": reason}),
+                None => json!({"complete": false, "reason": "recording"}),
+            }
+            .to_string(),
         ),
     ]
 }
@@ -537,13 +550,15 @@ pub fn run(mut args: Args) -> Result<i32> {
     };
     let retention =
         Retention { max_bytes: args.retain_mb.map(|mb| mb << 20), max_age: args.retain_s.map(Duration::from_secs_f64) };
-    let mut encoder = Encoder::start(
-        TraceWriter::new(
-            &args.output,
-            SegmentLimits { max_bytes: args.segment_mb << 20, max_age: Duration::from_secs_f64(args.segment_s) },
-        )
-        .with_retention(retention),
-    )?;
+    let mut writer = TraceWriter::new(
+        &args.output,
+        SegmentLimits { max_bytes: args.segment_mb << 20, max_age: Duration::from_secs_f64(args.segment_s) },
+    )
+    .with_retention(retention);
+    if let Err(e) = writer.hold_reserve(RESERVE_BYTES) {
+        note(&format!("WARNING: no room for the last segment's reserve ({e:#}): a full disk can lose the trace's end"));
+    }
+    let mut encoder = Encoder::start(writer)?;
 
     let live = listener.map(|l| {
         let m = Arc::new(Mutex::new(LiveMetrics::default()));
@@ -580,6 +595,7 @@ pub fn run(mut args: Args) -> Result<i32> {
     note(&format!("recording {} into {}", st.layers.join("+"), args.output.display()));
 
     let mut exit_status = None;
+    let mut ended = "signal"; // why the loop below stopped, for trainio.end
     let mut forwarded = None; // the signal count when the command was sent one
     let mut abandoned = false;
     let mut last_flush = Instant::now();
@@ -617,13 +633,14 @@ pub fn run(mut args: Args) -> Result<i32> {
         if encoder.segment_full() {
             // The segment index is the encoder's to fill in.
             let cpu = (st.drain_cpu_ns(), encoder.cpu_ns());
-            let meta = segment_metadata(&st, &collector.borrow(), &probes, 0, cpu, encoder.write_losses().0);
+            let meta = segment_metadata(&st, &collector.borrow(), &probes, 0, cpu, encoder.write_losses().0, None);
             encoder.close_segment(meta)?;
         }
         encoder.regulate();
         if let Some(c) = child.as_mut() {
             if let Some(status) = c.try_wait()? {
                 exit_status = Some(status);
+                ended = "command exited";
                 break;
             }
         }
@@ -651,10 +668,12 @@ pub fn run(mut args: Args) -> Result<i32> {
             }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
+            ended = "duration";
             break;
         }
         if let Subject::Pid(pid) = checked.subject {
             if !process_alive(pid) {
+                ended = "process exited";
                 break;
             }
         }
@@ -687,11 +706,14 @@ pub fn run(mut args: Args) -> Result<i32> {
     let (mut writer, mut write_error) = (fin.writer, fin.write_error);
     let cpu_ns = (st.drain_cpu_ns(), fin.cpu_ns);
     // The last segment carries the trace's final metadata. On a full disk it is tried with
-    // its rows, then (those rows counted as lost) empty, so that the loss is in the trace.
+    // its rows, then (those rows counted as lost) empty, so that the loss is in the trace;
+    // the reserve's blocks are freed for it first.
+    writer.release_reserve();
     let mut last = Ok(None);
     for _ in 0..2 {
         let lost = writer.lost_rows() + fin.dropped_rows;
-        let meta = segment_metadata(&st, &collector.borrow(), &probes, writer.segment_index(), cpu_ns, lost);
+        let index = writer.segment_index();
+        let meta = segment_metadata(&st, &collector.borrow(), &probes, index, cpu_ns, lost, Some(ended));
         last = writer.open().and_then(|_| writer.close_segment(&meta));
         match &last {
             Ok(_) => break,

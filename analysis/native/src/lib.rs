@@ -584,6 +584,13 @@ fn layer_ops() -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// The version the Rust writer writes: (`trainio.schema_version`, `trainio.schema_minor`).
+#[pyfunction]
+fn schema_version() -> (u32, u32) {
+    let number = |s: &str| s.parse().expect("the schema's version is a number");
+    (number(trainio_schema::SCHEMA_VERSION), number(trainio_schema::SCHEMA_MINOR))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // the trace reader turns a Parquet decoder's panic on a corrupt file into the file's
@@ -592,6 +599,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(job_model, m)?)?;
     m.add_function(wrap_pyfunction!(schema_columns, m)?)?;
     m.add_function(wrap_pyfunction!(layer_ops, m)?)?;
+    m.add_function(wrap_pyfunction!(schema_version, m)?)?;
     m.add_function(wrap_pyfunction!(event_keys_sorted, m)?)?;
     m.add_function(wrap_pyfunction!(equal_issue_neighbours, m)?)?;
     m.add_function(wrap_pyfunction!(summarize, m)?)?;
