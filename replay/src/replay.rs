@@ -225,7 +225,10 @@ impl Job {
                     "trace",
                 )
                 .map_err(|e| match &src.storage_root {
-                    Some(root) => InputError(format!("--storage-root {root}: {e:#}").replace('\n', " ")).into(),
+                    Some(root) => {
+                        let why = format!("{e:#}").replace(&format!("storage.storage_root: '{root}': "), "");
+                        InputError(format!("--storage-root {root}: {why}").replace('\n', " ")).into()
+                    }
                     None => e,
                 })?;
                 (w, Some((templates, model)), trace.clone())
