@@ -18,7 +18,7 @@ records it. Then:
   job's, and request latency percentiles; at 4 GPUs it reads twice the bytes;
 - a bucket that does not exist is refused with one line, exit 2, before any work.
 
-The job is compute-bound (400 ms per step against a few ms of GETs and handoff per batch),
+The job is compute-bound (600 ms per step against a few ms of GETs and handoff per batch),
 so its AU and throughput are set by its compute; the replay runs `--realtime` so that its
 compute sleeps end on time on the shared host. What the two runs spend per step outside
 the compute differs by a few ms (the model keeps a collective's own time, not a rank's
@@ -48,10 +48,10 @@ pytestmark = [pytest.mark.root]
 JOB = ROOT / "tests" / "realjob" / "job.py"
 TORCHRUN = ROOT / ".venv" / "bin" / "torchrun"
 MIB = 1 << 20
-RANKS, WORKERS, BATCH, STEPS = 2, 2, 4, 20
+RANKS, WORKERS, BATCH, STEPS = 2, 2, 4, 16
 SAMPLE = 256 << 10
 PART = 96 << 10  # odd samples: ranged GETs of 96, 96 and 64 KiB
-COMPUTE_MS = 400.0
+COMPUTE_MS = 600.0
 DATA_BUCKET, PREFIX, REPLAY_BUCKET = "train", "samples", "replay"
 
 
