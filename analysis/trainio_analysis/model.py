@@ -141,6 +141,16 @@ class Coverage:
 
 
 @dataclass(frozen=True)
+class ObjectSource:
+    """The object store the GPUs' data comes from: its GETs are the reads."""
+
+    endpoint: str
+    bucket: str
+    requests: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class JobModel:
     data_dev: str | None
     grouping: str
@@ -156,6 +166,8 @@ class JobModel:
     writes: WriteSummary
     # the hosts of a trace set's model, in member order
     hosts: list[str] = dataclasses.field(default_factory=list)
+    # the object store the data comes from (absent: files)
+    object_store: ObjectSource | None = None
 
 
 T = TypeVar("T")

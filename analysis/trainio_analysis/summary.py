@@ -169,7 +169,14 @@ def _model_lines(m: dict | None) -> list[str]:
     """The job model: one line per GPU, what was left out, and why a trace is incomplete."""
     if not m:
         return []
-    out = [f"  job model    {len(m['gpus'])} GPU(s): {m['grouping']}; data device {m['data_dev'] or '?'}"]
+    o = m.get("object_store")
+    source = (
+        f"data from object store s3://{o['endpoint']}/{o['bucket']}"
+        f" ({o['requests']} GETs, {o['bytes'] / 2**20:.2f} MiB)"
+        if o
+        else f"data device {m['data_dev'] or '?'}"
+    )
+    out = [f"  job model    {len(m['gpus'])} GPU(s): {m['grouping']}; {source}"]
     for g in m["gpus"]:
         workers = [str(x["pid"]) for x in g["members"] if x["role"] == "worker"]
         c = g["compute_s"]

@@ -13,12 +13,17 @@ pub fn describe(m: &JobModel) -> Vec<String> {
     let f = |x: Option<f64>, scale: f64, unit: &str| {
         x.map(|v| format!("{:.1} {unit}", v * scale)).unwrap_or_else(|| "-".into())
     };
-    out.push(format!(
-        "job model: {} GPU(s) found ({}); data device {}",
-        m.gpus.len(),
-        m.grouping,
-        m.data_dev.as_deref().unwrap_or("?")
-    ));
+    let source = match &m.object_store {
+        Some(o) => format!(
+            "data from object store s3://{}/{} ({} GETs, {:.2} MiB)",
+            o.endpoint,
+            o.bucket,
+            o.requests,
+            o.bytes as f64 / (1u64 << 20) as f64
+        ),
+        None => format!("data device {}", m.data_dev.as_deref().unwrap_or("?")),
+    };
+    out.push(format!("job model: {} GPU(s) found ({}); {source}", m.gpus.len(), m.grouping));
     for g in &m.gpus {
         let workers: Vec<String> = g.members.iter().filter(|x| x.role == "worker").map(|x| x.pid.to_string()).collect();
         out.push(format!(

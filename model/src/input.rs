@@ -1,5 +1,5 @@
-//! What the model reads from a trace: its file, proc and ipc rows and its block layer
-//! summed per process and second, and those rows indexed by process.
+//! What the model reads from a trace: its file, proc, ipc and object rows and its block
+//! layer summed per process and second, and those rows indexed by process.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -9,7 +9,7 @@ use arrow_array::{Array, Int64Array, StringArray};
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
-use trainio_schema::{read_rows, segment_paths, Layer, OwnedRow};
+use trainio_schema::{keys, read_metadata, read_rows, segment_paths, Layer, OwnedRow};
 
 /// What the model reads from a trace.
 #[derive(Default)]
@@ -17,6 +17,8 @@ pub struct Input {
     pub file: Vec<OwnedRow>,
     pub proc_rows: Vec<OwnedRow>,
     pub ipc: Vec<OwnedRow>,
+    /// Object requests (schema 1.8): the GETs among them are data reads (object_reads.rs).
+    pub object: Vec<OwnedRow>,
     /// Block-layer bytes read, by the pid in whose context each request was issued and
     /// the second (issue_ns / 1e9) it was issued in.
     pub block_reads: HashMap<(u32, i64), u64>,
@@ -43,7 +45,7 @@ impl Input {
 
 pub(crate) const NS_PER_S: i64 = 1_000_000_000;
 
-/// Reads what the model needs from a trace: its file, proc and ipc rows, and the block
+/// Reads what the model needs from a trace: its file, proc, ipc and object rows, and the block
 /// layer summed per process (streamed: a block layer of 100 M rows is never held).
 pub fn load_input(trace: &Path) -> Result<Input, String> {
     let mut input = Input::default();
@@ -61,17 +63,25 @@ pub fn load_input(trace: &Path) -> Result<Input, String> {
                         input.add_block_dev_read(r.dev.as_deref(), r.pid, r.issue_ns, r.bytes.max(0) as u64);
                     }
                 }
-                Layer::Nfs | Layer::Object => {}
+                Layer::Object => input.object.push(r),
+                Layer::Nfs => {}
             }
         }
         return Ok(input);
     }
-    for layer in [Layer::File, Layer::Proc, Layer::Ipc] {
+    // A trace that says it did not record the object layer has no object rows to scan for.
+    let layers = read_metadata(trace).ok().and_then(|m| m.get(keys::LAYERS).cloned());
+    let has_object = layers.is_none_or(|l| l.contains("\"object\""));
+    for layer in [Layer::File, Layer::Proc, Layer::Ipc, Layer::Object] {
+        if layer == Layer::Object && !has_object {
+            continue;
+        }
         let rows = read_rows(trace, Some(layer)).map_err(|e| e.to_string())?;
         match layer {
             Layer::File => input.file = rows,
             Layer::Proc => input.proc_rows = rows,
-            _ => input.ipc = rows,
+            Layer::Ipc => input.ipc = rows,
+            _ => input.object = rows,
         }
     }
     for seg in &segs {

@@ -4,7 +4,9 @@
 
 use serde::Serialize;
 
-use crate::writes;
+use trainio_schema::OwnedRow;
+
+use crate::{object_reads, writes};
 
 /// One read of a step: a byte range of one of the GPU's files, by one of its readers.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -147,9 +149,36 @@ pub struct Coverage {
     pub file_read_bytes_training: u64,
 }
 
+/// The object store the GPUs' data comes from (object_reads.rs).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ObjectSource {
+    /// `IP:PORT` of the server.
+    pub endpoint: String,
+    pub bucket: String,
+    /// The GETs of its objects the model counts as reads, and their body bytes.
+    pub requests: u64,
+    pub bytes: u64,
+}
+
+impl ObjectSource {
+    /// The store `data_dev` names (`s3://ENDPOINT/BUCKET`), with its reads among `rows`.
+    pub(crate) fn of(data_dev: Option<&str>, rows: &[&OwnedRow]) -> Option<ObjectSource> {
+        let dev = data_dev?;
+        let (endpoint, bucket) = object_reads::store_of(dev)?;
+        let on = rows.iter().filter(|r| object_reads::is_object_read(r) && r.dev.as_deref() == Some(dev));
+        let (requests, bytes) = on.fold((0, 0), |(n, b), r| (n + 1, b + r.bytes.max(0) as u64));
+        Some(ObjectSource { endpoint: endpoint.into(), bucket: bucket.into(), requests, bytes })
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct JobModel {
+    /// Where the GPUs' data comes from: a disk `MAJ:MIN`, or an object store
+    /// `s3://ENDPOINT/BUCKET` (then `object_store` says which).
     pub data_dev: Option<String>,
+    /// The data comes from an object store: its GETs are the reads (absent: from files).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object_store: Option<ObjectSource>,
     /// How the GPUs were found.
     pub grouping: String,
     pub gpus: Vec<GpuModel>,

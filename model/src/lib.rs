@@ -2,7 +2,8 @@
 //! used by `trainio replay --trace` (Rust) and `trainio analyze` (through the analyzer's
 //! native extension), so both say the same thing about a trace.
 //!
-//! From the trace's `file`, `proc` and `ipc` layers (traces/SCHEMA.md) it finds:
+//! From the trace's `file`, `proc`, `ipc` and `object` layers (traces/SCHEMA.md) it finds
+//! (object requests, a job's GETs of its samples from S3, are its reads: object_reads.rs):
 //!
 //! 1. **Which processes are one GPU.** A rank and its DataLoader worker processes are one
 //!    simulated GPU. A process that reads data is a *worker* of its parent when it names
@@ -33,7 +34,8 @@
 //! (without), over the typed evidence of evidence.rs; 3 in compute.rs (and the rank's
 //! gets in handoff.rs); 4 in gpu.rs, which builds each GPU from the parts; 5 in
 //! coverage.rs. Beside them: input.rs (what the model reads from a trace), job.rs (what
-//! it says), mapped.rs (reads through mmap), shards.rs (samples of streamed tar shards),
+//! it says), mapped.rs (reads through mmap), object_reads.rs (GETs from an object store
+//! as reads), shards.rs (samples of streamed tar shards),
 //! writes.rs (write bursts), trace_set.rs (a job recorded on several hosts), whatif.rs
 //! (what-ifs), describe.rs (JSON and printed lines). This file ties them together.
 
@@ -53,6 +55,7 @@ mod handoff;
 mod input;
 mod job;
 pub mod mapped;
+pub mod object_reads;
 mod options;
 pub mod shards;
 mod stats;
@@ -64,7 +67,7 @@ pub use bursts::{step_gap_ns, DEFAULT_BURST_GAP_MS};
 pub use describe::{describe, to_json};
 pub use grouping::WORKER_COMM;
 pub use input::{load_input, Input};
-pub use job::{Coverage, GpuModel, JobModel, LeftOut, Member, Read, Step};
+pub use job::{Coverage, GpuModel, JobModel, LeftOut, Member, ObjectSource, Read, Step};
 pub use options::{Grouping, Options};
 pub use trace_set::combine;
 
@@ -95,16 +98,19 @@ fn infer_trace_as_recorded(trace: &Path, opts: &Options) -> Result<JobModel, Str
 
 /// Infers the job model from rows (`load_input`).
 pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
-    // Reads through mmap are data reads like read syscalls (mapped.rs).
+    // Reads through mmap are data reads like read syscalls (mapped.rs), and so are GETs
+    // of objects (object_reads.rs).
     let mapped_reads = mapped::reads(&input.file, &input.proc_rows);
+    let object_reads = object_reads::reads(&input.object);
     let with_mapped;
-    let input = if mapped_reads.is_empty() {
+    let input = if mapped_reads.is_empty() && object_reads.is_empty() {
         input
     } else {
         with_mapped = Input {
-            file: input.file.iter().cloned().chain(mapped_reads).collect(),
+            file: input.file.iter().cloned().chain(mapped_reads).chain(object_reads).collect(),
             proc_rows: input.proc_rows.clone(),
             ipc: input.ipc.clone(),
+            object: Vec::new(),
             block_reads: input.block_reads.clone(),
             block_dev_reads: input.block_dev_reads.clone(),
             has_block: input.has_block,
@@ -130,7 +136,9 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     let bytes_per_step = quantile(&bps, 0.5);
     let reqs: Vec<f64> = gpus.iter().filter_map(|g| g.required_mib_s).collect();
     let steps = gpus.iter().map(|g| g.steps.len() as u64).sum();
+    let object_store = ObjectSource::of(data.dev.as_deref(), &data.rows);
     Ok(JobModel {
+        object_store,
         data_dev: data.dev,
         grouping: groups.desc,
         gpus,

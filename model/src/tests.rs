@@ -839,3 +839,57 @@ fn libraries_paged_in_from_another_disk_do_not_make_the_trace_incomplete() {
     let m = infer(&input, &Options::default()).unwrap();
     assert!(m.incomplete.is_some());
 }
+
+/// The same job with its workers' samples fetched as objects (boto3's get_object) instead
+/// of read from files: the same GPUs, steps, samples, bytes and compute, its data source
+/// the store, though the ranks also read a module file from a disk.
+#[test]
+fn a_job_reading_objects_models_as_the_same_job_reading_files() {
+    let mut files = Input::default();
+    launcher_reads(&mut files, 100);
+    rank_with_workers(&mut files, 200, 100, 2, 4, 20, 50, 40);
+    rank_with_workers(&mut files, 300, 100, 2, 4, 20, 50, 40);
+    let by_files = infer(&files, &Options::default()).unwrap();
+
+    let mut objects = Input { proc_rows: files.proc_rows.clone(), ipc: files.ipc.clone(), ..Input::default() };
+    for r in &files.file {
+        let sample = r.file.as_deref().is_some_and(|f| f.starts_with("/data/r"));
+        match (&*r.op, sample) {
+            ("read", true) => objects.object.push(OwnedRow {
+                layer: Layer::Object,
+                op: Arc::from("get"),
+                dev: None,
+                offset: None,
+                file: Some(Arc::from(format!("bkt{}", r.file.as_deref().unwrap()))),
+                object: Some(trainio_schema::ObjectFields {
+                    endpoint: Arc::from("10.0.0.5:9000"),
+                    http_status: Some(200),
+                    first_byte_ns: Some(r.issue_ns + 1_000),
+                }),
+                ..r.clone()
+            }),
+            ("open", true) => {} // an object has no open
+            _ => objects.file.push(r.clone()),
+        }
+    }
+    for rank in [200, 300] {
+        objects.file.push(file_read(rank, "python", "/usr/lib/python3/torch.py", 0, 65536, 1_001 * MS, MS));
+    }
+    let m = infer(&objects, &Options::default()).unwrap();
+    assert_eq!(m.data_dev.as_deref(), Some("s3://10.0.0.5:9000/bkt"));
+    let store = m.object_store.as_ref().expect("the store is the data source");
+    assert_eq!((store.endpoint.as_str(), store.bucket.as_str()), ("10.0.0.5:9000", "bkt"));
+    assert_eq!((store.requests, store.bytes), (2 * 40 * 4, 2 * 40 * 4 * MIB));
+    assert!(describe(&m)[0].contains("data from object store s3://10.0.0.5:9000/bkt (320 GETs, 320.00 MiB)"));
+    assert_eq!(m.gpus.len(), 2, "{:#?}", describe(&m));
+    for (g, f) in m.gpus.iter().zip(&by_files.gpus) {
+        assert_eq!((g.rank_pid, g.workers, g.step_signal), (f.rank_pid, 2, "handoff"));
+        assert_eq!(g.steps.len(), 40);
+        assert_eq!(g.samples_per_step, 4.0, "one object per sample");
+        assert_eq!(g.bytes_per_step, f.bytes_per_step);
+        assert_eq!(g.compute_s, f.compute_s);
+        assert!(g.files.iter().all(|(p, _)| p.starts_with("bkt/data/")), "the rank's module is not data");
+        assert!(g.steps.iter().all(|s| s.reads.iter().all(|r| r.offset == 0 && r.len == MIB && !r.mapped)));
+    }
+    assert!(by_files.object_store.is_none(), "a job reading files has none");
+}

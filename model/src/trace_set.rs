@@ -1,7 +1,7 @@
 //! The model of a trace set (the per-host traces of one job): every host's GPUs on the
 //! set's clock, the job's figures over all of them.
 
-use crate::job::{Coverage, JobModel, LeftOut};
+use crate::job::{Coverage, JobModel, LeftOut, ObjectSource};
 use crate::stats::quantile;
 use crate::writes;
 
@@ -18,7 +18,17 @@ pub fn combine(parts: Vec<(String, i64, JobModel)>) -> JobModel {
     let mut hosts = Vec::new();
     let mut devs: Vec<String> = Vec::new();
     let mut grouping = String::new();
+    let mut stores: Vec<ObjectSource> = Vec::new();
     for (host, shift, m) in parts {
+        if let Some(o) = m.object_store {
+            match stores.iter_mut().find(|s| s.endpoint == o.endpoint && s.bucket == o.bucket) {
+                Some(s) => {
+                    s.requests += o.requests;
+                    s.bytes += o.bytes;
+                }
+                None => stores.push(o),
+            }
+        }
         if grouping.is_empty() {
             grouping = m.grouping.clone();
         }
@@ -58,6 +68,8 @@ pub fn combine(parts: Vec<(String, i64, JobModel)>) -> JobModel {
     JobModel {
         // one device when every host read the same MAJ:MIN (shared storage seen alike)
         data_dev: (devs.len() == 1).then(|| devs[0].clone()),
+        // one object store when every host read from the same one
+        object_store: (devs.len() == 1 && stores.len() == 1).then(|| stores.remove(0)),
         grouping: format!("{grouping}; {} hosts", hosts.len()),
         compute_s: quantile(&computes, 0.5),
         bytes_per_step: quantile(&bps, 0.5),

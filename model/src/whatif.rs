@@ -199,6 +199,7 @@ mod tests {
     fn model(gpus: Vec<GpuModel>) -> JobModel {
         JobModel {
             data_dev: None,
+            object_store: None,
             grouping: "test".into(),
             compute_s: Some(0.02),
             bytes_per_step: None,

@@ -77,6 +77,12 @@ pub struct SourceArgs {
     /// `storage.storage_type: s3`, the bucket holds the dataset instead).
     #[arg(long, value_name = "DIR")]
     pub data_dir: PathBuf,
+    /// Trace mode: the job's data as objects in this S3 bucket (BUCKET[/PREFIX]), as a
+    /// workload's `storage.storage_type: s3` and `storage.storage_root` put it there: the
+    /// endpoint from AWS_ENDPOINT_URL (or S3_ENDPOINT_URIS, S3_ENDPOINT), the keys from
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; --data-dir is not read.
+    #[arg(long, value_name = "BUCKET[/PREFIX]")]
+    pub storage_root: Option<String>,
     /// Use a non-empty directory that trainio did not create.
     #[arg(long)]
     pub force: bool,

@@ -146,6 +146,11 @@ impl Job {
                         "--gpus-per-process, --compute-scale and --map-path change a recorded job: they go with --trace, not --workload".into()
                     ));
                 }
+                if src.storage_root.is_some() {
+                    bail!(InputError(
+                        "--storage-root is for --trace: a workload names its bucket in storage.storage_root (or --param storage.storage_root=BUCKET)".into()
+                    ));
+                }
                 let mut params = src.params.clone();
                 params.extend(
                     crate::workload::hydra_overrides(&src.overrides).map_err(|e| InputError(format!("{e:#}")))?,
@@ -181,6 +186,11 @@ impl Job {
                     }
                 }
                 let map = PathMap::parse(&args.map_path).map_err(InputError)?;
+                if !map.0.is_empty() && src.storage_root.is_some() {
+                    bail!(InputError(
+                        "--map-path reads the job's own files in place and --storage-root reads objects: give one of them".into()
+                    ));
+                }
                 if !map.0.is_empty() && args.generate {
                     bail!(InputError(
                         "--map-path replays the job's own files in place: there is nothing to generate (drop --generate)".into()
@@ -201,10 +211,26 @@ impl Job {
                 let name = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 // The stand-in carries the shared settings; the loader of each GPU comes
                 // from its template (trace_input).
+                // --storage-root: the job's data are objects in that bucket, configured as a
+                // workload's object storage is (s3dlio's pattern: each recorded read one GET).
+                let storage = match &src.storage_root {
+                    Some(root) => format!(
+                        "storage: {{storage_type: s3, storage_library: s3dlio, storage_root: {}}}\n",
+                        serde_json::to_string(root)?
+                    ),
+                    None => String::new(),
+                };
                 let w = Workload::from_yaml(
-                    &format!("model: {{name: \"trace {name}\"}}\ndataset: {{record_length_bytes: 1}}\nreader: {{prefetch_size: 2}}\ntrain: {{}}\n"),
+                    &format!("model: {{name: \"trace {name}\"}}\ndataset: {{record_length_bytes: 1}}\nreader: {{prefetch_size: 2}}\ntrain: {{}}\n{storage}"),
                     "trace",
-                )?;
+                )
+                .map_err(|e| match &src.storage_root {
+                    Some(root) => {
+                        let why = format!("{e:#}").replace(&format!("storage.storage_root: '{root}': "), "");
+                        InputError(format!("--storage-root {root}: {why}").replace('\n', " ")).into()
+                    }
+                    None => e,
+                })?;
                 (w, Some((templates, model)), trace.clone())
             }
             (None, None) => bail!(InputError("give --workload FILE.yaml or --trace TRACE".into())),
@@ -513,7 +539,7 @@ impl Job {
         mine: &[usize],
         sizing: &str,
     ) -> Result<(Layout, u64)> {
-        let have = target.dataset_objects()?;
+        let have = target.dataset_objects(layout)?;
         target.verify(layout, mine, &have).map_err(|e| InputError(format!("{e:#} ({sizing})")))?;
         let spf = layout.samples_per_file.max(1);
         let files: Vec<dataset::DataFile> = layout
@@ -846,7 +872,14 @@ impl Job {
                             .unwrap_or_default(),
                     ),
                 };
-                self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients, None)
+                let objects =
+                    object_layout.as_ref().zip(self.s3.as_ref()).map(|((l, _), t)| crate::s3_reads::ObjectSet {
+                        bucket: t.store.bucket.clone(),
+                        prefix: t.store.prefix.clone(),
+                        root: l.root.clone(),
+                        sizes: l.files.iter().map(|f| (f.rel.clone(), f.size)).collect(),
+                    });
+                self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients, objects)
             }
         }
     }

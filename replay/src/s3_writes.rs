@@ -58,9 +58,12 @@ impl S3Target {
         join_key(&[&self.store.prefix, &rel.to_string_lossy()])
     }
 
-    /// Sizes of the objects of the dataset that exist, by path relative to the layout's root.
-    pub fn dataset_objects(&self) -> Result<HashMap<PathBuf, u64>> {
-        let listed = self.client().list(&self.store.bucket, &join_key(&[&self.store.prefix, "train"]))?;
+    /// Sizes of the objects of the dataset that exist, by path relative to the layout's
+    /// root: those under its top folder (`train/`, or a trace's `trace/`).
+    pub fn dataset_objects(&self, layout: &Layout) -> Result<HashMap<PathBuf, u64>> {
+        let top = layout.files.first().and_then(|f| f.rel.iter().next()).map(|c| c.to_string_lossy().into_owned());
+        let top = top.unwrap_or_else(|| "train".into());
+        let listed = self.client().list(&self.store.bucket, &join_key(&[&self.store.prefix, &top]))?;
         let strip = if self.store.prefix.is_empty() { String::new() } else { format!("{}/", self.store.prefix) };
         Ok(listed
             .into_iter()
@@ -169,7 +172,7 @@ fn stamped(block: &[u8], object: u64) -> impl FnMut(&mut [u8], u64) + '_ {
 /// (every `parts`-th), skipping objects already there with their planned size. Each object
 /// is laid out in the workload's format (formats.rs), as datagen writes a file.
 pub fn generate(target: &S3Target, layout: &Layout, part: usize, parts: usize) -> Result<u64> {
-    let have = target.dataset_objects()?;
+    let have = target.dataset_objects(layout)?;
     let pattern = target.store.library.pattern();
     let mut block = vec![0u8; 1 << 20];
     rand::rngs::StdRng::seed_from_u64(0x0074_7261_696e_696f).fill(&mut block[..]);

@@ -23,6 +23,12 @@
 //! In place (`--map-path OLD=NEW`) every GPU reads the job's own files, mapped to where a
 //! copy of them is: nothing is generated, and the files must hold every byte read.
 //!
+//! A job that read its samples from an object store (the model's GETs, schema 1.8) is
+//! laid out the same way, each copy of an object under its recorded `bucket/key`
+//! (`trace/c00000/train/a/s0.bin`): with `--storage-root` the copies are objects in that
+//! bucket, read as the job's requests were (whole, or the recorded byte range), else
+//! files under --data-dir.
+//!
 //! A template also carries its GPU's write bursts (the model's `write_bursts` placed in
 //! its steps): simulated GPU g writes them after the same step, to its own copies of the
 //! written files, `trace/gpuNNNNN/wNNNNN.dat` under --data-dir, with the same offsets,
@@ -86,6 +92,11 @@ pub struct Template {
 }
 
 impl Template {
+    /// The GPU's data came from an object store: its files are objects, named `bucket/key`.
+    pub fn objects(&self) -> bool {
+        self.dev.as_deref().and_then(trainio_model::object_reads::store_of).is_some()
+    }
+
     pub fn write_bytes(&self) -> u64 {
         self.write_bursts.values().flatten().filter(|o| o.sync.is_none()).map(|o| o.len).sum()
     }
@@ -271,6 +282,7 @@ impl Placement {
         }
         let n = templates.len() as u64;
         let in_place = map.is_some();
+        let objects = templates.iter().any(|t| t.objects());
         let copies = if in_place { 1 } else { gpus.div_ceil(n).max(1) };
         // The last copy holds the files of the templates its GPUs replay: 0..last.
         let last = if in_place { gpus.min(n) } else { gpus - (copies - 1) * n };
@@ -308,11 +320,7 @@ impl Placement {
                     let rel = mapped[d].strip_prefix(&root).unwrap_or(&mapped[d]).to_path_buf();
                     DataFile { rel, size: distinct[d].1, sample: distinct[d].1 }
                 } else {
-                    DataFile {
-                        rel: PathBuf::from(format!("trace/c{c:05}/f{d:05}.dat")),
-                        size: sizes[d],
-                        sample: sizes[d],
-                    }
+                    DataFile { rel: copy_name(c, d, &distinct[d].0, objects), size: sizes[d], sample: sizes[d] }
                 });
             }
             index.push(ix);
@@ -384,6 +392,19 @@ impl Placement {
         }
         Ok(())
     }
+}
+
+/// Where copy `c` of the job's distinct file `d` (recorded as `recorded`) is laid out: a
+/// job's objects under their recorded `bucket/key` (`trace/c00000/train/a/s0.bin`), so a
+/// copy in a bucket holds the same keys; files, and keys that are not a plain relative
+/// path, as `trace/cCCCCC/fDDDDD.dat`.
+fn copy_name(c: u64, d: usize, recorded: &str, objects: bool) -> PathBuf {
+    let plain = |p: &Path| p.components().all(|x| matches!(x, std::path::Component::Normal(_)));
+    let key = Path::new(recorded);
+    if objects && !recorded.is_empty() && !recorded.ends_with('/') && plain(key) {
+        return Path::new(&format!("trace/c{c:05}")).join(key);
+    }
+    PathBuf::from(format!("trace/c{c:05}/f{d:05}.dat"))
 }
 
 /// Settings of a trace replay that do not come from the trace.
@@ -668,6 +689,24 @@ mod tests {
         assert_eq!(nested.map("/d/b"), Some(PathBuf::from("/n")), "the longest prefix wins");
         assert_eq!(nested.map("/dd/b"), None, "whole components only");
         assert!(PathMap::parse(&["d=/m".into()]).is_err());
+    }
+
+    /// A job's objects keep their recorded keys under each copy's folder; a key that is
+    /// not a plain relative path gets a file's name.
+    #[test]
+    fn objects_keep_their_keys() {
+        let mut t = template(&["train/a/s0.bin", "train/../x", "train/b"]);
+        t.dev = Some("s3://127.0.0.1:9000/train".into());
+        assert!(t.objects());
+        let p = Placement::new(&[t.clone()], 2, Path::new("/r"), None);
+        let rel: Vec<PathBuf> = p.layout.files.iter().map(|f| f.rel.clone()).collect();
+        assert_eq!(rel[0], PathBuf::from("trace/c00000/train/a/s0.bin"));
+        assert_eq!(rel[1], PathBuf::from("trace/c00000/f00001.dat"));
+        assert_eq!(rel[3], PathBuf::from("trace/c00001/train/a/s0.bin"), "the second GPU's copy");
+        t.dev = Some("259:0".into());
+        assert!(!t.objects());
+        let p = Placement::new(&[t], 1, Path::new("/r"), None);
+        assert_eq!(p.layout.files[0].rel, PathBuf::from("trace/c00000/f00000.dat"));
     }
 
     /// Two loader threads of one process on the data device, its main thread reading a

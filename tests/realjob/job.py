@@ -21,7 +21,12 @@ people run, each as its library reads:
   `webdataset.WebDataset` with `split_by_node` and `split_by_worker`, streamed, and
   batched inside the workers (`.batched(batch)`; the DataLoader takes whole batches);
 - `jpeg`: an ImageFolder tree (`class/NNNNNN.jpg`) read by torchvision's `ImageFolder`,
-  each image opened and decoded by PIL and made a tensor in the workers.
+  each image opened and decoded by PIL and made a tensor in the workers;
+- `s3`: objects from S3, `--data BUCKET/PREFIX` (one sample per object under the prefix,
+  listed once), read with boto3's `get_object` in the workers, each worker with its own
+  client: the whole object, or with --s3-part N odd-numbered samples in ranged GETs of
+  N bytes, one after the other. Endpoint and keys from AWS_ENDPOINT_URL,
+  AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; plain HTTP, path-style.
 
 With --checkpoint-every N, every rank saves a checkpoint after each N-th step of an epoch,
 as a training script does: `torch.save` of a state of --checkpoint-mib MiB (a model's
@@ -54,7 +59,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 SEED = 1234
 SUFFIX = {"npz": ".npz", "raw": ".raw"}
-LOADERS = ("arrow", "wds", "jpeg")  # read by their libraries (module doc)
+LOADERS = ("arrow", "wds", "jpeg", "s3")  # read by their libraries (module doc)
 ALIGN = 4096
 
 
@@ -102,6 +107,57 @@ class ArrowRows(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         x = self.ds[i]["x"]
         return torch.frombuffer(bytearray(x), dtype=torch.uint8), len(x)
+
+
+class S3Objects(Dataset):
+    """The objects under BUCKET/PREFIX (`data`), in key order; an item is (the object's
+    bytes as a uint8 tensor, the bytes fetched). Each process that indexes it makes its own
+    boto3 client (a client is not to be shared across fork)."""
+
+    def __init__(self, data: Path, part: int) -> None:
+        self.bucket, _, prefix = str(data).partition("/")
+        self.part = part
+        self.client_pid: int | None = None
+        pages = self._client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        found = sorted((o["Key"], o["Size"]) for page in pages for o in page.get("Contents", []))
+        if not found:
+            raise SystemExit(f"job: no objects under s3://{data}")
+        self.keys = [k for k, _ in found]
+        self.sizes = [n for _, n in found]
+
+    def _client(self):
+        if self.client_pid != os.getpid():
+            import boto3
+            from botocore.config import Config
+
+            self.s3 = boto3.client(
+                "s3",
+                endpoint_url=os.environ["AWS_ENDPOINT_URL"],
+                region_name="us-east-1",
+                config=Config(
+                    s3={"addressing_style": "path"},
+                    retries={"max_attempts": 1},
+                    request_checksum_calculation="when_required",
+                    response_checksum_validation="when_required",
+                ),
+            )
+            self.client_pid = os.getpid()
+        return self.s3
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        s3, key = self._client(), self.keys[i]
+        if self.part and i % 2 == 1:
+            parts = []
+            for at in range(0, self.sizes[i], self.part):
+                last = min(at + self.part, self.sizes[i]) - 1
+                parts.append(s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={at}-{last}")["Body"].read())
+            data = b"".join(parts)
+        else:
+            data = s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), len(data)
 
 
 def jpeg_dataset(data: Path) -> Dataset:
@@ -181,6 +237,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--steps", type=int, default=None, help="at most this many steps per epoch")
     ap.add_argument("--odirect", action="store_true", help="raw format: read with O_DIRECT")
+    ap.add_argument(
+        "--s3-part", type=int, default=0, metavar="N", help="s3 format: odd samples in ranged GETs of N bytes"
+    )
     ap.add_argument("--out", type=Path, required=True, help="the job's JSON (written by rank 0)")
     ap.add_argument(
         "--checkpoint-every",
@@ -194,6 +253,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.odirect and args.format != "raw":
         ap.error("--odirect reads raw files only")
+    if args.s3_part < 0 or (args.s3_part and args.format != "s3"):
+        ap.error("--s3-part N needs N >= 0 and --format s3")
     if args.checkpoint_every < 0 or (args.checkpoint_every and args.checkpoint_dir is None):
         ap.error("--checkpoint-every N needs N >= 0 and --checkpoint-dir")
     return args
@@ -220,6 +281,8 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
             dataset: Dataset = ArrowRows(args.data)
         elif args.format == "jpeg":
             dataset = jpeg_dataset(args.data)
+        elif args.format == "s3":
+            dataset = S3Objects(args.data, args.s3_part)
         else:
             dataset = SampleFiles(args.data, args.format, args.odirect)
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=SEED, drop_last=True)

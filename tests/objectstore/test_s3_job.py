@@ -1,0 +1,225 @@
+"""A real PyTorch job that reads its samples from S3, recorded, modeled and replayed
+against S3.
+
+tests/realjob/job.py with `--format s3` runs under torchrun at 2 ranks (gloo all-reduce
+per step, a sleep per step as the accelerator), 2 DataLoader workers per rank, each
+worker reading samples from s3s-fs with boto3: even-numbered samples with one whole
+`get_object`, odd-numbered ones in ranged GETs. `trainio record --layers file,object`
+records it. Then:
+
+- the object layer has one row per GET the job made, and their bytes are the bytes the
+  job counted (its own log);
+- the job model finds the 2 ranks as GPUs, each with its 2 workers, names the object
+  store as the data source, and infers the compute per step within 5 % of the job's
+  measured sleep;
+- `trainio replay --trace --storage-root BUCKET --generate` lays the job's objects out in
+  another bucket of the same server and replays them at 2 GPUs: MiB/s within 5 % and AU
+  within 2 points of the job's own figures, the same GETs (whole and ranged) as the
+  job's, and request latency percentiles; at 4 GPUs it reads twice the bytes;
+- a bucket that does not exist is refused with one line, exit 2, before any work.
+
+The job is compute-bound (600 ms per step against a few ms of GETs and handoff per batch),
+so its AU and throughput are set by its compute; the replay runs `--realtime` so that its
+compute sleeps end on time on the shared host. What the two runs spend per step outside
+the compute differs by a few ms (the model keeps a collective's own time, not a rank's
+wait for a late peer, and counts the rank's Python around the sleep as compute): under
+1 % of the step here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import boto3
+import polars as pl
+import pytest
+from botocore.config import Config
+from s3_helpers import S3Server
+
+from trainio_analysis.trace import scan_trace
+from trainio_testlib import ROOT, TRAINIO, trainio, wait_no_trainio_programs
+
+pytestmark = [pytest.mark.root]
+
+JOB = ROOT / "tests" / "realjob" / "job.py"
+TORCHRUN = ROOT / ".venv" / "bin" / "torchrun"
+MIB = 1 << 20
+RANKS, WORKERS, BATCH, STEPS = 2, 2, 4, 16
+SAMPLE = 256 << 10
+PART = 96 << 10  # odd samples: ranged GETs of 96, 96 and 64 KiB
+COMPUTE_MS = 600.0
+DATA_BUCKET, PREFIX, REPLAY_BUCKET = "train", "samples", "replay"
+
+
+def _put_samples(s3: S3Server, n: int) -> None:
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key,
+        config=Config(
+            s3={"addressing_style": "path"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        ),
+    )
+    for i in range(n):
+        client.put_object(Bucket=DATA_BUCKET, Key=f"{PREFIX}/s{i:05d}.bin", Body=os.urandom(SAMPLE))
+
+
+def _record_job(tmp: Path, s3: S3Server) -> tuple[Path, dict]:
+    trace, out = tmp / "trace", tmp / "job.json"
+    cmd = [
+        str(TRAINIO),
+        "record",
+        "--layers",
+        "file,object",
+        "-o",
+        str(trace),
+        "--",
+        str(TORCHRUN),
+        "--standalone",
+        f"--nproc-per-node={RANKS}",
+        str(JOB),
+        "--data",
+        f"{DATA_BUCKET}/{PREFIX}",
+        "--format",
+        "s3",
+        "--s3-part",
+        str(PART),
+        "--batch-size",
+        str(BATCH),
+        "--num-workers",
+        str(WORKERS),
+        "--compute-ms",
+        str(COMPUTE_MS),
+        "--out",
+        str(out),
+    ]
+    env = {**os.environ, **s3.env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        _, stderr = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:  # timed out: the recorder first (it stops its command), then the rest
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 0, stderr[-4000:]
+    assert wait_no_trainio_programs() == []
+    return trace, json.loads(out.read_text())
+
+
+def _replay(s3: S3Server, trace: Path, gpus: int, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_ENDPOINT"))}
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **s3.env()})
+    return trainio(
+        "replay",
+        "--trace",
+        trace,
+        "--gpus",
+        gpus,
+        "--data-dir",
+        out.parent / "unused",
+        "--json",
+        out,
+        "-q",
+        *extra,
+        env=env,
+        timeout=300,
+    )
+
+
+def _steady_mib_s(r: dict) -> float:
+    """The replay's MiB/s over steps 2..n, as job.py measures its own."""
+    b = t = 0.0
+    for e in r["per_epoch"]:
+        b += e["bytes_read"] * (r["steps"] - 1) / r["steps"]
+        t += e["duration_s"] - e["first_step_s_max"]
+    return b / MIB / t
+
+
+def test_a_job_reading_s3_is_modeled_and_replayed_against_s3(tmp_path: Path, s3_server: S3Server) -> None:
+    n = RANKS * BATCH * STEPS
+    s3_server.bucket(DATA_BUCKET)
+    s3_server.bucket(REPLAY_BUCKET)
+    _put_samples(s3_server, n)
+    trace, job = _record_job(tmp_path, s3_server)
+    assert job["world_size"] == RANKS and job["steps"] == RANKS * STEPS
+    assert job["bytes_read"] == n * SAMPLE
+
+    # One object row per GET the job made: a whole GET per even sample, 3 ranged per odd.
+    rows = scan_trace(trace).filter(pl.col("layer") == "object").collect()
+    gets = rows.filter((pl.col("op") == "get") & pl.col("file").str.starts_with(f"{DATA_BUCKET}/{PREFIX}/"))
+    whole, ranged = gets.filter(pl.col("offset").is_null()), gets.filter(pl.col("offset").is_not_null())
+    assert len(whole) == n // 2 and len(ranged) == 3 * (n // 2), (len(whole), len(ranged))
+    assert gets["file"].n_unique() == n
+    assert (gets["http_status"].is_in([200, 206])).all() and (gets["error"] == 0).all()
+    assert gets["bytes"].sum() == pytest.approx(job["bytes_read"], rel=0.01)
+    assert sorted(set(ranged["bytes"])) == [SAMPLE - 2 * PART, PART]
+
+    # The job model: 2 GPUs of a rank and its 2 workers, reading from the object store.
+    a = trainio("analyze", trace, "--json")
+    assert a.returncode == 0, a.stderr
+    model = json.loads(a.stdout)["job_model"]
+    port = s3_server.endpoint.rsplit(":", 1)[1]
+    assert model["data_dev"] == f"s3://127.0.0.1:{port}/{DATA_BUCKET}"
+    store = model["object_store"]
+    assert store["endpoint"] == f"127.0.0.1:{port}" and store["bucket"] == DATA_BUCKET
+    assert store["requests"] == len(gets) and store["bytes"] == gets["bytes"].sum()
+    assert model["incomplete"] is None
+    gpus = model["gpus"]
+    assert len(gpus) == RANKS, [g["members"] for g in gpus]
+    assert sorted(g["bytes"] for g in gpus) == [n * SAMPLE // RANKS] * RANKS
+    for g, rank in zip(gpus, sorted(job["ranks"], key=lambda r: r["rank"])):
+        assert g["workers"] == WORKERS and g["step_signal"] == "handoff", g["members"]
+        assert STEPS <= len(g["steps"]) <= STEPS + WORKERS, len(g["steps"])
+        assert g["bytes_per_step"] == pytest.approx(BATCH * SAMPLE, rel=0.05)
+        slept_ms = rank["compute_s"] / (rank["steps"] - 1) * 1e3
+        assert g["compute_s"] * 1e3 == pytest.approx(slept_ms, rel=0.05), (g["compute_s"], slept_ms)
+    text = trainio("analyze", trace)
+    assert f"data from object store s3://127.0.0.1:{port}/{DATA_BUCKET}" in text.stdout, text.stdout
+
+    # A bucket that is not there: one line, exit 2, nothing put or written.
+    bad = _replay(s3_server, trace, RANKS, tmp_path / "bad.json", "--storage-root", "nosuchbucket", "--generate")
+    assert bad.returncode == 2, bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and "nosuchbucket" in bad.stderr, bad.stderr
+    assert not (tmp_path / "bad.json").exists() and not (tmp_path / "unused").exists()
+
+    # replay --trace at the recorded GPU count, against S3.
+    out = tmp_path / "r2.json"
+    r = _replay(s3_server, trace, RANKS, out, "--storage-root", REPLAY_BUCKET, "--generate", "--realtime")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    keys = sorted(
+        p.relative_to(s3_server.root / REPLAY_BUCKET).as_posix()
+        for p in (s3_server.root / REPLAY_BUCKET).rglob("*.bin")
+    )
+    assert keys == sorted(f"trace/c00000/{f}" for f in gets["file"].unique()), keys[:3]
+    o = rep["object"]
+    assert rep["bytes_read"] == o["bytes_read"] == job["bytes_read"]
+    assert o["get_requests"] == len(gets) and o["ranged_get_requests"] == len(ranged), o
+    lat = o["get_latency"]
+    assert 0 < lat["p50_ms"] <= lat["p90_ms"] <= lat["p99_ms"] <= lat["max_ms"], lat
+    assert rep["settings"]["storage"]["uri"] == f"s3://{REPLAY_BUCKET}"
+    assert _steady_mib_s(rep) == pytest.approx(job["mib_per_s"], rel=0.05), (_steady_mib_s(rep), job["mib_per_s"])
+    assert abs(rep["au_percent"] - 100 * job["au"]) <= 2.0, (rep["au_percent"], job["au"])
+
+    # Twice the GPUs: each copy of the objects read once, twice the bytes.
+    out4 = tmp_path / "r4.json"
+    r = _replay(s3_server, trace, 2 * RANKS, out4, "--storage-root", REPLAY_BUCKET, "--generate")
+    assert r.returncode == 0, r.stderr
+    rep4 = json.loads(out4.read_text())
+    assert rep4["bytes_read"] == rep4["object"]["bytes_read"] == 2 * job["bytes_read"]
+    assert rep4["object"]["get_requests"] == 2 * len(gets)
+    assert not (tmp_path / "unused").exists(), "nothing is written under --data-dir"
