@@ -21,6 +21,14 @@
 //! the job stands still meanwhile, and its time is left out of AU as DLIO leaves it out
 //! (checkpointing.rs, docs/replay.md). A trace's write bursts are written the same way
 //! after the step they followed (Program::writes_after, trace_writes.rs).
+//!
+//! Beside it in engine/: the backends that issue the reads (uring.rs: io_uring, or with
+//! `--io-engine psync` the thread pool of pool.rs) and client.rs, the client's own CPU.
+//! The object-storage backend is object/s3_reads.rs.
+
+pub mod client;
+pub mod pool;
+pub mod uring;
 
 use crate::cluster::{Cluster, PendingBarrier};
 use anyhow::{bail, Result};
@@ -112,7 +120,7 @@ pub trait Program {
     }
     /// Recorded mode: the writes and syncs GPU `gpu` made after `step` steps of the epoch
     /// (1-based: the step just finished), in order; empty when it made none there.
-    fn writes_after(&self, _gpu: usize, _epoch: u64, _step: u64) -> Vec<crate::trace_writes::WriteCall> {
+    fn writes_after(&self, _gpu: usize, _epoch: u64, _step: u64) -> Vec<crate::trace::trace_writes::WriteCall> {
         Vec::new()
     }
 }
@@ -174,7 +182,7 @@ pub struct RankRun {
     pub overshoot_us: Vec<(u64, u64)>,
     /// This rank's part of every checkpoint the job wrote.
     #[serde(default)]
-    pub checkpoints: Vec<crate::checkpointing::CheckpointIo>,
+    pub checkpoints: Vec<crate::checkpoint::checkpointing::CheckpointIo>,
     /// Why the run stopped before its last step (a checkpoint that failed, a rank lost),
     /// if it did.
     #[serde(default)]
@@ -310,8 +318,8 @@ pub struct Engine<'a, P: Program, B: Backend> {
     overshoot: BTreeMap<u64, u64>,
     bar: ProgressBar,
     /// The workload's checkpoints, written between steps.
-    checkpointer: Option<&'a crate::checkpointing::Checkpointer>,
-    checkpoints: Vec<crate::checkpointing::CheckpointIo>,
+    checkpointer: Option<&'a crate::checkpoint::checkpointing::Checkpointer>,
+    checkpoints: Vec<crate::checkpoint::checkpointing::CheckpointIo>,
     /// Trace mode: the bytes its write bursts write.
     write_buf: Vec<u8>,
     /// Why the run stopped early (errors::CheckpointFailed, errors::PeerLost).
@@ -405,7 +413,10 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
 
     /// Has every simulated GPU stop and write the workload's checkpoints when they are
     /// due (with the step barrier on: all GPUs of the job stop at the same step).
-    pub fn with_checkpoints(mut self, checkpointer: Option<&'a crate::checkpointing::Checkpointer>) -> Self {
+    pub fn with_checkpoints(
+        mut self,
+        checkpointer: Option<&'a crate::checkpoint::checkpointing::Checkpointer>,
+    ) -> Self {
         self.checkpointer = checkpointer;
         self
     }
@@ -879,14 +890,14 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
         if bursts.is_empty() {
             return Ok(None);
         }
-        let done = crate::trace_writes::run_bursts(&bursts, &mut self.write_buf)?;
+        let done = crate::trace::trace_writes::run_bursts(&bursts, &mut self.write_buf)?;
         let end = self.now();
         let stood = (end - now) as f64 / 1e9;
         for gpu in &mut self.gpus {
             gpu.cur.checkpoint_s += stood;
         }
         for ((epoch, step), (io, took)) in due.into_iter().zip(done) {
-            self.checkpoints.push(crate::checkpointing::CheckpointIo {
+            self.checkpoints.push(crate::checkpoint::checkpointing::CheckpointIo {
                 phase: "trace-write".into(),
                 index: self.checkpoints.len() as u64 + 1,
                 epoch: epoch + 1,
@@ -1013,5 +1024,5 @@ fn final_au(gpu: &mut Gpu) {
 }
 
 #[cfg(test)]
-#[path = "engine_tests.rs"]
+#[path = "engine/engine_tests.rs"]
 mod tests;

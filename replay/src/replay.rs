@@ -1,16 +1,16 @@
 //! One replay job: arguments → validated configuration → dataset → engine → results.
 
+use crate::checkpoint::checkpointing::{self, Checkpointer};
 use crate::checkpoint::Plan;
-use crate::checkpointing::{self, Checkpointer};
 use crate::cli::RunArgs;
 use crate::cluster::Cluster;
 use crate::dataset::{self, Layout};
-use crate::datasize;
 use crate::engine::Program;
 use crate::engine::{Engine, EngineOptions};
-use crate::program::WorkloadProgram;
+use crate::mlperf::datasize;
 use crate::results::{self, RankReport, Settings};
-use crate::trace_input::{self, PathMap, Placement, Template, TraceOptions, TraceProgram};
+use crate::trace::trace_input::{self, PathMap, Placement, Template, TraceOptions, TraceProgram};
+use crate::workload::program::WorkloadProgram;
 use crate::workload::{ComputeTime, Workload};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
@@ -61,7 +61,7 @@ pub struct Job {
     pub cache_warned: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// `storage.storage_type: s3`: the dataset and checkpoints are objects there, checked
     /// (endpoint, credentials, bucket) before any work; --data-dir is not used.
-    pub s3: Option<crate::s3_writes::S3Target>,
+    pub s3: Option<crate::object::s3_writes::S3Target>,
 }
 
 /// GPUs of rank `rank` when `gpus` are spread over `ranks`: contiguous, the first
@@ -161,7 +161,7 @@ impl Job {
                         path.display()
                     )));
                 }
-                crate::unmodeled::print(path, &w);
+                crate::workload::unmodeled::print(path, &w);
                 (w, None, path.clone())
             }
             (None, Some(trace)) => {
@@ -254,7 +254,7 @@ impl Job {
         let format = crate::formats::Format::parse(&w.format);
         if (args.odirect || w.odirect)
             && templates.is_none()
-            && (crate::indexed::is_indexed(format) || format == crate::formats::Format::Parquet)
+            && (crate::formats::indexed::is_indexed(format) || format == crate::formats::Format::Parquet)
         {
             // DLIO's reader factory raises for these formats under O_DIRECT.
             bail!(InputError(format!(
@@ -278,7 +278,7 @@ impl Job {
                 }
                 let checkpoint_bucket: Vec<String> =
                     w.checkpoint.iter().map(|c| store.checkpoint_location(&c.folder).0).collect();
-                Some(crate::s3_writes::preflight(store, &checkpoint_bucket)?)
+                Some(crate::object::s3_writes::preflight(store, &checkpoint_bucket)?)
             }
             None => None,
         };
@@ -292,7 +292,7 @@ impl Job {
             compute_scale: args.compute_scale,
             map_path: PathMap::parse(&args.map_path).ok().filter(|m| !m.0.is_empty()),
             transfer_size: rd.transfer_size.or(w.transfer_size).unwrap_or(DEFAULT_TRANSFER),
-            tf_buffer: rd.transfer_size.or(w.transfer_size).unwrap_or(crate::program::TF_BUFFER),
+            tf_buffer: rd.transfer_size.or(w.transfer_size).unwrap_or(crate::workload::program::TF_BUFFER),
             odirect: args.odirect || w.odirect,
             workload: w,
             source: path.display().to_string(),
@@ -321,7 +321,7 @@ impl Job {
                 let needed = self.bounded_files(gpus)?;
                 let layout = Layout::from_workload(&self.workload, gpus, self.max_steps, &self.data_dir);
                 if self.in_place_dlio() {
-                    return crate::dlio_dataset::layout(&self.workload, &layout, needed)
+                    return crate::workload::dlio_dataset::layout(&self.workload, &layout, needed)
                         .map_err(|e| InputError(e).into());
                 }
                 Ok(layout)
@@ -332,7 +332,7 @@ impl Job {
     /// Workload mode, without --generate, on a directory that holds no trainio dataset
     /// but DLIO's `train/`: the dataset DLIO generated, read in place (dlio_dataset.rs).
     pub fn in_place_dlio(&self) -> bool {
-        self.templates.is_none() && !self.generate && crate::dlio_dataset::looks_like(&self.data_dir)
+        self.templates.is_none() && !self.generate && crate::workload::dlio_dataset::looks_like(&self.data_dir)
     }
 
     /// Workload mode: the files of the dataset for `gpus`, refused above dataset::MAX_FILES.
@@ -480,14 +480,14 @@ impl Job {
     }
 
     /// Datagen to object storage: every rank PUTs its share of the objects.
-    fn datagen_s3(&self, target: &crate::s3_writes::S3Target, cluster: &Cluster, gpus: u64) -> Result<()> {
+    fn datagen_s3(&self, target: &crate::object::s3_writes::S3Target, cluster: &Cluster, gpus: u64) -> Result<()> {
         let layout = self.layout(gpus)?;
         if cluster.is_root() {
             self.print_size_check("datagen", &layout, gpus, None, client_ram(cluster));
         }
         cluster.barrier()?;
         let started = std::time::Instant::now();
-        let bytes = crate::s3_writes::generate(target, &layout, cluster.rank, cluster.size)?;
+        let bytes = crate::object::s3_writes::generate(target, &layout, cluster.rank, cluster.size)?;
         cluster.barrier()?;
         if cluster.is_root() {
             eprintln!(
@@ -508,7 +508,7 @@ impl Job {
     /// the objects' sizes as listed.
     fn s3_layout(
         &self,
-        target: &crate::s3_writes::S3Target,
+        target: &crate::object::s3_writes::S3Target,
         layout: &Layout,
         mine: &[usize],
         sizing: &str,
@@ -664,7 +664,7 @@ impl Job {
                         "trainio replay: note: {}: DLIO's dataset, read in place: {} files of {}; each file is read whole in {} B requests (the reads numpy.load or DLIO's reader make of its files are not modeled)",
                         self.data_dir.display(),
                         layout.files.len(),
-                        crate::datasize::human_bytes(layout.total_bytes() as f64),
+                        crate::mlperf::datasize::human_bytes(layout.total_bytes() as f64),
                         self.transfer_size
                     );
                 }
@@ -739,11 +739,12 @@ impl Job {
                     templates: None,
                     gpus_per_process: None,
                     compute_scale: None,
-                    required_mib_s_per_gpu: crate::datasize::need_bytes_per_s(w).map(|b| b / (1u64 << 20) as f64),
+                    required_mib_s_per_gpu: crate::mlperf::datasize::need_bytes_per_s(w)
+                        .map(|b| b / (1u64 << 20) as f64),
                     map_path: None,
                 };
                 let objects = match (&self.s3, &object_layout) {
-                    (Some(t), Some((l, _))) => Some(crate::s3_reads::ObjectSet {
+                    (Some(t), Some((l, _))) => Some(crate::object::s3_reads::ObjectSet {
                         bucket: t.store.bucket.clone(),
                         prefix: t.store.prefix.clone(),
                         root: l.root.clone(),
@@ -861,7 +862,7 @@ impl Job {
         used_bytes: u64,
         settings: Settings,
         clients: Option<(u64, u64)>,
-        objects: Option<crate::s3_reads::ObjectSet>,
+        objects: Option<crate::object::s3_reads::ObjectSet>,
     ) -> Result<Option<serde_json::Value>> {
         if let (Some((hosts, client_ram)), None) = (clients, &self.s3) {
             if !self.odirect
@@ -897,7 +898,7 @@ impl Job {
         let run = match (&self.s3, objects) {
             (Some(t), Some(objects)) => {
                 let slots = (0..local.len()).map(|g| program.read_threads(g).max(1)).sum();
-                let backend = crate::s3_reads::S3Reads::new(
+                let backend = crate::object::s3_reads::S3Reads::new(
                     slots,
                     (*t.endpoint).clone(),
                     t.store.library.pattern(),
@@ -921,7 +922,7 @@ impl Job {
         let mut run = run;
         if let (Some(t), Some(reads)) = (&self.s3, run.object.take()) {
             // The reads' log and this rank's other requests (checkpoints) together.
-            let mut all = crate::s3_client::RequestLog::from_wire(&reads).unwrap_or_default();
+            let mut all = crate::object::s3_client::RequestLog::from_wire(&reads).unwrap_or_default();
             all.merge(&t.log.lock().unwrap());
             run.object = Some(all.to_wire());
         }
@@ -956,10 +957,12 @@ impl Job {
         }
         if self.templates.is_some() {
             let per_rank: Vec<_> = reports.iter().map(|r| r.run.checkpoints.clone()).collect();
-            summary["writes"] = crate::trace_writes::summary(&per_rank);
+            summary["writes"] = crate::trace::trace_writes::summary(&per_rank);
         }
         if let Some(t) = &self.s3 {
-            if let Some(o) = crate::s3_writes::combine_logs(reports.iter().filter_map(|r| r.run.object.as_ref())) {
+            if let Some(o) =
+                crate::object::s3_writes::combine_logs(reports.iter().filter_map(|r| r.run.object.as_ref()))
+            {
                 summary["object"] = o;
             }
             summary["settings"]["storage"] = t.settings_json();
@@ -969,8 +972,8 @@ impl Job {
 }
 
 /// `f`'s result with the scheduler's account of this rank's threads over it (client.rs).
-fn metered<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, crate::client::ClientCpu)> {
-    let meter = crate::client::Meter::start();
+fn metered<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, crate::engine::client::ClientCpu)> {
+    let meter = crate::engine::client::Meter::start();
     let out = f()?;
     Ok((out, meter.finish()))
 }

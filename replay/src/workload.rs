@@ -5,9 +5,19 @@
 //! record keys `record_length*`, v2.0 `record_length_bytes*`; `model` is a string in some
 //! files and a mapping in others; numbers are sometimes quoted; `computation_time` is a
 //! scalar or a distribution. Keys we do not use are ignored, as DLIO ignores them.
+//!
+//! Workload mode's parts live beside it in workload/: yaml_keys.rs (typed reads of the
+//! YAML's keys), unmodeled.rs (what a run does not model, named before it starts),
+//! dlio_dataset.rs (a dataset DLIO generated, replayed in place) and program.rs (what each
+//! simulated GPU reads).
+
+pub mod dlio_dataset;
+pub mod program;
+pub mod unmodeled;
+pub mod yaml_keys;
 
 use crate::checkpoint::CheckpointSpec;
-use crate::yaml_keys::{boolean, first_number, number, section, short, string, to_f64, uint};
+use crate::workload::yaml_keys::{boolean, first_number, number, section, short, string, to_f64, uint};
 use anyhow::{bail, Context, Result};
 use rand::Rng;
 use rand_distr::{Distribution, Exp, Gamma, Normal, Poisson};
@@ -139,10 +149,10 @@ pub struct Workload {
     /// order, each as `KEY=VALUE`.
     pub params: Vec<String>,
     /// `storage.storage_type: s3`: the dataset and checkpoints are objects (object_store.rs).
-    pub object_store: Option<crate::object_store::ObjectStore>,
+    pub object_store: Option<crate::object::object_store::ObjectStore>,
     /// `format: parquet`: the columns, row groups and codec of `dataset.parquet`
     /// (parquet_files.rs).
-    pub parquet: Option<crate::parquet_files::Spec>,
+    pub parquet: Option<crate::formats::parquet_files::Spec>,
 }
 
 /// Every key trainio reads from a workload file: what `--param` may set.
@@ -435,7 +445,7 @@ impl Workload {
         for p in params {
             applied.push(apply_param(&mut root, p)?);
         }
-        let object_store = crate::object_store::ObjectStore::from_root(&root)?;
+        let object_store = crate::object::object_store::ObjectStore::from_root(&root)?;
         let empty = Value::Mapping(Default::default());
         let workflow = root.get("workflow").unwrap_or(&empty);
         let do_checkpoint = boolean(workflow, "workflow", "checkpoint")?.unwrap_or(false);
@@ -473,7 +483,7 @@ impl Workload {
         let record_length = first_number(dataset, "dataset", &["record_length_bytes", "record_length"])?;
         // Parquet's columns give a row's bytes when the file does not.
         let parquet = match is_parquet {
-            true => Some(crate::parquet_files::Spec::from_dataset(dataset, record_length.unwrap_or(1.0))?),
+            true => Some(crate::formats::parquet_files::Spec::from_dataset(dataset, record_length.unwrap_or(1.0))?),
             false => None,
         };
         let record_length = record_length
@@ -491,7 +501,7 @@ impl Workload {
         let rule_record_length = match first_number(dataset, "dataset", &["record_length_bytes"])? {
             Some(r) => r,
             None if format.eq_ignore_ascii_case("parquet") => {
-                crate::edition::parquet_rule_record_length(dataset).unwrap_or(record_length)
+                crate::mlperf::edition::parquet_rule_record_length(dataset).unwrap_or(record_length)
             }
             None => record_length,
         };
@@ -507,14 +517,14 @@ impl Workload {
             Some(m) => number(m, "metric", "au")?,
             None => None,
         };
-        let edition_au = crate::edition::au_threshold_percent(&name);
+        let edition_au = crate::mlperf::edition::au_threshold_percent(&name);
         let (au_threshold_percent, au_threshold_from) = match (au, edition_au) {
             (Some(a), Some(e)) => (
                 if a <= 1.0 { a * 100.0 } else { a },
-                format!("metric.au; {}'s threshold for {name}: {e:.0}%", crate::edition::EDITION),
+                format!("metric.au; {}'s threshold for {name}: {e:.0}%", crate::mlperf::edition::EDITION),
             ),
             (Some(a), None) => (if a <= 1.0 { a * 100.0 } else { a }, "metric.au".to_string()),
-            (None, Some(e)) => (e, format!("{}'s threshold for {name}", crate::edition::EDITION)),
+            (None, Some(e)) => (e, format!("{}'s threshold for {name}", crate::mlperf::edition::EDITION)),
             (None, None) => (90.0, "90% without metric.au".to_string()),
         };
         let workload = Workload {

@@ -14,8 +14,8 @@
 
 use crate::dataset::Layout;
 use crate::engine::{Batch, Program, SampleRead};
+use crate::formats::indexed;
 use crate::formats::{self, Format, Req};
-use crate::indexed;
 use crate::workload::{ComputeTime, Shuffle, Workload};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -59,7 +59,7 @@ pub struct WorkloadProgram {
     /// DLIO's loader: how many readers load the index files of an indexed format.
     loader: String,
     /// mmap_indexed_binary: the mappings of the files read so far, by file.
-    mapped: RefCell<std::collections::HashMap<usize, crate::indexed::Mapped>>,
+    mapped: RefCell<std::collections::HashMap<usize, crate::formats::indexed::Mapped>>,
     /// Parquet: per local GPU, per worker, what its reader holds.
     parquet_readers: RefCell<Vec<Vec<ParquetReader>>>,
 }
@@ -307,10 +307,10 @@ impl WorkloadProgram {
             (_, Format::TfRecord) => ("tfrecord-interleave", self.tf_buffer),
             (false, Format::Npz) => ("numpy-npz", self.blksize),
             (false, Format::Npy) => ("numpy-npy", self.blksize),
-            (_, Format::Hdf5(_)) => ("h5py-row", crate::hdf5::SIEVE),
+            (_, Format::Hdf5(_)) => ("h5py-row", crate::formats::hdf5::SIEVE),
             (false, Format::IndexedBinary) => ("dlio-indexed-binary", self.blksize),
             (false, Format::MmapIndexedBinary) => ("dlio-mmap-indexed-binary", 0),
-            (_, Format::Parquet) => ("pyarrow-row-group", crate::parquet_files::FOOTER_READ),
+            (_, Format::Parquet) => ("pyarrow-row-group", crate::formats::parquet_files::FOOTER_READ),
             (false, Format::Jpeg) => ("pil-jpeg", self.blksize),
             _ => ("whole-sample", self.transfer_size),
         };
@@ -336,9 +336,9 @@ impl WorkloadProgram {
         let reqs: Vec<Req> = match (self.odirect, self.format) {
             (false, Format::Npz) => formats::npz_plan(&shape, self.blksize),
             (false, Format::Npy) => formats::npy_plan(&shape, self.blksize),
-            (_, Format::Hdf5(c)) => crate::hdf5::plan(spf, sample, c, k),
+            (_, Format::Hdf5(c)) => crate::formats::hdf5::plan(spf, sample, c, k),
             (false, Format::IndexedBinary) => vec![indexed::sample_read(k, sample, self.blksize)],
-            (false, Format::Jpeg) => crate::jpeg::pil_plan(shape.size, self.blksize),
+            (false, Format::Jpeg) => crate::formats::jpeg::pil_plan(shape.size, self.blksize),
             // A reader of its own (DALI's workers): the footer, then the row's row group.
             (_, Format::Parquet) => match &self.layout.parquet {
                 Some(p) => p.footer_reads().into_iter().chain(p.row_group_reads(p.row_group_of(k))).collect(),
@@ -548,7 +548,7 @@ impl Program for WorkloadProgram {
             // h5py reads a row (a chunk of `c` rows when chunked) in one pread; one longer
             // than transfer_size goes in pieces of it, so buffers stay that size whatever
             // the samples' size.
-            (_, Format::Hdf5(c)) => self.transfer_size.min(largest * c.max(1)).max(crate::hdf5::SIEVE),
+            (_, Format::Hdf5(c)) => self.transfer_size.min(largest * c.max(1)).max(crate::formats::hdf5::SIEVE),
             // One readinto of the whole sample, of the whole index file.
             (false, Format::IndexedBinary) => {
                 largest.max(indexed::index_bytes(self.layout.samples_per_file)).max(self.blksize)
@@ -558,7 +558,7 @@ impl Program for WorkloadProgram {
                 let rgs = (0..p.row_groups.len()).flat_map(|rg| p.row_group_reads(rg));
                 rgs.chain(p.footer_reads()).map(|(_, len)| len).max().unwrap_or(plain)
             }),
-            (false, Format::Jpeg) => crate::jpeg::PIL_BLOCK.max(self.blksize),
+            (false, Format::Jpeg) => crate::formats::jpeg::PIL_BLOCK.max(self.blksize),
             _ => plain,
         }
     }
@@ -697,7 +697,7 @@ mod tests {
         let got: Vec<(u32, u64, u64, bool)> = b.reads.iter().map(|r| (r.file, r.offset, r.len, r.chain)).collect();
         let mut want = Vec::new();
         for k in [2u64, 3] {
-            for (i, (o, n)) in crate::hdf5::plan(4, 262144, 0, k).into_iter().enumerate() {
+            for (i, (o, n)) in crate::formats::hdf5::plan(4, 262144, 0, k).into_iter().enumerate() {
                 want.push((0, o, n, i > 0));
             }
         }
