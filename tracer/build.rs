@@ -23,7 +23,9 @@ fn main() {
     println!("cargo:rerun-if-changed={}", bpf_dir.join("trainio.h").display());
     println!("cargo:rerun-if-changed={}", bpf_dir.join("common.bpf.h").display());
     println!("cargo:rerun-if-changed={}", bpf_dir.join("core_fixes.bpf.h").display());
-    println!("cargo:rerun-if-changed={}", bpf_dir.join("file_mmap.bpf.h").display());
+    for header in ["file_ipc", "file_mmap", "file_open", "file_proc", "file_uring"] {
+        println!("cargo:rerun-if-changed={}", bpf_dir.join(format!("{header}.bpf.h")).display());
+    }
 
     for probe in PROBES {
         let src = bpf_dir.join(format!("{probe}.bpf.c"));

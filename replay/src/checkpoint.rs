@@ -26,8 +26,13 @@
 //!
 //! Tensor bytes are written as they are: torch.save's zip and pickle framing (a few KiB
 //! per file) is not emulated.
+//!
+//! checkpoint/checkpointing.rs runs them: checkpoint-only workloads and the checkpoints
+//! a training takes between steps.
 
-use crate::yaml_keys::{boolean, number, string};
+pub mod checkpointing;
+
+use crate::workload::yaml_keys::{boolean, number, string};
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;

@@ -10,15 +10,19 @@
 //! wait also asks the watchdog (watchdog.rs) whether a rank has gone silent: then the wait
 //! ends with errors::PeerLost instead of lasting for ever, and `gather` collects what the
 //! ranks still heard from have.
+//!
+//! cluster/watchdog.rs finds a lost host, which MPI alone never reports.
+
+pub mod watchdog;
 
 use crate::errors::PeerLost;
-use crate::watchdog::{self, Lost, Watchdog};
 use mpi::collective::{CommunicatorCollectives, Root};
 use mpi::point_to_point::{Destination, Source};
 use mpi::request::Request;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use std::sync::Arc;
 use std::time::Duration;
+use watchdog::{Lost, Watchdog};
 
 /// The tag of the results the survivors of a lost rank send to rank 0.
 const SURVIVORS_TAG: i32 = 0x7472;

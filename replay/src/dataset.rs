@@ -9,8 +9,8 @@
 //! with `.trainio-dataset` (JSON) and refuses to write into a non-empty directory without
 //! that marker, or into a device node, unless `--force` is given.
 
+use crate::formats::parquet_files as formats_parquet;
 use crate::formats::{self, Format};
-use crate::parquet_files as formats_parquet;
 use crate::workload::Workload;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -80,7 +80,7 @@ impl Layout {
             .flatten();
         let digits = (n.max(2) - 1).to_string().len().max(6);
         let format = match Format::parse(&workload.format) {
-            Format::Hdf5(_) => Format::Hdf5(crate::hdf5::chunk_rows(workload)),
+            Format::Hdf5(_) => Format::Hdf5(crate::formats::hdf5::chunk_rows(workload)),
             f => f,
         };
         let ext = match format {
@@ -140,9 +140,9 @@ impl Layout {
     pub fn on_disk(&self, i: usize) -> Vec<(PathBuf, u64)> {
         let f = &self.files[i];
         let mut out = vec![(f.rel.clone(), f.size)];
-        if crate::indexed::is_indexed(self.format) {
-            let idx = crate::indexed::index_bytes(self.samples_per_file);
-            out.extend(crate::indexed::index_paths(&f.rel).into_iter().map(|p| (p, idx)));
+        if crate::formats::indexed::is_indexed(self.format) {
+            let idx = crate::formats::indexed::index_bytes(self.samples_per_file);
+            out.extend(crate::formats::indexed::index_paths(&f.rel).into_iter().map(|p| (p, idx)));
         }
         out
     }
@@ -315,7 +315,7 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
         let written = match (&layout.parquet, layout.format) {
             (Some(p), _) => p.write(&mut out, &mut fill).map(|_| None),
             // The file's index seeds the image's coefficients: images differ.
-            (None, Format::Jpeg) => crate::jpeg::write(&mut out, f.sample, i as u64).map(|_| None),
+            (None, Format::Jpeg) => crate::formats::jpeg::write(&mut out, f.sample, i as u64).map(|_| None),
             (None, format) => formats::write_file(format, &mut out, layout.samples_per_file, f.sample, &mut fill),
         };
         let patch =
@@ -324,9 +324,9 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
             use std::os::unix::fs::FileExt;
             out.get_ref().write_all_at(&bytes, at).with_context(|| format!("writing {}", path.display()))?;
         }
-        if crate::indexed::is_indexed(layout.format) {
-            let contents = crate::indexed::index_contents(layout.samples_per_file, f.sample);
-            for (p, bytes) in crate::indexed::index_paths(&path).iter().zip(contents) {
+        if crate::formats::indexed::is_indexed(layout.format) {
+            let contents = crate::formats::indexed::index_contents(layout.samples_per_file, f.sample);
+            for (p, bytes) in crate::formats::indexed::index_paths(&path).iter().zip(contents) {
                 beneath.create(p)?.write_all(&bytes).with_context(|| format!("writing {}", p.display()))?;
             }
         }

@@ -21,6 +21,19 @@
 //! the job stands still meanwhile, and its time is left out of AU as DLIO leaves it out
 //! (checkpointing.rs, docs/replay.md). A trace's write bursts are written the same way
 //! after the step they followed (Program::writes_after, trace_writes.rs).
+//!
+//! This file holds the types and the event loop; beside it in engine/: loader.rs (the
+//! workers that read batches into each GPU's window), steps.rs (a step's end: compute,
+//! barrier, writes between steps, epochs and AU), the backends that issue the reads
+//! (uring.rs: io_uring, or with `--io-engine psync` the thread pool of pool.rs) and
+//! client.rs, the client's own CPU.
+//! The object-storage backend is object/s3_reads.rs.
+
+pub mod client;
+mod loader;
+pub mod pool;
+mod steps;
+pub mod uring;
 
 use crate::cluster::{Cluster, PendingBarrier};
 use anyhow::{bail, Result};
@@ -30,6 +43,7 @@ use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::path::{Path, PathBuf};
+use steps::{close_epoch, final_au};
 
 /// One read request (a sample, a part of one, or a recorded read): a byte range of a file.
 #[derive(Debug, Clone, Copy)]
@@ -112,7 +126,7 @@ pub trait Program {
     }
     /// Recorded mode: the writes and syncs GPU `gpu` made after `step` steps of the epoch
     /// (1-based: the step just finished), in order; empty when it made none there.
-    fn writes_after(&self, _gpu: usize, _epoch: u64, _step: u64) -> Vec<crate::trace_writes::WriteCall> {
+    fn writes_after(&self, _gpu: usize, _epoch: u64, _step: u64) -> Vec<crate::trace::trace_writes::WriteCall> {
         Vec::new()
     }
 }
@@ -174,7 +188,7 @@ pub struct RankRun {
     pub overshoot_us: Vec<(u64, u64)>,
     /// This rank's part of every checkpoint the job wrote.
     #[serde(default)]
-    pub checkpoints: Vec<crate::checkpointing::CheckpointIo>,
+    pub checkpoints: Vec<crate::checkpoint::checkpointing::CheckpointIo>,
     /// Why the run stopped before its last step (a checkpoint that failed, a rank lost),
     /// if it did.
     #[serde(default)]
@@ -310,8 +324,8 @@ pub struct Engine<'a, P: Program, B: Backend> {
     overshoot: BTreeMap<u64, u64>,
     bar: ProgressBar,
     /// The workload's checkpoints, written between steps.
-    checkpointer: Option<&'a crate::checkpointing::Checkpointer>,
-    checkpoints: Vec<crate::checkpointing::CheckpointIo>,
+    checkpointer: Option<&'a crate::checkpoint::checkpointing::Checkpointer>,
+    checkpoints: Vec<crate::checkpoint::checkpointing::CheckpointIo>,
     /// Trace mode: the bytes its write bursts write.
     write_buf: Vec<u8>,
     /// Why the run stopped early (errors::CheckpointFailed, errors::PeerLost).
@@ -405,7 +419,10 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
 
     /// Has every simulated GPU stop and write the workload's checkpoints when they are
     /// due (with the step barrier on: all GPUs of the job stop at the same step).
-    pub fn with_checkpoints(mut self, checkpointer: Option<&'a crate::checkpointing::Checkpointer>) -> Self {
+    pub fn with_checkpoints(
+        mut self,
+        checkpointer: Option<&'a crate::checkpoint::checkpointing::Checkpointer>,
+    ) -> Self {
         self.checkpointer = checkpointer;
         self
     }
@@ -549,469 +566,8 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
         }
         Ok(())
     }
-
-    /// Starts batches on idle workers of GPU `g` while the prefetch window allows.
-    fn fill(&mut self, g: usize) -> Result<()> {
-        if self.recorded {
-            return self.fill_recorded(g);
-        }
-        let spe = self.program.steps_per_epoch();
-        for k in 0..self.gpus[g].workers.len() {
-            let w = self.gpus[g].workers[k];
-            let gpu = &self.gpus[g];
-            if self.workers[w].step.is_some() || gpu.state == State::Done {
-                continue;
-            }
-            if gpu.next_to_start >= spe || gpu.next_to_start >= gpu.consumed + gpu.window {
-                break;
-            }
-            let step = gpu.next_to_start;
-            let batch = self.program.batch(g, gpu.epoch, step);
-            let gpu = &mut self.gpus[g];
-            gpu.next_to_start += 1;
-            gpu.slots.push_back(Slot { step, batch, done: false, unassigned: 0, outstanding: 0, cursor: Vec::new() });
-            let worker = &mut self.workers[w];
-            worker.step = Some(step);
-            worker.item = 0;
-            worker.pos = 0;
-            self.start_item(w)?;
-        }
-        Ok(())
-    }
-
-    /// Recorded mode: every idle worker takes its next read (by `Batch::streams`) from the
-    /// oldest batch in the window that has one, starting new batches while the window
-    /// allows.
-    fn fill_recorded(&mut self, g: usize) -> Result<()> {
-        let spe = self.program.steps_per_epoch();
-        let nw = self.gpus[g].workers.len();
-        let now = self.now();
-        let sync = self.program.synchronous(g);
-        let mut finished_empty = false;
-        for k in 0..nw {
-            let w = self.gpus[g].workers[k];
-            if self.workers[w].step.is_some() || self.gpus[g].state == State::Done {
-                continue;
-            }
-            let mut si = 0usize;
-            let assigned = loop {
-                let gpu = &mut self.gpus[g];
-                if si < gpu.slots.len() {
-                    let slot = &mut gpu.slots[si];
-                    si += 1;
-                    if slot.unassigned == 0 {
-                        continue;
-                    }
-                    let n = slot.batch.reads.len();
-                    let streams = &slot.batch.streams;
-                    let mut i = slot.cursor[k];
-                    while i < n && stream_of(streams, i) % nw != k {
-                        i += 1;
-                    }
-                    slot.cursor[k] = (i + 1).min(n);
-                    if i < n {
-                        slot.unassigned -= 1;
-                        slot.outstanding += 1;
-                        break Some((slot.step, i));
-                    }
-                    continue;
-                }
-                if gpu.next_to_start >= spe || gpu.next_to_start >= gpu.consumed + gpu.window {
-                    break None;
-                }
-                if sync && (gpu.next_to_start > gpu.step || !matches!(gpu.state, State::WaitBatch { .. })) {
-                    break None;
-                }
-                let step = gpu.next_to_start;
-                if let Some(at) = self.program.not_before_ns(g, gpu.epoch, step) {
-                    let at = gpu.epoch_start + at;
-                    if at > now {
-                        if !gpu.pace_pending {
-                            gpu.pace_pending = true;
-                            self.pace_timers.push(Reverse((at, g)));
-                        }
-                        break None;
-                    }
-                }
-                let batch = self.program.batch(g, gpu.epoch, step);
-                let gpu = &mut self.gpus[g];
-                gpu.next_to_start += 1;
-                let n = batch.reads.len();
-                finished_empty |= n == 0;
-                gpu.slots.push_back(Slot {
-                    step,
-                    batch,
-                    done: n == 0,
-                    unassigned: n,
-                    outstanding: 0,
-                    cursor: vec![0; nw],
-                });
-            };
-            let Some((step, item)) = assigned else {
-                continue;
-            };
-            let worker = &mut self.workers[w];
-            worker.step = Some(step);
-            worker.item = item;
-            worker.pos = 0;
-            self.start_item(w)?;
-        }
-        if finished_empty {
-            self.try_consume(g)?;
-        }
-        Ok(())
-    }
-
-    fn slot_of(&mut self, g: usize, step: u64) -> &mut Slot {
-        let gpu = &mut self.gpus[g];
-        let first = gpu.slots.front().map(|s| s.step).unwrap_or(0);
-        &mut gpu.slots[(step - first) as usize]
-    }
-
-    /// Opens the worker's current sample and issues its first read, or finishes the batch.
-    fn start_item(&mut self, w: usize) -> Result<()> {
-        let g = self.workers[w].gpu;
-        let step = self.workers[w].step.expect("worker without a batch");
-        let item = self.workers[w].item;
-        let read = self.slot_of(g, step).batch.reads.get(item).copied();
-        let Some(read) = read else {
-            self.slot_of(g, step).done = true;
-            self.workers[w].step = None;
-            self.try_consume(g)?;
-            return self.fill(g);
-        };
-        let path = self.program.path(read.file);
-        let fd = match self.open_files.get(&read.file) {
-            Some(&fd) => fd,
-            None => {
-                let fd = self.backend.open(&path)?;
-                if self.recorded {
-                    self.open_files.insert(read.file, fd);
-                }
-                fd
-            }
-        };
-        let worker = &mut self.workers[w];
-        worker.fd = fd;
-        worker.pos = 0;
-        worker.path = path;
-        self.submit_read(w, read)
-    }
-
-    fn submit_read(&mut self, w: usize, read: SampleRead) -> Result<()> {
-        if read.advise {
-            let (fd, offset, len) = (self.workers[w].fd, read.offset as libc::off_t, read.len as libc::off_t);
-            // A hint: a failure changes what is cached ahead, not what is read.
-            unsafe { libc::posix_fadvise(fd, offset, len, libc::POSIX_FADV_WILLNEED) };
-            return self.after_read(w, read);
-        }
-        let max = self.max_request;
-        let worker = &self.workers[w];
-        let mut offset = read.offset + worker.pos;
-        let mut len = (read.len - worker.pos).min(max);
-        if read.mapped {
-            let len = len.min(self.backend.buf_len()) as u32;
-            self.workers[w].asked = len as u64;
-            self.backend.submit_mapped(w, self.workers[w].fd, offset, len)?;
-            self.in_flight += 1;
-            self.count_issue(w);
-            return Ok(());
-        }
-        if self.options.odirect {
-            // O_DIRECT wants aligned offsets and lengths; recorded reads may not be.
-            let start = offset / ALIGN * ALIGN;
-            len = crate::dataset::round_up(offset + len - start, ALIGN);
-            offset = start;
-        }
-        let len = len.min(self.backend.buf_len()) as u32;
-        self.workers[w].asked = len as u64;
-        self.backend.submit(w, self.workers[w].fd, offset, len)?;
-        self.in_flight += 1;
-        self.count_issue(w);
-        Ok(())
-    }
-    fn count_issue(&mut self, w: usize) {
-        let gpu = &mut self.gpus[self.workers[w].gpu];
-        gpu.outstanding += 1;
-        gpu.stats.max_outstanding_reads = gpu.stats.max_outstanding_reads.max(gpu.outstanding);
-    }
-
-    fn read_done(&mut self, w: usize, res: i32) -> Result<()> {
-        let g = self.workers[w].gpu;
-        let step = self.workers[w].step.expect("completion for an idle worker");
-        let item = self.workers[w].item;
-        let read = self.slot_of(g, step).batch.reads[item];
-        if res < 0 {
-            let e = std::io::Error::from_raw_os_error(-res);
-            bail!("reading {} at offset {}: {e}", self.workers[w].path.display(), read.offset + self.workers[w].pos);
-        }
-        let got = res as u64;
-        let gpu = &mut self.gpus[g];
-        gpu.outstanding -= 1;
-        gpu.stats.bytes += got;
-        gpu.cur.bytes += got;
-        let worker = &mut self.workers[w];
-        // An O_DIRECT read may have started before the sample (alignment): count progress
-        // from the aligned start.
-        let lead = if self.options.odirect { (read.offset + worker.pos) % ALIGN } else { 0 };
-        worker.pos += got.saturating_sub(lead);
-        // A request cut to the buffer's size goes on; a short read is the end of the file.
-        if got > 0 && got >= worker.asked && worker.pos < read.len {
-            return self.submit_read(w, read);
-        }
-        // Sample finished (or the file ended early: a short file is read as it is). The
-        // worker spends its CPU time on it first, if any.
-        if read.think_ns > 0 {
-            worker.thinking = Some(read);
-            let at = self.now() + read.think_ns;
-            self.cpu_timers.push(Reverse((at, w)));
-            return Ok(());
-        }
-        self.after_read(w, read)
-    }
-
-    /// A worker has finished read `read` of its batch (its CPU time after it included):
-    /// it goes on to its next read, or the batch is done.
-    fn after_read(&mut self, w: usize, read: SampleRead) -> Result<()> {
-        let g = self.workers[w].gpu;
-        let step = self.workers[w].step.expect("a finished read of an idle worker");
-        let item = self.workers[w].item;
-        let worker = &mut self.workers[w];
-        if self.recorded {
-            worker.fd = -1;
-            worker.step = None;
-            if read.close {
-                if let Some(fd) = self.open_files.remove(&read.file) {
-                    self.backend.close(fd);
-                }
-            }
-            let slot = self.slot_of(g, step);
-            slot.outstanding -= 1;
-            if slot.unassigned == 0 && slot.outstanding == 0 {
-                slot.done = true;
-                self.try_consume(g)?;
-            }
-            return self.fill(g);
-        }
-        worker.item += 1;
-        worker.pos = 0;
-        let next = self.slot_of(g, step).batch.reads.get(item + 1).copied();
-        if let Some(next) = next.filter(|r| r.chain) {
-            // The reader's next request on the same open file.
-            return self.submit_read(w, next);
-        }
-        self.backend.close(self.workers[w].fd);
-        self.workers[w].fd = -1;
-        self.start_item(w)
-    }
-
-    /// If GPU `g` is waiting and its next batch is complete, take it and start computing.
-    fn try_consume(&mut self, g: usize) -> Result<()> {
-        let now = self.now();
-        let gpu = &mut self.gpus[g];
-        let State::WaitBatch { since } = gpu.state else {
-            return Ok(());
-        };
-        match gpu.slots.front() {
-            Some(s) if s.step == gpu.step && s.done => {}
-            _ => return Ok(()),
-        }
-        let slot = gpu.slots.pop_front().unwrap();
-        gpu.consumed += 1;
-        gpu.stats.io_wait_s += (now - since) as f64 / 1e9;
-        gpu.stats.samples += slot.batch.samples as u64;
-        gpu.cur.samples += slot.batch.samples as u64;
-        let seconds = self.program.compute_seconds(g, gpu.epoch, gpu.step, &mut gpu.rng);
-        let want = (seconds * 1e9) as u64;
-        // fio's rule: overshoot of the previous sleep is taken off this one, not lost.
-        let sleep = want.saturating_sub(gpu.carry_ns);
-        gpu.carry_ns -= want - sleep;
-        let handoff = (self.program.handoff_seconds(g) * 1e9) as u64;
-        gpu.stats.io_wait_s += handoff as f64 / 1e9;
-        gpu.state = State::Computing { start: now + handoff };
-        self.timers.push(Reverse((now + handoff + sleep, g)));
-        self.fill(g)
-    }
-
-    fn compute_done(&mut self, g: usize, deadline: u64, now: u64) -> Result<()> {
-        let over = now - deadline;
-        *self.overshoot.entry(over / 1000).or_default() += 1;
-        let gpu = &mut self.gpus[g];
-        let State::Computing { start } = gpu.state else {
-            bail!("internal error: timer for a GPU that is not computing")
-        };
-        gpu.carry_ns += over;
-        let compute = (now - start) as f64 / 1e9;
-        gpu.stats.compute_s += compute;
-        if gpu.first_step_end.is_some() && gpu.block_start.is_none() {
-            gpu.cur.compute_after_first_s += compute;
-        }
-        if self.options.barrier {
-            gpu.state = State::AtBarrier { since: now };
-            self.at_barrier += 1;
-            // Under the barrier all GPUs move in lockstep and finish together: none is Done here.
-            if self.at_barrier == self.gpus.len() {
-                self.pending_barrier = Some(self.cluster.start_barrier());
-            }
-            Ok(())
-        } else {
-            let now = self.trace_writes(&[g], now)?.unwrap_or(now);
-            self.end_step(g, now)
-        }
-    }
-
-    /// Trace mode: the write bursts GPUs `gs` made after the step they have just finished
-    /// (trace_writes.rs), all at once, one thread each. Every GPU of the rank stands still
-    /// meanwhile, and the time counts in AU as time not computing, as it did in the
-    /// recorded job (`checkpoint_s` reports it). Returns when they ended, None when there
-    /// were none.
-    fn trace_writes(&mut self, gs: &[usize], now: u64) -> Result<Option<u64>> {
-        let mut due = Vec::new();
-        let mut bursts = Vec::new();
-        for &g in gs {
-            let (epoch, step) = (self.gpus[g].epoch, self.gpus[g].step + 1);
-            let calls = self.program.writes_after(g, epoch, step);
-            if !calls.is_empty() {
-                due.push((epoch, step));
-                bursts.push(calls);
-            }
-        }
-        if bursts.is_empty() {
-            return Ok(None);
-        }
-        let done = crate::trace_writes::run_bursts(&bursts, &mut self.write_buf)?;
-        let end = self.now();
-        let stood = (end - now) as f64 / 1e9;
-        for gpu in &mut self.gpus {
-            gpu.cur.checkpoint_s += stood;
-        }
-        for ((epoch, step), (io, took)) in due.into_iter().zip(done) {
-            self.checkpoints.push(crate::checkpointing::CheckpointIo {
-                phase: "trace-write".into(),
-                index: self.checkpoints.len() as u64 + 1,
-                epoch: epoch + 1,
-                step,
-                duration_s: took,
-                stall_s: stood,
-                bytes: io.bytes,
-                files: io.files,
-            });
-        }
-        Ok(Some(end))
-    }
-
-    fn release_barrier(&mut self) -> Result<()> {
-        let mut now = self.now();
-        let mut block_start = None;
-        self.at_barrier = 0;
-        for g in 0..self.gpus.len() {
-            if let State::AtBarrier { since } = self.gpus[g].state {
-                self.gpus[g].stats.barrier_wait_s += (now - since) as f64 / 1e9;
-            }
-        }
-        if let Some(c) = self.checkpointer {
-            // Under the barrier every GPU of the job has just finished the same step.
-            let (epoch, step) = (self.gpus[0].epoch + 1, self.gpus[0].step + 1);
-            let spe = self.program.steps_per_epoch();
-            if c.due(epoch, step, spe) {
-                let index = self.checkpoints.len() as u64 + 1;
-                let io = c.write(self.cluster, index, epoch, step)?;
-                let end = self.now();
-                let stood = (end - now) as f64 / 1e9;
-                for gpu in &mut self.gpus {
-                    gpu.cur.checkpoint_s += stood;
-                    // A checkpoint inside the epoch's first step is left out with that step.
-                    if gpu.first_step_end.is_some() {
-                        gpu.cur.excluded_s += stood;
-                    }
-                }
-                if step < spe {
-                    block_start = Some(end);
-                }
-                self.checkpoints.push(io);
-                now = end;
-            }
-        }
-        let all: Vec<usize> = (0..self.gpus.len()).collect();
-        if let Some(end) = self.trace_writes(&all, now)? {
-            now = end;
-        }
-        for g in 0..self.gpus.len() {
-            if let State::AtBarrier { .. } = self.gpus[g].state {
-                self.end_step(g, now)?;
-                // Set after the step ends: it marks the next step as the block's first.
-                if block_start.is_some() {
-                    self.gpus[g].block_start = block_start;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn end_step(&mut self, g: usize, now: u64) -> Result<()> {
-        let spe = self.program.steps_per_epoch();
-        let epochs = self.program.epochs();
-        let gpu = &mut self.gpus[g];
-        gpu.stats.steps += 1;
-        gpu.cur.steps += 1;
-        gpu.step += 1;
-        if gpu.first_step_end.is_none() {
-            gpu.first_step_end = Some(now);
-        } else if let Some(start) = gpu.block_start.take() {
-            // DLIO's new block after a checkpoint: its first step is left out of AU too.
-            gpu.cur.excluded_s += (now - start) as f64 / 1e9;
-        }
-        if g == 0 {
-            self.bar.inc(1);
-        }
-        let gpu = &mut self.gpus[g];
-        if gpu.step == spe {
-            close_epoch(gpu, now);
-            if gpu.epoch == epochs {
-                gpu.state = State::Done;
-                final_au(gpu);
-                return Ok(());
-            }
-        }
-        gpu.state = State::WaitBatch { since: now };
-        self.fill(g)?;
-        self.try_consume(g)
-    }
-}
-
-/// Ends the GPU's epoch under way at `now` (its `cur` figures become an EpochStats).
-fn close_epoch(gpu: &mut Gpu, now: u64) {
-    let first_end = gpu.first_step_end.unwrap_or(now);
-    let mut e = std::mem::take(&mut gpu.cur);
-    e.epoch = gpu.epoch;
-    e.duration_s = (now - gpu.epoch_start) as f64 / 1e9;
-    e.first_step_s = (first_end - gpu.epoch_start) as f64 / 1e9;
-    let rest = (now - first_end) as f64 / 1e9 - e.excluded_s;
-    e.au = if rest > 0.0 { e.compute_after_first_s / rest } else { 0.0 };
-    gpu.stats.epochs.push(e);
-    gpu.epoch += 1;
-    gpu.step = 0;
-    gpu.consumed = 0;
-    gpu.next_to_start = 0;
-    gpu.first_step_end = None;
-    gpu.epoch_start = now;
-}
-
-/// The GPU's AU over its epochs (DLIO's: each epoch's first step left out).
-fn final_au(gpu: &mut Gpu) {
-    let (c, t): (f64, f64) =
-        gpu.stats.epochs.iter().fold((0.0, 0.0), |(c, t), e| {
-            (c + e.compute_after_first_s, t + e.duration_s - e.first_step_s - e.excluded_s)
-        });
-    // With one step per epoch nothing is left after excluding it: fall back to the whole
-    // run rather than report 0.
-    gpu.stats.au = if t > 0.0 {
-        c / t
-    } else {
-        gpu.stats.compute_s / gpu.stats.epochs.iter().map(|e| e.duration_s).sum::<f64>().max(1e-9)
-    };
 }
 
 #[cfg(test)]
-#[path = "engine_tests.rs"]
+#[path = "engine/engine_tests.rs"]
 mod tests;

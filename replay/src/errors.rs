@@ -27,7 +27,7 @@ impl std::error::Error for CheckpointFailed {}
 /// Ranks that went silent (their host's network cut, or the host down), found by the
 /// watchdog (watchdog.rs): the MPI wait that met it ends with this instead of lasting.
 #[derive(Debug)]
-pub struct PeerLost(pub crate::watchdog::Lost);
+pub struct PeerLost(pub crate::cluster::watchdog::Lost);
 impl std::fmt::Display for PeerLost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0.describe())

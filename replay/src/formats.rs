@@ -19,8 +19,16 @@
 //!
 //! The array of an npz or npy file, and an hdf5 file's `records_0`, is `uint8` of shape
 //! (samples per file, sample bytes): sample k is the k-th row.
+//!
+//! One file per format with more to it than a few lines, in formats/: hdf5.rs, jpeg.rs,
+//! indexed.rs, parquet_files.rs (and thrift.rs, the Parquet footer's encoding).
 
-use crate::hdf5;
+pub mod hdf5;
+pub mod indexed;
+pub mod jpeg;
+pub mod parquet_files;
+pub mod thrift;
+
 use std::io::{self, Read, Write};
 
 /// The formats whose files datagen writes in their own layout.

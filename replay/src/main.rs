@@ -3,47 +3,29 @@
 
 mod beneath;
 mod checkpoint;
-mod checkpointing;
 mod cli;
-mod client;
 mod cluster;
 mod dataset;
-mod datasize;
-mod dlio_dataset;
-mod edition;
 mod engine;
 mod errors;
 mod formats;
-mod hdf5;
 mod histogram;
-mod indexed;
-mod jpeg;
 mod lock;
-mod object_store;
+mod mlperf;
+mod object;
 mod output;
-mod parquet_files;
-mod pool;
-mod program;
 mod record;
 mod replay;
 mod results;
-mod runrules;
-mod s3_client;
-mod s3_reads;
-mod s3_writes;
 mod sweep;
-mod thrift;
-mod trace_input;
-mod trace_writes;
-mod unmodeled;
-mod uring;
-mod watchdog;
+mod trace;
 mod workload;
-mod yaml_keys;
 
 use anyhow::{Context, Result};
+use checkpoint::checkpointing;
 use cli::{Cli, Command};
 use cluster::Cluster;
+use mlperf::{datasize, edition, runrules};
 use replay::Job;
 
 /// The command line, every subcommand named as it is typed ("trainio replay") in its

@@ -17,7 +17,7 @@ pub struct RankReport {
     pub cpu_s: f64,
     /// The scheduler's account of the rank's threads: did the client limit the run?
     #[serde(default)]
-    pub client: crate::client::ClientCpu,
+    pub client: crate::engine::client::ClientCpu,
     pub run: RankRun,
 }
 
@@ -153,7 +153,7 @@ pub fn summarize(reports: &[RankReport], settings: &Settings, threshold_percent:
         "cpu_s": cpu_s,
         "cpu_us_per_gpu_step": if gpu_steps > 0 { cpu_s * 1e6 / gpu_steps as f64 } else { 0.0 },
         "client_ram_bytes": ram_bytes,
-        "client": crate::client::summary(
+        "client": crate::engine::client::summary(
             &reports.iter().map(|r| (r.rank, r.hostname.as_str(), r.run.wall_s, &r.client)).collect::<Vec<_>>()
         ),
         "per_host": per_host,
@@ -280,7 +280,7 @@ pub fn human(j: &serde_json::Value) -> String {
     if let Some(why) = j["stopped"].as_str() {
         out += &format!("  STOPPED     after {} steps: {why}\n", j["steps"]);
     }
-    out += &crate::client::human(&j["client"]);
+    out += &crate::engine::client::human(&j["client"]);
     if let Some(hosts) = j["per_host"].as_array().filter(|h| h.len() > 1) {
         for h in hosts {
             let g = |k: &str| h[k].as_f64().unwrap_or(0.0);
@@ -298,13 +298,13 @@ pub fn human(j: &serde_json::Value) -> String {
         }
     }
     if j["object"].is_object() {
-        out += &crate::s3_client::human(&j["object"]);
+        out += &crate::object::s3_client::human(&j["object"]);
     }
     if j["checkpoint"].is_object() {
-        out += &crate::checkpointing::human(&j["checkpoint"]);
+        out += &crate::checkpoint::checkpointing::human(&j["checkpoint"]);
     }
     if j["writes"].is_object() {
-        out += &crate::trace_writes::human(&j["writes"]);
+        out += &crate::trace::trace_writes::human(&j["writes"]);
     }
     if let Some(epochs) = j["per_epoch"].as_array() {
         if epochs.len() > 1 {

@@ -1,6 +1,6 @@
 """A host lost in the middle of a 2-host replay: h2's cable is pulled (its port on the test
 bed's switch goes down) while the replay's steps run. The ranks on h1 stop within the
-watchdog's timeout (TRAINIO_PEER_TIMEOUT, replay/src/watchdog.rs), rank 0 saves the steps
+watchdog's timeout (TRAINIO_PEER_TIMEOUT, replay/src/cluster/watchdog.rs), rank 0 saves the steps
 they ran and names h2 in one line, the ranks cut off on h2 end by themselves, and mpirun
 ends the job once its ssh session to h2 gives up (the ssh setting docs/hosts.md gives)."""
 

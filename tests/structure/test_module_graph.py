@@ -1,5 +1,5 @@
-"""No module cycle: within each Rust crate (``crate::x`` references between its src/*.rs
-modules) and within the analysis package (``trainio_analysis.x`` imports, at module level
+"""No module cycle: within each Rust crate (``crate::x::y`` references between the modules
+of its src/ tree, each file one module) and within the analysis package (``trainio_analysis.x`` imports, at module level
 or inside functions), a module never depends on itself through others."""
 
 from __future__ import annotations
@@ -15,13 +15,35 @@ from trainio_testlib import ROOT
 CRATES = ("tracer", "schema", "model", "analysis/native", "replay")
 
 
+def rust_modules(src: Path) -> dict[str, Path]:
+    """Module path ("formats::hdf5") -> its file, for every .rs file under src. A module's
+    children sit in the directory of its name (formats.rs and formats/hdf5.rs)."""
+    mods = {}
+    for p in src.rglob("*.rs"):
+        parts = p.relative_to(src).with_suffix("").parts
+        if parts[-1] == "mod":
+            parts = parts[:-1]
+        mods["::".join(parts)] = p
+    return mods
+
+
 def rust_graph(src: Path) -> dict[str, set[str]]:
-    """Module -> the crate's modules it names (comments left out)."""
-    mods = {p.stem for p in src.glob("*.rs")}
+    """Module -> the crate's modules it names (comments left out): `crate::a::b` paths,
+    each the longest module path it starts with, and a module's own children by name."""
+    mods = rust_modules(src)
     graph = {}
-    for p in src.glob("*.rs"):
+    for name, p in mods.items():
         code = re.sub(r"//[^\n]*", "", p.read_text())
-        graph[p.stem] = {m for m in re.findall(r"\bcrate::(\w+)", code) if m in mods and m != p.stem}
+        deps = set()
+        for path in re.findall(r"\bcrate((?:::\w+)+)", code):
+            segs = path.split("::")[1:]
+            prefixes = ("::".join(segs[:n]) for n in range(len(segs), 0, -1))
+            deps |= {next((m for m in prefixes if m in mods), "")}
+        prefix = "" if name in ("main", "lib") else name + "::"
+        for child in (m for m in mods if m.startswith(prefix) and "::" not in m[len(prefix) :]):
+            if re.search(rf"(?<![:\w]){child[len(prefix) :]}::", code):
+                deps.add(child)
+        graph[name] = deps - {name, ""}
     return graph
 
 
@@ -75,6 +97,17 @@ def test_rust_graph_reads_crate_paths(tmp_path: Path) -> None:
     (tmp_path / "b.rs").write_text("fn f() { crate::a::g(); crate::missing::h(); }\n")
     (tmp_path / "c.rs").write_text("")
     assert rust_graph(tmp_path) == {"a": {"b"}, "b": {"a"}, "c": set()}
+
+
+def test_rust_graph_reads_nested_modules(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d.rs").write_text("pub mod e;\npub mod f;\nuse e::Y;\n")
+    (tmp_path / "d" / "e.rs").write_text("use crate::d::f::Z;\nfn g() { crate::d::h(); }\n")
+    (tmp_path / "d" / "f.rs").write_text("use crate::c::W;\n")
+    (tmp_path / "c.rs").write_text("fn k() { d::e::x(); crate::d::e::y(); }\n")
+    graph = rust_graph(tmp_path)
+    assert graph == {"d": {"d::e"}, "d::e": {"d::f", "d"}, "d::f": {"c"}, "c": {"d::e"}}
+    assert cycles(graph) == {("d", "d::e"), ("c", "d::e", "d::f")}
 
 
 @pytest.mark.parametrize("crate", CRATES)

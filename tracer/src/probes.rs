@@ -214,6 +214,165 @@ fn autoload_available<'a>(
     }
 }
 
+/// The block layer's probes, configured (the device filter filled after load), or None
+/// when the kernel lacks the block tracepoints (noted in `skipped`).
+fn load_block<'o>(
+    s: &Settings,
+    obj: &'o mut MaybeUninit<OpenObject>,
+    tps: &HashSet<String>,
+    wakeup: u64,
+    skipped: &mut BTreeMap<String, String>,
+) -> Result<Option<BlockSkel<'o>>> {
+    let mut open = BlockSkelBuilder::default().open(obj).context("opening the block probes")?;
+    let needed = ["tp_btf/block_rq_issue", "tp_btf/block_rq_complete"];
+    if let Some(missing) = needed.iter().find(|n| !attach_point_exists(n, tps)) {
+        skipped.insert("block".into(), format!("{missing} is not in this kernel: block layer not recorded"));
+        Ok(None)
+    } else {
+        let ro = open.maps.rodata_data.as_deref_mut().context("block probes: no rodata")?;
+        ro.wakeup_bytes = wakeup;
+        ro.filter_devs = !s.devs.is_empty();
+        // Tests shrink the request and device tables to one slot each, so that the
+        // hash-map fallbacks behind them are exercised (tests/recorder).
+        if std::env::var_os("TRAINIO_TEST_ONE_SLOT_TABLES").is_some() {
+            ro.dev_bits = 0;
+            ro.slot_bits = 0;
+        }
+        // Tests hold completions in their per-CPU batches until the flush at the
+        // end, whose rows must then all arrive (tests/recorder).
+        if let Some(ms) = std::env::var("TRAINIO_TEST_BATCH_AGE_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+            ro.batch_age_ns = ms * 1_000_000;
+        }
+        let (dev_bits, slot_bits) = (ro.dev_bits, ro.slot_bits);
+        open.maps.devtab.set_max_entries(1 << dev_bits).context("sizing the device table")?;
+        open.maps.slots.set_max_entries(1 << slot_bits).context("sizing the request table")?;
+        open.maps.block_events.set_max_entries(s.ringbuf_bytes).context("sizing the block ring buffer")?;
+        autoload_available(open.open_object_mut().progs_mut(), tps, skipped);
+        let skel = open.load().context("loading the block probes into the kernel")?;
+        // The device filter: each device in its devtab slot, or in the devs map when
+        // another selected device has that slot (block.bpf.c, dev_state()).
+        let mut taken = HashSet::new();
+        for &d in &s.devs {
+            let mut state = [0u8; 8];
+            state[..4].copy_from_slice(&d.to_ne_bytes());
+            let h = d.wrapping_mul(0x9E37_79B1);
+            let slot = if dev_bits == 0 { 0 } else { h >> (32 - dev_bits) };
+            if taken.insert(slot) {
+                skel.maps.devtab.update(&slot.to_ne_bytes(), &state, MapFlags::ANY)
+            } else {
+                skel.maps.devs.update(&d.to_ne_bytes(), &state, MapFlags::ANY)
+            }
+            .context("filling the device filter")?;
+        }
+        Ok(Some(skel))
+    }
+}
+
+/// The file layer's probes, following `s.target`; io_uring's only with `s.io_uring`.
+fn load_file<'o>(
+    s: &Settings,
+    obj: &'o mut MaybeUninit<OpenObject>,
+    tps: &HashSet<String>,
+    wakeup: u64,
+    skipped: &mut BTreeMap<String, String>,
+) -> Result<FileSkel<'o>> {
+    let mut open = FileSkelBuilder::default().open(obj).context("opening the file probes")?;
+    let ro = open.maps.rodata_data.as_deref_mut().context("file probes: no rodata")?;
+    ro.wakeup_bytes = wakeup;
+    ro.self_tgid = std::process::id();
+    ro.object_layer = s.object.into();
+    match s.target {
+        Target::All => ro.target_mode = 0,
+        Target::Tgids => ro.target_mode = 1,
+        Target::Cgroup(id, level) => {
+            ro.target_mode = 2;
+            ro.target_cgroup_id = id;
+            ro.target_cgroup_level = level;
+        }
+    }
+    open.maps.file_events.set_max_entries(s.ringbuf_bytes).context("sizing the file ring buffer")?;
+    autoload_available(open.open_object_mut().progs_mut(), tps, skipped);
+    if !s.io_uring {
+        for mut p in open.open_object_mut().progs_mut() {
+            if p.section().to_string_lossy().starts_with("tp_btf/io_uring_") {
+                p.set_autoload(false);
+            }
+        }
+    }
+    open.load().context("loading the file probes into the kernel")
+}
+
+/// The NFS client's probes, with the sunrpc tracepoints' field offsets read from
+/// tracefs (their rpc_* columns switched off where the layout is not the one expected),
+/// or None when the kernel has no nfs tracepoints.
+fn load_nfs<'o>(
+    s: &Settings,
+    obj: &'o mut MaybeUninit<OpenObject>,
+    tracefs: &Path,
+    tps: &HashSet<String>,
+    wakeup: u64,
+    skipped: &mut BTreeMap<String, String>,
+) -> Result<Option<NfsSkel<'o>>> {
+    if !attach_point_exists("tracepoint/nfs/nfs_initiate_read", tps) {
+        skipped.insert(
+            "nfs".into(),
+            "this kernel has no nfs tracepoints (no NFS client loaded): nfs layer not recorded".into(),
+        );
+        Ok(None)
+    } else {
+        let mut open = NfsSkelBuilder::default().open(obj).context("opening the nfs probes")?;
+        let ro = open.maps.rodata_data.as_deref_mut().context("nfs probes: no rodata")?;
+        ro.wakeup_bytes = wakeup;
+        let layout = if attach_point_exists("tracepoint/sunrpc/rpc_task_end", tps) {
+            rpc_layout(
+                &tracepoint_fields(tracefs, "sunrpc/rpc_stats_latency"),
+                &tracepoint_fields(tracefs, "sunrpc/xprt_transmit"),
+            )
+        } else {
+            Err("sunrpc:rpc_task_end is not in this kernel".into())
+        };
+        let mut rpc_off: Vec<&str> = Vec::new();
+        match &layout {
+            Ok(l) => {
+                ro.lat_client_off = l.lat_client;
+                ro.lat_xid_off = l.lat_xid;
+                ro.lat_backlog_off = l.lat_backlog;
+                ro.lat_rtt_off = l.lat_rtt;
+                ro.lat_execute_off = l.lat_execute;
+                ro.lat_time_size = l.lat_time_size;
+                if let Some((c, x, st)) = l.xmit {
+                    ro.xmit_client_off = c;
+                    ro.xmit_xid_off = x;
+                    ro.xmit_status_off = st;
+                    ro.count_xmits = true;
+                } else {
+                    rpc_off.push("tracepoint/sunrpc/xprt_transmit");
+                    skipped.insert(
+                        "tracepoint/sunrpc/xprt_transmit".into(),
+                        "no client_id/xid/status fields of 4 bytes: rpc_retrans not recorded".into(),
+                    );
+                }
+            }
+            Err(why) => {
+                rpc_off.extend([
+                    "tracepoint/sunrpc/rpc_task_end",
+                    "tracepoint/sunrpc/rpc_stats_latency",
+                    "tracepoint/sunrpc/xprt_transmit",
+                ]);
+                skipped.insert("nfs_rpc".into(), format!("{why}: rpc_* columns not recorded"));
+            }
+        }
+        open.maps.nfs_events.set_max_entries(s.ringbuf_bytes).context("sizing the nfs ring buffer")?;
+        for mut p in open.open_object_mut().progs_mut() {
+            if rpc_off.iter().any(|sec| p.section().to_string_lossy() == *sec) {
+                p.set_autoload(false);
+            }
+        }
+        autoload_available(open.open_object_mut().progs_mut(), tps, skipped);
+        Ok(Some(open.load().context("loading the nfs probes into the kernel")?))
+    }
+}
+
 impl<'o> Probes<'o> {
     pub fn load(
         s: &Settings,
@@ -226,145 +385,9 @@ impl<'o> Probes<'o> {
         let mut skipped = BTreeMap::new();
         let wakeup = (s.ringbuf_bytes as u64 / 4).min(1 << 20);
 
-        let block = if s.block {
-            let mut open = BlockSkelBuilder::default().open(block_obj).context("opening the block probes")?;
-            let needed = ["tp_btf/block_rq_issue", "tp_btf/block_rq_complete"];
-            if let Some(missing) = needed.iter().find(|n| !attach_point_exists(n, &tps)) {
-                skipped.insert("block".into(), format!("{missing} is not in this kernel: block layer not recorded"));
-                None
-            } else {
-                let ro = open.maps.rodata_data.as_deref_mut().context("block probes: no rodata")?;
-                ro.wakeup_bytes = wakeup;
-                ro.filter_devs = !s.devs.is_empty();
-                // Tests shrink the request and device tables to one slot each, so that the
-                // hash-map fallbacks behind them are exercised (tests/recorder).
-                if std::env::var_os("TRAINIO_TEST_ONE_SLOT_TABLES").is_some() {
-                    ro.dev_bits = 0;
-                    ro.slot_bits = 0;
-                }
-                // Tests hold completions in their per-CPU batches until the flush at the
-                // end, whose rows must then all arrive (tests/recorder).
-                if let Some(ms) = std::env::var("TRAINIO_TEST_BATCH_AGE_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
-                    ro.batch_age_ns = ms * 1_000_000;
-                }
-                let (dev_bits, slot_bits) = (ro.dev_bits, ro.slot_bits);
-                open.maps.devtab.set_max_entries(1 << dev_bits).context("sizing the device table")?;
-                open.maps.slots.set_max_entries(1 << slot_bits).context("sizing the request table")?;
-                open.maps.block_events.set_max_entries(s.ringbuf_bytes).context("sizing the block ring buffer")?;
-                autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped);
-                let skel = open.load().context("loading the block probes into the kernel")?;
-                // The device filter: each device in its devtab slot, or in the devs map when
-                // another selected device has that slot (block.bpf.c, dev_state()).
-                let mut taken = HashSet::new();
-                for &d in &s.devs {
-                    let mut state = [0u8; 8];
-                    state[..4].copy_from_slice(&d.to_ne_bytes());
-                    let h = d.wrapping_mul(0x9E37_79B1);
-                    let slot = if dev_bits == 0 { 0 } else { h >> (32 - dev_bits) };
-                    if taken.insert(slot) {
-                        skel.maps.devtab.update(&slot.to_ne_bytes(), &state, MapFlags::ANY)
-                    } else {
-                        skel.maps.devs.update(&d.to_ne_bytes(), &state, MapFlags::ANY)
-                    }
-                    .context("filling the device filter")?;
-                }
-                Some(skel)
-            }
-        } else {
-            None
-        };
-
-        let file = if s.file {
-            let mut open = FileSkelBuilder::default().open(file_obj).context("opening the file probes")?;
-            let ro = open.maps.rodata_data.as_deref_mut().context("file probes: no rodata")?;
-            ro.wakeup_bytes = wakeup;
-            ro.self_tgid = std::process::id();
-            ro.object_layer = s.object.into();
-            match s.target {
-                Target::All => ro.target_mode = 0,
-                Target::Tgids => ro.target_mode = 1,
-                Target::Cgroup(id, level) => {
-                    ro.target_mode = 2;
-                    ro.target_cgroup_id = id;
-                    ro.target_cgroup_level = level;
-                }
-            }
-            open.maps.file_events.set_max_entries(s.ringbuf_bytes).context("sizing the file ring buffer")?;
-            autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped);
-            if !s.io_uring {
-                for mut p in open.open_object_mut().progs_mut() {
-                    if p.section().to_string_lossy().starts_with("tp_btf/io_uring_") {
-                        p.set_autoload(false);
-                    }
-                }
-            }
-            Some(open.load().context("loading the file probes into the kernel")?)
-        } else {
-            None
-        };
-
-        let nfs = if s.nfs {
-            if !attach_point_exists("tracepoint/nfs/nfs_initiate_read", &tps) {
-                skipped.insert(
-                    "nfs".into(),
-                    "this kernel has no nfs tracepoints (no NFS client loaded): nfs layer not recorded".into(),
-                );
-                None
-            } else {
-                let mut open = NfsSkelBuilder::default().open(nfs_obj).context("opening the nfs probes")?;
-                let ro = open.maps.rodata_data.as_deref_mut().context("nfs probes: no rodata")?;
-                ro.wakeup_bytes = wakeup;
-                let layout = if attach_point_exists("tracepoint/sunrpc/rpc_task_end", &tps) {
-                    rpc_layout(
-                        &tracepoint_fields(&tracefs, "sunrpc/rpc_stats_latency"),
-                        &tracepoint_fields(&tracefs, "sunrpc/xprt_transmit"),
-                    )
-                } else {
-                    Err("sunrpc:rpc_task_end is not in this kernel".into())
-                };
-                let mut rpc_off: Vec<&str> = Vec::new();
-                match &layout {
-                    Ok(l) => {
-                        ro.lat_client_off = l.lat_client;
-                        ro.lat_xid_off = l.lat_xid;
-                        ro.lat_backlog_off = l.lat_backlog;
-                        ro.lat_rtt_off = l.lat_rtt;
-                        ro.lat_execute_off = l.lat_execute;
-                        ro.lat_time_size = l.lat_time_size;
-                        if let Some((c, x, st)) = l.xmit {
-                            ro.xmit_client_off = c;
-                            ro.xmit_xid_off = x;
-                            ro.xmit_status_off = st;
-                            ro.count_xmits = true;
-                        } else {
-                            rpc_off.push("tracepoint/sunrpc/xprt_transmit");
-                            skipped.insert(
-                                "tracepoint/sunrpc/xprt_transmit".into(),
-                                "no client_id/xid/status fields of 4 bytes: rpc_retrans not recorded".into(),
-                            );
-                        }
-                    }
-                    Err(why) => {
-                        rpc_off.extend([
-                            "tracepoint/sunrpc/rpc_task_end",
-                            "tracepoint/sunrpc/rpc_stats_latency",
-                            "tracepoint/sunrpc/xprt_transmit",
-                        ]);
-                        skipped.insert("nfs_rpc".into(), format!("{why}: rpc_* columns not recorded"));
-                    }
-                }
-                open.maps.nfs_events.set_max_entries(s.ringbuf_bytes).context("sizing the nfs ring buffer")?;
-                for mut p in open.open_object_mut().progs_mut() {
-                    if rpc_off.iter().any(|sec| p.section().to_string_lossy() == *sec) {
-                        p.set_autoload(false);
-                    }
-                }
-                autoload_available(open.open_object_mut().progs_mut(), &tps, &mut skipped);
-                Some(open.load().context("loading the nfs probes into the kernel")?)
-            }
-        } else {
-            None
-        };
+        let block = if s.block { load_block(s, block_obj, &tps, wakeup, &mut skipped)? } else { None };
+        let file = if s.file { Some(load_file(s, file_obj, &tps, wakeup, &mut skipped)?) } else { None };
+        let nfs = if s.nfs { load_nfs(s, nfs_obj, &tracefs, &tps, wakeup, &mut skipped)? } else { None };
 
         let mut probes = Probes {
             block,

@@ -72,7 +72,7 @@ pub struct Uring {
     realtime: bool,
     psync: bool,
     /// psync engine: the reader threads, and the buffer the eventfd is read into.
-    pool: Option<crate::pool::ReadPool>,
+    pool: Option<crate::engine::pool::ReadPool>,
     eventfd_buf: Box<u64>,
     pool_done: Vec<(u64, i32)>,
     /// Opens the data files beneath the data directory, never through a link.
@@ -149,7 +149,7 @@ impl Backend for Uring {
         }
         self.t0 = Instant::now();
         if self.psync {
-            self.pool = Some(crate::pool::ReadPool::new(self.bufs.len())?);
+            self.pool = Some(crate::engine::pool::ReadPool::new(self.bufs.len())?);
             self.arm_eventfd()?;
         }
         Ok(())
@@ -191,7 +191,7 @@ impl Backend for Uring {
     fn submit_mapped(&mut self, slot: usize, fd: i32, offset: u64, len: u32) -> Result<()> {
         // Page faults are no io_uring request: a pool thread takes them, with io_uring too.
         if self.pool.is_none() {
-            self.pool = Some(crate::pool::ReadPool::new(self.bufs.len())?);
+            self.pool = Some(crate::engine::pool::ReadPool::new(self.bufs.len())?);
             self.arm_eventfd()?;
         }
         self.pool.as_ref().unwrap().submit_mapped(slot, fd, len as usize, offset);

@@ -6,8 +6,8 @@
 //! I/O under a read changes.
 
 use crate::engine::Backend;
-use crate::object_store::{join_key, Pattern};
-use crate::s3_client::{Client, Endpoint, RequestLog, SharedLog};
+use crate::object::object_store::{join_key, Pattern};
+use crate::object::s3_client::{Client, Endpoint, RequestLog, SharedLog};
 use anyhow::{anyhow, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -114,7 +114,7 @@ impl S3Reads {
                         break;
                     }
                 }
-                crate::client::add_io_thread();
+                crate::engine::client::add_io_thread();
             })?;
             jobs.push(tx);
             threads.push(t);

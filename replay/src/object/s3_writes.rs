@@ -6,8 +6,8 @@
 use crate::checkpoint::{Plan, RankIo};
 use crate::dataset::Layout;
 use crate::errors::InputError;
-use crate::object_store::{join_key, ObjectStore, Pattern};
-use crate::s3_client::{Client, Endpoint, RequestLog, SharedLog};
+use crate::object::object_store::{join_key, ObjectStore, Pattern};
+use crate::object::s3_client::{Client, Endpoint, RequestLog, SharedLog};
 use anyhow::{anyhow, bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;

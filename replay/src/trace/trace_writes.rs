@@ -125,8 +125,8 @@ pub fn run_burst(calls: &[WriteCall], buf: &[u8]) -> Result<BurstIo> {
 /// `duration_s` (per step the longest GPU's time, as MLPerf times a checkpoint, summed
 /// over steps), `mib_s` (bytes over that time) and `by_step` (`EPOCH:STEP` → bytes
 /// written after that step, epochs from 1).
-pub fn summary(per_rank: &[Vec<crate::checkpointing::CheckpointIo>]) -> serde_json::Value {
-    let ios: Vec<&crate::checkpointing::CheckpointIo> =
+pub fn summary(per_rank: &[Vec<crate::checkpoint::checkpointing::CheckpointIo>]) -> serde_json::Value {
+    let ios: Vec<&crate::checkpoint::checkpointing::CheckpointIo> =
         per_rank.iter().flatten().filter(|c| c.phase == "trace-write").collect();
     let bytes: u64 = ios.iter().map(|c| c.bytes).sum();
     let mut by_step: std::collections::BTreeMap<String, u64> = Default::default();

@@ -10,7 +10,7 @@
 //! first line), AWS_ENDPOINT_URL, S3_ENDPOINT; credentials come from
 //! AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY unless the file gives non-empty keys.
 
-use crate::s3_client::Endpoint;
+use crate::object::s3_client::Endpoint;
 use anyhow::{bail, Result};
 use serde_yaml::Value;
 

@@ -5,8 +5,8 @@
 //! workload's AU threshold, the cache rule (reads reach storage), the number of runs, and
 //! the category of MLPerf Storage v3.0 the run falls in (CLOSED, OPEN or whatif; edition.rs).
 
-use crate::datasize;
-use crate::edition::Category;
+use crate::mlperf::datasize;
+use crate::mlperf::edition::Category;
 use crate::workload::Workload;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -314,7 +314,7 @@ mod tests {
         let mut r = run(86.0, 1.0, 10, 10 << 20, 5, true, false);
         r["threshold_percent"] = json!(85.0);
         r["settings"]["name"] = json!("retinanet");
-        let closed = crate::edition::category("retinanet", Some("b200"), &[]);
+        let closed = crate::mlperf::edition::category("retinanet", Some("b200"), &[]);
         let rules =
             check(Some(&w), std::slice::from_ref(&r), "MLPerf Storage v3.0's threshold for retinanet", Some(&closed));
         let au = rules.iter().find(|x| x.name == "au_threshold").unwrap();
@@ -324,7 +324,7 @@ mod tests {
         let j = serde_json::to_value(&rules).unwrap();
         assert_eq!(j[4]["verdict"], "CLOSED");
         assert!(j[0].get("verdict").is_none(), "only the category rule carries a verdict");
-        let whatif = crate::edition::category("retinanet", Some("b200"), &["train.computation_time".into()]);
+        let whatif = crate::mlperf::edition::category("retinanet", Some("b200"), &["train.computation_time".into()]);
         let rules = check(Some(&w), &[r], "m", Some(&whatif));
         let last = rules.last().unwrap();
         assert!(!last.pass && last.verdict == Some("whatif") && last.reason.contains("train.computation_time"));

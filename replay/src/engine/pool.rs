@@ -87,7 +87,7 @@ impl ReadPool {
                         let one: u64 = 1;
                         unsafe { libc::write(eventfd, &one as *const u64 as *const libc::c_void, 8) };
                     }
-                    crate::client::add_io_thread();
+                    crate::engine::client::add_io_thread();
                 })
                 .map_err(|e| anyhow::anyhow!("starting reader thread {w}: {e}"))?;
             senders.push(tx);

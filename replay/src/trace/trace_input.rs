@@ -542,13 +542,13 @@ impl Program for TraceProgram {
         true
     }
 
-    fn writes_after(&self, gpu: usize, _epoch: u64, step: u64) -> Vec<crate::trace_writes::WriteCall> {
+    fn writes_after(&self, gpu: usize, _epoch: u64, step: u64) -> Vec<crate::trace::trace_writes::WriteCall> {
         let t = &self.templates[self.local[gpu].0];
         let Some(ops) = t.write_bursts.get(&step) else {
             return Vec::new();
         };
         ops.iter()
-            .map(|o| crate::trace_writes::WriteCall {
+            .map(|o| crate::trace::trace_writes::WriteCall {
                 path: self.write_dirs[gpu].join(format!("w{:05}.dat", o.file)),
                 offset: o.offset,
                 len: o.len,

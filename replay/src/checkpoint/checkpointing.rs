@@ -45,7 +45,7 @@ pub struct Checkpointer {
     pub transfer: u64,
     pub odirect: bool,
     /// Object storage: the shards are objects (s3_writes.rs), not files under `root`.
-    pub s3: Option<crate::s3_writes::S3Target>,
+    pub s3: Option<crate::object::s3_writes::S3Target>,
 }
 
 impl Checkpointer {
@@ -53,9 +53,9 @@ impl Checkpointer {
     /// (1-based) is recorded.
     pub fn write(&self, cluster: &Cluster, index: u64, epoch: u64, step: u64) -> Result<CheckpointIo> {
         if let Some(t) = &self.s3 {
-            let (bucket, prefix) = crate::s3_writes::checkpoint_prefix(t, &self.spec.folder, epoch, step);
+            let (bucket, prefix) = crate::object::s3_writes::checkpoint_prefix(t, &self.spec.folder, epoch, step);
             return self.timed(cluster, "write", index, epoch, step, |_| {
-                crate::s3_writes::write_shards(t, &self.plan, &self.local, &bucket, &prefix)
+                crate::object::s3_writes::write_shards(t, &self.plan, &self.local, &bucket, &prefix)
             });
         }
         self.timed(cluster, "write", index, epoch, step, |dir| {
@@ -66,9 +66,9 @@ impl Checkpointer {
     /// Reads checkpoint (`epoch`, `step`) back on every rank at once.
     pub fn read(&self, cluster: &Cluster, index: u64, epoch: u64, step: u64) -> Result<CheckpointIo> {
         if let Some(t) = &self.s3 {
-            let (bucket, prefix) = crate::s3_writes::checkpoint_prefix(t, &self.spec.folder, epoch, step);
+            let (bucket, prefix) = crate::object::s3_writes::checkpoint_prefix(t, &self.spec.folder, epoch, step);
             return self.timed(cluster, "read", index, epoch, step, |_| {
-                crate::s3_writes::read_shards(t, &self.plan, &self.local, &bucket, &prefix)
+                crate::object::s3_writes::read_shards(t, &self.plan, &self.local, &bucket, &prefix)
             });
         }
         self.timed(cluster, "read", index, epoch, step, |dir| {
@@ -188,8 +188,8 @@ pub fn plan_json(spec: &CheckpointSpec, plan: &Plan) -> serde_json::Value {
         "num_checkpoints_read": spec.num_checkpoints_read,
         "time_between_checkpoints_s": spec.time_between_checkpoints_s,
         // MLPerf Storage v3.0's Table 2 row for the model (by hidden size), when it has one.
-        "edition_table": crate::edition::checkpoint_match(spec.hidden_size, plan.world, full).map(|(row, matches, reason)| json!({
-            "edition": crate::edition::EDITION,
+        "edition_table": crate::mlperf::edition::checkpoint_match(spec.hidden_size, plan.world, full).map(|(row, matches, reason)| json!({
+            "edition": crate::mlperf::edition::EDITION,
             "model": row.model,
             "processes": row.processes,
             "size_gb": row.size_gb,
@@ -347,8 +347,8 @@ pub fn run_checkpoint_only(
         // MLPerf's "clear the cache" between write and read, for these files only.
         for i in 1..=spec.num_checkpoints_read {
             if let Some(t) = &ckpt.s3 {
-                let (bucket, prefix) = crate::s3_writes::checkpoint_prefix(t, &spec.folder, 1, i);
-                crate::s3_writes::check_shards(t, &ckpt.plan, &ckpt.local, &bucket, &prefix)?;
+                let (bucket, prefix) = crate::object::s3_writes::checkpoint_prefix(t, &spec.folder, 1, i);
+                crate::object::s3_writes::check_shards(t, &ckpt.plan, &ckpt.local, &bucket, &prefix)?;
                 continue;
             }
             let dir = checkpoint::checkpoint_dir(&ckpt.root, spec, 1, i);
@@ -374,7 +374,7 @@ pub fn run_checkpoint_only(
         all.iter().map(|b| serde_json::from_slice(b)).collect::<Result<_, _>>().context("decoding rank results")?;
     let hosts: std::collections::BTreeSet<&str> = reports.iter().map(|r| r.0.as_str()).collect();
     let per_rank: Vec<Vec<CheckpointIo>> = reports.iter().map(|r| r.2.clone()).collect();
-    let object = crate::s3_writes::combine_logs(reports.iter().filter_map(|r| r.3.as_ref()));
+    let object = crate::object::s3_writes::combine_logs(reports.iter().filter_map(|r| r.3.as_ref()));
     let mut out = json!({
         "tool": "trainio replay",
         "version": env!("CARGO_PKG_VERSION"),
@@ -405,7 +405,7 @@ pub fn human_summary(j: &serde_json::Value) -> String {
     );
     out += &human(&j["checkpoint"]);
     if j["object"].is_object() {
-        out += &crate::s3_client::human(&j["object"]);
+        out += &crate::object::s3_client::human(&j["object"]);
     }
     out
 }

@@ -1,0 +1,243 @@
+//! Arguments → validated configuration: `Job::prepare` reads the workload or the trace,
+//! applies the command line's overrides, refuses what the readers it models refuse, and
+//! checks object storage before any work. Every refusal is an InputError naming the
+//! option or key.
+
+use super::{Job, DEFAULT_TRANSFER, MAX_COMPUTE_S};
+use crate::cli::RunArgs;
+use crate::errors::InputError;
+use crate::formats::Format;
+use crate::object::s3_writes::S3Target;
+use crate::trace::trace_input::{self, PathMap, Template};
+use crate::workload::{ComputeTime, Workload};
+use anyhow::{bail, Result};
+use std::path::Path;
+
+/// Trace mode: the GPUs of the trace's job model, and the model.
+type Recorded = (Vec<Template>, trainio_model::JobModel);
+
+impl Job {
+    pub fn prepare(args: &RunArgs) -> Result<Job> {
+        let src = &args.source;
+        let rd = &args.reader;
+        let (mut w, templates, path) = match (&src.workload, &src.trace) {
+            (Some(path), _) => (workload_source(args, path)?, None, path.clone()),
+            (None, Some(trace)) => {
+                let (w, recorded) = trace_source(args, trace)?;
+                (w, Some(recorded), trace.clone())
+            }
+            (None, None) => bail!(InputError("give --workload FILE.yaml or --trace TRACE".into())),
+        };
+        apply_overrides(&mut w, args)?;
+        let threshold = args.threshold.unwrap_or(w.au_threshold_percent);
+        if !(0.0..=100.0).contains(&threshold) {
+            bail!(InputError(format!("--threshold must be between 0 and 100 percent, got {threshold}")));
+        }
+        check_odirect(&w, args, templates.is_some(), &path)?;
+        let (templates, model) = match templates {
+            Some((t, m)) => (Some(t), Some(m)),
+            None => (None, None),
+        };
+        let s3 = object_target(&w, args, &path)?;
+        Ok(Job {
+            s3,
+            templates,
+            model,
+            compute_override: rd.computation_time,
+            prefetch_override: rd.prefetch_size,
+            gpus_per_process: args.gpus_per_process,
+            compute_scale: args.compute_scale,
+            map_path: PathMap::parse(&args.map_path).ok().filter(|m| !m.0.is_empty()),
+            transfer_size: rd.transfer_size.or(w.transfer_size).unwrap_or(DEFAULT_TRANSFER),
+            tf_buffer: rd.transfer_size.or(w.transfer_size).unwrap_or(crate::workload::program::TF_BUFFER),
+            odirect: args.odirect || w.odirect,
+            workload: w,
+            source: path.display().to_string(),
+            // Absolute: every path beneath it is resolved against the directory opened once
+            // (beneath.rs), and a relative one would be taken twice.
+            data_dir: std::path::absolute(&src.data_dir).unwrap_or_else(|_| src.data_dir.clone()),
+            max_steps: src.steps.unwrap_or(0),
+            threshold_percent: threshold,
+            barrier: !args.no_barrier,
+            drop_caches: args.drop_caches,
+            generate: args.generate,
+            force: src.force,
+            progress: !args.quiet,
+            realtime: args.realtime,
+            psync: args.io_engine == crate::cli::IoEngine::Psync,
+            cache_warned: Default::default(),
+        })
+    }
+}
+
+/// Workload mode: the workload file with --param, Hydra's overrides and
+/// --checkpoint-mode applied, its unmodeled features printed.
+fn workload_source(args: &RunArgs, path: &Path) -> Result<Workload> {
+    let src = &args.source;
+    if args.gpus_per_process != 1 || args.compute_scale.is_some() || !args.map_path.is_empty() {
+        bail!(InputError(
+            "--gpus-per-process, --compute-scale and --map-path change a recorded job: they go with --trace, not --workload".into()
+        ));
+    }
+    if src.storage_root.is_some() {
+        bail!(InputError(
+            "--storage-root is for --trace: a workload names its bucket in storage.storage_root (or --param storage.storage_root=BUCKET)".into()
+        ));
+    }
+    let mut params = src.params.clone();
+    params.extend(crate::workload::hydra_overrides(&src.overrides).map_err(|e| InputError(format!("{e:#}")))?);
+    if let Some(mode) = &args.reader.checkpoint_mode {
+        params.push(format!("checkpoint.mode={mode}"));
+    }
+    let w = Workload::from_file_with(path, &params).map_err(|e| InputError(format!("{e:#}").replace('\n', " ")))?;
+    if w.train && w.checkpoint.is_some() && args.no_barrier {
+        bail!(InputError(format!(
+            "{}: checkpoints inside training stop every simulated GPU at a step barrier: drop --no-barrier (or pass --param workflow.checkpoint=false)",
+            path.display()
+        )));
+    }
+    crate::workload::unmodeled::print(path, &w);
+    Ok(w)
+}
+
+/// Trace mode: the trace's job model and its GPUs as templates, with a stand-in workload
+/// that carries the settings every GPU shares.
+fn trace_source(args: &RunArgs, trace: &Path) -> Result<(Workload, Recorded)> {
+    let src = &args.source;
+    if !src.params.is_empty() || !src.overrides.is_empty() || args.reader.checkpoint_mode.is_some() {
+        bail!(InputError(
+            "--param, ++workload.KEY=VALUE and --checkpoint-mode set workload keys: they go with --workload, not --trace".into()
+        ));
+    }
+    if let Some(gap) = args.burst_gap_ms {
+        if !(gap > 0.0 && gap <= 1e9) {
+            bail!(InputError(format!("--burst-gap-ms must be above 0 and at most 1e9 ms, got {gap}")));
+        }
+    }
+    if let Some(f) = args.compute_scale {
+        if !(f > 0.0 && f.is_finite()) {
+            bail!(InputError(format!("--compute-scale must be a number > 0, got {f}")));
+        }
+    }
+    let map = PathMap::parse(&args.map_path).map_err(InputError)?;
+    if !map.0.is_empty() && src.storage_root.is_some() {
+        bail!(InputError(
+            "--map-path reads the job's own files in place and --storage-root reads objects: give one of them".into()
+        ));
+    }
+    if !map.0.is_empty() && args.generate {
+        bail!(InputError(
+            "--map-path replays the job's own files in place: there is nothing to generate (drop --generate)".into()
+        ));
+    }
+    let opts = trainio_model::Options {
+        grouping: trainio_model::Grouping::parse(&args.gpu_grouping).map_err(InputError)?,
+        burst_gap_ms: args.burst_gap_ms,
+        dev: None,
+        gpus_per_process: Some(args.gpus_per_process),
+        compute_scale: args.compute_scale,
+    };
+    let (templates, model) = trace_input::load_templates(trace, &opts, args.allow_incomplete).map_err(InputError)?;
+    if !map.0.is_empty() {
+        map.check(&templates).map_err(InputError)?;
+    }
+    let name = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    // The stand-in carries the shared settings; the loader of each GPU comes
+    // from its template (trace_input).
+    // --storage-root: the job's data are objects in that bucket, configured as a
+    // workload's object storage is (s3dlio's pattern: each recorded read one GET).
+    let storage = match &src.storage_root {
+        Some(root) => format!(
+            "storage: {{storage_type: s3, storage_library: s3dlio, storage_root: {}}}\n",
+            serde_json::to_string(root)?
+        ),
+        None => String::new(),
+    };
+    let w = Workload::from_yaml(
+        &format!("model: {{name: \"trace {name}\"}}\ndataset: {{record_length_bytes: 1}}\nreader: {{prefetch_size: 2}}\ntrain: {{}}\n{storage}"),
+        "trace",
+    )
+    .map_err(|e| match &src.storage_root {
+        Some(root) => {
+            let why = format!("{e:#}").replace(&format!("storage.storage_root: '{root}': "), "");
+            InputError(format!("--storage-root {root}: {why}").replace('\n', " ")).into()
+        }
+        None => e,
+    })?;
+    Ok((w, (templates, model)))
+}
+
+/// The command line's overrides of the workload's (or the stand-in's) settings.
+fn apply_overrides(w: &mut Workload, args: &RunArgs) -> Result<()> {
+    let (src, rd) = (&args.source, &args.reader);
+    if let Some(ct) = rd.computation_time {
+        if !(0.0..=MAX_COMPUTE_S).contains(&ct) {
+            bail!(InputError(format!("--computation-time must be ≥ 0 and at most {MAX_COMPUTE_S} seconds, got {ct}")));
+        }
+        w.computation_time = ComputeTime::Fixed(ct);
+    }
+    if let Some(v) = src.batch_size {
+        w.batch_size = v;
+    }
+    if let Some(v) = rd.read_threads {
+        w.read_threads = v;
+    }
+    if let Some(v) = rd.prefetch_size {
+        w.prefetch_size = v;
+    }
+    if let Some(v) = rd.epochs {
+        w.epochs = v;
+    }
+    if let Some(v) = src.seed {
+        w.seed = v;
+    }
+    Ok(())
+}
+
+/// Refuses O_DIRECT where the reader the replay models refuses it (h5py; DLIO's indexed
+/// and parquet readers).
+fn check_odirect(w: &Workload, args: &RunArgs, trace_mode: bool, path: &Path) -> Result<()> {
+    if w.train && matches!(Format::parse(&w.format), Format::Hdf5(_)) {
+        // DLIO raises for it too: h5py reads through the page cache.
+        if w.odirect {
+            bail!(InputError(format!(
+                "{}: reader.odirect: true: O_DIRECT is not supported with dataset.format hdf5 (h5py reads through the page cache)",
+                path.display()
+            )));
+        }
+        if args.odirect {
+            bail!(InputError(format!(
+                "--odirect: O_DIRECT is not supported with dataset.format hdf5 in {} (h5py reads through the page cache)",
+                path.display()
+            )));
+        }
+    }
+    let format = Format::parse(&w.format);
+    if (args.odirect || w.odirect)
+        && !trace_mode
+        && (crate::formats::indexed::is_indexed(format) || format == Format::Parquet)
+    {
+        // DLIO's reader factory raises for these formats under O_DIRECT.
+        bail!(InputError(format!(
+            "{}: dataset.format {} is read through the page cache by DLIO's reader (it refuses O_DIRECT): drop --odirect / reader.odirect",
+            path.display(),
+            w.format
+        )));
+    }
+    Ok(())
+}
+
+/// `storage.storage_type: s3`: the endpoint, credentials and buckets checked before any
+/// work (s3_writes::preflight); None for a workload on files.
+fn object_target(w: &Workload, args: &RunArgs, path: &Path) -> Result<Option<S3Target>> {
+    let Some(store) = &w.object_store else { return Ok(None) };
+    if args.odirect || w.odirect {
+        bail!(InputError(format!(
+            "{}: O_DIRECT (--odirect, reader.odirect) is for files; this workload reads {}",
+            path.display(),
+            store.uri()
+        )));
+    }
+    let checkpoint_bucket: Vec<String> = w.checkpoint.iter().map(|c| store.checkpoint_location(&c.folder).0).collect();
+    Ok(Some(crate::object::s3_writes::preflight(store, &checkpoint_bucket)?))
+}
