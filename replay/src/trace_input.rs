@@ -83,6 +83,9 @@ pub struct Template {
     pub write_files: Vec<String>,
     /// The model's throughput need of this GPU, MiB/s (bytes per step / compute).
     pub required_mib_s: Option<f64>,
+    /// The rank's own reads and readahead advice before its first batch (the model's
+    /// `setup`), done before the run (TraceProgram::prepare).
+    pub setup: Vec<SampleRead>,
 }
 
 impl Template {
@@ -173,6 +176,15 @@ pub fn load_templates(
                 ),
                 write_files: g.write_files.iter().map(|(p, _)| p.clone()).collect(),
                 required_mib_s: g.required_mib_s,
+                setup: g
+                    .setup
+                    .iter()
+                    .map(|s| SampleRead {
+                        mapped: s.read.mapped,
+                        advise: s.advise,
+                        ..SampleRead::new(s.read.file, s.read.offset, s.read.len)
+                    })
+                    .collect(),
             }
         })
         .collect();
@@ -517,6 +529,47 @@ impl Program for TraceProgram {
         self.max_request
     }
 
+    /// Each local GPU's setup (Template::setup) on its own files, one read after another
+    /// as the rank made them: buffered reads, page touches through a mapping of the range,
+    /// or posix_fadvise(WILLNEED) of the range (the call madvise(WILLNEED) makes on a
+    /// mapped file), so the run starts with the page cache the job's first batch found.
+    fn prepare(&self) -> anyhow::Result<()> {
+        use anyhow::Context;
+        use std::os::fd::AsRawFd;
+        let beneath = crate::beneath::Beneath::new(self.root())?;
+        let mut buf = Vec::new();
+        for &(t, g) in &self.local {
+            for r in &self.templates[t].setup {
+                let path = self.path(self.placement.file(g, r.file));
+                let fd = beneath.open(&path, libc::O_RDONLY | libc::O_CLOEXEC, 0)?;
+                let (raw, len) = (fd.as_raw_fd(), r.len as usize);
+                let res = if r.advise {
+                    // A hint: a failure changes what is cached ahead, not what is read.
+                    unsafe {
+                        libc::posix_fadvise(raw, r.offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED)
+                    };
+                    0
+                } else if r.mapped {
+                    crate::pool::touch_mapped(raw, r.offset, len) as isize
+                } else {
+                    buf.resize(len, 0u8);
+                    // SAFETY: buf holds len bytes.
+                    unsafe { libc::pread(raw, buf.as_mut_ptr().cast(), len, r.offset as libc::off_t) }
+                };
+                if res < 0 {
+                    let e = if r.mapped {
+                        std::io::Error::from_raw_os_error(-res as i32)
+                    } else {
+                        std::io::Error::last_os_error()
+                    };
+                    return Err(e)
+                        .with_context(|| format!("reading {} before the run (the rank's setup)", path.display()));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn recorded(&self) -> bool {
         true
     }
@@ -635,6 +688,7 @@ mod tests {
             write_bursts: BTreeMap::new(),
             write_files: Vec::new(),
             required_mib_s: None,
+            setup: Vec::new(),
         }
     }
 
