@@ -97,7 +97,8 @@ fn build_gpu(ev: &GpuEvidence, members: Vec<Member>, warnings: &mut Vec<String>)
         bursts::steps(ev, &mut files, warnings)
     };
     // A rank with workers: what it read itself before their first batch (handoff::setup).
-    let setup = if ev.data_pipes.is_empty() { Vec::new() } else { handoff::setup(ev, &found.steps, &mut files) };
+    let (setup, setup_lead_s) =
+        if ev.data_pipes.is_empty() { (Vec::new(), 0.0) } else { handoff::setup(ev, &found.steps, &mut files) };
     // Streamed tar shards: a step's samples from the members its reads completed.
     let (shards, unreadable) = shards::recount(&mut found.steps, &files.list);
     if shards > 0 {
@@ -179,6 +180,7 @@ fn build_gpu(ev: &GpuEvidence, members: Vec<Member>, warnings: &mut Vec<String>)
         worker_cpu_share: quantile(&cpu_share, 0.5),
         unfinished_bytes,
         setup,
+        setup_lead_s,
         steps,
         write_bursts: Vec::new(),
         write_files: Vec::new(),

@@ -146,9 +146,10 @@ const WILLNEED: u32 = 3;
 /// readahead advice (WILLNEED) on files the GPU reads, in order (`GpuModel::setup`): a
 /// dataset's loader reads the files' schema and index at load time (pyarrow through the
 /// mapping, asking readahead of each range it reads), so the steps start with those
-/// pages cached. The reads' files are added to `files`.
-pub(crate) fn setup(ev: &GpuEvidence, steps: &[Step], files: &mut Files) -> Vec<SetupRead> {
-    let Some(first) = steps.iter().map(|s| s.first_read_ns).min() else { return Vec::new() };
+/// pages cached. The reads' files are added to `files`. Also the time from the setup's
+/// first row to the first batch's first read (`GpuModel::setup_lead_s`).
+pub(crate) fn setup(ev: &GpuEvidence, steps: &[Step], files: &mut Files) -> (Vec<SetupRead>, f64) {
+    let Some(first) = steps.iter().map(|s| s.first_read_ns).min() else { return (Vec::new(), 0.0) };
     let mut rows: Vec<&OwnedRow> = ev
         .data_rows(ev.rank)
         .iter()
@@ -159,6 +160,7 @@ pub(crate) fn setup(ev: &GpuEvidence, steps: &[Step], files: &mut Files) -> Vec<
         }))
         .collect();
     rows.sort_by_key(|r| (r.issue_ns, r.complete_ns));
+    let lead_s = rows.first().map_or(0.0, |r| (first - r.issue_ns) as f64 / 1e9);
     let mut out = Vec::new();
     for r in rows {
         if &*r.op != "madvise" {
@@ -170,7 +172,7 @@ pub(crate) fn setup(ev: &GpuEvidence, steps: &[Step], files: &mut Files) -> Vec<
         let read = Read { file, offset: offset.max(0) as u64, len: r.bytes_requested as u64, reader: 0, mapped: false };
         out.push(SetupRead { read, advise: true });
     }
-    out
+    (out, lead_s)
 }
 
 /// What the rank's gets say, per step between two of its index writes: its compute

@@ -130,6 +130,10 @@ pub struct GpuModel {
     /// the first batch, in order (`SetupRead`).
     #[serde(skip)]
     pub setup: Vec<SetupRead>,
+    /// From the setup's first read or advice to the first batch's first read, s (0
+    /// without a setup): the loading and the workers' start-up, outside the steps.
+    #[serde(skip)]
+    pub setup_lead_s: f64,
     /// The rank's write bursts (writes::bursts), placed in its steps.
     pub write_bursts: Vec<writes::WriteBurst>,
     /// Files the GPU wrote: recorded path and the size a copy needs (largest byte written).

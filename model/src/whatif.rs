@@ -180,6 +180,7 @@ mod tests {
             worker_cpu_share: None,
             unfinished_bytes: 0,
             setup: Vec::new(),
+            setup_lead_s: 0.0,
             steps,
             write_bursts: vec![writes::WriteBurst {
                 start_ns: 0,

@@ -86,6 +86,8 @@ pub struct Template {
     /// The rank's own reads and readahead advice before its first batch (the model's
     /// `setup`), done before the run (TraceProgram::prepare).
     pub setup: Vec<SampleRead>,
+    /// The model's `setup_lead_s`: the setup's first row to the first batch's first read.
+    pub setup_lead_s: f64,
 }
 
 impl Template {
@@ -185,6 +187,7 @@ pub fn load_templates(
                         ..SampleRead::new(s.read.file, s.read.offset, s.read.len)
                     })
                     .collect(),
+                setup_lead_s: g.setup_lead_s,
             }
         })
         .collect();
@@ -532,10 +535,21 @@ impl Program for TraceProgram {
     /// Each local GPU's setup (Template::setup) on its own files, one read after another
     /// as the rank made them: buffered reads, page touches through a mapping of the range,
     /// or posix_fadvise(WILLNEED) of the range (the call madvise(WILLNEED) makes on a
-    /// mapped file), so the run starts with the page cache the job's first batch found.
+    /// mapped file), so the run starts with the page cache the job's first batch found;
+    /// then the rest of the recorded lead (Template::setup_lead_s: in the job, its
+    /// workers' start-up) passes, so the run's first reads come as long after the setup's
+    /// as the job's did (a read cap drains the setup's requests meanwhile, as it did).
     fn prepare(&self) -> anyhow::Result<()> {
         use anyhow::Context;
         use std::os::fd::AsRawFd;
+        let start = std::time::Instant::now();
+        let lead = self
+            .local
+            .iter()
+            .map(|&(t, _)| &self.templates[t])
+            .filter(|t| !t.setup.is_empty())
+            .map(|t| t.setup_lead_s)
+            .fold(0.0f64, f64::max);
         let beneath = crate::beneath::Beneath::new(self.root())?;
         let mut buf = Vec::new();
         for &(t, g) in &self.local {
@@ -566,6 +580,11 @@ impl Program for TraceProgram {
                         .with_context(|| format!("reading {} before the run (the rank's setup)", path.display()));
                 }
             }
+        }
+        if let Some(rest) =
+            std::time::Duration::try_from_secs_f64(lead).ok().and_then(|l| l.checked_sub(start.elapsed()))
+        {
+            std::thread::sleep(rest);
         }
         Ok(())
     }
@@ -689,6 +708,7 @@ mod tests {
             write_files: Vec::new(),
             required_mib_s: None,
             setup: Vec::new(),
+            setup_lead_s: 0.0,
         }
     }
 
