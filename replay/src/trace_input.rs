@@ -712,6 +712,34 @@ mod tests {
         }
     }
 
+    /// A rank's setup is done on the GPU's own copy before the run, the recorded lead
+    /// then passes; a setup whose file is not there fails naming it.
+    #[test]
+    fn prepare_does_the_setup_then_waits_the_lead() {
+        let root = std::env::temp_dir().join(format!("trainio-prepare-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let mut t = template(&["/d/a"]);
+        t.files[0].1 = 65536;
+        t.setup = vec![
+            SampleRead::new(0, 0, 4096),
+            SampleRead { mapped: true, ..SampleRead::new(0, 8192, 8192) },
+            SampleRead { advise: true, ..SampleRead::new(0, 0, 1 << 20) },
+        ];
+        t.setup_lead_s = 0.2;
+        let opts = || TraceOptions { epochs: 1, max_steps: 0, compute_override: None, prefetch_override: None };
+        let p = Placement::new(std::slice::from_ref(&t), 1, &root, None);
+        let file = root.join(&p.layout.files[0].rel);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        let program = TraceProgram::new(vec![t.clone()], p, &root, 1, &[0], opts());
+        let err = program.prepare().unwrap_err();
+        assert!(format!("{err:#}").contains("f00000.dat"), "{err:#}");
+        std::fs::write(&file, vec![7u8; 65536]).unwrap();
+        let start = std::time::Instant::now();
+        program.prepare().unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(200), "{:?}", start.elapsed());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
     /// Files shared by templates are laid out once per copy; GPUs beyond the templates
     /// get a copy holding only their templates' files; in place, one set of mapped files.
     #[test]
