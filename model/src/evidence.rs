@@ -142,11 +142,18 @@ impl Files {
     pub fn new() -> Self {
         Files { index: HashMap::new(), list: Vec::new() }
     }
-    pub fn add(&mut self, r: &OwnedRow) -> Read {
-        let name = match (&r.file, r.fd) {
+    fn name(r: &OwnedRow) -> String {
+        match (&r.file, r.fd) {
             (Some(f), _) => f.to_string(),
             (None, fd) => format!("<pid {} fd {}>", r.pid, fd.unwrap_or(-1)),
-        };
+        }
+    }
+    /// The number of the file of `r`, None when no read of it was added.
+    pub fn get(&self, r: &OwnedRow) -> Option<u32> {
+        self.index.get(&Self::name(r)).copied()
+    }
+    pub fn add(&mut self, r: &OwnedRow) -> Read {
+        let name = Self::name(r);
         let next = self.list.len() as u32;
         let fi = *self.index.entry(name.clone()).or_insert(next);
         if fi == next {

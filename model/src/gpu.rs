@@ -96,6 +96,9 @@ fn build_gpu(ev: &GpuEvidence, members: Vec<Member>, warnings: &mut Vec<String>)
     } else {
         bursts::steps(ev, &mut files, warnings)
     };
+    // A rank with workers: what it read itself before their first batch (handoff::setup).
+    let (setup, setup_lead_s) =
+        if ev.data_pipes.is_empty() { (Vec::new(), 0.0) } else { handoff::setup(ev, &found.steps, &mut files) };
     // Streamed tar shards: a step's samples from the members its reads completed.
     let (shards, unreadable) = shards::recount(&mut found.steps, &files.list);
     if shards > 0 {
@@ -176,6 +179,8 @@ fn build_gpu(ev: &GpuEvidence, members: Vec<Member>, warnings: &mut Vec<String>)
         worker_cpu_s_per_sample: quantile(&per_sample, 0.5),
         worker_cpu_share: quantile(&cpu_share, 0.5),
         unfinished_bytes,
+        setup,
+        setup_lead_s,
         steps,
         write_bursts: Vec::new(),
         write_files: Vec::new(),

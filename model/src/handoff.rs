@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use trainio_schema::OwnedRow;
 
 use crate::evidence::{distinct_files, opens_between, Files, GpuEvidence, StepsFound};
-use crate::job::Step;
+use crate::job::{Read, SetupRead, Step};
 use crate::stats::{busy_ns, quantile};
 
 /// Writes of one worker this close together are one message (header and payload).
@@ -137,6 +137,42 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
         handoff_s,
         unfinished_bytes,
     }
+}
+
+/// `madvise`/`posix_fadvise` advice WILLNEED (traces/SCHEMA.md, *mapped reads*).
+const WILLNEED: u32 = 3;
+
+/// The rank's own reads of its data files before its workers' first read, and its
+/// readahead advice (WILLNEED) on files the GPU reads, in order (`GpuModel::setup`): a
+/// dataset's loader reads the files' schema and index at load time (pyarrow through the
+/// mapping, asking readahead of each range it reads), so the steps start with those
+/// pages cached. The reads' files are added to `files`. Also the time from the setup's
+/// first row to the first batch's first read (`GpuModel::setup_lead_s`).
+pub(crate) fn setup(ev: &GpuEvidence, steps: &[Step], files: &mut Files) -> (Vec<SetupRead>, f64) {
+    let Some(first) = steps.iter().map(|s| s.first_read_ns).min() else { return (Vec::new(), 0.0) };
+    let mut rows: Vec<&OwnedRow> = ev
+        .data_rows(ev.rank)
+        .iter()
+        .copied()
+        .filter(|r| r.issue_ns < first && r.bytes > 0)
+        .chain(ev.file_rows(ev.rank).iter().copied().filter(|r| {
+            &*r.op == "madvise" && r.flags == WILLNEED && r.error == 0 && r.issue_ns < first && r.bytes_requested > 0
+        }))
+        .collect();
+    rows.sort_by_key(|r| (r.issue_ns, r.complete_ns));
+    let lead_s = rows.first().map_or(0.0, |r| (first - r.issue_ns) as f64 / 1e9);
+    let mut out = Vec::new();
+    for r in rows {
+        if &*r.op != "madvise" {
+            out.push(SetupRead { read: files.add(r), advise: false });
+            continue;
+        }
+        // Advice on a file the GPU never reads does not shape its reads.
+        let (Some(file), Some(offset)) = (files.get(r), r.offset) else { continue };
+        let read = Read { file, offset: offset.max(0) as u64, len: r.bytes_requested as u64, reader: 0, mapped: false };
+        out.push(SetupRead { read, advise: true });
+    }
+    (out, lead_s)
 }
 
 /// What the rank's gets say, per step between two of its index writes: its compute

@@ -20,6 +20,18 @@ pub struct Read {
     pub mapped: bool,
 }
 
+/// What a rank did to its data files itself before its workers' first batch (opening
+/// the dataset: reading its schema and index through the mapping, asking the kernel to
+/// read ranges ahead): the page cache its steps start with. The replay does it before
+/// its steps, as the job did before its first batch.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SetupRead {
+    pub read: Read,
+    /// Not a read but `madvise`/`posix_fadvise(WILLNEED)` of the range (pyarrow asks it
+    /// of each range it reads): readahead that the kernel starts, moving no bytes.
+    pub advise: bool,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Step {
     #[serde(skip)]
@@ -116,6 +128,14 @@ pub struct GpuModel {
     pub worker_cpu_share: Option<f64>,
     /// Bytes a worker read after its last handoff (a batch never delivered).
     pub unfinished_bytes: u64,
+    /// A rank with workers: its own reads and readahead advice on its data files before
+    /// the first batch, in order (`SetupRead`).
+    #[serde(skip)]
+    pub setup: Vec<SetupRead>,
+    /// From the setup's first read or advice to the first batch's first read, s (0
+    /// without a setup): the loading and the workers' start-up, outside the steps.
+    #[serde(skip)]
+    pub setup_lead_s: f64,
     /// The rank's write bursts (writes::bursts), placed in its steps.
     pub write_bursts: Vec<writes::WriteBurst>,
     /// Files the GPU wrote: recorded path and the size a copy needs (largest byte written).

@@ -67,7 +67,7 @@ pub use bursts::{step_gap_ns, DEFAULT_BURST_GAP_MS};
 pub use describe::{describe, to_json};
 pub use grouping::WORKER_COMM;
 pub use input::{load_input, Input};
-pub use job::{Coverage, GpuModel, JobModel, LeftOut, Member, ObjectSource, Read, Step};
+pub use job::{Coverage, GpuModel, JobModel, LeftOut, Member, ObjectSource, Read, SetupRead, Step};
 pub use options::{Grouping, Options};
 pub use trace_set::combine;
 

@@ -893,3 +893,36 @@ fn a_job_reading_objects_models_as_the_same_job_reading_files() {
     }
     assert!(by_files.object_store.is_none(), "a job reading files has none");
 }
+
+/// pyarrow's loading, as HF `datasets` does it in the rank before its workers start: a
+/// read of the file's head and WILLNEED advice of ranges (traces/SCHEMA.md, `madvise`).
+fn madvise(pid: u32, file: &str, offset: i64, len: i64, advice: u32, t: i64) -> OwnedRow {
+    OwnedRow { bytes: 0, flags: advice, ..mapped("madvise", pid, file, "7:3", offset, len, t) }
+}
+
+#[test]
+fn a_ranks_own_reads_before_its_workers_first_batch_are_its_setup() {
+    let mut input = Input::default();
+    rank_with_workers(&mut input, 200, 100, 2, 4, 20, 50, 10);
+    let (read, other) = ("/data/r200/s0003_1.npz", "/data/unread.arrow");
+    input.file.push(file_read(200, "python", read, 0, 4096, 950 * MS, MS));
+    input.file.push(madvise(200, read, 8192, MIB as i64, 3, 960 * MS));
+    input.file.push(madvise(200, read, 0, MIB as i64, 1, 961 * MS)); // MADV_RANDOM: no readahead
+    input.file.push(madvise(200, other, 0, MIB as i64, 3, 962 * MS)); // a file no batch reads
+                                                                      // after the first batch: a read of the rank's own, not its setup
+    input.file.push(file_read(200, "python", read, 4096, 4096, 1_500 * MS, MS));
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.gpus.len(), 1, "{}", describe(&m).join("\n"));
+    let g = &m.gpus[0];
+    assert_eq!(g.steps.len(), 10);
+    assert_eq!(g.bytes, 40 * MIB, "the setup is not in the steps' bytes");
+    let file = g.files.iter().position(|(f, _)| f == read).expect("the file the rank read") as u32;
+    let want = [
+        SetupRead { read: Read { file, offset: 0, len: 4096, reader: 0, mapped: false }, advise: false },
+        SetupRead { read: Read { file, offset: 8192, len: MIB, reader: 0, mapped: false }, advise: true },
+    ];
+    assert_eq!(g.setup, want);
+    // from the setup's first read (950 ms) to the workers' first (1005.11 ms)
+    assert!(close(g.setup_lead_s, 0.05511, 1e-6), "{}", g.setup_lead_s);
+    assert!(g.files.iter().all(|(f, _)| f != other), "{:?}", g.files);
+}

@@ -102,6 +102,7 @@ pub fn split_gpu(g: GpuModel, n: u32) -> Vec<GpuModel> {
                 mib_s_recorded: g.mib_s_recorded.map(|v| v / n as f64),
                 unfinished_bytes: g.unfinished_bytes / n as u64,
                 write_bursts: if j == 0 { g.write_bursts.clone() } else { Vec::new() },
+                setup: if j == 0 { g.setup.clone() } else { Vec::new() },
                 ..g.clone()
             }
         })
@@ -178,6 +179,8 @@ mod tests {
             worker_cpu_s_per_sample: None,
             worker_cpu_share: None,
             unfinished_bytes: 0,
+            setup: Vec::new(),
+            setup_lead_s: 0.0,
             steps,
             write_bursts: vec![writes::WriteBurst {
                 start_ns: 0,

@@ -124,6 +124,12 @@ pub trait Program {
     fn not_before_ns(&self, _gpu: usize, _epoch: u64, _step: u64) -> Option<u64> {
         None
     }
+    /// Work the ranks did before the run that shaped the page cache it starts with (a
+    /// dataset's loading, in trace mode): done by run() after caches are dropped and
+    /// before the timed run, counted in none of its figures.
+    fn prepare(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
     /// Recorded mode: the writes and syncs GPU `gpu` made after `step` steps of the epoch
     /// (1-based: the step just finished), in order; empty when it made none there.
     fn writes_after(&self, _gpu: usize, _epoch: u64, _step: u64) -> Vec<crate::trace::trace_writes::WriteCall> {

@@ -11,6 +11,7 @@ them as a table (`make bench-realjob`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import subprocess
@@ -107,30 +108,107 @@ def _device_p50_us(trace: Path, majmin: str) -> float | None:
     return (json.loads(a.stdout).get("latency_us") or {}).get("p50")
 
 
-def run_scenario(sc: Scenario, mnt: Path, *, record_replay: bool = False) -> dict:
+def block_reads(trace: Path, majmin: str) -> dict:
+    """The block-layer reads of one device in a trace: their bytes, and the MiB/s over the
+    span in which the middle 98 % of those bytes completed (from the completion that
+    takes the bytes past 1 % to the one that takes them past 99 %), so that start-up and
+    the last stragglers weigh on neither run."""
+    import numpy as np
+    import polars as pl
+
+    from trainio_analysis.trace import scan_trace
+
+    df = (
+        scan_trace(trace)
+        .filter((pl.col("layer") == "block") & (pl.col("op") == "read") & (pl.col("dev") == majmin))
+        .select("complete_ns", "bytes")
+        .sort("complete_ns")
+        .collect()
+    )
+    total = int(df["bytes"].sum()) if df.height else 0
+    if total == 0:
+        return {"bytes": 0, "mib_s": None}
+    done = np.cumsum(df["bytes"].to_numpy())
+    at = df["complete_ns"].to_numpy()
+    lo = int(np.searchsorted(done, 0.01 * total))
+    hi = int(np.searchsorted(done, 0.99 * total))
+    span = (at[hi] - at[lo]) / 1e9
+    return {"bytes": total, "mib_s": (done[hi] - done[lo]) / MiB / span if span > 0 else None}
+
+
+def compare_blocks(a: Path, b: Path, majmin: str) -> dict:
+    """`trainio compare --json` of two traces' block layer on one device (b against a)."""
+    p = subprocess.run(
+        [str(TRAINIO), "compare", "--json", "--layer", "block", "--dev", majmin, str(a), str(b)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if p.returncode != 0:
+        raise RuntimeError(f"compare failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout)
+
+
+MAPPED_PROGRAMS = ("filemap_fault", "filemap_map_pages", "mmap_enter", "mmap_exit", "madvise_enter", "madvise_exit")
+
+
+def mapped_layer(trace: Path, job_wall_s: float) -> dict:
+    """What the file layer's mapped reads (fault, map_pages, mmap, madvise) cost in a
+    recording: the kernel's BPF statistics of their programs (trace metadata
+    `bpf_stats`), their rows, and the job's wall time to set them against."""
+    import polars as pl
+
+    from trainio_analysis.trace import read_metadata, scan_trace
+
+    stats = read_metadata(trace)["bpf_stats"]
+    mine = {k: v for k, v in stats.items() if k.removeprefix("tio_") in MAPPED_PROGRAMS}
+    rows = scan_trace(trace).filter(pl.col("op").is_in(["fault", "map_pages"])).select(pl.len()).collect().item()
+    return {
+        "runs": sum(v["run_cnt"] for v in mine.values()),
+        "ns": sum(v["run_time_ns"] for v in mine.values()),
+        "ns_per_run": {k.removeprefix("tio_"): v["ns_per_run"] for k, v in mine.items() if v["run_cnt"]},
+        "rows": rows,
+        "job_wall_s": job_wall_s,
+    }
+
+
+def run_scenario(
+    sc: Scenario, mnt: Path, *, record_replay: bool = False, reference: bool = False, keep: Path | None = None
+) -> dict:
     """Runs one scenario on the file system mounted at `mnt` (data set in mnt/<sc.name>).
     With `record_replay`, the replay at the recorded GPU count runs under `trainio record`
     (block layer, the data's device) and the result has both runs' median block-read
-    latency on that device: whether the storage served the two alike."""
+    latency on that device: whether the storage served the two alike, and both runs'
+    block reads there (block_reads) with the replay's scored against the job's
+    (compare_blocks). With `reference` (and `record_replay`), the job runs a second time
+    after the replay and `job_b` has its figures and its block reads against the first
+    run's: the spread between two runs of the job itself. With `keep`, the
+    traces and JSON outputs go to that directory (created) and stay there."""
     data = mnt / sc.name
     majmin = device_of(data)
-    with tempfile.TemporaryDirectory(prefix="trainio-fidelity-") as tmp:
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+    with contextlib.nullcontext(str(keep)) if keep else tempfile.TemporaryDirectory(prefix="trainio-fidelity-") as tmp:
         tmp = Path(tmp)
         trace = tmp / "trace"
-        run = run_job(
-            data,
-            ranks=sc.ranks,
-            workers=sc.workers,
-            batch=sc.batch,
-            compute_ms=sc.compute_ms,
-            fmt=sc.fmt,
-            odirect=sc.odirect,
-            throttle_bps=sc.throttle_mib * MiB if sc.throttle_mib else None,
-            record_dir=trace,
-            steps=sc.steps,
-            realtime=sc.realtime,
-        )
-        job = run.job
+
+        def record_job(out: Path) -> dict:
+            return run_job(
+                data,
+                ranks=sc.ranks,
+                workers=sc.workers,
+                batch=sc.batch,
+                compute_ms=sc.compute_ms,
+                fmt=sc.fmt,
+                odirect=sc.odirect,
+                throttle_bps=sc.throttle_mib * MiB if sc.throttle_mib else None,
+                record_dir=out,
+                steps=sc.steps,
+                realtime=sc.realtime,
+            ).job
+
+        job = record_job(trace)
+        mapped = mapped_layer(trace, job["wall_s"])
         a = subprocess.run(
             [str(TRAINIO), "analyze", str(trace), "--layer", "file", "--json"],
             capture_output=True,
@@ -140,6 +218,7 @@ def run_scenario(sc: Scenario, mnt: Path, *, record_replay: bool = False) -> dic
         if a.returncode != 0:
             raise RuntimeError(f"analyze failed: {a.stderr}")
         analysis = json.loads(a.stdout)
+        (tmp / "analysis.json").write_text(a.stdout)
         model = analysis["job_model"]
         replay_dir = mnt / f"{sc.name}-replay"
         rep = _replay(
@@ -154,10 +233,24 @@ def run_scenario(sc: Scenario, mnt: Path, *, record_replay: bool = False) -> dic
         dev_p50 = (
             (_device_p50_us(trace, majmin), _device_p50_us(tmp / "replay-trace", majmin)) if record_replay else None
         )
+        blocks = None
+        if record_replay:
+            blocks = {
+                "job": block_reads(trace, majmin),
+                "replay": block_reads(tmp / "replay-trace", majmin),
+                "compare": compare_blocks(trace, tmp / "replay-trace", majmin),
+            }
         rep2 = None
         if sc.double:
             rep2 = _replay(trace, replay_dir, 2 * sc.ranks, sc, majmin, tmp / "replay2.json")
         subprocess.run(["rm", "-rf", str(replay_dir)], check=True)
+        job_b = None
+        if reference:
+            # The job again, after its replay: how far two runs of the job itself are apart
+            # on this host, the spread a replay's errors are held to beyond the target.
+            job_b = record_job(tmp / "trace-b")
+            job_b["blocks"] = block_reads(tmp / "trace-b", majmin)
+            job_b["compare"] = compare_blocks(trace, tmp / "trace-b", majmin)
     record = job["record_bytes"]
     want_req = record * sc.batch / (sc.compute_ms / 1000) / MiB
     gpus = model["gpus"]
@@ -184,4 +277,11 @@ def run_scenario(sc: Scenario, mnt: Path, *, record_replay: bool = False) -> dic
         "recorded_bytes": sum(g["bytes"] for g in gpus),
         # median block-read latency on the data's device, job and replay (record_replay)
         "device_p50_us": dev_p50,
+        # record_replay: the device's block reads in the job and in the replay
+        # (block_reads) and the replay's block layer scored against the job's
+        "blocks": blocks,
+        # the mapped-read programs' cost in the job's recording (mapped_layer)
+        "mapped_layer": mapped,
+        # reference: the second run of the job (its JSON, its blocks, scored against the first)
+        "job_b": job_b,
     }

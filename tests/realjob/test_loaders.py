@@ -1,21 +1,35 @@
-"""The loaders people run, recorded and replayed (issue #30): a WebDataset job streaming
-tar shards, an ImageFolder job decoding JPEGs with PIL, and a HuggingFace `datasets` job
-reading Arrow files through mmap. Each is job.py under torchrun (2 ranks, gloo all-reduce
-per step, 2 DataLoader workers per rank, batch 4, 50 ms compute per step) on ext4 over a
-loop device, recorded with `trainio record`, then modeled (`trainio analyze --json`) and
-replayed (`trainio replay --trace`) at the recorded GPU count on the same storage under the
-same read cap; the WebDataset job also at twice the GPUs.
+"""The loaders people run, recorded and replayed (issue #30): a HuggingFace `datasets` job
+reading Arrow files through mmap, a WebDataset job streaming tar shards, and an
+ImageFolder job decoding JPEGs with PIL. Each is job.py under torchrun (2 ranks, gloo
+all-reduce per step, 2 DataLoader workers per rank, batch 4, 50 ms compute per step) on
+ext4 over a loop device, storage-bound (reads capped at 30 MiB/s by the cgroup's io.max or
+blkio) or compute-bound (uncapped), recorded with `trainio record`, then modeled
+(`trainio analyze --json`) and replayed (`trainio replay --trace`, itself recorded at the
+block layer) at the recorded GPU count on the same storage under the same cap, and at
+twice the GPUs.
 
-What must hold on each (fidelity.run_scenario): the model finds the ranks as GPUs (the
-launcher is not one) with their workers, and the trace complete; its compute per step is
-the job's own measured sleep (±3 %); the replay reads every byte the model holds. On the
-WebDataset and JPEG jobs also: the steps are the batches and their samples the batch
-size; the replay runs at the job's pace (±10 %; `make bench-realjob` prints the errors
-against the 5 % target) and its AU is within 6 points of the job's (storage-bound, AU
-follows the throughput each run got from the capped device: see test_model_replay.py).
-The Arrow job's pace and AU are not yet reproduced (its fault rows cover the pages a
-fault mapped, in whole large folios, not the rows a batch read; bench-realjob prints its
-errors), so they are not asserted.
+What must hold on each (fidelity.run_scenario):
+
+- the model finds the ranks as GPUs (torchrun's agent is left out as the launcher), each
+  with its workers, and the trace complete; its compute per step is the job's own
+  measured sleep (±5 %);
+- the replay reads every byte the model holds, and twice as many at twice the GPUs;
+- at the recorded GPU count, on the data's device: block bytes within 5 % of the job's,
+  block MiB/s (over the span in which the middle 98 % of the bytes completed) within 5 %,
+  AU within 2 points, per-issue queue depth W1 within 1.
+
+The last three are timings on a shared 2-core host: the job runs a second time after
+the replay, and each is held to its target plus how far the two runs of the job itself
+were apart in the same test (tests/e2e/test_fidelity.py does the same). Nothing is
+retried.
+
+Which (loader, regime) pairs run: each loader once and each regime at least once, where
+the loader's reading is what decides the replay's pace: Arrow storage-bound (its pages
+come by fault read-around and pyarrow's readahead advice, and the cap makes those block
+bytes the pace), WebDataset storage-bound (a stream that holds the device busy across
+steps), JPEG compute-bound (the workers' decode time paces the loader, not the device).
+Each takes about a minute here; `TRAINIO_LOADERS=all` adds the other three (Arrow and
+WebDataset compute-bound, JPEG storage-bound), which `make bench-realjob` also prints.
 """
 
 from __future__ import annotations
@@ -32,11 +46,17 @@ from fidelity import Scenario, run_scenario
 from harness import dataset_fs
 
 KiB = 1 << 10
-SCENARIOS = [
-    Scenario("storage-w2-wds", "storage-bound", 2, "wds", 256 * KiB, 30, double=True),
-    Scenario("compute-w2-jpeg", "compute-bound", 2, "jpeg", 256 * KiB, None, realtime=True),
-    Scenario("storage-w2-arrow", "storage-bound", 2, "arrow", 256 * KiB, 30),
+DEFAULT = [
+    Scenario("storage-w2-arrow", "storage-bound", 2, "arrow", 256 * KiB, 30, realtime=True, double=True),
+    Scenario("storage-w2-wds", "storage-bound", 2, "wds", 256 * KiB, 30, realtime=True, double=True),
+    Scenario("compute-w2-jpeg", "compute-bound", 2, "jpeg", 256 * KiB, None, realtime=True, double=True),
 ]
+MORE = [
+    Scenario("compute-w2-arrow", "compute-bound", 2, "arrow", 256 * KiB, None, realtime=True, double=True),
+    Scenario("compute-w2-wds", "compute-bound", 2, "wds", 256 * KiB, None, realtime=True, double=True),
+    Scenario("storage-w2-jpeg", "storage-bound", 2, "jpeg", 256 * KiB, 30, realtime=True, double=True),
+]
+SCENARIOS = DEFAULT + (MORE if os.environ.get("TRAINIO_LOADERS") == "all" else [])
 
 
 @pytest.fixture(scope="module")
@@ -53,35 +73,42 @@ def fs():
 @pytest.mark.slow
 @pytest.mark.parametrize("sc", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_a_real_loaders_job_is_modeled_and_replayed(fs, sc: Scenario) -> None:
-    r = run_scenario(sc, fs)
-    model, job = r["model"], r["job"]
-    print(
-        f"\n{sc.name}: job AU {r['job_au_percent']:.1f}% {r['job_mib_s']:.1f} MiB/s; "
-        f"model compute {r['compute_ms']} ms; replay AU {r['replay_au_percent']:.1f}% "
-        f"{r['replay_mib_s']:.1f} MiB/s; warnings {model['warnings']}"
+    r = run_scenario(sc, fs, record_replay=True, reference=True)
+    model, job, job_b = r["model"], r["job"], r["job_b"]
+    blocks = r["blocks"]
+    job_blk, rep_blk, job_b_blk = blocks["job"], blocks["replay"], job_b["blocks"]
+    w1, w1_ref = blocks["compare"]["qd_w1_issue"], job_b["compare"]["qd_w1_issue"]
+    detail = (
+        f"\n{sc.name}: job AU {r['job_au_percent']:.1f} (again {100 * job_b['au']:.1f}), replay AU "
+        f"{r['replay_au_percent']:.1f}; block bytes {job_blk['bytes']} (again {job_b_blk['bytes']}) / "
+        f"{rep_blk['bytes']}; block MiB/s {job_blk['mib_s']:.2f} (again {job_b_blk['mib_s']:.2f}) / "
+        f"{rep_blk['mib_s']:.2f}; QD W1 {w1:.2f} (the job's two runs {w1_ref:.2f}); model compute "
+        f"{r['compute_ms']} ms; warnings {model['warnings']}"
     )
+    print(detail)
     assert model["incomplete"] is None, model["incomplete"]
     assert r["gpus_found"] == sc.ranks, [(g["rank_pid"], g["comm"]) for g in model["gpus"]]
     assert all("launcher" in x["why"] for x in model["left_out"] if x["comm"] == "pt_elastic"), model["left_out"]
-    faithful = sc.fmt != "arrow"  # module doc
     for g in model["gpus"]:
         assert g["workers"] == sc.workers, g["members"]
         assert g["step_signal"] == "handoff"
-        if faithful:
+        if sc.fmt != "arrow":
             # a worker's first batch can hold a read of its next one (one run had 39
-            # steps, the first of 10 samples): the count and the mean, not each step
+            # steps, the first of 10 samples): the count and the mean, not each step.
+            # (An Arrow batch's rows are no files: its samples are counted from the files
+            # it touched.)
             assert sc.steps - 2 <= len(g["steps"]) <= sc.steps + 2 * sc.workers, len(g["steps"])
             assert g["samples_per_step"] == pytest.approx(sc.batch, rel=0.10), g["samples_per_step"]
     slept_ms = 1e3 * sum(k["compute_s"] for k in job["ranks"]) / sum(k["steps"] - 1 for k in job["ranks"])
     for c in r["compute_ms"]:
-        assert c == pytest.approx(slept_ms, rel=0.03), (c, slept_ms)
+        assert c == pytest.approx(slept_ms, rel=0.05), (c, slept_ms)
     assert r["replay_bytes"] == r["recorded_bytes"]
-    if sc.double:
-        assert r["replay2_bytes"] == 2 * r["replay_bytes"]
-    if not faithful:
-        return
-    assert r["replay_mib_s"] == pytest.approx(r["job_mib_s"], rel=0.10)
-    # The JPEG job's AU and its replay's were 0.6 and 5.1 points apart in two runs of
-    # this suite (the replay's workers spend the job's measured decode time, which holds
-    # their time off the CPU on this 2-core host); bench-realjob prints the error.
-    assert abs(r["replay_au_percent"] - r["job_au_percent"]) <= 6.0
+    assert r["replay2_bytes"] == 2 * r["replay_bytes"]
+
+    # The block layer of the data's device, the job's against its replay's.
+    assert rep_blk["bytes"] == pytest.approx(job_blk["bytes"], rel=0.05), detail
+    spread_mib = abs(job_b_blk["mib_s"] / job_blk["mib_s"] - 1)
+    assert abs(rep_blk["mib_s"] / job_blk["mib_s"] - 1) <= 0.05 + spread_mib, detail
+    spread_au = abs(100 * job_b["au"] - r["job_au_percent"])
+    assert abs(r["replay_au_percent"] - r["job_au_percent"]) <= 2.0 + spread_au, detail
+    assert w1 <= 1.0 + w1_ref, detail

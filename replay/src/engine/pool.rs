@@ -25,7 +25,7 @@ const PAGE: u64 = 4096;
 /// Maps [offset, offset + len) of fd read-only and touches the first byte of each of its
 /// pages in order, as a job reading through mmap faults them in; returns len or -errno.
 /// The mapping is of the range alone, so fault-around stays within it.
-fn touch_mapped(fd: i32, offset: u64, len: usize) -> i32 {
+pub(crate) fn touch_mapped(fd: i32, offset: u64, len: usize) -> i32 {
     let start = offset / PAGE * PAGE;
     let span = (offset + len as u64 - start) as usize;
     // SAFETY: a fresh read-only mapping, read within its bounds and unmapped here.

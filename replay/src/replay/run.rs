@@ -311,6 +311,7 @@ impl Job {
             std::fs::write("/proc/sys/vm/drop_caches", b"3")
                 .context("--drop-caches: writing /proc/sys/vm/drop_caches (needs root)")?;
         }
+        program.prepare()?;
         let options = EngineOptions {
             odirect: self.odirect,
             barrier: self.barrier,

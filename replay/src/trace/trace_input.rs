@@ -89,6 +89,11 @@ pub struct Template {
     pub write_files: Vec<String>,
     /// The model's throughput need of this GPU, MiB/s (bytes per step / compute).
     pub required_mib_s: Option<f64>,
+    /// The rank's own reads and readahead advice before its first batch (the model's
+    /// `setup`), done before the run (TraceProgram::prepare).
+    pub setup: Vec<SampleRead>,
+    /// The model's `setup_lead_s`: the setup's first row to the first batch's first read.
+    pub setup_lead_s: f64,
 }
 
 impl Template {
@@ -184,6 +189,16 @@ pub fn load_templates(
                 ),
                 write_files: g.write_files.iter().map(|(p, _)| p.clone()).collect(),
                 required_mib_s: g.required_mib_s,
+                setup: g
+                    .setup
+                    .iter()
+                    .map(|s| SampleRead {
+                        mapped: s.read.mapped,
+                        advise: s.advise,
+                        ..SampleRead::new(s.read.file, s.read.offset, s.read.len)
+                    })
+                    .collect(),
+                setup_lead_s: g.setup_lead_s,
             }
         })
         .collect();
@@ -538,6 +553,63 @@ impl Program for TraceProgram {
         self.max_request
     }
 
+    /// Each local GPU's setup (Template::setup) on its own files, one read after another
+    /// as the rank made them: buffered reads, page touches through a mapping of the range,
+    /// or posix_fadvise(WILLNEED) of the range (the call madvise(WILLNEED) makes on a
+    /// mapped file), so the run starts with the page cache the job's first batch found;
+    /// then the rest of the recorded lead (Template::setup_lead_s: in the job, its
+    /// workers' start-up) passes, so the run's first reads come as long after the setup's
+    /// as the job's did (a read cap drains the setup's requests meanwhile, as it did).
+    fn prepare(&self) -> anyhow::Result<()> {
+        use anyhow::Context;
+        use std::os::fd::AsRawFd;
+        let start = std::time::Instant::now();
+        let lead = self
+            .local
+            .iter()
+            .map(|&(t, _)| &self.templates[t])
+            .filter(|t| !t.setup.is_empty())
+            .map(|t| t.setup_lead_s)
+            .fold(0.0f64, f64::max);
+        let beneath = crate::beneath::Beneath::new(self.root())?;
+        let mut buf = Vec::new();
+        for &(t, g) in &self.local {
+            for r in &self.templates[t].setup {
+                let path = self.path(self.placement.file(g, r.file));
+                let fd = beneath.open(&path, libc::O_RDONLY | libc::O_CLOEXEC, 0)?;
+                let (raw, len) = (fd.as_raw_fd(), r.len as usize);
+                let res = if r.advise {
+                    // A hint: a failure changes what is cached ahead, not what is read.
+                    unsafe {
+                        libc::posix_fadvise(raw, r.offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED)
+                    };
+                    0
+                } else if r.mapped {
+                    crate::engine::pool::touch_mapped(raw, r.offset, len) as isize
+                } else {
+                    buf.resize(len, 0u8);
+                    // SAFETY: buf holds len bytes.
+                    unsafe { libc::pread(raw, buf.as_mut_ptr().cast(), len, r.offset as libc::off_t) }
+                };
+                if res < 0 {
+                    let e = if r.mapped {
+                        std::io::Error::from_raw_os_error(-res as i32)
+                    } else {
+                        std::io::Error::last_os_error()
+                    };
+                    return Err(e)
+                        .with_context(|| format!("reading {} before the run (the rank's setup)", path.display()));
+                }
+            }
+        }
+        if let Some(rest) =
+            std::time::Duration::try_from_secs_f64(lead).ok().and_then(|l| l.checked_sub(start.elapsed()))
+        {
+            std::thread::sleep(rest);
+        }
+        Ok(())
+    }
+
     fn recorded(&self) -> bool {
         true
     }
@@ -656,7 +728,37 @@ mod tests {
             write_bursts: BTreeMap::new(),
             write_files: Vec::new(),
             required_mib_s: None,
+            setup: Vec::new(),
+            setup_lead_s: 0.0,
         }
+    }
+
+    /// A rank's setup is done on the GPU's own copy before the run, the recorded lead
+    /// then passes; a setup whose file is not there fails naming it.
+    #[test]
+    fn prepare_does_the_setup_then_waits_the_lead() {
+        let root = std::env::temp_dir().join(format!("trainio-prepare-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let mut t = template(&["/d/a"]);
+        t.files[0].1 = 65536;
+        t.setup = vec![
+            SampleRead::new(0, 0, 4096),
+            SampleRead { mapped: true, ..SampleRead::new(0, 8192, 8192) },
+            SampleRead { advise: true, ..SampleRead::new(0, 0, 1 << 20) },
+        ];
+        t.setup_lead_s = 0.2;
+        let opts = || TraceOptions { epochs: 1, max_steps: 0, compute_override: None, prefetch_override: None };
+        let p = Placement::new(std::slice::from_ref(&t), 1, &root, None);
+        let file = root.join(&p.layout.files[0].rel);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        let program = TraceProgram::new(vec![t.clone()], p, &root, 1, &[0], opts());
+        let err = program.prepare().unwrap_err();
+        assert!(format!("{err:#}").contains("f00000.dat"), "{err:#}");
+        std::fs::write(&file, vec![7u8; 65536]).unwrap();
+        let start = std::time::Instant::now();
+        program.prepare().unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(200), "{:?}", start.elapsed());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     /// Files shared by templates are laid out once per copy; GPUs beyond the templates
