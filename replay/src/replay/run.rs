@@ -271,12 +271,13 @@ impl Job {
                     .unwrap_or_default(),
             ),
         };
-        let objects = object_layout.as_ref().zip(self.s3.as_ref()).map(|((l, _), t)| crate::object::s3_reads::ObjectSet {
-            bucket: t.store.bucket.clone(),
-            prefix: t.store.prefix.clone(),
-            root: l.root.clone(),
-            sizes: l.files.iter().map(|f| (f.rel.clone(), f.size)).collect(),
-        });
+        let objects =
+            object_layout.as_ref().zip(self.s3.as_ref()).map(|((l, _), t)| crate::object::s3_reads::ObjectSet {
+                bucket: t.store.bucket.clone(),
+                prefix: t.store.prefix.clone(),
+                root: l.root.clone(),
+                sizes: l.files.iter().map(|f| (f.rel.clone(), f.size)).collect(),
+            });
         self.execute(cluster, &program, &local, gpus, used_bytes, settings, clients, objects)
     }
 
