@@ -60,7 +60,7 @@ def trace(tmp_path: Path) -> Path:
 
 
 def test_object_rows_read_back_with_their_columns(trace: Path) -> None:
-    assert tr.read_metadata(trace)["schema_minor"] == 8
+    assert tr.read_metadata(trace)["schema_minor"] == tr.SCHEMA_MINOR
     df = tr.scan_trace(trace).filter(pl.col("layer") == "object").collect()
     assert df["endpoint"].to_list() == [A, A, A, B, B]
     assert df["http_status"].to_list() == [200, 206, 200, 404, None]

@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from trainio_analysis.trace import read_metadata, scan_trace
+from trainio_analysis.trace import SCHEMA_MINOR, read_metadata, scan_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDER = ROOT / "target" / "release" / "trainio-record"
@@ -304,7 +304,7 @@ def test_nfs_mounts_metadata_has_options_and_transports(guest_run) -> None:
     v3 = _mount_entry(meta, "/mnt/nfs3")
     assert v3["nconnect"] == 1 and "vers=3" in v3["opts"] and len(v3["at_close"]["xprts"]) == 1
     assert v3["dev"] == guest_run.mount("/mnt/nfs3")["dev"]
-    assert meta["schema_minor"] == 8
+    assert meta["schema_minor"] == SCHEMA_MINOR
     # without the nfs layer there is nothing to say about NFS mounts
     assert read_metadata(trace(guest_run, "loop-qd1"))["nfs_mounts"] == []
 

@@ -1,0 +1,205 @@
+//! Unit tests of trace_input.rs: templates from a recorded trace, the placement of the
+//! job's files, objects' keys, and the setup a rank did before its first batch.
+
+use super::*;
+use std::time::Duration;
+use trainio_schema::{BatchBuilder, Layer, Row, SegmentLimits, TraceWriter};
+
+const MS: i64 = 1_000_000;
+
+#[allow(clippy::too_many_arguments)]
+fn read<'a>(
+    pid: u32,
+    tid: u32,
+    comm: &'a str,
+    dev: &'a str,
+    file: &'a str,
+    offset: i64,
+    issue: i64,
+    dur: i64,
+) -> Row<'a> {
+    Row {
+        layer: Layer::File,
+        op: "read",
+        issue_ns: issue,
+        complete_ns: issue + dur,
+        insert_ns: None,
+        dev: Some(dev),
+        offset: Some(offset),
+        bytes: 4096,
+        bytes_requested: 4096,
+        queue_depth: 1,
+        pid,
+        tid,
+        comm,
+        fd: Some(3),
+        file: Some(file),
+        error: 0,
+        flags: 0,
+        ppid: None,
+    }
+}
+
+fn write_trace(rows: &[Row]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "trainio-trace-input-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut b = BatchBuilder::new();
+    for r in rows {
+        b.push(r);
+    }
+    let mut w = TraceWriter::new(&dir, SegmentLimits { max_bytes: 1 << 30, max_age: Duration::from_secs(3600) });
+    w.open().unwrap();
+    w.write(&b.finish()).unwrap();
+    w.close_segment(&[("trainio.schema_version".into(), "1".into())]).unwrap();
+    dir
+}
+
+fn template(files: &[&str]) -> Template {
+    Template {
+        host: None,
+        pid: 1,
+        comm: "t".into(),
+        files: files.iter().map(|f| (f.to_string(), 8192)).collect(),
+        steps: vec![TemplateStep {
+            reads: (0..files.len() as u32).map(|j| SampleRead::new(j, 0, 5000)).collect(),
+            streams: vec![0; files.len()],
+            samples: 1,
+            compute_s: 0.0,
+            start_ns: 0,
+        }],
+        concurrency: 1,
+        workers: 0,
+        synchronous: true,
+        paced: false,
+        prefetch: 1,
+        bytes: 0,
+        compute_s: 0.0,
+        handoff_s: 0.0,
+        sync_s: 0.0,
+        dev: None,
+        write_bursts: BTreeMap::new(),
+        write_files: Vec::new(),
+        required_mib_s: None,
+        setup: Vec::new(),
+        setup_lead_s: 0.0,
+    }
+}
+
+/// A rank's setup is done on the GPU's own copy before the run, the recorded lead
+/// then passes; a setup whose file is not there fails naming it.
+#[test]
+fn prepare_does_the_setup_then_waits_the_lead() {
+    let root = std::env::temp_dir().join(format!("trainio-prepare-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let mut t = template(&["/d/a"]);
+    t.files[0].1 = 65536;
+    t.setup = vec![
+        SampleRead::new(0, 0, 4096),
+        SampleRead { mapped: true, ..SampleRead::new(0, 8192, 8192) },
+        SampleRead { advise: true, ..SampleRead::new(0, 0, 1 << 20) },
+    ];
+    t.setup_lead_s = 0.2;
+    let opts = || TraceOptions { epochs: 1, max_steps: 0, compute_override: None, prefetch_override: None };
+    let p = Placement::new(std::slice::from_ref(&t), 1, &root, None);
+    let file = root.join(&p.layout.files[0].rel);
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let program = TraceProgram::new(vec![t.clone()], p, &root, 1, &[0], opts());
+    let err = program.prepare().unwrap_err();
+    assert!(format!("{err:#}").contains("f00000.dat"), "{err:#}");
+    std::fs::write(&file, vec![7u8; 65536]).unwrap();
+    let start = std::time::Instant::now();
+    program.prepare().unwrap();
+    assert!(start.elapsed() >= Duration::from_millis(200), "{:?}", start.elapsed());
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Files shared by templates are laid out once per copy; GPUs beyond the templates
+/// get a copy holding only their templates' files; in place, one set of mapped files.
+#[test]
+fn placement_shares_the_jobs_files() {
+    let t = vec![template(&["/d/a", "/d/b"]), template(&["/d/b", "/d/c"])];
+    let root = Path::new("/r");
+    let p = Placement::new(&t, 2, root, None);
+    assert_eq!(p.layout.files.len(), 3, "a, b, c once");
+    assert_eq!(p.file(0, 1), p.file(1, 0), "both GPUs read b from one file");
+    assert_eq!(p.layout.files[0].rel, PathBuf::from("trace/c00000/f00000.dat"));
+    assert_eq!(p.layout.files[0].size, 8192);
+    let p1 = Placement::new(&t, 1, root, None);
+    assert_eq!(p1.layout.files.len(), 2, "one GPU: template 0's files only");
+    let p3 = Placement::new(&t, 3, root, None);
+    assert_eq!(p3.layout.files.len(), 5, "GPU 2 replays template 0 on a second copy of a and b");
+    assert_eq!(p3.files_of(2), vec![3, 4]);
+    assert_eq!(p3.layout.files[4].rel, PathBuf::from("trace/c00001/f00001.dat"));
+    assert!(p3.files_of(0).iter().all(|f| !p3.files_of(2).contains(f)), "copies share no file");
+    let map = PathMap::parse(&["/d=/m/x".into()]).unwrap();
+    let pi = Placement::new(&t, 4, root, Some(&map));
+    assert!(pi.in_place());
+    assert_eq!(pi.layout.files.len(), 3);
+    assert_eq!(pi.layout.root, PathBuf::from("/m/x"));
+    assert_eq!(pi.layout.path(pi.file(3, 1) as usize), PathBuf::from("/m/x/c"));
+    assert_eq!(pi.files_of(2), pi.files_of(0), "GPUs beyond the recorded count reread the files");
+    assert_eq!(pi.layout.files[0].size, 5000, "in place: the largest byte read, not rounded");
+    let nested = PathMap::parse(&["/d=/m".into(), "/d/b=/n".into()]).unwrap();
+    assert_eq!(nested.map("/d/b"), Some(PathBuf::from("/n")), "the longest prefix wins");
+    assert_eq!(nested.map("/dd/b"), None, "whole components only");
+    assert!(PathMap::parse(&["d=/m".into()]).is_err());
+}
+
+/// A job's objects keep their recorded keys under each copy's folder; a key that is
+/// not a plain relative path gets a file's name.
+#[test]
+fn objects_keep_their_keys() {
+    let mut t = template(&["train/a/s0.bin", "train/../x", "train/b"]);
+    t.dev = Some("s3://127.0.0.1:9000/train".into());
+    assert!(t.objects());
+    let p = Placement::new(&[t.clone()], 2, Path::new("/r"), None);
+    let rel: Vec<PathBuf> = p.layout.files.iter().map(|f| f.rel.clone()).collect();
+    assert_eq!(rel[0], PathBuf::from("trace/c00000/train/a/s0.bin"));
+    assert_eq!(rel[1], PathBuf::from("trace/c00000/f00001.dat"));
+    assert_eq!(rel[3], PathBuf::from("trace/c00001/train/a/s0.bin"), "the second GPU's copy");
+    t.dev = Some("259:0".into());
+    assert!(!t.objects());
+    let p = Placement::new(&[t], 1, Path::new("/r"), None);
+    assert_eq!(p.layout.files[0].rel, PathBuf::from("trace/c00000/f00000.dat"));
+}
+
+/// Two loader threads of one process on the data device, its main thread reading a
+/// library on another device. Bursts at 0 and 50 ms (each 4 ms long: gaps 46 ms).
+#[test]
+fn streams_periods_and_the_data_device() {
+    let t0 = 1_000 * MS;
+    let rows = vec![
+        read(10, 10, "train", "254:0", "/lib/libc.so", 0, t0 - 5 * MS, MS / 10),
+        read(10, 11, "worker", "7:1", "/d/a", 0, t0, 2 * MS),
+        read(10, 12, "worker", "7:1", "/d/b", 0, t0 + MS / 10, 2 * MS),
+        read(10, 11, "worker", "7:1", "/d/a", 4096, t0 + 2 * MS, 2 * MS),
+        read(10, 12, "worker", "7:1", "/d/b", 4096, t0 + 50 * MS, 4 * MS),
+    ];
+    let dir = write_trace(&rows);
+    let opts = Options { burst_gap_ms: Some(10.0), ..Default::default() };
+    let (t, model) = load_templates(&dir, &opts, false).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(t.len(), 1);
+    assert!(model.warnings.iter().any(|w| w.contains("no proc layer")));
+    let t = &t[0];
+    assert_eq!(t.dev.as_deref(), Some("7:1"), "the device most bytes came from");
+    assert_eq!(t.comm, "train", "named by its main thread");
+    assert_eq!(t.files.len(), 2, "the library read on 254:0 is left out");
+    assert_eq!(t.concurrency, 2, "two threads read");
+    assert!(!t.synchronous && t.paced, "loader threads, not the main thread, read");
+    assert_eq!(t.steps.len(), 2);
+    // tid 11 is reader 0 (first to read), tid 12 reader 1; order kept.
+    assert_eq!(t.steps[0].streams, vec![0, 1, 0]);
+    assert_eq!(t.steps[1].streams, vec![1]);
+    // Threads that read ahead: the step period (burst start to burst start), not the
+    // 46 ms idle gap; the last step gets the median period.
+    assert!((t.steps[0].compute_s - 0.050).abs() < 1e-9, "{}", t.steps[0].compute_s);
+    assert!((t.steps[1].compute_s - 0.050).abs() < 1e-9);
+    assert_eq!(t.steps[0].start_ns, 0);
+    assert_eq!(t.steps[1].start_ns, 50 * MS as u64);
+}
