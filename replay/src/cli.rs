@@ -139,7 +139,8 @@ pub struct DatagenArgs {
     /// Simulated GPUs the dataset is for (each gets its shard of whole batches).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub gpus: u64,
-    /// No progress bar.
+    /// No progress: no bar on a terminal, no periodic lines (every TRAINIO_PROGRESS_S
+    /// seconds, 10 by default) otherwise.
     #[arg(long, short)]
     pub quiet: bool,
 }
@@ -199,7 +200,8 @@ pub struct RunArgs {
     /// (reads through mmap or io_uring), replaying only what it saw.
     #[arg(long)]
     pub allow_incomplete: bool,
-    /// No progress bar.
+    /// No progress: no bar on a terminal, no periodic lines (every TRAINIO_PROGRESS_S
+    /// seconds, 10 by default) otherwise.
     #[arg(long, short)]
     pub quiet: bool,
 }

@@ -13,7 +13,6 @@ use crate::formats::parquet_files as formats_parquet;
 use crate::formats::{self, Format};
 use crate::workload::Workload;
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
@@ -275,13 +274,7 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
         }
     }
     let bytes: u64 = todo.iter().flat_map(|&i| layout.on_disk(i)).map(|(_, size)| size).sum();
-    let bar = if show_progress { ProgressBar::new(bytes) } else { ProgressBar::hidden() };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "datagen {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
-        )
-        .unwrap(),
-    );
+    let bar = crate::progress::Progress::new(show_progress, "datagen", crate::progress::Unit::Bytes, bytes);
     let mut block = vec![0u8; 1 << 20];
     rand::rngs::StdRng::seed_from_u64(0x0074_7261_696e_696f).fill(&mut block[..]);
     for &i in &todo {
@@ -336,7 +329,7 @@ pub fn generate(layout: &Layout, part: usize, parts: usize, show_progress: bool)
         use std::os::fd::AsRawFd;
         unsafe { libc::syncfs(dir.as_raw_fd()) };
     }
-    bar.finish_and_clear();
+    bar.finish();
     Ok(bytes)
 }
 

@@ -37,7 +37,6 @@ pub mod uring;
 
 use crate::cluster::{Cluster, PendingBarrier};
 use anyhow::{bail, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
@@ -328,7 +327,7 @@ pub struct Engine<'a, P: Program, B: Backend> {
     /// Recorded mode: open file descriptors by file index, closed at the end.
     open_files: std::collections::HashMap<u32, i32>,
     overshoot: BTreeMap<u64, u64>,
-    bar: ProgressBar,
+    bar: crate::progress::Progress,
     /// The workload's checkpoints, written between steps.
     checkpointer: Option<&'a crate::checkpoint::checkpointing::Checkpointer>,
     checkpoints: Vec<crate::checkpoint::checkpointing::CheckpointIo>,
@@ -394,10 +393,8 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
             });
         }
         let total = program.epochs() * program.steps_per_epoch();
-        let bar = if options.progress && cluster.is_root() { ProgressBar::new(total) } else { ProgressBar::hidden() };
-        bar.set_style(
-            ProgressStyle::with_template("replay {bar:40} step {pos}/{len} {per_sec} eta {eta} {msg}").unwrap(),
-        );
+        let show = options.progress && cluster.is_root();
+        let bar = crate::progress::Progress::new(show, "replay", crate::progress::Unit::Steps, total);
         Ok(Engine {
             program,
             options,
@@ -506,7 +503,7 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
                 }
             }
         }
-        self.bar.finish_and_clear();
+        self.bar.finish();
         for (_, fd) in std::mem::take(&mut self.open_files) {
             self.backend.close(fd);
         }

@@ -14,6 +14,7 @@ mod lock;
 mod mlperf;
 mod object;
 mod output;
+mod progress;
 mod record;
 mod replay;
 mod results;

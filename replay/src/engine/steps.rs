@@ -135,6 +135,9 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
             gpu.cur.excluded_s += (now - start) as f64 / 1e9;
         }
         if g == 0 {
+            if let Some(au) = au_so_far(gpu, now) {
+                self.bar.set_note(format!("AU so far {:.1}%", 100.0 * au));
+            }
             self.bar.inc(1);
         }
         let gpu = &mut self.gpus[g];
@@ -168,6 +171,21 @@ pub(super) fn close_epoch(gpu: &mut Gpu, now: u64) {
     gpu.next_to_start = 0;
     gpu.first_step_end = None;
     gpu.epoch_start = now;
+}
+
+/// The GPU's AU from its start to `now`, a step having just ended: its finished epochs and
+/// the one it is in, each epoch's first step left out as in [`final_au`]. None before
+/// there is a step to count.
+fn au_so_far(gpu: &Gpu, now: u64) -> Option<f64> {
+    let (mut c, mut t) =
+        gpu.stats.epochs.iter().fold((0.0, 0.0), |(c, t), e| {
+            (c + e.compute_after_first_s, t + e.duration_s - e.first_step_s - e.excluded_s)
+        });
+    if let Some(first_end) = gpu.first_step_end {
+        c += gpu.cur.compute_after_first_s;
+        t += now.saturating_sub(first_end) as f64 / 1e9 - gpu.cur.excluded_s;
+    }
+    (t > 0.0).then(|| (c / t).min(1.0))
 }
 
 /// The GPU's AU over its epochs (DLIO's: each epoch's first step left out).

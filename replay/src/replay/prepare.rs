@@ -20,6 +20,9 @@ impl Job {
     pub fn prepare(args: &RunArgs) -> Result<Job> {
         let src = &args.source;
         let rd = &args.reader;
+        if !args.quiet {
+            crate::progress::interval()?;
+        }
         let (mut w, templates, path) = match (&src.workload, &src.trace) {
             (Some(path), _) => (workload_source(args, path)?, None, path.clone()),
             (None, Some(trace)) => {
