@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from testbed import TestBed, need_testbed_tools, netns_pids
+from testbed import PROGRESS_ENV, TestBed, need_testbed_tools, netns_pids, wait_for_steps
 
 from trainio_testlib import TRAINIO, run
 
@@ -221,21 +221,23 @@ def test_rank_killed_on_host2_ends_the_job_everywhere(bed3, tmp_path):
     datagen(wl, data, 12, 60)
     cmd = bed3.mpirun(
         {"h1": 2, "h2": 2, "h3": 2},
-        [TRAINIO, "replay", "--workload", wl, "--data-dir", data, "--gpus", 12, "--steps", 60],
+        ["-x", "TRAINIO_PROGRESS_S", TRAINIO, "replay", "--workload", wl, "--data-dir", data, "--gpus", 12]
+        + ["--steps", 60],
     )
-    job = subprocess.Popen(cmd, env=bed3.mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**bed3.mpi_env(), **PROGRESS_ENV}
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
         while len(ranks := ranks_on(bed3, "h2")) < 2 or any(len(ranks_on(bed3, h)) < 2 for h in ("h1", "h3")):
             assert job.poll() is None, job.communicate()
             assert time.monotonic() < deadline, "the ranks did not all start"
             time.sleep(0.1)
-        time.sleep(1.0)  # into the steps
-        assert job.poll() is None
+        before = wait_for_steps(job)
         rank, pid = min(ranks.items())
         os.kill(pid, 9)
         killed = time.monotonic()
         _, err = job.communicate(timeout=30)
+        err = "".join(before) + err
         took = time.monotonic() - killed
     finally:
         if job.poll() is None:
