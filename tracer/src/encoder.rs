@@ -12,6 +12,11 @@
 //! The backlog is bounded in rows and in age: past either bound the drain thread puts
 //! this thread back to normal priority until it has caught up, so memory stays bounded
 //! and a SIGKILL loses at most MAX_LAG of events more than before.
+//!
+//! A backlog's batches are freed once written, but the allocator keeps their pages: the
+//! recorder's resident memory would stay at its largest backlog so far. After each segment
+//! it closes, this thread hands free pages back (`malloc_trim`), so resident memory follows
+//! the backlog down again; the summary gives the largest backlog.
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -82,6 +87,8 @@ pub struct Finished {
     /// Rows dropped while waiting to retry after a failed write (not in writer.lost_rows()).
     pub dropped_rows: u64,
     pub write_error: Option<String>,
+    /// The largest backlog there was.
+    pub peak_backlog: Backlog,
 }
 
 pub struct Encoder {
@@ -92,6 +99,15 @@ pub struct Encoder {
     pending: VecDeque<(u64, u64, Instant)>,
     pending_rows: u64,
     next_seq: u64,
+    /// The largest backlog so far: rows, and the age of its oldest batch.
+    peak: Backlog,
+}
+
+/// Rows sent and not yet written, and how long the oldest of them has waited.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Backlog {
+    pub rows: u64,
+    pub lag: Duration,
 }
 
 fn set_policy(tid: i32, idle: bool) {
@@ -152,6 +168,9 @@ fn run(mut writer: TraceWriter, rx: Receiver<Msg>, shared: Arc<Shared>) -> Resul
                 }
                 shared.lost_rows.store(writer.lost_rows() + dropped, Ordering::SeqCst);
                 shared.full.store(FULL_NO, Ordering::SeqCst);
+                // SAFETY: malloc_trim only returns free memory to the kernel; a few ms
+                // once a segment (seconds of events), off the drain path.
+                unsafe { libc::malloc_trim(0) };
             }
         }
         shared.cpu_ns.store(thread_cpu_ns(), Ordering::SeqCst);
@@ -187,6 +206,7 @@ impl Encoder {
             pending: VecDeque::new(),
             pending_rows: 0,
             next_seq: 1,
+            peak: Backlog::default(),
         })
     }
 
@@ -232,8 +252,10 @@ impl Encoder {
             let (_, rows, _) = self.pending.pop_front().expect("front exists");
             self.pending_rows -= rows;
         }
-        let behind = self.pending_rows > MAX_BACKLOG_ROWS
-            || self.pending.front().is_some_and(|&(_, _, t)| t.elapsed() > MAX_LAG);
+        let lag = self.pending.front().map_or(Duration::ZERO, |&(_, _, t)| t.elapsed());
+        self.peak.rows = self.peak.rows.max(self.pending_rows);
+        self.peak.lag = self.peak.lag.max(lag);
+        let behind = self.pending_rows > MAX_BACKLOG_ROWS || lag > MAX_LAG;
         let tid = self.shared.tid.load(Ordering::SeqCst);
         if behind && tid != 0 && self.shared.boosted.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst).is_ok()
         {
@@ -264,7 +286,14 @@ impl Encoder {
         }
         let writer = self.join()?;
         let (lost, write_error) = self.write_losses();
-        Ok(Finished { dropped_rows: lost - writer.lost_rows(), writer, cpu_ns: self.cpu_ns(), write_error })
+        let peak_backlog = self.peak;
+        Ok(Finished {
+            dropped_rows: lost - writer.lost_rows(),
+            writer,
+            cpu_ns: self.cpu_ns(),
+            write_error,
+            peak_backlog,
+        })
     }
 
     fn join(&mut self) -> Result<TraceWriter> {

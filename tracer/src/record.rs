@@ -705,6 +705,7 @@ pub fn run(mut args: Args) -> Result<i32> {
     let fin = encoder.finish()?;
     let (mut writer, mut write_error) = (fin.writer, fin.write_error);
     let cpu_ns = (st.drain_cpu_ns(), fin.cpu_ns);
+    let backlog = fin.peak_backlog;
     // The last segment carries the trace's final metadata. On a full disk it is tried with
     // its rows, then (those rows counted as lost) empty, so that the loss is in the trace;
     // the reserve's blocks are freed for it first.
@@ -728,6 +729,7 @@ pub fn run(mut args: Args) -> Result<i32> {
 
     let write_lost = writer.lost_rows() + fin.dropped_rows;
     print_summary(&args.output, &writer, &collector.borrow(), &probes, elapsed, cpu_ns, write_lost);
+    eprintln!("  encoder backlog: at most {} rows, {:.1} s behind", backlog.rows, backlog.lag.as_secs_f64());
     if let Some(e) = &write_error {
         eprintln!("  writing the trace failed ({e}): the finished segments are intact");
         if last.is_err() {
