@@ -20,6 +20,7 @@ mod results;
 mod sweep;
 mod trace;
 mod workload;
+mod yaml_keys;
 
 use anyhow::{Context, Result};
 use checkpoint::checkpointing;

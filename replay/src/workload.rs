@@ -6,18 +6,17 @@
 //! files and a mapping in others; numbers are sometimes quoted; `computation_time` is a
 //! scalar or a distribution. Keys we do not use are ignored, as DLIO ignores them.
 //!
-//! Workload mode's parts live beside it in workload/: yaml_keys.rs (typed reads of the
-//! YAML's keys), unmodeled.rs (what a run does not model, named before it starts),
-//! dlio_dataset.rs (a dataset DLIO generated, replayed in place) and program.rs (what each
-//! simulated GPU reads).
+//! Workload mode's parts live beside it in workload/: unmodeled.rs (what a run does not
+//! model, named before it starts), dlio_dataset.rs (a dataset DLIO generated, replayed in
+//! place) and program.rs (what each simulated GPU reads). The typed reads of the YAML's
+//! keys are in yaml_keys.rs, which the checkpoint and Parquet sections use too.
 
 pub mod dlio_dataset;
 pub mod program;
 pub mod unmodeled;
-pub mod yaml_keys;
 
 use crate::checkpoint::CheckpointSpec;
-use crate::workload::yaml_keys::{boolean, first_number, number, section, short, string, to_f64, uint};
+use crate::yaml_keys::{boolean, first_number, number, section, short, string, to_f64, uint};
 use anyhow::{bail, Context, Result};
 use rand::Rng;
 use rand_distr::{Distribution, Exp, Gamma, Normal, Poisson};
