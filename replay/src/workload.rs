@@ -413,6 +413,17 @@ pub fn read_workload_text(path: &Path) -> Result<String> {
 }
 
 impl Workload {
+    /// Rows per chunk of its hdf5 files (0: contiguous), as formats::hdf5::chunk_rows
+    /// maps its chunk_dims.
+    pub fn hdf5_chunk_rows(&self) -> u64 {
+        crate::formats::hdf5::chunk_rows(&crate::formats::hdf5::Samples {
+            chunk_dims: &self.chunk_dims,
+            record_length: self.record_length,
+            record_length_stdev: self.record_length_stdev,
+            per_file: self.num_samples_per_file,
+        })
+    }
+
     /// Reads the file with `--param KEY=VALUE` overrides applied first.
     pub fn from_file_with(path: &Path, params: &[String]) -> Result<Workload> {
         let text = read_workload_text(path)?;
