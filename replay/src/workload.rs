@@ -424,6 +424,46 @@ impl Workload {
         })
     }
 
+    /// Trace mode's stand-in: the settings every recorded GPU shares, each GPU's loader
+    /// coming from its template (trace_input.rs). A sample of 1 byte and DLIO's defaults
+    /// (batch 1, one reader, prefetch 2, one epoch, no compute of its own, seed 123, AU
+    /// 90%), its data on files or, with `store`, objects.
+    pub fn trace_stand_in(trace_name: &str, store: Option<crate::object::object_store::ObjectStore>) -> Workload {
+        Workload {
+            name: format!("trace {trace_name}"),
+            format: String::new(),
+            data_loader: "pytorch".into(),
+            num_files_train: 1,
+            num_samples_per_file: 1,
+            num_subfolders_train: 0,
+            record_length: 1.0,
+            record_length_stdev: 0.0,
+            rule_record_length: 1.0,
+            chunk_dims: Vec::new(),
+            batch_size: 1,
+            read_threads: 1,
+            main_process_reads: false,
+            prefetch_size: 2,
+            transfer_size: None,
+            odirect: false,
+            file_shuffle: Shuffle::Off,
+            sample_shuffle: Shuffle::Off,
+            epochs: 1,
+            computation_time: ComputeTime::Fixed(0.0),
+            preprocess_time: 0.0,
+            preprocess_time_stdev: 0.0,
+            seed: 123,
+            au_threshold_percent: 90.0,
+            au_threshold_from: "90% without metric.au".into(),
+            checkpoint: None,
+            train: true,
+            dataset_only: false,
+            params: Vec::new(),
+            object_store: store,
+            parquet: None,
+        }
+    }
+
     /// Reads the file with `--param KEY=VALUE` overrides applied first.
     pub fn from_file_with(path: &Path, params: &[String]) -> Result<Workload> {
         let text = read_workload_text(path)?;
@@ -442,6 +482,7 @@ impl Workload {
         Ok(w)
     }
 
+    #[cfg(test)]
     pub fn from_yaml(text: &str, fallback_name: &str) -> Result<Workload> {
         Workload::from_yaml_with(text, fallback_name, &[])
     }

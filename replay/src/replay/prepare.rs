@@ -142,29 +142,31 @@ fn trace_source(args: &RunArgs, trace: &Path) -> Result<(Workload, Recorded)> {
         map.check(&templates).map_err(InputError)?;
     }
     let name = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    // The stand-in carries the shared settings; the loader of each GPU comes
-    // from its template (trace_input).
     // --storage-root: the job's data are objects in that bucket, configured as a
     // workload's object storage is (s3dlio's pattern: each recorded read one GET).
-    let storage = match &src.storage_root {
-        Some(root) => format!(
-            "storage: {{storage_type: s3, storage_library: s3dlio, storage_root: {}}}\n",
-            serde_json::to_string(root)?
-        ),
-        None => String::new(),
-    };
-    let w = Workload::from_yaml(
-        &format!("model: {{name: \"trace {name}\"}}\ndataset: {{record_length_bytes: 1}}\nreader: {{prefetch_size: 2}}\ntrain: {{}}\n{storage}"),
-        "trace",
-    )
-    .map_err(|e| match &src.storage_root {
-        Some(root) => {
+    let store = match &src.storage_root {
+        Some(root) => Some(storage_root(root).map_err(|e| {
             let why = format!("{e:#}").replace(&format!("storage.storage_root: '{root}': "), "");
-            InputError(format!("--storage-root {root}: {why}").replace('\n', " ")).into()
-        }
-        None => e,
-    })?;
+            InputError(format!("--storage-root {root}: {why}").replace('\n', " "))
+        })?),
+        None => None,
+    };
+    let w = Workload::trace_stand_in(&name, store);
     Ok((w, (templates, model)))
+}
+
+/// `--storage-root BUCKET[/PREFIX]`: the object store a workload's storage section
+/// `{storage_type: s3, storage_library: s3dlio, storage_root: ROOT}` names, checked as
+/// that section is.
+fn storage_root(root: &str) -> Result<crate::object::object_store::ObjectStore> {
+    let mut storage = serde_yaml::Mapping::new();
+    storage.insert("storage_type".into(), "s3".into());
+    storage.insert("storage_library".into(), "s3dlio".into());
+    storage.insert("storage_root".into(), root.into());
+    let mut sections = serde_yaml::Mapping::new();
+    sections.insert("storage".into(), storage.into());
+    let store = crate::object::object_store::ObjectStore::from_root(&sections.into())?;
+    store.ok_or_else(|| anyhow::anyhow!("storage.storage_type s3 names no object store"))
 }
 
 /// The command line's overrides of the workload's (or the stand-in's) settings.
