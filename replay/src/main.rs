@@ -236,14 +236,14 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
 /// with the runs so far (`run_count` of `runs_requested`, `complete` false until the
 /// last), so an interrupted job keeps the runs it finished.
 fn training_runs(job: &Job, cluster: &Cluster, args: &cli::ReplayArgs) -> Result<Option<(String, serde_json::Value)>> {
-    let threshold_from = match (args.run.threshold, job.templates.is_some()) {
+    let threshold_from = match (args.run.threshold, job.source.recorded().is_some()) {
         (Some(_), _) => "--threshold",
         (None, true) => "90% by default",
         (None, false) => job.workload.au_threshold_from.as_str(),
     };
-    let workload = job.templates.is_none().then_some(&job.workload);
+    let workload = job.source.recorded().is_none().then_some(&job.workload);
     let category = workload.map(|w| {
-        let accelerator = edition::accelerator_of(std::path::Path::new(&job.source));
+        let accelerator = edition::accelerator_of(job.source.path());
         edition::category(&w.name, accelerator, &changed_keys(w, &args.run))
     });
     let combined = |runs: Vec<serde_json::Value>| {

@@ -3,56 +3,45 @@
 //! checks object storage before any work. Every refusal is an InputError naming the
 //! option or key.
 
-use super::{Job, DEFAULT_TRANSFER, MAX_COMPUTE_S};
+use super::{Job, Recorded, Source, DEFAULT_TRANSFER, MAX_COMPUTE_S};
 use crate::cli::RunArgs;
 use crate::errors::InputError;
 use crate::formats::Format;
 use crate::object::s3_writes::S3Target;
-use crate::trace::trace_input::{self, PathMap, Template};
+use crate::trace::trace_input::{self, PathMap};
 use crate::workload::{ComputeTime, Workload};
 use anyhow::{bail, Result};
 use std::path::Path;
-
-/// Trace mode: the GPUs of the trace's job model, and the model.
-type Recorded = (Vec<Template>, trainio_model::JobModel);
 
 impl Job {
     pub fn prepare(args: &RunArgs) -> Result<Job> {
         let src = &args.source;
         let rd = &args.reader;
-        let (mut w, templates, path) = match (&src.workload, &src.trace) {
-            (Some(path), _) => (workload_source(args, path)?, None, path.clone()),
+        let (mut w, source) = match (&src.workload, &src.trace) {
+            (Some(path), _) => (workload_source(args, path)?, Source::Workload(path.clone())),
             (None, Some(trace)) => {
                 let (w, recorded) = trace_source(args, trace)?;
-                (w, Some(recorded), trace.clone())
+                (w, Source::Trace(trace.clone(), Box::new(recorded)))
             }
             (None, None) => bail!(InputError("give --workload FILE.yaml or --trace TRACE".into())),
         };
+        let path = source.path();
         apply_overrides(&mut w, args)?;
         let threshold = args.threshold.unwrap_or(w.au_threshold_percent);
         if !(0.0..=100.0).contains(&threshold) {
             bail!(InputError(format!("--threshold must be between 0 and 100 percent, got {threshold}")));
         }
-        check_odirect(&w, args, templates.is_some(), &path)?;
-        let (templates, model) = match templates {
-            Some((t, m)) => (Some(t), Some(m)),
-            None => (None, None),
-        };
-        let s3 = object_target(&w, args, &path)?;
+        check_odirect(&w, args, source.recorded().is_some(), path)?;
+        let s3 = object_target(&w, args, path)?;
         Ok(Job {
             s3,
-            templates,
-            model,
             compute_override: rd.computation_time,
             prefetch_override: rd.prefetch_size,
-            gpus_per_process: args.gpus_per_process,
-            compute_scale: args.compute_scale,
-            map_path: PathMap::parse(&args.map_path).ok().filter(|m| !m.0.is_empty()),
             transfer_size: rd.transfer_size.or(w.transfer_size).unwrap_or(DEFAULT_TRANSFER),
             tf_buffer: rd.transfer_size.or(w.transfer_size).unwrap_or(crate::workload::program::TF_BUFFER),
             odirect: args.odirect || w.odirect,
             workload: w,
-            source: path.display().to_string(),
+            source,
             // Absolute: every path beneath it is resolved against the directory opened once
             // (beneath.rs), and a relative one would be taken twice.
             data_dir: std::path::absolute(&src.data_dir).unwrap_or_else(|_| src.data_dir.clone()),
@@ -152,7 +141,14 @@ fn trace_source(args: &RunArgs, trace: &Path) -> Result<(Workload, Recorded)> {
         None => None,
     };
     let w = Workload::trace_stand_in(&name, store);
-    Ok((w, (templates, model)))
+    let recorded = Recorded {
+        templates,
+        model,
+        gpus_per_process: args.gpus_per_process,
+        compute_scale: args.compute_scale,
+        map_path: Some(map).filter(|m| !m.0.is_empty()),
+    };
+    Ok((w, recorded))
 }
 
 /// `--storage-root BUCKET[/PREFIX]`: the object store a workload's storage section
