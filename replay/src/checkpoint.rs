@@ -32,7 +32,7 @@
 
 pub mod checkpointing;
 
-use crate::workload::yaml_keys::{boolean, number, string};
+use crate::yaml_keys::{boolean, number, string};
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;

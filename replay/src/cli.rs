@@ -4,9 +4,36 @@
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+/// The command line, every subcommand named as it is typed ("trainio replay") in its
+/// --version as in its usage line.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().mut_subcommands(|sub| {
+        let name = format!("trainio {}", sub.get_name());
+        // "-1" is a value to check (and refuse naming its option), not an unknown flag.
+        sub.display_name(name).allow_negative_numbers(true)
+    })
+}
+
+/// This process's command line, parsed (clap's message and exit on a bad one).
+pub fn parse() -> Cli {
+    use clap::FromArgMatches;
+    Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit())
+}
+
+/// A command line given as words (`["trainio", "replay", ...]`), parsed.
+#[cfg(test)]
+pub fn parse_from<I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(
+    words: I,
+) -> Result<Cli, clap::Error> {
+    use clap::FromArgMatches;
+    Cli::from_arg_matches(&command().try_get_matches_from(words)?)
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IoEngine {
     #[value(name = "io_uring")]
+    #[default]
     IoUring,
     Psync,
 }
@@ -145,12 +172,29 @@ pub struct DatagenArgs {
     pub quiet: bool,
 }
 
+/// A run's arguments: where its I/O comes from (`source`), how its GPUs read
+/// (`reader`), how it reads and runs (`io`), and how a trace is replayed (`trace`).
+/// `replay::Job::prepare` turns them into the validated job; datagen's are a run's
+/// with their defaults (`RunArgs::datagen`).
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     #[command(flatten)]
     pub source: SourceArgs,
     #[command(flatten)]
     pub reader: ReaderArgs,
+    #[command(flatten)]
+    pub io: IoArgs,
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// No progress: no bar on a terminal, no periodic lines (every TRAINIO_PROGRESS_S
+    /// seconds, 10 by default) otherwise.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// How a run reads and runs: replay and sweep only.
+#[derive(Args, Debug, Clone, Default)]
+pub struct IoArgs {
     /// Generate the dataset first (as `trainio datagen` would).
     #[arg(long)]
     pub generate: bool,
@@ -175,6 +219,11 @@ pub struct RunArgs {
     /// (a thread per reader slot doing pread, visible to the file-layer recorder).
     #[arg(long, value_enum, default_value = "io_uring")]
     pub io_engine: IoEngine,
+}
+
+/// How a recorded job is replayed (trace mode): replay and sweep only.
+#[derive(Args, Debug, Clone)]
+pub struct TraceArgs {
     /// Trace mode: a rank that reads its own batches has its steps split at idle gaps at
     /// least this long (default: found from the gaps, as `trainio analyze` does).
     #[arg(long, value_name = "MS")]
@@ -200,10 +249,34 @@ pub struct RunArgs {
     /// (reads through mmap or io_uring), replaying only what it saw.
     #[arg(long)]
     pub allow_incomplete: bool,
-    /// No progress: no bar on a terminal, no periodic lines (every TRAINIO_PROGRESS_S
-    /// seconds, 10 by default) otherwise.
-    #[arg(long, short)]
-    pub quiet: bool,
+}
+
+/// The values clap gives when none of the options is passed.
+impl Default for TraceArgs {
+    fn default() -> TraceArgs {
+        TraceArgs {
+            burst_gap_ms: None,
+            gpu_grouping: "auto".into(),
+            gpus_per_process: 1,
+            compute_scale: None,
+            map_path: Vec::new(),
+            allow_incomplete: false,
+        }
+    }
+}
+
+impl RunArgs {
+    /// `trainio datagen`'s arguments as a run's: its source, every other option at its
+    /// default, and the dataset generated.
+    pub fn datagen(d: DatagenArgs) -> RunArgs {
+        RunArgs {
+            source: d.source,
+            reader: ReaderArgs::default(),
+            io: IoArgs { generate: true, ..IoArgs::default() },
+            trace: TraceArgs::default(),
+            quiet: d.quiet,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]

@@ -79,7 +79,7 @@ impl Layout {
             .flatten();
         let digits = (n.max(2) - 1).to_string().len().max(6);
         let format = match Format::parse(&workload.format) {
-            Format::Hdf5(_) => Format::Hdf5(crate::formats::hdf5::chunk_rows(workload)),
+            Format::Hdf5(_) => Format::Hdf5(workload.hdf5_chunk_rows()),
             f => f,
         };
         let ext = match format {

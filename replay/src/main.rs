@@ -21,28 +21,17 @@ mod results;
 mod sweep;
 mod trace;
 mod workload;
+mod yaml_keys;
 
 use anyhow::{Context, Result};
 use checkpoint::checkpointing;
-use cli::{Cli, Command};
+use cli::Command;
 use cluster::Cluster;
 use mlperf::{datasize, edition, runrules};
 use replay::Job;
 
-/// The command line, every subcommand named as it is typed ("trainio replay") in its
-/// --version as in its usage line.
-fn parse_cli() -> Cli {
-    use clap::{CommandFactory, FromArgMatches};
-    let command = Cli::command().mut_subcommands(|sub| {
-        let name = format!("trainio {}", sub.get_name());
-        // "-1" is a value to check (and refuse naming its option), not an unknown flag.
-        sub.display_name(name).allow_negative_numbers(true)
-    });
-    Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
-}
-
 fn main() {
-    let cli = parse_cli();
+    let cli = cli::parse();
     let name = match &cli.command {
         Command::Replay(_) => "replay",
         Command::Datagen(_) => "datagen",
@@ -120,31 +109,15 @@ fn show(human: &str, summary: &impl serde::Serialize, json: Option<&std::path::P
 fn run(command: Command, cluster: &Cluster) -> Result<()> {
     match command {
         Command::Datagen(d) => {
-            let args = cli::RunArgs {
-                source: d.source,
-                reader: cli::ReaderArgs::default(),
-                generate: true,
-                no_barrier: false,
-                odirect: false,
-                drop_caches: false,
-                threshold: None,
-                realtime: false,
-                burst_gap_ms: None,
-                gpu_grouping: "auto".into(),
-                allow_incomplete: false,
-                gpus_per_process: 1,
-                compute_scale: None,
-                map_path: Vec::new(),
-                io_engine: cli::IoEngine::IoUring,
-                quiet: d.quiet,
-            };
+            let gpus = d.gpus;
+            let args = cli::RunArgs::datagen(d);
             let job = Job::prepare(&args)?;
             // Object storage: nothing is written under --data-dir, so there is nothing to lock.
             let _lock = match job.s3 {
                 None => Some(lock::acquire_for_job(cluster, &job.data_dir, true)?),
                 Some(_) => None,
             };
-            job.datagen(cluster, d.gpus)
+            job.datagen(cluster, gpus)
         }
         Command::Datasize(args) => datasize_command(&args),
         Command::Replay(args) => {
@@ -159,26 +132,7 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
                 Some(_) if cluster.is_root() => Some(record::find_recorder()?),
                 _ => None,
             };
-            let job = Job::prepare(&args.run)?;
-            if args.gpus < cluster.size as u64 {
-                anyhow::bail!(replay::InputError(format!(
-                    "--gpus {} is fewer than the {} MPI ranks: give every rank at least one simulated GPU",
-                    args.gpus, cluster.size
-                )));
-            }
-            if job.workload.dataset_only {
-                anyhow::bail!(replay::InputError(format!(
-                    "{}: workflow.train is false and there is no checkpoint: a dataset to generate, nothing to replay (run 'trainio datagen' with it)",
-                    job.source
-                )));
-            }
-            if args.runs > 1 && (args.plan_only || !job.workload.train) {
-                anyhow::bail!(replay::InputError(format!(
-                    "--runs {}: repeats a training run; {} runs once",
-                    args.runs,
-                    if args.plan_only { "--plan-only" } else { "a checkpoint-only workload" }
-                )));
-            }
+            let job = Job::for_replay(&args, cluster.size)?;
             if args.plan_only {
                 let summary = job.plan_only(cluster, args.gpus)?;
                 if cluster.is_root() {
@@ -236,14 +190,14 @@ fn run(command: Command, cluster: &Cluster) -> Result<()> {
 /// with the runs so far (`run_count` of `runs_requested`, `complete` false until the
 /// last), so an interrupted job keeps the runs it finished.
 fn training_runs(job: &Job, cluster: &Cluster, args: &cli::ReplayArgs) -> Result<Option<(String, serde_json::Value)>> {
-    let threshold_from = match (args.run.threshold, job.templates.is_some()) {
+    let threshold_from = match (args.run.io.threshold, job.source.recorded().is_some()) {
         (Some(_), _) => "--threshold",
         (None, true) => "90% by default",
         (None, false) => job.workload.au_threshold_from.as_str(),
     };
-    let workload = job.templates.is_none().then_some(&job.workload);
+    let workload = job.source.recorded().is_none().then_some(&job.workload);
     let category = workload.map(|w| {
-        let accelerator = edition::accelerator_of(std::path::Path::new(&job.source));
+        let accelerator = edition::accelerator_of(job.source.path());
         edition::category(&w.name, accelerator, &changed_keys(w, &args.run))
     });
     let combined = |runs: Vec<serde_json::Value>| {
@@ -301,9 +255,9 @@ fn changed_keys(w: &workload::Workload, run: &cli::RunArgs) -> Vec<String> {
         (rd.prefetch_size.is_some(), "reader.prefetch_size"),
         (rd.transfer_size.is_some(), "reader.transfer_size"),
         (rd.epochs.is_some(), "train.epochs"),
-        (run.odirect, "reader.odirect"),
-        (run.threshold.is_some(), "metric.au"),
-        (run.no_barrier, "--no-barrier"),
+        (run.io.odirect, "reader.odirect"),
+        (run.io.threshold.is_some(), "metric.au"),
+        (run.io.no_barrier, "--no-barrier"),
     ] {
         if set {
             keys.push(key.to_string());

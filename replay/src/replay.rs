@@ -15,7 +15,7 @@ use crate::dataset::{self, Layout};
 use crate::trace::trace_input::{PathMap, Placement, Template};
 use crate::workload::Workload;
 use anyhow::{bail, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use crate::errors::InputError;
 
@@ -26,24 +26,64 @@ pub const MAX_COMPUTE_S: f64 = 86_400.0;
 /// the free space before it builds the layout.
 const PRECHECK_FILES: u64 = 1_000_000;
 
+/// Where a job's I/O comes from: the mode of every command.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// `--workload FILE.yaml`: the job's `workload` is read from it.
+    Workload(PathBuf),
+    /// `--trace TRACE`: the recorded job; the job's `workload` is a stand-in carrying the
+    /// settings its GPUs share.
+    Trace(PathBuf, Box<Recorded>),
+}
+
+/// Trace mode: the recorded job, and how it is replayed.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// The GPUs of the trace's job model.
+    pub templates: Vec<Template>,
+    /// The job model the templates come from.
+    pub model: trainio_model::JobModel,
+    /// --gpus-per-process (1: as recorded).
+    pub gpus_per_process: u32,
+    /// --compute-scale.
+    pub compute_scale: Option<f64>,
+    /// --map-path given: the replay reads the job's own files in place.
+    pub map_path: Option<PathMap>,
+}
+
+impl Source {
+    /// The workload file or the trace, as given.
+    pub fn path(&self) -> &Path {
+        match self {
+            Source::Workload(p) | Source::Trace(p, _) => p,
+        }
+    }
+
+    /// Trace mode's recorded job; None in workload mode.
+    pub fn recorded(&self) -> Option<&Recorded> {
+        match self {
+            Source::Workload(_) => None,
+            Source::Trace(_, r) => Some(r),
+        }
+    }
+}
+
+/// The path as messages and results name it.
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.path().display().fmt(f)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Job {
     /// Workload mode: the workload; trace mode: a stand-in carrying the shared settings.
     pub workload: Workload,
-    /// Trace mode: the GPUs of the trace's job model.
-    pub templates: Option<Vec<Template>>,
-    /// Trace mode: the job model the templates come from.
-    pub model: Option<trainio_model::JobModel>,
+    /// The workload file, or the trace and its recorded job.
+    pub source: Source,
     pub compute_override: Option<f64>,
     /// --prefetch-size given: trace mode uses it instead of each GPU's loader window.
     pub prefetch_override: Option<u64>,
-    /// Trace mode: --gpus-per-process (1: as recorded).
-    pub gpus_per_process: u32,
-    /// Trace mode: --compute-scale.
-    pub compute_scale: Option<f64>,
-    /// Trace mode: --map-path given: the replay reads the job's own files in place.
-    pub map_path: Option<PathMap>,
-    pub source: String,
     pub data_dir: PathBuf,
     pub transfer_size: u64,
     /// TensorFlow's reader buffer for TFRecord files: the transfer size when one is given
@@ -128,7 +168,7 @@ impl Job {
     /// Workload mode, without --generate, on a directory that holds no trainio dataset
     /// but DLIO's `train/`: the dataset DLIO generated, read in place (dlio_dataset.rs).
     pub fn in_place_dlio(&self) -> bool {
-        self.templates.is_none() && !self.generate && crate::workload::dlio_dataset::looks_like(&self.data_dir)
+        self.source.recorded().is_none() && !self.generate && crate::workload::dlio_dataset::looks_like(&self.data_dir)
     }
 
     /// Workload mode: the files of the dataset for `gpus`, refused above dataset::MAX_FILES.
@@ -149,7 +189,7 @@ impl Job {
 
     /// Trace mode: which file each simulated GPU reads (trace_input.rs).
     fn placement(&self, gpus: u64) -> Option<Placement> {
-        self.templates.as_ref().map(|t| Placement::new(t, gpus, &self.data_dir, self.map_path.as_ref()))
+        self.source.recorded().map(|r| Placement::new(&r.templates, gpus, &self.data_dir, r.map_path.as_ref()))
     }
 
     /// The files simulated GPU `g` of `gpus` reads.
@@ -181,7 +221,7 @@ impl Job {
     fn checkpoint_settings(&self) -> serde_json::Value {
         serde_json::json!({
             "mode": "checkpoint",
-            "source": self.source,
+            "source": self.source.to_string(),
             "name": self.workload.name,
             "data_dir": self.data_dir.display().to_string(),
             "params": self.workload.params,

@@ -74,8 +74,8 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
     let threshold = curve.first().and_then(|p| p.summary["threshold_percent"].as_f64()).unwrap_or(0.0);
     println!("trainio sweep: {} (threshold {threshold:.0}% AU)", job.workload.name);
     // Workload mode: what one simulated accelerator needs (trace mode's is in each run).
-    let accelerator = crate::mlperf::edition::accelerator_of(std::path::Path::new(&job.source));
-    let workload_mode = job.templates.is_none();
+    let accelerator = crate::mlperf::edition::accelerator_of(job.source.path());
+    let workload_mode = job.source.recorded().is_none();
     let need = workload_mode.then(|| crate::mlperf::datasize::need_bytes_per_s(&job.workload)).flatten();
     if let Some(line) = workload_mode.then(|| crate::mlperf::datasize::need_line(&job.workload, accelerator)).flatten()
     {

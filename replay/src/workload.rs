@@ -6,18 +6,17 @@
 //! files and a mapping in others; numbers are sometimes quoted; `computation_time` is a
 //! scalar or a distribution. Keys we do not use are ignored, as DLIO ignores them.
 //!
-//! Workload mode's parts live beside it in workload/: yaml_keys.rs (typed reads of the
-//! YAML's keys), unmodeled.rs (what a run does not model, named before it starts),
-//! dlio_dataset.rs (a dataset DLIO generated, replayed in place) and program.rs (what each
-//! simulated GPU reads).
+//! Workload mode's parts live beside it in workload/: unmodeled.rs (what a run does not
+//! model, named before it starts), dlio_dataset.rs (a dataset DLIO generated, replayed in
+//! place) and program.rs (what each simulated GPU reads). The typed reads of the YAML's
+//! keys are in yaml_keys.rs, which the checkpoint and Parquet sections use too.
 
 pub mod dlio_dataset;
 pub mod program;
 pub mod unmodeled;
-pub mod yaml_keys;
 
 use crate::checkpoint::CheckpointSpec;
-use crate::workload::yaml_keys::{boolean, first_number, number, section, short, string, to_f64, uint};
+use crate::yaml_keys::{boolean, first_number, number, section, short, string, to_f64, uint};
 use anyhow::{bail, Context, Result};
 use rand::Rng;
 use rand_distr::{Distribution, Exp, Gamma, Normal, Poisson};
@@ -414,6 +413,57 @@ pub fn read_workload_text(path: &Path) -> Result<String> {
 }
 
 impl Workload {
+    /// Rows per chunk of its hdf5 files (0: contiguous), as formats::hdf5::chunk_rows
+    /// maps its chunk_dims.
+    pub fn hdf5_chunk_rows(&self) -> u64 {
+        crate::formats::hdf5::chunk_rows(&crate::formats::hdf5::Samples {
+            chunk_dims: &self.chunk_dims,
+            record_length: self.record_length,
+            record_length_stdev: self.record_length_stdev,
+            per_file: self.num_samples_per_file,
+        })
+    }
+
+    /// Trace mode's stand-in: the settings every recorded GPU shares, each GPU's loader
+    /// coming from its template (trace_input.rs). A sample of 1 byte and DLIO's defaults
+    /// (batch 1, one reader, prefetch 2, one epoch, no compute of its own, seed 123, AU
+    /// 90%), its data on files or, with `store`, objects.
+    pub fn trace_stand_in(trace_name: &str, store: Option<crate::object::object_store::ObjectStore>) -> Workload {
+        Workload {
+            name: format!("trace {trace_name}"),
+            format: String::new(),
+            data_loader: "pytorch".into(),
+            num_files_train: 1,
+            num_samples_per_file: 1,
+            num_subfolders_train: 0,
+            record_length: 1.0,
+            record_length_stdev: 0.0,
+            rule_record_length: 1.0,
+            chunk_dims: Vec::new(),
+            batch_size: 1,
+            read_threads: 1,
+            main_process_reads: false,
+            prefetch_size: 2,
+            transfer_size: None,
+            odirect: false,
+            file_shuffle: Shuffle::Off,
+            sample_shuffle: Shuffle::Off,
+            epochs: 1,
+            computation_time: ComputeTime::Fixed(0.0),
+            preprocess_time: 0.0,
+            preprocess_time_stdev: 0.0,
+            seed: 123,
+            au_threshold_percent: 90.0,
+            au_threshold_from: "90% without metric.au".into(),
+            checkpoint: None,
+            train: true,
+            dataset_only: false,
+            params: Vec::new(),
+            object_store: store,
+            parquet: None,
+        }
+    }
+
     /// Reads the file with `--param KEY=VALUE` overrides applied first.
     pub fn from_file_with(path: &Path, params: &[String]) -> Result<Workload> {
         let text = read_workload_text(path)?;
@@ -432,6 +482,7 @@ impl Workload {
         Ok(w)
     }
 
+    #[cfg(test)]
     pub fn from_yaml(text: &str, fallback_name: &str) -> Result<Workload> {
         Workload::from_yaml_with(text, fallback_name, &[])
     }

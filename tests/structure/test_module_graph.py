@@ -121,3 +121,44 @@ def test_analysis_package_has_no_module_cycle() -> None:
     graph = python_graph(ROOT / "analysis/trainio_analysis")
     assert "analyze" in graph and "trace" in graph["analyze"]
     assert cycles(graph) == set()
+
+
+def group_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Module graph -> the graph of its groups (each module counted as its top-level
+    module: ``formats::hdf5`` is in ``formats``), a group's edges to itself left out."""
+    groups: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        group = name.split("::")[0]
+        groups.setdefault(group, set()).update(d.split("::")[0] for d in deps)
+    return {g: deps - {g} for g, deps in groups.items()}
+
+
+def mutual(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Every pair of nodes that depend on each other, each pair sorted."""
+    return {(a, b) for a in graph for b in graph[a] if a < b and a in graph.get(b, ())}
+
+
+# replay's groups that still depend on each other, each with what each side uses of the
+# other. A pair leaves the list when it is broken; a new pair fails the test.
+REPLAY_GROUP_LOOPS = {
+    ("checkpoint", "object"): "checkpointing writes through s3_writes; s3_writes names a CheckpointSpec",
+    ("cluster", "errors"): "the cluster raises InputError; errors knows the watchdog's lost rank",
+    ("dataset", "workload"): "a Layout is made from a Workload; workload's program and dlio_dataset read Layouts",
+    ("engine", "trace"): "the engine runs trace_writes' bursts; trace_input's program is an engine Program",
+    ("mlperf", "workload"): "datasize and runrules read a Workload; a Workload takes its AU from edition",
+}
+
+
+def test_group_graph_and_mutual_pairs() -> None:
+    graph = {"a": {"a::x", "b"}, "a::x": {"b::y"}, "b": set(), "b::y": {"a"}, "c": {"b"}}
+    assert group_graph(graph) == {"a": {"b"}, "b": {"a"}, "c": {"b"}}
+    assert mutual(group_graph(graph)) == {("a", "b")}
+
+
+def test_replay_groups_do_not_loop_beyond_the_named_pairs() -> None:
+    groups = group_graph(rust_graph(ROOT / "replay/src"))
+    # workload reads the Parquet and checkpoint sections of its YAML; neither reads a
+    # Workload back (the YAML's typed reads are a module of their own, yaml_keys).
+    assert "formats" in groups["workload"] and "workload" not in groups["formats"]
+    assert "checkpoint" in groups["workload"] and "workload" not in groups["checkpoint"]
+    assert mutual(groups) == set(REPLAY_GROUP_LOOPS)

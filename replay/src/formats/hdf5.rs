@@ -76,17 +76,26 @@ pub fn chunking_fits(spf: u64, chunk: u64) -> bool {
     chunk >= 1 && chunk <= spf && chunks(spf, chunk) <= CHUNKS_MAX
 }
 
-/// Rows per chunk of `records_0` for workload `w` (0: contiguous): chunk_dims (DLIO's
+/// A workload's samples as its hdf5 files hold them: `dataset.chunk_dims`, the record
+/// length (mean and stdev) and `num_samples_per_file`.
+pub struct Samples<'a> {
+    pub chunk_dims: &'a [u64],
+    pub record_length: f64,
+    pub record_length_stdev: f64,
+    pub per_file: u64,
+}
+
+/// Rows per chunk of `records_0` for a workload's samples `w` (0: contiguous): chunk_dims (DLIO's
 /// chunk shape for its (samples, d1, d2) records) maps onto the (samples, sample bytes)
 /// rows as chunks of chunk_dims[0] whole rows when the other dims cover a sample
 /// (their product at least record_length_bytes), chunk_dims[0] is at most
 /// num_samples_per_file, a chunk is under 4 GiB, and a file has at most CHUNKS_MAX
 /// chunks. Any other chunk_dims is written contiguous (unmodeled.rs says so).
-pub fn chunk_rows(w: &crate::workload::Workload) -> u64 {
+pub fn chunk_rows(w: &Samples) -> u64 {
     let Some((&c0, rest)) = w.chunk_dims.split_first() else { return 0 };
     let covers = rest.iter().try_fold(1u64, |p, &d| p.checked_mul(d)).is_none_or(|p| p as f64 >= w.record_length);
     let bytes = (c0 as f64) * (w.record_length + w.record_length_stdev * 6.0);
-    if covers && rest.iter().all(|&d| d > 0) && bytes < u32::MAX as f64 && chunking_fits(w.num_samples_per_file, c0) {
+    if covers && rest.iter().all(|&d| d > 0) && bytes < u32::MAX as f64 && chunking_fits(w.per_file, c0) {
         c0
     } else {
         0

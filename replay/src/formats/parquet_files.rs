@@ -17,7 +17,7 @@
 //! which a compressor would store at about that size anyway.
 
 use crate::formats::thrift::{self, Writer};
-use crate::workload::yaml_keys::{short, string, uint};
+use crate::yaml_keys::{short, string, uint};
 use anyhow::{bail, Result};
 use serde_yaml::Value;
 use std::io::{self, Write};
@@ -372,7 +372,7 @@ fn column(c: &Value, i: usize) -> Result<Column> {
     if size == 0 {
         bail!("{key}.size must be at least 1");
     }
-    let read = crate::workload::yaml_keys::boolean(c, &key, "read")?.unwrap_or(true);
+    let read = crate::yaml_keys::boolean(c, &key, "read")?.unwrap_or(true);
     Ok(Column { name, dtype, size, read })
 }
 

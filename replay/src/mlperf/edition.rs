@@ -132,7 +132,7 @@ pub fn parquet_rule_record_length(dataset: &serde_yaml::Value) -> Option<f64> {
         let dtype = c.get("dtype").and_then(serde_yaml::Value::as_str).unwrap_or("float32");
         let size = match c.get("size") {
             None => 1.0,
-            Some(v) => crate::workload::yaml_keys::to_f64(v)?.trunc(),
+            Some(v) => crate::yaml_keys::to_f64(v)?.trunc(),
         };
         let width = match dtype {
             "float64" | "int64" => 8.0,

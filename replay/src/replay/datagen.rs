@@ -96,7 +96,7 @@ impl Job {
         steps: Option<u64>,
         clients: Option<(u64, u64)>,
     ) {
-        let (Some((hosts, ram)), None) = (clients, &self.templates) else { return };
+        let (Some((hosts, ram)), None) = (clients, self.source.recorded()) else { return };
         let rule = datasize::sizing(&self.workload, gpus, hosts, ram);
         let steps = steps.unwrap_or_else(|| self.layout_steps(layout, gpus));
         // On standard output: information, not a complaint (an error stays one line on
@@ -112,7 +112,7 @@ impl Job {
     /// (its samples rounded up to 4 KiB, plus one block), less the bytes of the dataset in
     /// --data-dir now, against the free space. `check_free_space` is the exact check.
     pub(super) fn precheck_free_space(&self, gpus: u64) -> Result<()> {
-        if self.templates.is_some() {
+        if self.source.recorded().is_some() {
             return Ok(());
         }
         let w = &self.workload;

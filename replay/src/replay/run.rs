@@ -3,7 +3,7 @@
 //! run on each rank over its backend (files or object storage), and the ranks' reports
 //! combined on rank 0.
 
-use super::{client_ram, mem_total_bytes, split, Job};
+use super::{client_ram, mem_total_bytes, split, Job, Recorded};
 use crate::checkpoint::checkpointing;
 use crate::cluster::Cluster;
 use crate::dataset::{self, Layout};
@@ -11,7 +11,7 @@ use crate::engine::{Engine, EngineOptions, Program};
 use crate::errors::InputError;
 use crate::mlperf::datasize;
 use crate::results::{self, RankReport, Settings};
-use crate::trace::trace_input::{Placement, Template, TraceOptions, TraceProgram};
+use crate::trace::trace_input::{Placement, TraceOptions, TraceProgram};
 use crate::workload::program::WorkloadProgram;
 use anyhow::{bail, Context, Result};
 
@@ -44,9 +44,9 @@ impl Job {
     /// the recorder, so the recording holds the replay's I/O and not datagen's writes).
     pub fn run_generated(&self, cluster: &Cluster, gpus: u64) -> Result<Option<serde_json::Value>> {
         let checked = self.checked_dataset(cluster, gpus)?;
-        match &self.templates {
+        match self.source.recorded() {
             None => self.run_workload(cluster, gpus, checked),
-            Some(templates) => self.run_trace(cluster, gpus, templates, checked),
+            Some(recorded) => self.run_trace(cluster, gpus, recorded, checked),
         }
     }
 
@@ -62,7 +62,7 @@ impl Job {
             local.iter().flat_map(|&g| self.files_of(&layout, placement.as_ref(), g, gpus)).collect();
         mine.sort_unstable();
         mine.dedup();
-        let sizing = match &self.templates {
+        let sizing = match self.source.recorded() {
             Some(_) => format!("the trace's files for --gpus {gpus}"),
             None => format!(
                 "--gpus {gpus} × {} × --batch-size {} samples, at least dataset.num_files_train {}",
@@ -132,7 +132,7 @@ impl Job {
         }
         let settings = Settings {
             mode: "workload".into(),
-            source: self.source.clone(),
+            source: self.source.to_string(),
             name: w.name.clone(),
             data_dir: self.data_dir.display().to_string(),
             batch_size: w.batch_size,
@@ -176,11 +176,12 @@ impl Job {
         &self,
         cluster: &Cluster,
         gpus: u64,
-        templates: &[Template],
+        recorded: &Recorded,
         checked: Checked,
     ) -> Result<Option<serde_json::Value>> {
         let Checked { placement, clients, local, object_layout, used_files, used_bytes, .. } = checked;
         let w = &self.workload;
+        let templates = &recorded.templates;
         let program = TraceProgram::new(
             templates.to_vec(),
             placement.expect("trace mode has a placement"),
@@ -211,15 +212,13 @@ impl Job {
             .collect();
         let required = median(&needs);
         if cluster.is_root() {
-            if let Some(m) = &self.model {
-                for line in trainio_model::describe(m) {
-                    eprintln!("trainio replay: {line}");
-                }
+            for line in trainio_model::describe(&recorded.model) {
+                eprintln!("trainio replay: {line}");
             }
         }
         let settings = Settings {
             mode: "trace".into(),
-            source: self.source.clone(),
+            source: self.source.to_string(),
             name: w.name.clone(),
             data_dir: self.data_dir.display().to_string(),
             batch_size: (samples as f64 / steps.max(1) as f64).round() as u64,
@@ -259,11 +258,12 @@ impl Job {
                     }))
                     .collect(),
             ),
-            gpus_per_process: Some(self.gpus_per_process),
-            compute_scale: Some(self.compute_scale.unwrap_or(1.0)),
+            gpus_per_process: Some(recorded.gpus_per_process),
+            compute_scale: Some(recorded.compute_scale.unwrap_or(1.0)),
             required_mib_s_per_gpu: required,
             map_path: Some(
-                self.map_path
+                recorded
+                    .map_path
                     .as_ref()
                     .map(|m| {
                         m.0.iter().map(|(o, n)| format!("{}={}", o.display(), n.display())).collect()
@@ -321,7 +321,7 @@ impl Job {
             psync: self.psync,
         };
         // Checkpoints go into the dataset's directory, which the dataset marker makes ours.
-        let checkpointer = match &self.templates {
+        let checkpointer = match self.source.recorded() {
             None => self.checkpointer(cluster, gpus)?,
             Some(_) => None,
         };
@@ -385,7 +385,7 @@ impl Job {
             let per_rank: Vec<_> = reports.iter().map(|r| r.run.checkpoints.clone()).collect();
             summary["checkpoint"] = checkpointing::with_ios(checkpointing::plan_json(&c.spec, &c.plan), &per_rank);
         }
-        if self.templates.is_some() {
+        if self.source.recorded().is_some() {
             let per_rank: Vec<_> = reports.iter().map(|r| r.run.checkpoints.clone()).collect();
             summary["writes"] = crate::trace::trace_writes::summary(&per_rank);
         }

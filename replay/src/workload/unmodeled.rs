@@ -105,8 +105,8 @@ pub fn notes(root: &Value, w: &Workload) -> Vec<String> {
             scalar(t)
         ));
     }
-    if let Some(c) = get("dataset", "chunk_dims")
-        .filter(|_| w.format.eq_ignore_ascii_case("hdf5") && crate::formats::hdf5::chunk_rows(w) == 0)
+    if let Some(c) =
+        get("dataset", "chunk_dims").filter(|_| w.format.eq_ignore_ascii_case("hdf5") && w.hdf5_chunk_rows() == 0)
     {
         out.push(format!(
             "dataset.chunk_dims: {}: records_0 is written and read contiguous: chunks of whole samples are modeled (chunk_dims[0] samples, at most num_samples_per_file and {} chunks a file, the other dims covering record_length_bytes)",
@@ -253,7 +253,7 @@ mod tests {
             "  record_length_bytes: 4096\n  num_samples_per_file: 8\n  chunk_dims: [2, 64, 64]\n",
         );
         assert_eq!(notes_of(&y), Vec::<String>::new());
-        assert_eq!(crate::formats::hdf5::chunk_rows(&Workload::from_yaml(&y, "t").unwrap()), 2);
+        assert_eq!(Workload::from_yaml(&y, "t").unwrap().hdf5_chunk_rows(), 2);
         // More rows per chunk than the file holds (h5py refuses), and more than CHUNKS_MAX chunks.
         for (spf, c0) in [(8, 9), (400, 2)] {
             let z = y

@@ -119,3 +119,26 @@ fn errors_name_the_key() {
     assert!(e.contains("reader"), "{e}");
     assert!(Workload::from_yaml("a: [", "x").is_err());
 }
+
+/// Trace mode's stand-in is the workload the YAML it was once written as reads to: the
+/// same settings, on files or on a bucket.
+#[test]
+fn trace_stand_in_is_the_workload_of_its_yaml() {
+    for name in ["unet3d-demo-1gpu", "seg-000000.parquet", "a b: c"] {
+        let yaml = format!(
+            "model: {{name: {}}}\ndataset: {{record_length_bytes: 1}}\nreader: {{prefetch_size: 2}}\ntrain: {{}}\n",
+            serde_json::to_string(&format!("trace {name}")).unwrap()
+        );
+        assert_eq!(Workload::trace_stand_in(name, None), Workload::from_yaml(&yaml, "trace").unwrap(), "{name}");
+        for root in ["bkt", "bkt/some/prefix", "s3://bkt/p/"] {
+            let storage = format!(
+                "storage: {{storage_type: s3, storage_library: s3dlio, storage_root: {}}}\n",
+                serde_json::to_string(root).unwrap()
+            );
+            let parsed = Workload::from_yaml(&(yaml.clone() + &storage), "trace").unwrap();
+            let store = parsed.object_store.clone();
+            assert!(store.is_some(), "{root}");
+            assert_eq!(Workload::trace_stand_in(name, store), parsed, "{name} {root}");
+        }
+    }
+}
