@@ -177,11 +177,15 @@ impl SegmentFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_array::{DictionaryArray, Int64Array, StringArray};
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int32Type, Int64Type, UInt32Type};
+    use arrow_array::{ArrayRef, DictionaryArray, Int64Array, StringArray};
     use arrow_schema::{Field, Schema};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::basic::Compression;
     use parquet::basic::ZstdLevel;
     use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::file::statistics::Statistics;
 
     fn strings(a: &ArrayRef) -> Vec<Option<String>> {
         let d = a.as_dictionary::<Int32Type>();
