@@ -299,6 +299,6 @@ def analyze(
             out["object_requests"] = object_requests(path)
         return out
     except (pa.ArrowException, pl.exceptions.PolarsError) as exc:
-        # every read goes through trace.py, which names the file; this is the net
+        # every read goes through the trace package, which names the file; this is the net
         msg = f"{path}: unreadable ({tr.first_line(exc)})"
         raise TraceError(msg) from None

@@ -224,7 +224,7 @@ class Plan:
 
     def _groups_from_rows(self) -> list[Any]:
         """The selection's groups (sorted, None for a null device) from the rows: the
-        layer and group columns of every row group, read through trace.py (which checks
+        layer and group columns of every row group, read through the trace package (which checks
         them) on the worker threads."""
         dev = self._dev_filter_value()
         cols = ["layer", self.group_col]

@@ -6,18 +6,20 @@
 //! `seg-NNNNNN.parquet.partial` and renamed when closed, so every `.parquet` file in a
 //! trace is complete even if the writer was killed.
 
+mod batch;
 mod encoding;
 mod read;
 mod segment;
 mod set;
 mod write;
 
+pub use batch::{BatchBuilder, RowKeys};
 pub use read::{
     guard_decoder, is_segment_name, one_line, quiet_decoder_panics, read_metadata, read_rows, segment_paths, OwnedRow,
     TraceError,
 };
 pub use set::{trace_set_members, Member};
-pub use write::{BatchBuilder, Dropped, Retention, RowKeys, SegmentLimits, TraceWriter, RESERVE_NAME};
+pub use write::{Dropped, Retention, SegmentLimits, TraceWriter, RESERVE_NAME};
 
 use std::sync::Arc;
 

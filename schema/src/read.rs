@@ -1,7 +1,7 @@
 //! Reading: a trace directory (or one segment file) → rows and metadata.
 //!
 //! What a reader accepts and refuses is SCHEMA.md's *Readers* section; the Python reader
-//! (analysis/trainio_analysis/trace.py) keeps to the same, and tests/analysis run one table
+//! (analysis/trainio_analysis/trace/) keeps to the same, and tests/analysis run one table
 //! of cases through both.
 use std::collections::HashMap;
 use std::fmt;

@@ -2,7 +2,8 @@
 //! groups: the dictionary-encoded string columns (`layer`, `op`, `dev`, `comm`, `file`)
 //! by DictChunk, the Int64, Int32 and UInt32 columns by IntChunk, their values encoded by
 //! encoding.rs; a column of any other type goes through the parquet crate's Arrow column
-//! writer. The crate lays out the file, footer and row groups.
+//! writer. The crate lays out the file, footer and row groups. What the two kinds of
+//! chunk share (pages, levels, the chunk's layout) is segment/chunk.rs.
 //!
 //! Why: the crate's writer hashes and compares every row's string to rebuild a dictionary
 //! and its min/max statistics, although the rows arrive as Arrow dictionaries of one or
@@ -23,32 +24,21 @@
 use std::fs::File;
 use std::sync::Arc;
 
-use anyhow::{anyhow, Result};
-use arrow_array::cast::AsArray;
-use arrow_array::types::{
-    ArrowDictionaryKeyType, ArrowPrimitiveType, Int16Type, Int32Type, Int64Type, Int8Type, UInt32Type,
-};
-use arrow_array::{Array, ArrayRef, PrimitiveArray, RecordBatch};
-use arrow_buffer::{ArrowNativeType, NullBuffer};
+use anyhow::Result;
+use arrow_array::RecordBatch;
 use arrow_schema::{DataType, SchemaRef};
-use bytes::Bytes;
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnWriter, ArrowRowGroupWriterFactory};
 use parquet::arrow::{add_encoded_arrow_schema_to_metadata, ArrowSchemaConverter};
-use parquet::basic::{Compression, Encoding};
-use parquet::column::page::{CompressedPage, Page, PageWriter};
-use parquet::column::writer::ColumnCloseResult;
-use parquet::data_type::ByteArray;
-use parquet::file::metadata::{ColumnChunkMetaData, KeyValue};
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::file::statistics::{Statistics, ValueStatistics};
-use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
-use parquet::schema::types::ColumnDescPtr;
-use rustc_hash::FxHashMap;
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedFileWriter;
 
-use crate::encoding::{delta_binary_packed, index_bit_width, plain_byte_arrays, rle_hybrid, RunList};
+mod chunk;
+mod dict;
+mod int;
 
-/// Values per data page of a dictionary column (the crate's default page row limit).
-const PAGE_VALUES: usize = 20_000;
+use dict::DictChunk;
+use int::IntChunk;
 
 pub(crate) struct SegmentFile {
     file: SerializedFileWriter<File>,
@@ -184,440 +174,18 @@ impl SegmentFile {
     }
 }
 
-/// What the dictionary and integer column chunks share: the column and its settings, the
-/// definition levels of rows not yet in a page (nullable columns only), the pages so far
-/// and the counts; and the chunk's layout when the row group closes.
-struct Chunk {
-    descr: ColumnDescPtr,
-    zstd_level: Option<i32>,
-    statistics: bool,
-    /// Rows not yet in a page, as runs: 1 for a value, 0 for a null.
-    levels: RunList,
-    pages: Vec<PageParts>,
-    rows: u64,
-    nulls: u64,
-}
-
-/// A data page before compression: RLE definition levels (nullable columns) and the
-/// encoded values (for dictionary columns, the bit width byte and the indices).
-struct PageParts {
-    rows: usize,
-    /// Rows with a value; a page without any is written PLAIN (levels only).
-    present: usize,
-    levels: Vec<u8>,
-    values: Vec<u8>,
-}
-
-impl Chunk {
-    fn new(descr: ColumnDescPtr, props: &WriterProperties) -> Self {
-        let path = descr.path();
-        let zstd_level = match props.compression(path) {
-            Compression::ZSTD(level) => Some(level.compression_level()),
-            _ => None,
-        };
-        Chunk {
-            statistics: props.statistics_enabled(path) != EnabledStatistics::None,
-            zstd_level,
-            descr,
-            levels: RunList::default(),
-            pages: Vec::new(),
-            rows: 0,
-            nulls: 0,
-        }
-    }
-
-    fn nullable(&self) -> bool {
-        self.descr.max_def_level() > 0
-    }
-
-    /// Counts `len` rows with these nulls and queues their definition levels, a run of
-    /// valid rows at a time; nulls in a non-nullable column are an error.
-    fn push_rows(&mut self, len: usize, nulls: Option<&NullBuffer>) -> Result<()> {
-        self.rows += len as u64;
-        match nulls.filter(|n| n.null_count() > 0) {
-            None if self.nullable() => self.levels.push_n(1, len),
-            None => {}
-            Some(_) if !self.nullable() => {
-                return Err(anyhow!("nulls in the non-nullable column {}", self.descr.name()))
-            }
-            Some(n) => {
-                self.nulls += n.null_count() as u64;
-                let mut at = 0;
-                for (start, end) in n.valid_slices() {
-                    self.levels.push_n(0, start - at);
-                    self.levels.push_n(1, end - start);
-                    at = end;
-                }
-                self.levels.push_n(0, len - at);
-            }
-        }
-        Ok(())
-    }
-
-    /// The next page to encode once PAGE_VALUES rows are pending (with `all`, any): its
-    /// rows, its encoded definition levels and how many of its rows have a value.
-    /// `pending_values`: values not yet in a page (the pending rows of a non-nullable
-    /// column).
-    fn next_page(&mut self, all: bool, pending_values: usize) -> Option<(usize, Vec<u8>, usize)> {
-        let nullable = self.nullable();
-        let pending = if nullable { self.levels.len } else { pending_values };
-        if pending == 0 || (pending < PAGE_VALUES && !all) {
-            return None;
-        }
-        let rows = pending.min(PAGE_VALUES);
-        if !nullable {
-            return Some((rows, Vec::new(), rows));
-        }
-        let l = self.levels.take(rows);
-        let present = l.iter().filter(|r| r.0 == 1).map(|r| r.1 as usize).sum();
-        Some((rows, rle_hybrid(&l, 1), present))
-    }
-
-    /// Bytes of the pages encoded so far (before zstd).
-    fn pages_bytes(&self) -> usize {
-        self.pages.iter().map(|p| p.levels.len() + p.values.len()).sum()
-    }
-
-    /// The chunk's bytes as the parquet crate lays them out (the dictionary page, if any,
-    /// then v1 data pages, each compressed), and what the row group writer needs to know
-    /// of them. `dictionary`: a PLAIN dictionary page's body and its entry count;
-    /// `value_encoding`: that of the pages' values (pages without values are PLAIN,
-    /// levels only).
-    fn write(
-        &self,
-        dictionary: Option<(Vec<u8>, u32)>,
-        value_encoding: Encoding,
-        statistics: Option<Statistics>,
-    ) -> Result<(Bytes, ColumnCloseResult)> {
-        let nullable = self.nullable();
-        let has_dictionary = dictionary.is_some();
-        let mut sink = TrackedWrite::new(Vec::new());
-        let (mut compressed, mut uncompressed) = (0u64, 0u64);
-        let mut first_data = None;
-        {
-            let mut pages = SerializedPageWriter::new(&mut sink);
-            let mut put = |page: Page, size: usize| -> Result<u64> {
-                let spec = pages.write_page(CompressedPage::new(page, size))?;
-                compressed += spec.compressed_size as u64;
-                uncompressed += spec.uncompressed_size as u64;
-                Ok(spec.offset)
-            };
-            if let Some((plain, entries)) = dictionary {
-                let (buf, size) = compress(self.zstd_level, plain)?;
-                put(
-                    Page::DictionaryPage { buf, num_values: entries, encoding: Encoding::PLAIN, is_sorted: false },
-                    size,
-                )?;
-            }
-            // A row group has rows, so the chunk has at least one page.
-            for p in &self.pages {
-                let mut body = Vec::with_capacity(4 + p.levels.len() + p.values.len());
-                if nullable {
-                    body.extend_from_slice(&(p.levels.len() as u32).to_le_bytes());
-                    body.extend_from_slice(&p.levels);
-                }
-                let encoding = if p.present > 0 { value_encoding } else { Encoding::PLAIN };
-                if p.present > 0 {
-                    body.extend_from_slice(&p.values);
-                }
-                let (buf, size) = compress(self.zstd_level, body)?;
-                let page = Page::DataPage {
-                    buf,
-                    num_values: p.rows as u32,
-                    encoding,
-                    def_level_encoding: Encoding::RLE,
-                    rep_level_encoding: Encoding::RLE,
-                    statistics: None,
-                };
-                let offset = put(page, size)?;
-                first_data.get_or_insert(offset);
-            }
-            pages.close()?;
-        }
-        let bytes_written = sink.bytes_written() as u64;
-        let buf = Bytes::from(sink.into_inner()?);
-        let mut encodings = vec![Encoding::RLE];
-        if has_dictionary || self.pages.iter().any(|p| p.present == 0) {
-            encodings.push(Encoding::PLAIN);
-        }
-        if self.pages.iter().any(|p| p.present > 0) {
-            encodings.push(value_encoding);
-        }
-        let mut meta = ColumnChunkMetaData::builder(self.descr.clone())
-            .set_encodings(encodings)
-            .set_compression(match self.zstd_level {
-                Some(l) => Compression::ZSTD(parquet::basic::ZstdLevel::try_new(l)?),
-                None => Compression::UNCOMPRESSED,
-            })
-            .set_num_values(self.rows as i64)
-            .set_total_compressed_size(compressed as i64)
-            .set_total_uncompressed_size(uncompressed as i64)
-            .set_data_page_offset(first_data.expect("at least one data page") as i64)
-            .set_dictionary_page_offset(has_dictionary.then_some(0));
-        if let Some(st) = statistics {
-            meta = meta.set_statistics(st);
-        }
-        let close = ColumnCloseResult {
-            bytes_written,
-            rows_written: self.rows,
-            metadata: meta.build()?,
-            bloom_filter: None,
-            column_index: None,
-            offset_index: None,
-        };
-        Ok((buf, close))
-    }
-}
-
-/// A dictionary string column's chunk in a row group: its dictionary (in order of first
-/// use) and its data pages, encoded every PAGE_VALUES rows (a page's index bit width is
-/// that of the dictionary so far) and compressed when the row group closes, after the
-/// dictionary page is known.
-struct DictChunk {
-    chunk: Chunk,
-    values: Vec<Box<[u8]>>,
-    ids: FxHashMap<Box<[u8]>, u32>,
-    /// Dictionary indices of the values not yet in a page, as runs of one index. Trace
-    /// columns hold long runs (one device, command or layer row after row), which the
-    /// RLE/bit-packed hybrid then writes as they are.
-    indices: RunList,
-}
-
-impl DictChunk {
-    fn new(descr: ColumnDescPtr, props: &WriterProperties) -> Self {
-        DictChunk {
-            chunk: Chunk::new(descr, props),
-            values: Vec::new(),
-            ids: FxHashMap::default(),
-            indices: RunList::default(),
-        }
-    }
-
-    fn write(&mut self, array: &ArrayRef) -> Result<()> {
-        match array.data_type() {
-            DataType::Dictionary(key, _) => match key.as_ref() {
-                DataType::Int8 => self.write_keys::<Int8Type>(array)?,
-                DataType::Int16 => self.write_keys::<Int16Type>(array)?,
-                DataType::Int32 => self.write_keys::<Int32Type>(array)?,
-                t => return Err(anyhow!("dictionary keys of type {t} are not written here")),
-            },
-            t => return Err(anyhow!("{t} is not a dictionary column")),
-        }
-        self.cut_pages(false);
-        Ok(())
-    }
-
-    fn write_keys<K: ArrowDictionaryKeyType>(&mut self, array: &ArrayRef) -> Result<()> {
-        let dict = array.as_dictionary::<K>();
-        let strings = dict.values().as_string::<i32>();
-        // This batch's dictionary entries, mapped to the chunk's on first use.
-        let mut map = vec![u32::MAX; strings.len()];
-        let mut id_of = |k: usize, chunk: &mut Self| -> u32 {
-            if map[k] == u32::MAX {
-                let s = strings.value(k).as_bytes();
-                map[k] = match chunk.ids.get(s) {
-                    Some(&id) => id,
-                    None => {
-                        let id = chunk.values.len() as u32;
-                        chunk.values.push(s.into());
-                        chunk.ids.insert(s.into(), id);
-                        id
-                    }
-                };
-            }
-            map[k]
-        };
-        let keys = dict.keys();
-        self.chunk.push_rows(keys.len(), keys.nulls())?;
-        match keys.nulls().filter(|n| n.null_count() > 0) {
-            // Keys repeat row after row: find each run, then map its key once.
-            None => {
-                let keys = keys.values();
-                let mut i = 0;
-                while i < keys.len() {
-                    let k = keys[i];
-                    let run = keys[i..].iter().take_while(|&&x| x == k).count();
-                    let id = id_of(k.as_usize(), self);
-                    self.indices.push_n(id, run);
-                    i += run;
-                }
-            }
-            Some(valid) if valid.null_count() == keys.len() => {}
-            Some(valid) => {
-                for (k, ok) in keys.values().iter().zip(valid.iter()) {
-                    if ok {
-                        let id = id_of(k.as_usize(), self);
-                        self.indices.push_n(id, 1);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Encodes the pending rows into pages of PAGE_VALUES rows; with `all`, the rest too.
-    fn cut_pages(&mut self, all: bool) {
-        let bit_width = index_bit_width(self.values.len());
-        while let Some((rows, levels, present)) = self.chunk.next_page(all, self.indices.len) {
-            let mut values = vec![bit_width];
-            values.extend(rle_hybrid(&self.indices.take(present), bit_width));
-            self.chunk.pages.push(PageParts { rows, present, levels, values });
-        }
-    }
-
-    fn estimated_bytes(&self) -> usize {
-        // Encoded pages shrink further under zstd; pending runs count 8 bytes each.
-        self.values.iter().map(|v| v.len() + 4).sum::<usize>()
-            + self.chunk.pages_bytes()
-            + 8 * (self.chunk.levels.runs.len() + self.indices.runs.len())
-    }
-
-    /// The chunk's bytes and what the row group writer needs to know of them.
-    fn finish(mut self) -> Result<(Bytes, ColumnCloseResult)> {
-        self.cut_pages(true);
-        // Without values (every row null) there is no dictionary: PLAIN pages of levels.
-        let dictionary = (!self.values.is_empty()).then(|| (plain_byte_arrays(&self.values), self.values.len() as u32));
-        let statistics = self.chunk.statistics.then(|| {
-            let min = self.values.iter().min().map(|v| ByteArray::from(v.to_vec()));
-            let max = self.values.iter().max().map(|v| ByteArray::from(v.to_vec()));
-            Statistics::ByteArray(ValueStatistics::new(min, max, None, Some(self.chunk.nulls), false))
-        });
-        self.chunk.write(dictionary, Encoding::RLE_DICTIONARY, statistics)
-    }
-}
-
-/// An integer column's chunk in a row group, DELTA_BINARY_PACKED (blocks of 128 deltas,
-/// 4 miniblocks of 32), in data pages of PAGE_VALUES rows encoded as rows arrive.
-///
-/// A block of 128 equal values is a zero minimum delta and four zero bit widths.
-///
-/// Values are kept as i64 (INT32 columns as their 32-bit pattern, sign-extended);
-/// deltas wrap in the physical type, as the format asks.
-struct IntChunk {
-    chunk: Chunk,
-    /// INT32 physical type (deltas wrap at 32 bits); UINT_32 logical type (statistics
-    /// compare unsigned).
-    int32: bool,
-    unsigned: bool,
-    /// Values of rows not yet in a page (nulls have none).
-    values: Vec<i64>,
-    /// Min and max so far, UINT_32 values zero-extended (the statistics take their low
-    /// 32 bits).
-    min_max: Option<(i64, i64)>,
-}
-
-impl IntChunk {
-    /// An IntChunk for an Int64, Int32 or UInt32 column; None for other types.
-    fn new(descr: ColumnDescPtr, data_type: &DataType, props: &WriterProperties) -> Option<Self> {
-        let (int32, unsigned) = match data_type {
-            DataType::Int64 => (false, false),
-            DataType::Int32 => (true, false),
-            DataType::UInt32 => (true, true),
-            _ => return None,
-        };
-        Some(IntChunk { chunk: Chunk::new(descr, props), int32, unsigned, values: Vec::new(), min_max: None })
-    }
-
-    fn write(&mut self, array: &ArrayRef) -> Result<()> {
-        match array.data_type() {
-            DataType::Int64 => self.append(array.as_primitive::<Int64Type>(), |v| v)?,
-            DataType::Int32 => self.append(array.as_primitive::<Int32Type>(), i64::from)?,
-            DataType::UInt32 => self.append(array.as_primitive::<UInt32Type>(), |v| i64::from(v as i32))?,
-            t => return Err(anyhow!("{t} is not written as an integer column here")),
-        }
-        self.cut_pages(false);
-        Ok(())
-    }
-
-    fn append<T: ArrowPrimitiveType>(
-        &mut self,
-        a: &PrimitiveArray<T>,
-        to_i64: impl Fn(T::Native) -> i64,
-    ) -> Result<()> {
-        let start = self.values.len();
-        self.chunk.push_rows(a.len(), a.nulls())?;
-        match a.nulls().filter(|n| n.null_count() > 0) {
-            None => self.values.extend(a.values().iter().map(|&v| to_i64(v))),
-            Some(valid) if valid.null_count() == a.len() => {}
-            Some(valid) => {
-                for (start, end) in valid.valid_slices() {
-                    self.values.extend(a.values()[start..end].iter().map(|&v| to_i64(v)));
-                }
-            }
-        }
-        if self.chunk.statistics && start < self.values.len() {
-            // Compared as the logical type orders them: UINT_32 values unsigned.
-            let key = |v: i64| if self.unsigned { i64::from(v as u32) } else { v };
-            let (lo, hi) =
-                self.values[start..].iter().fold((i64::MAX, i64::MIN), |(lo, hi), &v| (lo.min(key(v)), hi.max(key(v))));
-            self.min_max = Some(self.min_max.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
-        }
-        Ok(())
-    }
-
-    /// Encodes the pending rows into pages of PAGE_VALUES rows; with `all`, the rest too.
-    fn cut_pages(&mut self, all: bool) {
-        let mut at = 0;
-        while let Some((rows, levels, present)) = self.chunk.next_page(all, self.values.len() - at) {
-            let values =
-                if present > 0 { delta_binary_packed(&self.values[at..at + present], self.int32) } else { Vec::new() };
-            self.chunk.pages.push(PageParts { rows, present, levels, values });
-            at += present;
-        }
-        self.values.drain(..at);
-    }
-
-    fn estimated_bytes(&self) -> usize {
-        // Encoded pages shrink further under zstd; pending values count a byte each.
-        self.chunk.pages_bytes() + self.values.len()
-    }
-
-    fn finish(mut self) -> Result<(Bytes, ColumnCloseResult)> {
-        self.cut_pages(true);
-        let statistics = self.chunk.statistics.then(|| {
-            let (min, max) = (self.min_max.map(|m| m.0), self.min_max.map(|m| m.1));
-            let nulls = Some(self.chunk.nulls);
-            if self.int32 {
-                Statistics::Int32(ValueStatistics::new(
-                    min.map(|v| v as i32),
-                    max.map(|v| v as i32),
-                    None,
-                    nulls,
-                    false,
-                ))
-            } else {
-                Statistics::Int64(ValueStatistics::new(min, max, None, nulls, false))
-            }
-        });
-        self.chunk.write(None, Encoding::DELTA_BINARY_PACKED, statistics)
-    }
-}
-
-fn compress(zstd_level: Option<i32>, body: Vec<u8>) -> Result<(Bytes, usize)> {
-    thread_local! {
-        /// One zstd context per thread and level, reused for every page (a context per
-        /// page was ~2% of the encoder thread's time).
-        static ZSTD: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { std::cell::RefCell::new(None) };
-    }
-    let len = body.len();
-    let Some(level) = zstd_level else { return Ok((body.into(), len)) };
-    let out = ZSTD.with_borrow_mut(|z| -> std::io::Result<Vec<u8>> {
-        if z.as_ref().is_none_or(|(l, _)| *l != level) {
-            *z = Some((level, zstd::bulk::Compressor::new(level)?));
-        }
-        z.as_mut().expect("just set").1.compress(&body)
-    })?;
-    Ok((out.into(), len))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_array::{DictionaryArray, Int64Array, StringArray};
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int32Type, Int64Type, UInt32Type};
+    use arrow_array::{ArrayRef, DictionaryArray, Int64Array, StringArray};
     use arrow_schema::{Field, Schema};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::basic::Compression;
     use parquet::basic::ZstdLevel;
     use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::file::statistics::Statistics;
 
     fn strings(a: &ArrayRef) -> Vec<Option<String>> {
         let d = a.as_dictionary::<Int32Type>();

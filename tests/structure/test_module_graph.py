@@ -1,6 +1,7 @@
 """No module cycle: within each Rust crate (``crate::x::y`` references between the modules
-of its src/ tree, each file one module) and within the analysis package (``trainio_analysis.x`` imports, at module level
-or inside functions), a module never depends on itself through others."""
+of its src/ tree, each file one module) and within the analysis package and its subpackages
+(``trainio_analysis.x`` and ``trainio_analysis.x.y`` imports, at module level or inside
+functions), a module never depends on itself through others."""
 
 from __future__ import annotations
 
@@ -47,26 +48,42 @@ def rust_graph(src: Path) -> dict[str, set[str]]:
     return graph
 
 
+def python_modules(package: Path) -> dict[str, Path]:
+    """Module name ("trace", "trace.read") -> its file, for every .py file in the package and
+    its subpackages; a subpackage's ``__init__.py`` is the subpackage's module."""
+    mods = {}
+    for p in package.rglob("*.py"):
+        parts = p.relative_to(package).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts:
+            mods[".".join(parts)] = p
+    return mods
+
+
 def python_graph(package: Path) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports."""
-    mods = {p.stem for p in package.glob("*.py")}
+    """Module -> the package's modules it imports: for ``trainio_analysis.a.b``, the longest
+    of ``a.b`` and ``a`` that is a module, and for ``from trainio_analysis.a import c``, the
+    module ``a.c`` when it is one."""
+    mods = python_modules(package)
+
+    def longest(parts: list[str]) -> str | None:
+        return next((m for n in range(len(parts), 0, -1) if (m := ".".join(parts[:n])) in mods), None)
+
     graph = {}
-    for p in package.glob("*.py"):
+    for name, p in mods.items():
         deps = set()
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 parts = node.module.split(".")
                 if parts[0] == package.name:
-                    if len(parts) > 1:
-                        deps.add(parts[1])
-                    else:
-                        deps |= {a.name for a in node.names}
+                    deps |= {longest([*parts[1:], a.name]) for a in node.names}
             elif isinstance(node, ast.Import):
                 for a in node.names:
                     parts = a.name.split(".")
-                    if parts[0] == package.name and len(parts) > 1:
-                        deps.add(parts[1])
-        graph[p.stem] = (deps & mods) - {p.stem}
+                    if parts[0] == package.name:
+                        deps.add(longest(parts[1:]))
+        graph[name] = deps - {name, None}
     return graph
 
 
@@ -117,9 +134,30 @@ def test_rust_crate_has_no_module_cycle(crate: str) -> None:
     assert cycles(graph) == set()
 
 
+def test_python_graph_reads_subpackages(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.sub import read\nfrom pkg import b\n")
+    (package / "b.py").write_text("import pkg.sub.write\n")
+    (package / "sub" / "__init__.py").write_text("from pkg.sub.read import x\nfrom pkg.sub.write import y\n")
+    (package / "sub" / "read.py").write_text("def f():\n    from pkg.a import g\n")
+    (package / "sub" / "write.py").write_text("from pkg.sub import helper\n")
+    graph = python_graph(package)
+    assert graph == {
+        "a": {"sub.read", "b"},
+        "b": {"sub.write"},
+        "sub": {"sub.read", "sub.write"},
+        "sub.read": {"a"},
+        "sub.write": {"sub"},
+    }
+    assert cycles(graph) == {("a", "sub.read"), ("sub", "sub.write"), ("a", "b", "sub", "sub.read", "sub.write")}
+
+
 def test_analysis_package_has_no_module_cycle() -> None:
     graph = python_graph(ROOT / "analysis/trainio_analysis")
     assert "analyze" in graph and "trace" in graph["analyze"]
+    assert {"trace.read", "trace.check"} <= graph["trace"] and "trace.check" in graph["trace.read"]
     assert cycles(graph) == set()
 
 

@@ -1,12 +1,14 @@
 """A purpose line atop every file: each Rust source of each crate opens with a ``//!`` module
 doc (after any ``#![...]`` crate attributes), each analysis module with a docstring. And the
-job model stays in modules of one concern each, none a room to split; the replayer's and the
-recorder's files stay under 800 lines and their functions under 150 (tests aside)."""
+job model stays in modules of one concern each, none a room to split; every source file
+(Rust, the analysis package's Python, the BPF programs' C) stays under 800 lines and every
+function under 150 (tests aside)."""
 
 from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,17 +18,12 @@ from trainio_testlib import ROOT
 CRATES = ("tracer", "schema", "model", "analysis/native", "replay")
 # model/src: the modules its lib.rs names as its parts, each under this many lines
 MODEL_MAX_LINES = 600
-# replay/ and tracer/: no file over this many lines, no function over FN_MAX_LINES, tests
-# aside (a `*_tests.rs` file, a `#[cfg(test)]` module); each exception named with its reason
-SPLIT_CRATES = ("replay", "tracer")
+# Every source: no file over FILE_MAX_LINES, no function over FN_MAX_LINES, tests aside (a
+# `*_tests.rs` file, a `#[cfg(test)]` module); each exception named with its reason
 FILE_MAX_LINES = 800
 FN_MAX_LINES = 150
-LONG_FILES = {
-    "tracer/src/record.rs": "another change to `record` is under way; its split follows it",
-}
-LONG_FUNCTIONS = {
-    "tracer/src/record.rs::run": "another change to `record` is under way; its split follows it",
-}
+LONG_FILES: dict[str, str] = {}
+LONG_FUNCTIONS: dict[str, str] = {}
 
 
 def rust_purpose(text: str) -> bool:
@@ -151,27 +148,129 @@ def test_rust_functions_counts_lines_past_strings_and_comments() -> None:
 
 
 def rust_sources(crate: str) -> list[Path]:
-    """The crate's Rust files, tests aside."""
-    return sorted(p for p in (ROOT / crate / "src").rglob("*.rs") if not p.stem.endswith("_tests"))
+    """The crate's Rust files, tests aside (`*_tests.rs`, and a `tests.rs` that the crate
+    declares only under `#[cfg(test)]`)."""
+    return sorted(
+        p
+        for p in (ROOT / crate / "src").rglob("*.rs")
+        if not p.stem.endswith("_tests") and not (p.stem == "tests" and declared_for_tests_only(p))
+    )
 
 
-@pytest.mark.parametrize("crate", SPLIT_CRATES)
-def test_no_file_over_800_lines(crate: str) -> None:
-    files = rust_sources(crate)
-    assert len(files) >= 5
-    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > FILE_MAX_LINES}
+def declared_for_tests_only(p: Path) -> bool:
+    """Whether the module file `p` is declared by its parent only under `#[cfg(test)]`."""
+    parent = p.parent.with_suffix(".rs") if p.parent.name != "src" else None
+    candidates = [parent] if parent else [p.parent / "lib.rs", p.parent / "main.rs"]
+    decl = re.compile(rf"#\[cfg\(test\)\]\s*(?:pub(?:\([\w:]+\))?\s+)?mod\s+{p.stem}\s*;")
+    return any(c.is_file() and decl.search(c.read_text()) for c in candidates)
+
+
+def python_functions(text: str) -> list[tuple[str, int]]:
+    """(name, lines) of every function and method, nested ones too, from its `def` line."""
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None
+    ]
+
+
+def test_python_functions_counts_from_def_to_last_line() -> None:
+    text = (
+        "@decorator\ndef a():\n    x = 1\n\n    return x\n\n\n"
+        "class C:\n    def m(self):\n        def inner():\n            pass\n"
+    )
+    assert sorted(python_functions(text)) == [("a", 4), ("inner", 2), ("m", 3)]
+
+
+def c_functions(text: str) -> list[tuple[str, int]]:
+    """(name, lines) of every C function with a body: a `{` at file level right after the
+    `)` of its parameters. A function a macro declares (`int BPF_PROG(name, ...)`) is named
+    by the macro's first argument."""
+    code = blank_literals(text)
+    found, depth, i = [], 0, 0
+    while i < len(code):
+        c = code[i]
+        if c == "}":
+            depth -= 1
+        elif c == "{":
+            before = code[:i].rstrip()
+            if depth == 0 and before.endswith(")"):
+                close, nest = len(before) - 1, 0
+                for j in range(close, -1, -1):  # the `(` that the `)` closes
+                    nest += {")": 1, "(": -1}.get(code[j], 0)
+                    if nest == 0:
+                        break
+                callee = re.search(r"(\w+)\s*$", code[:j])
+                name = callee.group(1) if callee else "?"
+                if name.isupper() or name.startswith("BPF_"):
+                    first = re.match(r"\s*(\w+)", code[j + 1 : close])
+                    name = first.group(1) if first else name
+                start, body_depth, k = code.count("\n", 0, before.rfind("\n") + 1), 1, i + 1
+                while body_depth and k < len(code):
+                    body_depth += {"{": 1, "}": -1}.get(code[k], 0)
+                    k += 1
+                found.append((name, code.count("\n", 0, k) - start + 1))
+                i = k
+                continue
+            depth += 1
+        i += 1
+    return found
+
+
+def test_c_functions_finds_functions_and_macro_programs() -> None:
+    text = (
+        "struct s { int a; };\n"
+        'static const char *msg = "{";\n'
+        "static __always_inline int f(struct s *p)\n"
+        "{\n"
+        "    if (p) { return 1; } /* } */\n"
+        "    return 0;\n"
+        "}\n"
+        'SEC("tp_btf/block_rq_issue")\n'
+        "int BPF_PROG(tio_rq_issue, struct request *rq)\n"
+        "{\n"
+        "    return 0;\n"
+        "}\n"
+        "static int table[2] = { 1, 2 };\n"
+    )
+    assert c_functions(text) == [("f", 5), ("tio_rq_issue", 4)]
+
+
+def sources() -> dict[str, tuple[Path, Callable[[str], list[tuple[str, int]]]]]:
+    """Every source file (tests aside), relative to the repository, with its function finder."""
+    out: dict[str, tuple[Path, Callable[[str], list[tuple[str, int]]]]] = {}
+    for crate in CRATES:
+        out |= {str(p.relative_to(ROOT)): (p, rust_functions) for p in rust_sources(crate)}
+    for p in (ROOT / "analysis/trainio_analysis").rglob("*.py"):
+        out[str(p.relative_to(ROOT))] = (p, python_functions)
+    for p in [*(ROOT / "bpf").glob("*.c"), *(ROOT / "bpf").glob("*.h")]:
+        out[str(p.relative_to(ROOT))] = (p, c_functions)
+    return out
+
+
+def test_sources_cover_every_language_and_directory() -> None:
+    files = sources()
+    for top in ("replay/", "tracer/", "schema/", "model/", "analysis/native/", "analysis/trainio_analysis/", "bpf/"):
+        assert any(f.startswith(top) for f in files), top
+    assert "analysis/trainio_analysis/trace/read.py" in files
+    assert "bpf/block.bpf.c" in files and "bpf/trainio.h" in files
+    assert not any(f.endswith("_tests.rs") for f in files)
+    assert "model/src/tests.rs" not in files and "model/src/lib.rs" in files
+
+
+def test_no_file_over_800_lines() -> None:
+    long = {f: n for f, (p, _) in sources().items() if (n := len(p.read_text().splitlines())) > FILE_MAX_LINES}
     assert {f: n for f, n in long.items() if f not in LONG_FILES} == {}
     # an exception that no longer holds leaves the list
-    assert [f for f in LONG_FILES if f.startswith(crate + "/") and f not in long] == []
+    assert [f for f in LONG_FILES if f not in long] == []
 
 
-@pytest.mark.parametrize("crate", SPLIT_CRATES)
-def test_no_function_over_150_lines(crate: str) -> None:
+def test_no_function_over_150_lines() -> None:
     long = {
-        f"{p.relative_to(ROOT)}::{name}": n
-        for p in rust_sources(crate)
-        for name, n in rust_functions(p.read_text())
+        f"{f}::{name}": n
+        for f, (p, functions) in sources().items()
+        for name, n in functions(p.read_text())
         if n > FN_MAX_LINES
     }
     assert {f: n for f, n in long.items() if f not in LONG_FUNCTIONS} == {}
-    assert [f for f in LONG_FUNCTIONS if f.startswith(crate + "/") and f not in long] == []
+    assert [f for f in LONG_FUNCTIONS if f not in long] == []

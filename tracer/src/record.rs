@@ -1,28 +1,36 @@
-//! The recording: preflight checks, probes, the target, the drain loop, segments,
-//! metadata and the summary. Order matters at the end: stop the target, detach, drain
-//! what is left, then close the last segment with the final counters.
+//! The recording: preflight checks (preflight.rs), probes, the target, the drain loop
+//! (Recording::drain: turns, rows to the encoder, segment rotation), the end
+//! (Recording::end), segment metadata (metadata.rs) and the summary. Order matters at the
+//! end: stop the target, detach, drain what is left, then close the last segment with
+//! the final counters.
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::mem::MaybeUninit;
+use std::net::TcpListener;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use serde_json::json;
-use trainio_schema::{keys, Layer, Retention, SegmentLimits, TraceWriter, SCHEMA_MINOR, SCHEMA_VERSION};
+use libbpf_rs::RingBuffer;
+use trainio_schema::{Layer, Retention, SegmentLimits, TraceWriter};
 
-use crate::cli::{usage, Args};
-use crate::encoder::{thread_cpu_ns, Encoder};
+use crate::cli::Args;
+use crate::encoder::Encoder;
 use crate::events::{Collector, FLUSH_ROWS};
 use crate::host;
 use crate::metrics::LiveMetrics;
-use crate::probes::{Probes, Settings, Target};
+use crate::probes::Probes;
+
+mod metadata;
+mod preflight;
+
+use metadata::{segment_metadata, Static, WRITE_LOST};
+use preflight::{as_usage, per_host_output, preflight, Subject};
 
 /// How long the drain waits for records: long enough for about TURN_ROWS rows to arrive
 /// at the rate the last turn saw, between POLL_BUSY and POLL (next_poll). A turn is then
@@ -93,8 +101,6 @@ impl StatsSampler {
     }
 }
 
-/// lost_events key: rows lost because a segment could not be written (a full disk).
-const WRITE_LOST: &str = "segment_write_failed";
 /// Disk held back for the last segment (its metadata) until the recording ends.
 const RESERVE_BYTES: usize = 1 << 20;
 
@@ -116,168 +122,6 @@ fn install_signal_handlers() {
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
     }
-}
-
-/// What is being traced, as the user gave it.
-enum Subject {
-    Command(Vec<OsString>),
-    Pid(u32),
-    Cgroup(PathBuf),
-    All,
-}
-
-/// Resolves a command name the way execvp will, so a typo fails before any probe loads.
-fn find_program(name: &OsString) -> Option<PathBuf> {
-    let p = Path::new(name);
-    if p.components().count() > 1 {
-        return is_executable(p).then(|| p.to_path_buf());
-    }
-    std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).map(|d| d.join(p)).find(|c| is_executable(c)))
-        .unwrap_or(None)
-}
-
-/// A regular file that exec may run, as execvp searches PATH for one.
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else { return false };
-    p.is_file() && unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0
-}
-
-struct Checked {
-    block: bool,
-    file: bool,
-    nfs: bool,
-    object: bool,
-    devs: Vec<(u32, String)>,
-    subject: Subject,
-    target: Target,
-    ringbuf_bytes: u32,
-}
-
-/// A failed lookup of something the user named is bad input (exit 2).
-fn as_usage(e: anyhow::Error) -> anyhow::Error {
-    anyhow::Error::new(crate::cli::Usage(format!("{e:#}")))
-}
-
-/// `--per-host`: this host's trace in the set `set` is `set/HOSTNAME` (SCHEMA.md, *Trace
-/// sets*). The set directory may hold other hosts' traces, not a trace of its own.
-fn per_host_output(set: &Path) -> Result<PathBuf> {
-    let host = host::hostname();
-    if host.is_empty() || host.contains('/') || host == "." || host == ".." {
-        usage!("--per-host: this host's name {host:?} cannot name a directory");
-    }
-    // One look at the path: the other hosts' recorders create it at the same time (it does
-    // not exist, then it is a directory), so asking twice could see each in turn.
-    match std::fs::metadata(set) {
-        Ok(m) if m.is_dir() => {
-            let own = std::fs::read_dir(set)?
-                .filter_map(|e| e.ok())
-                .any(|e| e.file_name().to_str().is_some_and(trainio_schema::is_segment_name));
-            if own {
-                usage!(
-                    "--output {}: holds a trace of its own, so it cannot be a set of per-host traces",
-                    set.display()
-                );
-            }
-        }
-        Ok(_) => usage!("--output {}: exists and is not a directory", set.display()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => usage!("--output {}: {e}", set.display()),
-    }
-    Ok(set.join(host))
-}
-
-/// Every check that can fail on bad input, before anything is loaded or written.
-fn preflight(args: &Args) -> Result<Checked> {
-    if let Some(mb) = args.retain_mb.filter(|&mb| mb < args.segment_mb) {
-        usage!(
-            "--retain-mb {mb} is below --segment-mb {}: retention keeps whole segments (lower --segment-mb)",
-            args.segment_mb
-        );
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        usage!("must run as root: loading BPF programs needs CAP_BPF and CAP_PERFMON (try sudo)");
-    }
-    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
-        usage!("this kernel has no BTF (/sys/kernel/btf/vmlinux missing): CONFIG_DEBUG_INFO_BTF=y is needed");
-    }
-    let (mut block, mut file, mut nfs, mut object) = (false, false, false, false);
-    for l in &args.layers {
-        match Layer::parse(l.trim()) {
-            Some(Layer::Block) => block = true,
-            Some(Layer::File) => file = true,
-            Some(Layer::Nfs) => nfs = true,
-            Some(Layer::Object) => object = true,
-            // Recorded with the file layer, not chosen on their own.
-            Some(Layer::Proc | Layer::Ipc) | None => {
-                usage!("--layers: unknown layer `{l}` (known: block, file, nfs, object)")
-            }
-        }
-    }
-    if object && !file {
-        usage!(
-            "--layers: object is recorded from the file layer's socket probes: add file (e.g. --layers file,object)"
-        );
-    }
-    if args.io_uring && !file {
-        usage!("--io-uring: io_uring requests are recorded at the file layer, which --layers leaves out");
-    }
-    let mut devs = Vec::new();
-    for d in &args.devs {
-        devs.push(host::resolve_block_device(d).map_err(as_usage)?);
-    }
-    let out = &args.output;
-    if out.exists() {
-        if !out.is_dir() {
-            usage!("--output {}: exists and is not a directory", out.display());
-        }
-        if std::fs::read_dir(out)?.next().is_some() {
-            usage!("--output {}: directory is not empty (a trace is never written over another)", out.display());
-        }
-    }
-    // The nearest directory that exists must take new entries (a read-only mount does not,
-    // even for root): said now rather than after the probes are loaded.
-    let cwd = Path::new(".");
-    if let Some(dir) = out.ancestors().map(|a| if a.as_os_str().is_empty() { cwd } else { a }).find(|a| a.is_dir()) {
-        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap_or_default();
-        // SAFETY: c is a NUL-terminated path.
-        if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
-            usage!(
-                "--output {}: {} is not writable: {}",
-                out.display(),
-                dir.display(),
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-    let (subject, target) = if !args.command.is_empty() {
-        if find_program(&args.command[0]).is_none() {
-            let (name, path) = (args.command[0].to_string_lossy(), Path::new(&args.command[0]));
-            if path.components().count() > 1 && path.exists() {
-                usage!("{name}: not an executable file");
-            }
-            usage!("command not found: {name}");
-        }
-        (Subject::Command(args.command.clone()), Target::Tgids)
-    } else if let Some(pid) = args.pid {
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            usage!("--pid {pid}: no such process");
-        }
-        (Subject::Pid(pid), Target::Tgids)
-    } else if let Some(cg) = &args.cgroup {
-        let id = host::cgroup_id(cg).map_err(as_usage)?;
-        (Subject::Cgroup(cg.clone()), Target::Cgroup(id, host::cgroup_level(cg)))
-    } else {
-        (Subject::All, Target::All)
-    };
-    let bytes = (args.ringbuf_mb * 1048576.0).ceil().max(4096.0);
-    if bytes > (1u64 << 31) as f64 {
-        usage!("--ringbuf-mb {}: at most 2048", args.ringbuf_mb);
-    }
-    let ringbuf_bytes = (bytes as u32).next_power_of_two();
-    Ok(Checked { block, file, nfs, object, devs, subject, target, ringbuf_bytes })
 }
 
 /// Starts the command held just before exec until its pid is in the traced map, so the
@@ -360,121 +204,9 @@ fn existing_processes(subject: &Subject, command_pid: Option<u32>, recorder: u32
     pids.into_iter().filter_map(host::proc_info).collect()
 }
 
-/// Fixed facts of the recording, written into every segment.
-struct Static {
-    start_ns: i64,
-    layers: Vec<&'static str>,
-    target: serde_json::Value,
-    skipped: BTreeMap<String, String>,
-    selected_devs: Vec<String>,
-    /// NFS mounts' mountstats when the recording started (empty without the nfs layer).
-    nfs_at_start: Option<Vec<host::NfsMountStats>>,
-    /// The drain thread's CPU time once the probes were loaded and attached: what comes
-    /// after is the recording's own cost.
-    drain_cpu_at_start: u64,
-}
-
-impl Static {
-    /// The drain thread's CPU time since the probes were attached (call it on that thread).
-    fn drain_cpu_ns(&self) -> u64 {
-        thread_cpu_ns() - self.drain_cpu_at_start
-    }
-}
-
-/// `trainio.nfs_mounts`: each NFS mount's identity from mountstats and mountinfo, and
-/// its counters at the start of the recording and now (the segment's close).
-fn nfs_mounts_json(at_start: &[host::NfsMountStats], now: &[host::NfsMountStats]) -> serde_json::Value {
-    let mut out = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for point in now.iter().chain(at_start).map(|m| m.mount_point.as_str()) {
-        if !seen.insert(point) {
-            continue;
-        }
-        let start = at_start.iter().rev().find(|m| m.mount_point == point);
-        let close = now.iter().rev().find(|m| m.mount_point == point);
-        let m = close.or(start).expect("point came from one of them");
-        let nconnect = m
-            .opts
-            .split(',')
-            .find_map(|o| o.strip_prefix("nconnect=").and_then(|n| n.parse::<u32>().ok()))
-            .unwrap_or(1);
-        out.push(json!({
-            "dev": host::mount_dev(point),
-            "mount_point": point,
-            "source": m.source,
-            "fstype": m.fstype,
-            "statvers": m.statvers,
-            "opts": m.opts,
-            "nconnect": nconnect,
-            "at_start": start.map(|s| &s.now),
-            "at_close": close.map(|s| &s.now),
-        }));
-    }
-    serde_json::Value::Array(out)
-}
-
-fn segment_metadata(
-    st: &Static,
-    coll: &Collector,
-    probes: &Probes,
-    segment: u32,
-    recorder_cpu_ns: (u64, u64),
-    write_lost: u64,
-    ended: Option<&str>,
-) -> Vec<(String, String)> {
-    let mut devs: Vec<&str> = coll.devices().collect();
-    devs.extend(st.selected_devs.iter().map(String::as_str));
-    devs.sort();
-    devs.dedup();
-    let mut events: BTreeMap<&str, u64> = BTreeMap::new();
-    for ((layer, _), t) in &coll.tally() {
-        *events.entry(layer.as_str()).or_default() += t.events;
-    }
-    let mut lost = probes.lost();
-    if coll.undecodable > 0 {
-        lost.insert("undecodable_records".into(), coll.undecodable);
-    }
-    if write_lost > 0 {
-        lost.insert(WRITE_LOST.into(), write_lost);
-    }
-    vec![
-        (keys::SCHEMA_VERSION.into(), SCHEMA_VERSION.into()),
-        (keys::SCHEMA_MINOR.into(), SCHEMA_MINOR.into()),
-        (keys::TRACER_VERSION.into(), env!("CARGO_PKG_VERSION").into()),
-        (keys::HOSTNAME.into(), host::hostname()),
-        (keys::KERNEL_RELEASE.into(), host::kernel_release()),
-        (keys::CLOCK_OFFSET_NS.into(), host::clock_offset_ns().to_string()),
-        (keys::START_NS.into(), st.start_ns.to_string()),
-        (keys::END_NS.into(), host::monotonic_ns().to_string()),
-        (keys::SEGMENT.into(), segment.to_string()),
-        (keys::LAYERS.into(), json!(st.layers).to_string()),
-        (keys::SKIPPED_PROBES.into(), json!(st.skipped).to_string()),
-        (keys::TARGET.into(), st.target.to_string()),
-        (keys::DEVICES.into(), json!(host::describe_devices(devs)).to_string()),
-        (keys::LOST_EVENTS.into(), json!(lost).to_string()),
-        (keys::BPF_STATS.into(), json!(probes.bpf_stats()).to_string()),
-        (keys::EVENTS.into(), json!(events).to_string()),
-        (keys::RECORDER_CPU_NS.into(), json!({"drain": recorder_cpu_ns.0, "encoder": recorder_cpu_ns.1}).to_string()),
-        (
-            keys::NFS_MOUNTS.into(),
-            match &st.nfs_at_start {
-                Some(start) => nfs_mounts_json(start, &host::nfs_mountstats()).to_string(),
-                None => "[]".into(),
-            },
-        ),
-        // Only the segment closed as the recording ends says it is complete: a trace
-        // whose last segment says otherwise was cut off (SCHEMA.md, *The end of a recording*).
-        (
-            keys::END.into(),
-            match ended {
-                Some(reason) => json!({"complete": true, "reason": reason}),
-                None => json!({"complete": false, "reason": "recording"}),
-            }
-            .to_string(),
-        ),
-    ]
-}
-
+/// Records until the command exits, the --pid process ends, the duration passes or a signal
+/// stops it. The phases: checks, probes, the target, the drain (Recording::drain), the end
+/// (Recording::end), the summary; returns the exit code (the command's, when there is one).
 pub fn run(mut args: Args) -> Result<i32> {
     if args.per_host {
         args.output = per_host_output(&args.output)?;
@@ -494,60 +226,63 @@ pub fn run(mut args: Args) -> Result<i32> {
         }
     };
 
-    let settings = Settings {
-        block: checked.block,
-        file: checked.file,
-        object: checked.object,
-        nfs: checked.nfs,
-        devs: checked.devs.iter().map(|(d, _)| *d).collect(),
-        ringbuf_bytes: checked.ringbuf_bytes,
-        target: checked.target.clone(),
-        bpf_stats: !args.no_bpf_stats,
-        io_uring: args.io_uring,
-    };
     let mut block_obj = MaybeUninit::uninit();
     let mut file_obj = MaybeUninit::uninit();
     let mut nfs_obj = MaybeUninit::uninit();
-    let probes = Probes::load(&settings, &mut block_obj, &mut file_obj, &mut nfs_obj)?;
+    let probes = Probes::load(&checked.settings(&args), &mut block_obj, &mut file_obj, &mut nfs_obj)?;
     for (probe, why) in &probes.skipped {
         note(&format!("note: skipping {probe}: {why}"));
     }
-
-    let mut layers = Vec::new();
-    if checked.block && !probes.skipped.contains_key("block") {
-        layers.push("block");
-    }
-    if checked.file {
-        // proc and ipc are recorded by the file layer's probes.
-        layers.extend(["file", "proc", "ipc"]);
-    }
-    if checked.nfs && !probes.skipped.contains_key("nfs") {
-        layers.push("nfs");
-    }
-    if checked.object {
-        layers.push("object");
-    }
-    let layers_has_nfs = layers.contains(&"nfs");
-    let st = Static {
-        start_ns: host::monotonic_ns(),
-        layers,
-        target: match &checked.subject {
-            Subject::Command(argv) => json!({"command": argv.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>()}),
-            Subject::Pid(p) => json!({"pid": p}),
-            Subject::Cgroup(c) => json!({"cgroup": c.display().to_string()}),
-            Subject::All => json!({"all": true}),
-        },
-        skipped: probes.skipped.clone(),
-        selected_devs: checked.devs.iter().map(|(d, _)| trainio_schema::dev_string(*d)).collect(),
-        nfs_at_start: layers_has_nfs.then(host::nfs_mountstats),
-        drain_cpu_at_start: thread_cpu_ns(),
-    };
+    let st = Static::new(&checked, &probes);
 
     let collector = Rc::new(RefCell::new(Collector::new()));
     let ring = {
         let c = collector.clone();
         probes.ring_buffer(move |data| c.borrow_mut().on_record(data))?
     };
+    let mut encoder = start_encoder(&args, &note)?;
+    let live = serve_metrics(listener, &note);
+
+    install_signal_handlers();
+    let mut child = start_subject(&checked.subject, &probes)?;
+    if checked.file {
+        let ppid_of_command = std::process::id();
+        let c = &mut collector.borrow_mut();
+        for info in existing_processes(&checked.subject, child.as_ref().map(|c| c.id()), ppid_of_command) {
+            c.proc_start(&info, st.start_ns);
+        }
+    }
+    let started = Instant::now();
+    let deadline = args.duration.map(|s| started + Duration::from_secs_f64(s));
+    note(&format!("recording {} into {}", st.layers.join("+"), args.output.display()));
+
+    let mut recording = Recording::new(&probes, ring, collector.clone(), st, live, started);
+    let stop = recording.drain(&mut encoder, &mut child, &checked.subject, deadline, &note)?;
+    let end = recording.end(encoder, stop.ended)?;
+
+    print_summary(&args.output, &end.writer, &collector.borrow(), &probes, end.elapsed, end.cpu_ns, end.write_lost);
+    let backlog = end.backlog;
+    eprintln!("  encoder backlog: at most {} rows, {:.1} s behind", backlog.rows, backlog.lag.as_secs_f64());
+    if let Some(e) = &end.write_error {
+        eprintln!("  writing the trace failed ({e}): the finished segments are intact");
+        if end.last_failed {
+            eprintln!("  WARNING: the last segment could not be written: the trace's metadata does not count these");
+        }
+    }
+
+    // A --duration that ended before the command: the command is the user's job, so wait.
+    let code = match (stop.exit_status, child.as_mut()) {
+        (_, Some(_)) if stop.abandoned => 128 + SIGNALLED.load(Ordering::SeqCst),
+        (Some(status), _) => exit_code(status),
+        (None, Some(c)) => wait_command(c, stop.forwarded)?,
+        (None, None) => 0,
+    };
+    Ok(code)
+}
+
+/// The trace writer (its segment limits, retention, and the reserve held for the last
+/// segment) started on the encoder's thread.
+fn start_encoder(args: &Args, note: &dyn Fn(&str)) -> Result<Encoder> {
     let retention =
         Retention { max_bytes: args.retain_mb.map(|mb| mb << 20), max_age: args.retain_s.map(Duration::from_secs_f64) };
     let mut writer = TraceWriter::new(
@@ -558,8 +293,11 @@ pub fn run(mut args: Args) -> Result<i32> {
     if let Err(e) = writer.hold_reserve(RESERVE_BYTES) {
         note(&format!("WARNING: no room for the last segment's reserve ({e:#}): a full disk can lose the trace's end"));
     }
-    let mut encoder = Encoder::start(writer)?;
+    Encoder::start(writer)
+}
 
+/// The live metrics served on --metrics-addr's listener, if one was bound.
+fn serve_metrics(listener: Option<TcpListener>, note: &dyn Fn(&str)) -> Option<Arc<Mutex<LiveMetrics>>> {
     let live = listener.map(|l| {
         let m = Arc::new(Mutex::new(LiveMetrics::default()));
         let at = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
@@ -569,90 +307,61 @@ pub fn run(mut args: Args) -> Result<i32> {
     if let Some((_, at)) = &live {
         note(&format!("serving metrics at http://{at}/metrics"));
     }
-    let live = live.map(|(m, _)| m);
-    let mut last_status = Instant::now();
+    live.map(|(m, _)| m)
+}
 
-    install_signal_handlers();
-    let mut child = match &checked.subject {
+/// Starts the command, or puts the --pid process in the traced set; a cgroup or every
+/// process is the probes' own filter.
+fn start_subject(subject: &Subject, probes: &Probes) -> Result<Option<Child>> {
+    Ok(match subject {
         Subject::Command(argv) => Some(spawn_traced(argv, probes.traced_map_fd())?),
         Subject::Pid(pid) => {
             probes.trace_pid(*pid)?;
             None
         }
         _ => None,
-    };
-    if checked.file {
-        let ppid_of_command = std::process::id();
-        let c = &mut collector.borrow_mut();
-        for info in existing_processes(&checked.subject, child.as_ref().map(|c| c.id()), ppid_of_command) {
-            c.proc_start(&info, st.start_ns);
-        }
-    }
-    let started = Instant::now();
-    // Probes::new turned the statistics on: the first sample starts now.
-    let mut stats = StatsSampler::new(started);
-    let deadline = args.duration.map(|s| started + Duration::from_secs_f64(s));
-    note(&format!("recording {} into {}", st.layers.join("+"), args.output.display()));
+    })
+}
 
-    let mut exit_status = None;
-    let mut ended = "signal"; // why the loop below stopped, for trainio.end
-    let mut forwarded = None; // the signal count when the command was sent one
-    let mut abandoned = false;
-    let mut last_flush = Instant::now();
-    let mut last_batch_flush = Instant::now();
-    let mut poll = POLL;
-    let mut last_turn = Instant::now();
-    loop {
-        let rows_before = collector.borrow().batch.len();
-        // The count it returns is not needed (the rows are counted below), nor its -errno:
-        // EINTR comes from our own signal handlers, which the loop checks below.
-        let _ = ring.poll_raw(poll);
-        if last_batch_flush.elapsed() >= BATCH_FLUSH_EVERY {
-            // Block completions a CPU has batched and not yet written (block.bpf.c).
-            probes.flush_block(false);
-            last_batch_flush = Instant::now();
-        }
-        let _ = ring.consume_raw();
-        let now = Instant::now();
-        poll = next_poll(collector.borrow().batch.len() - rows_before, now - last_turn);
-        last_turn = now;
-        stats.tick(&probes);
-        if collector.borrow().batch.len() >= FLUSH_ROWS || now - last_flush >= FLUSH_EVERY {
-            let batch = collector.borrow_mut().batch.finish();
-            if let Some(m) = &live {
-                let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
-                m.observe(&batch);
-                if now - last_status >= FLUSH_EVERY {
-                    m.set_status(probes.lost(), started.elapsed());
-                    last_status = now;
-                }
-            }
-            encoder.send(batch)?;
-            last_flush = now;
-        }
-        if encoder.segment_full() {
-            // The segment index is the encoder's to fill in.
-            let cpu = (st.drain_cpu_ns(), encoder.cpu_ns());
-            let meta = segment_metadata(&st, &collector.borrow(), &probes, 0, cpu, encoder.write_losses().0, None);
-            encoder.close_segment(meta)?;
-        }
-        encoder.regulate();
+/// Why and how the drain stopped.
+struct Stop {
+    /// Why, for trainio.end.
+    ended: &'static str,
+    /// The command's exit, when it ended the recording.
+    exit_status: Option<ExitStatus>,
+    /// The signal count when the command was sent one.
+    forwarded: Option<u32>,
+    /// A second signal stopped the recording with the command still running.
+    abandoned: bool,
+}
+
+impl Stop {
+    /// Whether the recording stops now, and why: the command exited, a signal came with no
+    /// command to forward it to, or a second one after the command was sent the first; the
+    /// duration passed; the --pid process ended.
+    fn now(
+        &mut self,
+        child: &mut Option<Child>,
+        subject: &Subject,
+        deadline: Option<Instant>,
+        note: &dyn Fn(&str),
+    ) -> Result<bool> {
         if let Some(c) = child.as_mut() {
             if let Some(status) = c.try_wait()? {
-                exit_status = Some(status);
-                ended = "command exited";
-                break;
+                self.exit_status = Some(status);
+                self.ended = "command exited";
+                return Ok(true);
             }
         }
         let sig = SIGNALLED.load(Ordering::SeqCst);
         if sig != 0 {
             let count = SIGNALS.load(Ordering::SeqCst);
-            match (child.as_ref(), forwarded) {
+            match (child.as_ref(), self.forwarded) {
                 // Let the command end as it would without us, and record its exit.
                 (Some(c), None) => {
                     // SAFETY: sending a signal to our own child.
                     unsafe { libc::kill(c.id() as i32, sig) };
-                    forwarded = Some(count);
+                    self.forwarded = Some(count);
                 }
                 // A command that ignores the signal: the next one stops the recording.
                 (Some(c), Some(at)) if count > at => {
@@ -660,91 +369,214 @@ pub fn run(mut args: Args) -> Result<i32> {
                         "signalled again: recording stopped; the command (pid {}) is still running, untraced",
                         c.id()
                     ));
-                    abandoned = true;
-                    break;
+                    self.abandoned = true;
+                    return Ok(true);
                 }
                 (Some(_), Some(_)) => {}
-                (None, _) => break,
+                (None, _) => return Ok(true),
             }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            ended = "duration";
-            break;
+            self.ended = "duration";
+            return Ok(true);
         }
-        if let Subject::Pid(pid) = checked.subject {
-            if !process_alive(pid) {
-                ended = "process exited";
-                break;
+        if let Subject::Pid(pid) = subject {
+            if !process_alive(*pid) {
+                self.ended = "process exited";
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// What the end of the recording leaves for the summary.
+struct Ended {
+    writer: TraceWriter,
+    write_error: Option<String>,
+    /// The last segment, with the trace's final metadata, could not be written.
+    last_failed: bool,
+    /// The drain's and the encoder's CPU time.
+    cpu_ns: (u64, u64),
+    /// Rows lost to failed writes.
+    write_lost: u64,
+    elapsed: Duration,
+    /// The encoder's largest backlog.
+    backlog: crate::encoder::Backlog,
+}
+
+/// The recording once the probes are attached: the ring buffers and what their records
+/// become (rows in the collector, batches to the encoder, live metrics), and the pace of
+/// the drain that turns them.
+struct Recording<'r, 'o> {
+    probes: &'r Probes<'o>,
+    ring: RingBuffer<'r>,
+    collector: Rc<RefCell<Collector>>,
+    st: Static,
+    live: Option<Arc<Mutex<LiveMetrics>>>,
+    started: Instant,
+    stats: StatsSampler,
+    poll: Duration,
+    last_turn: Instant,
+    last_flush: Instant,
+    last_batch_flush: Instant,
+    last_status: Instant,
+}
+
+impl<'r, 'o> Recording<'r, 'o> {
+    fn new(
+        probes: &'r Probes<'o>,
+        ring: RingBuffer<'r>,
+        collector: Rc<RefCell<Collector>>,
+        st: Static,
+        live: Option<Arc<Mutex<LiveMetrics>>>,
+        started: Instant,
+    ) -> Self {
+        let now = Instant::now();
+        Recording {
+            probes,
+            ring,
+            collector,
+            st,
+            live,
+            started,
+            // Probes::new turned the statistics on: the first sample starts now.
+            stats: StatsSampler::new(started),
+            poll: POLL,
+            last_turn: now,
+            last_flush: now,
+            last_batch_flush: now,
+            last_status: now,
+        }
+    }
+
+    /// Turns until the recording is to stop (Stop::now): each turn takes the records in,
+    /// sends the rows to the encoder and closes a full segment.
+    fn drain(
+        &mut self,
+        encoder: &mut Encoder,
+        child: &mut Option<Child>,
+        subject: &Subject,
+        deadline: Option<Instant>,
+        note: &dyn Fn(&str),
+    ) -> Result<Stop> {
+        let mut stop = Stop { ended: "signal", exit_status: None, forwarded: None, abandoned: false };
+        loop {
+            let now = self.turn();
+            self.send_rows(encoder, now)?;
+            self.rotate_segment(encoder)?;
+            encoder.regulate();
+            if stop.now(child, subject, deadline, note)? {
+                return Ok(stop);
             }
         }
     }
 
-    // Completions of requests issued just before the end are still arriving: drain once
-    // more after a short grace, detach, then drain what was submitted meanwhile.
-    std::thread::sleep(Duration::from_millis(20));
-    let _ = ring.consume();
-    probes.detach();
-    // What the CPUs still hold in their batches: written by the flush program on each
-    // CPU, and read from the map for any CPU it could not run on. (The test setting
-    // skips the first, so that the second is exercised.)
-    if std::env::var_os("TRAINIO_TEST_SKIP_FINAL_FLUSH").is_none() {
-        probes.flush_block(true);
+    /// One turn: waits for records, hands them to the collector, and sets how long the next
+    /// turn waits. Returns when it ended.
+    fn turn(&mut self) -> Instant {
+        let rows_before = self.collector.borrow().batch.len();
+        // The count it returns is not needed (the rows are counted below), nor its -errno:
+        // EINTR comes from our own signal handlers, which the loop checks below.
+        let _ = self.ring.poll_raw(self.poll);
+        if self.last_batch_flush.elapsed() >= BATCH_FLUSH_EVERY {
+            // Block completions a CPU has batched and not yet written (block.bpf.c).
+            self.probes.flush_block(false);
+            self.last_batch_flush = Instant::now();
+        }
+        let _ = self.ring.consume_raw();
+        let now = Instant::now();
+        self.poll = next_poll(self.collector.borrow().batch.len() - rows_before, now - self.last_turn);
+        self.last_turn = now;
+        self.stats.tick(self.probes);
+        now
     }
-    let _ = ring.consume();
-    for rec in probes.take_pending_block() {
-        collector.borrow_mut().on_record(&rec);
-    }
-    collector.borrow_mut().finish_objects();
-    let batch = collector.borrow_mut().batch.finish();
-    if let Some(m) = &live {
-        let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
-        m.observe(&batch);
-        m.set_status(probes.lost(), started.elapsed());
-    }
-    encoder.send(batch)?;
-    let fin = encoder.finish()?;
-    let (mut writer, mut write_error) = (fin.writer, fin.write_error);
-    let cpu_ns = (st.drain_cpu_ns(), fin.cpu_ns);
-    let backlog = fin.peak_backlog;
-    // The last segment carries the trace's final metadata. On a full disk it is tried with
-    // its rows, then (those rows counted as lost) empty, so that the loss is in the trace;
-    // the reserve's blocks are freed for it first.
-    writer.release_reserve();
-    let mut last = Ok(None);
-    for _ in 0..2 {
-        let lost = writer.lost_rows() + fin.dropped_rows;
-        let index = writer.segment_index();
-        let meta = segment_metadata(&st, &collector.borrow(), &probes, index, cpu_ns, lost, Some(ended));
-        last = writer.open().and_then(|_| writer.close_segment(&meta));
-        match &last {
-            Ok(_) => break,
-            Err(e) => {
-                writer.abandon_segment();
-                write_error.get_or_insert_with(|| format!("{e:#}"));
+
+    /// The collector's rows to the encoder (and the live metrics) once there are
+    /// FLUSH_ROWS of them or FLUSH_EVERY has passed.
+    fn send_rows(&mut self, encoder: &mut Encoder, now: Instant) -> Result<()> {
+        if self.collector.borrow().batch.len() < FLUSH_ROWS && now - self.last_flush < FLUSH_EVERY {
+            return Ok(());
+        }
+        let batch = self.collector.borrow_mut().batch.finish();
+        if let Some(m) = &self.live {
+            let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
+            m.observe(&batch);
+            if now - self.last_status >= FLUSH_EVERY {
+                m.set_status(self.probes.lost(), self.started.elapsed());
+                self.last_status = now;
             }
         }
+        encoder.send(batch)?;
+        self.last_flush = now;
+        Ok(())
     }
-    let elapsed = started.elapsed();
-    drop(ring);
 
-    let write_lost = writer.lost_rows() + fin.dropped_rows;
-    print_summary(&args.output, &writer, &collector.borrow(), &probes, elapsed, cpu_ns, write_lost);
-    eprintln!("  encoder backlog: at most {} rows, {:.1} s behind", backlog.rows, backlog.lag.as_secs_f64());
-    if let Some(e) = &write_error {
-        eprintln!("  writing the trace failed ({e}): the finished segments are intact");
-        if last.is_err() {
-            eprintln!("  WARNING: the last segment could not be written: the trace's metadata does not count these");
+    /// Closes the encoder's segment once it is full, with the metadata as of now.
+    fn rotate_segment(&self, encoder: &mut Encoder) -> Result<()> {
+        if encoder.segment_full() {
+            // The segment index is the encoder's to fill in.
+            let cpu = (self.st.drain_cpu_ns(), encoder.cpu_ns());
+            let lost = encoder.write_losses().0;
+            let meta = segment_metadata(&self.st, &self.collector.borrow(), self.probes, 0, cpu, lost, None);
+            encoder.close_segment(meta)?;
         }
+        Ok(())
     }
 
-    // A --duration that ended before the command: the command is the user's job, so wait.
-    let code = match (exit_status, child.as_mut()) {
-        (_, Some(_)) if abandoned => 128 + SIGNALLED.load(Ordering::SeqCst),
-        (Some(status), _) => exit_code(status),
-        (None, Some(c)) => wait_command(c, forwarded)?,
-        (None, None) => 0,
-    };
-    Ok(code)
+    /// Takes in what is left once the probes detach, then writes the last segment with the
+    /// trace's final metadata (`ended`: why the recording stopped).
+    fn end(self, mut encoder: Encoder, ended: &str) -> Result<Ended> {
+        // Completions of requests issued just before the end are still arriving: drain once
+        // more after a short grace, detach, then drain what was submitted meanwhile.
+        std::thread::sleep(Duration::from_millis(20));
+        let _ = self.ring.consume();
+        self.probes.detach();
+        // What the CPUs still hold in their batches: written by the flush program on each
+        // CPU, and read from the map for any CPU it could not run on. (The test setting
+        // skips the first, so that the second is exercised.)
+        if std::env::var_os("TRAINIO_TEST_SKIP_FINAL_FLUSH").is_none() {
+            self.probes.flush_block(true);
+        }
+        let _ = self.ring.consume();
+        for rec in self.probes.take_pending_block() {
+            self.collector.borrow_mut().on_record(&rec);
+        }
+        self.collector.borrow_mut().finish_objects();
+        let batch = self.collector.borrow_mut().batch.finish();
+        if let Some(m) = &self.live {
+            let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
+            m.observe(&batch);
+            m.set_status(self.probes.lost(), self.started.elapsed());
+        }
+        encoder.send(batch)?;
+        let fin = encoder.finish()?;
+        let (mut writer, mut write_error) = (fin.writer, fin.write_error);
+        let cpu_ns = (self.st.drain_cpu_ns(), fin.cpu_ns);
+        let backlog = fin.peak_backlog;
+        // The last segment carries the trace's final metadata. On a full disk it is tried with
+        // its rows, then (those rows counted as lost) empty, so that the loss is in the trace;
+        // the reserve's blocks are freed for it first.
+        writer.release_reserve();
+        let mut last = Ok(None);
+        for _ in 0..2 {
+            let lost = writer.lost_rows() + fin.dropped_rows;
+            let index = writer.segment_index();
+            let meta =
+                segment_metadata(&self.st, &self.collector.borrow(), self.probes, index, cpu_ns, lost, Some(ended));
+            last = writer.open().and_then(|_| writer.close_segment(&meta));
+            match &last {
+                Ok(_) => break,
+                Err(e) => {
+                    writer.abandon_segment();
+                    write_error.get_or_insert_with(|| format!("{e:#}"));
+                }
+            }
+        }
+        let elapsed = self.started.elapsed();
+        let write_lost = writer.lost_rows() + fin.dropped_rows;
+        Ok(Ended { writer, write_error, last_failed: last.is_err(), cpu_ns, write_lost, elapsed, backlog })
+    }
 }
 
 /// Waits for the command after the trace is written (a --duration that ended first): a

@@ -1,0 +1,299 @@
+"""Reading a trace or a trace set: its segments opened and checked from their footers, its
+metadata, its rows lazily (polars) or one checked row group at a time, and the row
+groups' statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute
+import pyarrow.parquet as pq
+
+from trainio_analysis.errors import TraceError
+from trainio_analysis.trace.check import check_rows, known_rows
+from trainio_analysis.trace.schema import (
+    COLUMN_TYPES,
+    COLUMNS,
+    INT_META_KEYS,
+    JSON_META_DEFAULTS,
+    META_PREFIX,
+    OPTIONAL_COLUMNS,
+    SCHEMA,
+    SEGMENT_GLOB,
+    STRING_COLUMNS,
+    TIME_COLUMNS,
+)
+from trainio_analysis.trace.segments import (
+    Segment,
+    _check_segment,
+    _Held,
+    _open_segment,
+    _raw_metadata,
+    first_line,
+    list_segments,
+)
+from trainio_analysis.trace.sets import _set_metadata, trace_set_members
+
+
+def open_trace(path: str | os.PathLike[str]) -> list[Segment]:
+    """Validate a trace (or a trace set) from its footers and describe its segments.
+
+    The segments of a set are its members' in member order, each carrying the member's
+    host and clock shift, which :func:`read_row_group` and the row-group statistics apply.
+
+    Raises
+    ------
+    TraceError
+        not a trace, not Parquet, unknown schema version, a missing column, or no rows.
+    """
+    members = trace_set_members(path)
+    if members is not None:
+        out = []
+        for m in members:
+            out += [replace(s, shift_ns=m.shift_ns, host=m.host) for s in open_trace(m.path)]
+        return out
+    files = list_segments(path)
+    if not files:
+        msg = f"{path}: empty trace (no {SEGMENT_GLOB} segments)"
+        raise TraceError(msg)
+    segments = []
+    for f in files:
+        try:
+            held: _Held | None = _Held(os.open(f, os.O_RDONLY | os.O_CLOEXEC))
+        except FileNotFoundError:
+            if f != files[-1]:
+                continue  # removed by the recorder's retention since it was listed (SCHEMA.md)
+            held = None
+        except OSError:
+            held = None  # _open_segment says why
+        pf = _open_segment(held.path if held is not None else f, f)
+        minor = _check_segment(f, pf)
+        md = pf.metadata
+        groups = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
+        segments.append(Segment(f, md.num_rows, groups, md, pf.schema_arrow, minor, held=held))
+    if sum(s.rows for s in segments) == 0:
+        msg = f"{path}: empty trace (no rows)"
+        raise TraceError(msg)
+    return segments
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Key-value metadata of the trace, from its last segment, prefix stripped.
+
+    JSON values are decoded and integer values converted. A trace set's metadata is its
+    members' as one job (:func:`_set_metadata`).
+    """
+    members = trace_set_members(path)
+    if members is not None:
+        return _set_metadata(members, [read_metadata(m.path) for m in members])
+    files = list_segments(path)
+    if not files:
+        msg = f"{path}: empty trace (no {SEGMENT_GLOB} segments)"
+        raise TraceError(msg)
+    last = files[-1]
+    pf = _open_segment(last)
+    _check_segment(last, pf)
+    out: dict[str, Any] = {}
+    for key, raw in _raw_metadata(pf).items():
+        short = key[len(META_PREFIX) :]
+        if short in INT_META_KEYS:
+            try:
+                out[short] = int(raw)
+            except ValueError:
+                out[short] = raw
+        elif short in JSON_META_DEFAULTS:
+            try:
+                out[short] = json.loads(raw)
+            except json.JSONDecodeError:
+                msg = f"{last}: metadata trainio.{short} is not JSON: {raw[:60]!r}"
+                raise TraceError(msg) from None
+        else:
+            out[short] = raw
+    return out
+
+
+def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
+    """All rows of a trace as a lazy frame (segments concatenated in name order).
+
+    String columns come back as ``pl.String``; ``layer``/``op`` comparisons push down
+    into the Parquet reader, so ``scan_trace(t).filter(pl.col("layer") == "block")``
+    reads only what it needs. The footers are checked (:func:`open_trace`), the rows
+    are not: :func:`read_rows` and :func:`read_row_group` check them as SCHEMA.md's
+    *Readers* section says, and are what the analyzer reads through.
+    """
+    members = trace_set_members(path)
+    if members is not None:
+        # as read_row_group reads a set: one clock, devices as HOST/MAJ:MIN
+        return pl.concat(
+            [
+                scan_trace(m.path).with_columns(
+                    *(pl.col(c) + m.shift_ns for c in TIME_COLUMNS),
+                    pl.concat_str(pl.lit(f"{m.host}/"), pl.col("dev")).alias("dev"),
+                )
+                for m in members
+            ],
+            how="vertical",
+        )
+    lf = scan_segments(open_trace(path))
+    return lf.with_columns(pl.col(sorted(STRING_COLUMNS)).cast(pl.String))
+
+
+def _with_optional_columns(lf: pl.LazyFrame, names: Iterable[str]) -> pl.LazyFrame:
+    """Adds the OPTIONAL_COLUMNS a segment lacks as nulls, in schema order."""
+    absent = [c for c in OPTIONAL_COLUMNS if c not in names]
+    if not absent:
+        return lf
+    lf = lf.with_columns(
+        pl.lit(None, dtype=pl.from_arrow(pa.array([], COLUMN_TYPES[c])).dtype).alias(c) for c in absent
+    )
+    return lf.select([n for n, _, _ in COLUMNS])
+
+
+def scan_segments(segments: Sequence[Segment]) -> pl.LazyFrame:
+    """Lazy frame over already validated segments, string columns left categorical
+    (cheaper to filter and group on than strings). Columns of later minor versions that
+    a segment lacks read as null, so old and new traces look the same."""
+    names = [
+        tuple(s.arrow_schema.names)
+        if s.arrow_schema is not None
+        else tuple(_open_segment(s.source, s.path).schema_arrow.names)
+        for s in segments
+    ]
+    if len(set(names)) <= 1:
+        # by path: the lazy frame outlives the segments and their held descriptors
+        lf = pl.scan_parquet([str(s.path) for s in segments])
+        return _with_optional_columns(lf, names[0] if names else ())
+    return pl.concat(
+        [_with_optional_columns(pl.scan_parquet(str(s.path)), n) for s, n in zip(segments, names, strict=True)],
+        how="vertical",
+    )
+
+
+def iter_row_groups(segments: Sequence[Segment], columns: Sequence[str]) -> Iterator[tuple[Segment, int, pa.Table]]:
+    """Yield (segment, row-group index, table of ``columns``) one row group at a time."""
+    for seg in segments:
+        for i in range(len(seg.row_groups)):
+            yield seg, i, read_row_group(seg, i, columns)
+
+
+def read_row_group(
+    segment: Segment,
+    index: int,
+    columns: Sequence[str],
+    *,
+    layer: str | None = None,
+    op: str | None = None,
+) -> pa.Table:
+    """One row group of a segment, only ``columns``, checked (:func:`check_rows`) and with
+    the integer columns in their SCHEMA.md types whatever width the writer used."""
+    try:
+        # one thread: callers read several row groups in parallel themselves
+        pf = (
+            pq.ParquetFile(segment.source, metadata=segment.footer)
+            if segment.footer is not None
+            else _open_segment(segment.source, segment.path)
+        )
+        table = pf.read_row_group(index, columns=list(columns), use_threads=False)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        msg = f"{segment.path}: row group {index} unreadable ({first_line(exc)})"
+        raise TraceError(msg) from None
+    table = check_rows(segment, index, table, layer=layer, op=op)
+    return _on_set_clock(segment, table) if segment.host is not None else table
+
+
+def _host_dev(host: str, dev: Any) -> Any:
+    return None if dev is None else f"{host}/{dev}"
+
+
+def _on_set_clock(segment: Segment, table: pa.Table) -> pa.Table:
+    """A set member's rows as the set reads them: times on the set's clock, devices as
+    ``HOST/MAJ:MIN`` (two hosts' 259:0 are two devices)."""
+    host = segment.host
+    for name in table.column_names:
+        if name in TIME_COLUMNS and segment.shift_ns:
+            col = pa.compute.add(table[name], pa.scalar(segment.shift_ns, pa.int64()))
+        elif name == "dev":
+            chunks = []
+            for ch in table[name].chunks:
+                if not pa.types.is_dictionary(ch.type):
+                    ch = ch.dictionary_encode()
+                values = pa.array([_host_dev(host, v) for v in ch.dictionary.to_pylist()], pa.string())
+                chunks.append(pa.DictionaryArray.from_arrays(ch.indices.cast(pa.int32()), values))
+            col = pa.chunked_array(chunks, pa.dictionary(pa.int32(), pa.string())) if chunks else table[name]
+        else:
+            continue
+        table = table.set_column(table.schema.get_field_index(name), name, col)
+    return table
+
+
+def read_rows(path: str | os.PathLike[str]) -> pa.Table:
+    """Every row of a trace in :data:`SCHEMA`, checked as the analyzer checks what it reads.
+
+    Rows of layers or ops that a later schema minor added are left out; columns a
+    segment lacks (an earlier minor) are null. For traces that fit in memory (tests,
+    small tools); the analyzer streams row groups instead.
+    """
+    parts = []
+    for seg in open_trace(path):
+        names = (seg.arrow_schema or SCHEMA).names
+        present = [n for n, _, _ in COLUMNS if n in names]
+        for i in range(len(seg.row_groups)):
+            t = read_row_group(seg, i, present)
+            keep = known_rows(t)
+            if keep is not None:
+                t = t.filter(keep)
+            cols = []
+            for name, typ, _ in COLUMNS:
+                if name not in t.column_names:
+                    cols.append(pa.nulls(t.num_rows, typ))
+                elif name in STRING_COLUMNS:
+                    cols.append(t.column(name).cast(pa.string()).dictionary_encode().cast(typ))
+                else:
+                    cols.append(t.column(name))
+            parts.append(pa.table(cols, schema=SCHEMA))
+    return pa.concat_tables(parts) if parts else SCHEMA.empty_table()
+
+
+def row_group_constant(segment: Segment, index: int, column: str) -> str | int | None:
+    """The value of a column when the statistics show it is the same in every row of the
+    row group (and never null), else None."""
+    stats = segment.column_stats(index, column)
+    try:
+        if stats is None or not stats.has_min_max or stats.null_count != 0 or stats.min != stats.max:
+            return None
+        # a writer may truncate long string bounds: only exact ones prove a constant
+        if not (getattr(stats, "is_min_value_exact", True) and getattr(stats, "is_max_value_exact", True)):
+            return None
+        value = stats.min
+        value = value.decode() if isinstance(value, bytes) else value
+        if segment.host is not None and column == "dev":
+            return _host_dev(segment.host, value)
+        if column in TIME_COLUMNS:
+            return value + segment.shift_ns
+        return value
+    except (UnicodeDecodeError, ValueError, pa.ArrowException):
+        # bounds that do not decode prove nothing: the rows themselves are read instead
+        return None
+
+
+def _row_group_stat(segment: Segment, index: int, column: str, which: str) -> int | None:
+    stats = segment.column_stats(index, column)
+    if stats is None or not stats.has_min_max:
+        return None
+    return int(getattr(stats, which)) + (segment.shift_ns if column in TIME_COLUMNS else 0)
+
+
+def row_group_min(segment: Segment, index: int, column: str) -> int | None:
+    """The Parquet statistics' minimum of ``column`` in one row group, if recorded."""
+    return _row_group_stat(segment, index, column, "min")
+
+
+def row_group_max(segment: Segment, index: int, column: str) -> int | None:
+    """The Parquet statistics' maximum of ``column`` in one row group, if recorded."""
+    return _row_group_stat(segment, index, column, "max")
