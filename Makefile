@@ -52,7 +52,7 @@ bench-tracer: all
 bench-file: all
 	$(PY) tests/bench/bench_file.py
 
-# The object layer's cost to a process that talks HTTP (GETs over keep-alive, 3 settings).
+# The object layer's cost to a process that talks HTTP and HTTPS (GETs over keep-alive, 5 settings).
 bench-object: all
 	$(PY) tests/bench/bench_object.py
 

@@ -420,6 +420,9 @@ none:
 	p->buf_len = 0;
 }
 
+/* file_tls.bpf.h: the socket under the SSL call the thread is in, if any. */
+static __always_inline void tls_note_socket(struct pending_io *p, __u32 tgid);
+
 static __always_inline int enter_io_buf(__u32 op, int fd, __u64 requested, __s64 offset, __s64 flags, __u64 arg1)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
@@ -451,8 +454,10 @@ static __always_inline int enter_io_buf(__u32 op, int fd, __u64 requested, __s64
 		begin_ipc(p, ipc, write_op(op) ? TRAINIO_IPC_WRITE : TRAINIO_IPC_READ, fd, requested, &fb);
 		if (object_layer && ipc == TRAINIO_IPC_SOCKET) {
 			socket_peer(f, p);
-			if (p->family)
+			if (p->family) {
 				socket_buffer(p, op, arg1, requested);
+				tls_note_socket(p, tgid);
+			}
 		}
 		return 0;
 	}
@@ -486,6 +491,7 @@ static __always_inline int enter_sock_io(__u32 op, int fd, __u64 requested, __u6
 }
 
 #include "file_ipc.bpf.h"
+#include "file_tls.bpf.h"
 
 static __always_inline int exit_io(long ret)
 {

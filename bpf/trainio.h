@@ -20,6 +20,7 @@ enum trainio_kind {
 	TRAINIO_KIND_PROC = 6,  /* struct process_event */
 	TRAINIO_KIND_IPC = 7,   /* struct ipc_event */
 	TRAINIO_KIND_HTTP = 8,  /* struct http_event: an ipc_event on a TCP socket, with its bytes */
+	TRAINIO_KIND_TLS = 9,   /* struct http_event: an SSL_read/SSL_write call's plaintext (no ipc row) */
 };
 
 /* What a process_event reports (the proc layer's ops; `start` rows come from user space). */

@@ -23,6 +23,9 @@ packages=(
   python3-venv
   # tests/deploy: systemd-analyze verify checks deploy/systemd's unit
   systemd
+  # object-layer HTTPS tests and bench: stunnel terminates TLS in front of the S3 server;
+  # openssl makes the throwaway CA and certificate
+  stunnel4 openssl
   # NFS tests: a QEMU guest running Debian's cloud kernel (scripts/nfs-guest; mke2fs -d builds
   # its disk images)
   qemu-system-x86 debootstrap cpio busybox-static e2fsprogs

@@ -23,7 +23,7 @@ fn main() {
     println!("cargo:rerun-if-changed={}", bpf_dir.join("trainio.h").display());
     println!("cargo:rerun-if-changed={}", bpf_dir.join("common.bpf.h").display());
     println!("cargo:rerun-if-changed={}", bpf_dir.join("core_fixes.bpf.h").display());
-    for header in ["file_ipc", "file_mmap", "file_open", "file_proc", "file_uring"] {
+    for header in ["file_ipc", "file_mmap", "file_open", "file_proc", "file_tls", "file_uring"] {
         println!("cargo:rerun-if-changed={}", bpf_dir.join(format!("{header}.bpf.h")).display());
     }
 

@@ -8,6 +8,8 @@ import dataclasses
 import datetime
 import hashlib
 import hmac
+import ssl
+import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -23,6 +25,8 @@ class S3Server:
     root: Path
     access_key: str
     secret_key: str
+    # An https endpoint's CA certificate (PEM), which clients are given as AWS_CA_BUNDLE.
+    ca: Path | None = None
     last_headers: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def bucket(self, name: str) -> str:
@@ -36,6 +40,7 @@ class S3Server:
             "AWS_ENDPOINT_URL": self.endpoint,
             "AWS_ACCESS_KEY_ID": self.access_key,
             "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            **({"AWS_CA_BUNDLE": str(self.ca)} if self.ca else {}),
             **extra,
         }
 
@@ -66,7 +71,8 @@ class S3Server:
             headers={"x-amz-date": amz, "x-amz-content-sha256": payload, "authorization": auth},
         )
         try:
-            with urllib.request.urlopen(req, timeout=30) as r:
+            tls = ssl.create_default_context(cafile=str(self.ca)) if self.ca else None
+            with urllib.request.urlopen(req, timeout=30, context=tls) as r:
                 self.last_headers = dict(r.headers)
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
@@ -99,3 +105,54 @@ class S3Server:
         """The server's own directory: key -> bytes, as s3s-fs stored them."""
         base = self.root / bucket
         return {str(p.relative_to(base)): p.stat().st_size for p in base.rglob("*") if p.is_file()}
+
+
+def _openssl(*args: str | Path) -> None:
+    r = subprocess.run(["openssl", *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == 0, f"openssl {args[0]}: {r.stderr[-500:]}"
+
+
+def make_ca_and_cert(d: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA (P-256, one day) and a server certificate it signs for IP 127.0.0.1,
+    as rustls and OpenSSL verify them (v3, subjectAltName, CA:TRUE on the CA only).
+    Returns (ca.pem, server.pem, server.key)."""
+    ca, ca_key, cert, key, csr = (d / n for n in ("ca.pem", "ca.key", "server.pem", "server.key", "server.csr"))
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        ca_key,
+        "-out",
+        ca,
+        "-days",
+        "1",
+        "-subj",
+        "/CN=trainio test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
+    _openssl("req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1")
+    ext = d / "server.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        csr,
+        "-CA",
+        ca,
+        "-CAkey",
+        ca_key,
+        "-CAcreateserial",
+        "-out",
+        cert,
+        "-days",
+        "1",
+        "-extfile",
+        ext,
+    )
+    return ca, cert, key

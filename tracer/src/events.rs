@@ -29,6 +29,7 @@ const KIND_BLOCK_BATCH: u32 = kind::TRAINIO_KIND_BLOCK_BATCH.0;
 const KIND_PROC: u32 = kind::TRAINIO_KIND_PROC.0;
 const KIND_IPC: u32 = kind::TRAINIO_KIND_IPC.0;
 const KIND_HTTP: u32 = kind::TRAINIO_KIND_HTTP.0;
+const KIND_TLS: u32 = kind::TRAINIO_KIND_TLS.0;
 const FOP_CLOSE: u32 = fop::TRAINIO_FOP_CLOSE.0;
 const FOP_WRITE: u32 = fop::TRAINIO_FOP_WRITE.0;
 const FOP_PWRITE64: u32 = fop::TRAINIO_FOP_PWRITE64.0;
@@ -209,7 +210,8 @@ impl Collector {
             Some(KIND_NFS) => plain::from_bytes::<nfs_event>(data).map(|e| self.nfs(e)).is_ok(),
             Some(KIND_PROC) => plain::from_bytes::<process_event>(data).map(|e| self.proc(e)).is_ok(),
             Some(KIND_IPC) => plain::from_bytes::<ipc_event>(data).map(|e| self.ipc(e)).is_ok(),
-            Some(KIND_HTTP) => self.http(data),
+            Some(KIND_HTTP) => self.http(data, false),
+            Some(KIND_TLS) => self.http(data, true),
             _ => false,
         };
         if !decoded {
@@ -219,8 +221,9 @@ impl Collector {
     }
 
     /// An http_event record: the ipc row it carries, then the object layer's share (a
-    /// record holds only its captured bytes of data[], trainio.h).
-    fn http(&mut self, data: &[u8]) -> bool {
+    /// record holds only its captured bytes of data[], trainio.h). A TLS call's record
+    /// (`tls`) is plaintext over a socket whose syscalls are ipc rows of their own: no row.
+    fn http(&mut self, data: &[u8], tls: bool) -> bool {
         let fixed = std::mem::offset_of!(http_event, data);
         let Some(ipc) =
             data.get(..std::mem::size_of::<ipc_event>()).and_then(|b| plain::from_bytes::<ipc_event>(b).ok())
@@ -236,7 +239,9 @@ impl Collector {
         let u16_at = |field: usize| u16::from_ne_bytes(at(field, 2).try_into().unwrap());
         let captured = u32::from_ne_bytes(at(std::mem::offset_of!(http_event, captured), 4).try_into().unwrap());
         let Some(head) = data.get(fixed..fixed + captured as usize) else { return false };
-        self.ipc(ipc);
+        if !tls {
+            self.ipc(ipc);
+        }
         let io = SocketIo {
             write: ipc.op == ipcop::TRAINIO_IPC_WRITE.0,
             enter_ns: ipc.enter_ns as i64,
@@ -251,6 +256,7 @@ impl Collector {
             daddr,
             dport: u16_at(std::mem::offset_of!(http_event, dport)),
             head,
+            tls,
         };
         let mut done = std::mem::take(&mut self.finished);
         self.objects.on_io(&io, &mut done);

@@ -30,6 +30,10 @@ const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
 /// Bytes the kernel copies of a head at most (TRAINIO_HTTP_CAP in bpf/trainio.h).
 const CAPTURE: usize = 2048;
+/// Set in the connection key of a socket's TLS plaintext: the socket's own sends and
+/// receives (ciphertext) never reach that connection's requests (inode numbers stay far
+/// below this bit).
+const TLS_CONN: u64 = 1 << 63;
 /// How long a finished request is kept to count it in later-drained issues' depth.
 const DEPTH_HORIZON_NS: i64 = 1_000_000_000;
 
@@ -50,6 +54,9 @@ pub struct SocketIo<'a> {
     pub dport: u16,
     /// The syscall's first bytes when they start an HTTP head; empty otherwise.
     pub head: &'a [u8],
+    /// A TLS library call's plaintext over the socket `ino` (bpf/file_tls.bpf.h), not a
+    /// syscall: its connection is kept apart from the socket's own (ciphertext) bytes.
+    pub tls: bool,
 }
 
 /// A finished request: one object-layer row.
@@ -267,39 +274,48 @@ impl ObjectTracker {
 
     /// Takes one send or receive; finished requests are appended to `out`.
     pub fn on_io(&mut self, io: &SocketIo, out: &mut Vec<ObjectRequest>) {
+        let conn = if io.tls { io.ino | TLS_CONN } else { io.ino };
         if io.ret < 0 {
             if io.ret == -(libc::EAGAIN as i64) || io.ret == -(libc::EINTR as i64) {
                 return;
             }
-            self.close(io.ino, io.exit_ns, io.ret as i32, out);
+            self.close_socket(conn, io.exit_ns, io.ret as i32, out);
             return;
         }
         if io.write {
-            self.on_send(io, out);
+            self.on_send(conn, io, out);
         } else if io.ret == 0 {
-            // The peer closed: a body that runs to the close (no length, not chunked) is whole.
-            if let Some(c) = self.conns.get_mut(&io.ino) {
-                if let Some(r) = c.requests.front_mut() {
+            self.close_socket(conn, io.exit_ns, INCOMPLETE, out);
+        } else {
+            self.on_receive(conn, io, out);
+        }
+    }
+
+    /// The peer closed (error: INCOMPLETE) or the socket failed: the connection's requests
+    /// are written, and so are those of the TLS connection over the socket.
+    fn close_socket(&mut self, conn: u64, ns: i64, error: i32, out: &mut Vec<ObjectRequest>) {
+        for key in [conn, conn | TLS_CONN] {
+            if error == INCOMPLETE {
+                // A body that runs to the close (no length, not chunked) is whole.
+                if let Some(r) = self.conns.get_mut(&key).and_then(|c| c.requests.front_mut()) {
                     if r.head_done && r.response_length.is_none() && !r.chunked {
                         r.response_length = Some(r.body_received);
                     }
                 }
             }
-            self.close(io.ino, io.exit_ns, INCOMPLETE, out);
-        } else {
-            self.on_receive(io, out);
+            self.close(key, ns, error, out);
         }
     }
 
-    fn on_send(&mut self, io: &SocketIo, out: &mut Vec<ObjectRequest>) {
+    fn on_send(&mut self, conn_key: u64, io: &SocketIo, out: &mut Vec<ObjectRequest>) {
         if let Some((method, key, range, length, head_len)) = parse_request(io.head) {
             // A request still waiting for the rest of an answered response was abandoned
             // (or its chunked body ended unseen): written as incomplete.
-            while let Some(c) = self.conns.get(&io.ino) {
+            while let Some(c) = self.conns.get(&conn_key) {
                 if !c.requests.front().is_some_and(|r| r.head_done) {
                     break;
                 }
-                self.finish_front(io.ino, io.enter_ns, INCOMPLETE, out);
+                self.finish_front(conn_key, io.enter_ns, INCOMPLETE, out);
             }
             let endpoint = self
                 .names
@@ -312,7 +328,7 @@ impl ObjectTracker {
             self.endpoints.entry(endpoint.clone()).or_default().open.insert(id, io.enter_ns);
             let conn = self
                 .conns
-                .entry(io.ino)
+                .entry(conn_key)
                 .or_insert_with(|| Conn { endpoint: endpoint.clone(), requests: VecDeque::new() });
             conn.endpoint = endpoint;
             conn.requests.push_back(Request {
@@ -338,7 +354,7 @@ impl ObjectTracker {
             return;
         }
         // Not a head: the body of the connection's last request, if it has one to send.
-        if let Some(r) = self.conns.get_mut(&io.ino).and_then(|c| c.requests.back_mut()) {
+        if let Some(r) = self.conns.get_mut(&conn_key).and_then(|c| c.requests.back_mut()) {
             if r.sends_body() && r.request_length.is_none_or(|l| r.body_sent < l) {
                 r.body_sent += io.ret;
                 r.last_ns = io.exit_ns;
@@ -346,8 +362,8 @@ impl ObjectTracker {
         }
     }
 
-    fn on_receive(&mut self, io: &SocketIo, out: &mut Vec<ObjectRequest>) {
-        let Some(r) = self.conns.get_mut(&io.ino).and_then(|c| c.requests.front_mut()) else { return };
+    fn on_receive(&mut self, conn_key: u64, io: &SocketIo, out: &mut Vec<ObjectRequest>) {
+        let Some(r) = self.conns.get_mut(&conn_key).and_then(|c| c.requests.front_mut()) else { return };
         r.last_ns = io.exit_ns;
         if r.head_done {
             r.body_received += io.ret;
@@ -369,7 +385,7 @@ impl ObjectTracker {
             }
         }
         if r.complete() {
-            self.finish_front(io.ino, io.exit_ns, 0, out);
+            self.finish_front(conn_key, io.exit_ns, 0, out);
         }
     }
 
@@ -452,6 +468,7 @@ mod tests {
             daddr: [127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             dport: 9000u16.to_be(),
             head,
+            tls: false,
         }
     }
 
@@ -562,6 +579,34 @@ mod tests {
         t.on_io(&io(false, 1, (2, 3), ok.len() as i64, ok), &mut out);
         let got: Vec<_> = out.iter().map(|r| (r.op, &*r.key, r.offset, r.bytes_requested, r.bytes)).collect();
         assert_eq!(got, [("get", "bkt/long", Some(0), 10, 10)]);
+    }
+
+    #[test]
+    fn tls_plaintext_is_the_request_and_the_sockets_ciphertext_is_not_counted() {
+        let mut t = ObjectTracker::new();
+        let mut out = Vec::new();
+        let tls = |io: SocketIo<'static>| SocketIo { tls: true, ..io };
+        let get = b"GET /bkt/k HTTP/1.1\r\n\r\n";
+        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789";
+        // The SSL_write call, then the ciphertext send made inside it.
+        t.on_io(&tls(io(true, 7, (10, 40), get.len() as i64, get)), &mut out);
+        t.on_io(&io(true, 7, (20, 30), 90, b""), &mut out);
+        // Ciphertext receives: a record of the head and body (not counted), then the plaintext.
+        t.on_io(&io(false, 7, (50, 60), 200, b""), &mut out);
+        t.on_io(&tls(io(false, 7, (45, 70), ok.len() as i64, ok)), &mut out);
+        t.on_io(&io(false, 7, (75, 80), 500, b""), &mut out);
+        assert!(out.is_empty(), "90 body bytes are still to come in plaintext");
+        t.on_io(&tls(io(false, 7, (72, 85), 90, b"")), &mut out);
+        let got: Vec<_> =
+            out.iter().map(|r| (r.op, &*r.key, r.bytes, r.issue_ns, r.first_byte_ns, r.complete_ns)).collect();
+        assert_eq!(got, [("get", "bkt/k", 100, 10, Some(70), 85)]);
+        // A TLS call that moved nothing (want read) is no receive; the socket's close ends
+        // the TLS connection's open request.
+        t.on_io(&tls(io(true, 7, (90, 95), get.len() as i64, get)), &mut out);
+        t.on_io(&tls(io(false, 7, (96, 97), -(libc::EAGAIN as i64), b"")), &mut out);
+        assert_eq!(out.len(), 1);
+        t.on_io(&io(false, 7, (98, 99), 0, b""), &mut out);
+        assert_eq!((out.len(), out[1].error, out[1].http_status), (2, INCOMPLETE, None));
     }
 
     #[test]

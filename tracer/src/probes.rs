@@ -268,6 +268,77 @@ fn load_block<'o>(
     }
 }
 
+/// SEC("uprobe") and SEC("uretprobe"): the object layer's TLS probes (bpf/file_tls.bpf.h).
+fn is_uprobe(section: &str) -> bool {
+    section.starts_with("uprobe") || section.starts_with("uretprobe")
+}
+
+/// The TLS read and write functions and their entry probes; one return probe serves all.
+const TLS_FUNCTIONS: [&str; 4] = ["SSL_read", "SSL_read_ex", "SSL_write", "SSL_write_ex"];
+
+/// The libssl files to probe: the OpenSSL 3 `libssl.so.3` the dynamic linker resolves for
+/// a program without its own search path (`ldconfig -p`: the one Python's `_ssl` module
+/// and Debian's packages load), by its real path, deduplicated. A process that loads
+/// another libssl (one bundled in a wheel, a static build) is not seen.
+fn tls_libraries() -> Vec<std::path::PathBuf> {
+    // By path first: the recorder's PATH may well lack the sbin directories.
+    let listed = ["/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"]
+        .iter()
+        .find_map(|l| std::process::Command::new(l).arg("-p").output().ok().filter(|o| o.status.success()))
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let mut out: Vec<std::path::PathBuf> = Vec::new();
+    for line in listed.lines() {
+        let Some((name, path)) = line.trim().split_once(" => ") else { continue };
+        // The 64-bit library of this machine's ABI, not a 32-bit one beside it.
+        let this_abi = !cfg!(target_arch = "x86_64") || name.contains("x86-64");
+        if !name.starts_with("libssl.so.3 ") || !this_abi {
+            continue;
+        }
+        if let Ok(real) = std::fs::canonicalize(path.trim()) {
+            if !out.contains(&real) {
+                out.push(real);
+            }
+        }
+    }
+    out
+}
+
+/// Attaches the TLS uprobes to each library (all processes that map it: a uprobe is on
+/// the file; the programs keep the traced ones). A library without the functions is
+/// noted in `skipped`, as is finding none: HTTPS requests are then not recorded.
+fn attach_tls(
+    f: &FileSkel,
+    libs: &[std::path::PathBuf],
+    links: &mut Vec<Link>,
+    skipped: &mut BTreeMap<String, String>,
+) {
+    if libs.is_empty() {
+        skipped.insert("tls".into(), "no libssl.so.3 in the linker cache: HTTPS requests not recorded".into());
+    }
+    let p = &f.progs;
+    let entries = [&p.tio_ssl_read_enter, &p.tio_ssl_read_ex_enter, &p.tio_ssl_write_enter, &p.tio_ssl_write_ex_enter];
+    for lib in libs {
+        let mut these = Vec::new();
+        let attached = TLS_FUNCTIONS.iter().zip(entries).try_for_each(|(func, entry)| {
+            for (prog, retprobe) in [(entry, false), (&p.tio_ssl_return, true)] {
+                let opts = libbpf_rs::UprobeOpts { retprobe, func_name: Some((*func).into()), ..Default::default() };
+                these.push(prog.attach_uprobe_with_opts(-1, lib, 0, opts).with_context(|| func.to_string())?);
+            }
+            Ok::<_, anyhow::Error>(())
+        });
+        match attached {
+            Ok(()) => links.extend(these),
+            Err(e) => {
+                skipped.insert(
+                    format!("tls:{}", lib.display()),
+                    format!("not probed ({e:#}): its HTTPS requests not recorded"),
+                );
+            }
+        }
+    }
+}
+
 /// The file layer's probes, following `s.target`; io_uring's only with `s.io_uring`.
 fn load_file<'o>(
     s: &Settings,
@@ -292,11 +363,10 @@ fn load_file<'o>(
     }
     open.maps.file_events.set_max_entries(s.ringbuf_bytes).context("sizing the file ring buffer")?;
     autoload_available(open.open_object_mut().progs_mut(), tps, skipped);
-    if !s.io_uring {
-        for mut p in open.open_object_mut().progs_mut() {
-            if p.section().to_string_lossy().starts_with("tp_btf/io_uring_") {
-                p.set_autoload(false);
-            }
+    for mut p in open.open_object_mut().progs_mut() {
+        let section = p.section().to_string_lossy().into_owned();
+        if (!s.io_uring && section.starts_with("tp_btf/io_uring_")) || (!s.object && is_uprobe(&section)) {
+            p.set_autoload(false);
         }
     }
     open.load().context("loading the file probes into the kernel")
@@ -423,12 +493,19 @@ impl<'o> Probes<'o> {
 
     fn attach(&mut self) -> Result<()> {
         let mut links = Vec::new();
-        // SEC("raw_tp") with no tracepoint: run by user space (flush_block), never attached.
-        for p in self.programs().into_iter().filter(|p| p.section().to_string_lossy() != "raw_tp") {
+        // SEC("raw_tp") with no tracepoint: run by user space (flush_block), never attached;
+        // the uprobes have no target of their own: attached to each libssl (attach_tls).
+        for p in self.programs().into_iter().filter(|p| {
+            let section = p.section().to_string_lossy();
+            section != "raw_tp" && !is_uprobe(&section)
+        }) {
             let link = p.attach().with_context(|| {
                 format!("attaching {} ({})", p.name().to_string_lossy(), p.section().to_string_lossy())
             })?;
             links.push(link);
+        }
+        if let Some(f) = self.file.as_ref().filter(|f| f.progs.tio_ssl_return.autoload()) {
+            attach_tls(f, &tls_libraries(), &mut links, &mut self.skipped);
         }
         *self.links.get_mut() = links;
         if self.links.get_mut().is_empty() {

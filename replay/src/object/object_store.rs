@@ -10,9 +10,10 @@
 //! first line), AWS_ENDPOINT_URL, S3_ENDPOINT; credentials come from
 //! AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY unless the file gives non-empty keys.
 
-use crate::object::s3_client::Endpoint;
+use crate::object::s3_client::{Endpoint, Tls};
 use anyhow::{bail, Result};
 use serde_yaml::Value;
+use std::sync::Arc;
 
 /// The client libraries of MLPerf's object mode, each replayed as it issues requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,19 +233,17 @@ impl ObjectStore {
         };
         let (scheme, rest) = url.split_once("://").unwrap_or(("http", url.as_str()));
         let scheme = scheme.to_ascii_lowercase();
-        if scheme == "https" && !self.insecure {
-            bail!("{origin}: {url}: trainio's S3 client speaks plain HTTP: give an http:// endpoint (or storage_options.secure: false)");
-        }
         if scheme != "http" && scheme != "https" {
-            bail!("{origin}: {url}: expected an http:// endpoint");
+            bail!("{origin}: {url}: expected an http:// or https:// endpoint");
         }
+        let tls = if scheme == "https" && !self.insecure { Some(tls_config(env)?) } else { None };
         let authority = rest.split('/').next().unwrap_or("");
         let (host, port) = match authority.rsplit_once(':') {
             Some((h, p)) => match p.parse::<u16>() {
                 Ok(p) if p > 0 => (h.to_string(), p),
                 _ => bail!("{origin}: {url}: '{p}' is not a port"),
             },
-            None => (authority.to_string(), 80),
+            None => (authority.to_string(), if tls.is_some() { 443 } else { 80 }),
         };
         if host.is_empty() {
             bail!("{origin}: {url}: no host");
@@ -259,7 +258,7 @@ impl ObjectStore {
             .clone()
             .or_else(|| env("AWS_REGION").filter(|v| !v.is_empty()))
             .unwrap_or_else(|| "us-east-1".into());
-        Ok(Endpoint { url, host, port, region, access_key, secret_key })
+        Ok(Endpoint { url, host, port, region, access_key, secret_key, tls })
     }
 
     /// `s3://bucket/prefix` (for messages and the results).
@@ -286,6 +285,39 @@ impl ObjectStore {
             }
         }
     }
+}
+
+/// TLS settings for an https endpoint: the certificates of `AWS_CA_BUNDLE` (a PEM file,
+/// as the AWS SDKs and boto3 read it) or else the system's roots (`SSL_CERT_FILE`, or
+/// Debian's /etc/ssl/certs/ca-certificates.crt). A bundle that cannot be read or holds no
+/// certificate is an error naming it.
+fn tls_config(env: &dyn Fn(&str) -> Option<String>) -> Result<Tls> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let (path, origin) = match env("AWS_CA_BUNDLE").filter(|v| !v.trim().is_empty()) {
+        Some(p) => (p, "AWS_CA_BUNDLE"),
+        None => match env("SSL_CERT_FILE").filter(|v| !v.trim().is_empty()) {
+            Some(p) => (p, "SSL_CERT_FILE"),
+            None => ("/etc/ssl/certs/ca-certificates.crt".to_string(), "the system's CA bundle"),
+        },
+    };
+    let bad = |why: String| anyhow::anyhow!("{origin}={path}: {why}");
+    let certs: Vec<CertificateDer> = CertificateDer::pem_file_iter(&path)
+        .map_err(|e| bad(format!("{e:?}")))?
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| bad(format!("not a PEM certificate bundle ({e:?})")))?;
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        bail!(bad("no CA certificate in it".into()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(format!("{e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Tls(Arc::new(config)))
 }
 
 #[cfg(test)]
@@ -352,7 +384,16 @@ mod tests {
         assert!(s.endpoint(&env(no_secret)).unwrap_err().to_string().contains("AWS_SECRET_ACCESS_KEY"));
         let tls: &[(&str, &str)] =
             &[("AWS_ACCESS_KEY_ID", "a"), ("AWS_SECRET_ACCESS_KEY", "b"), ("AWS_ENDPOINT_URL", "https://aws")];
-        assert!(s.endpoint(&env(tls)).unwrap_err().to_string().contains("plain HTTP"));
+        let ep = s.endpoint(&env(tls)).unwrap();
+        assert!(ep.tls.is_some() && ep.port == 443, "https: TLS with the system's roots, port 443");
+        const CREDS: [(&str, &str); 3] =
+            [("AWS_ACCESS_KEY_ID", "a"), ("AWS_SECRET_ACCESS_KEY", "b"), ("AWS_ENDPOINT_URL", "https://aws")];
+        const MISSING: [(&str, &str); 4] = [CREDS[0], CREDS[1], CREDS[2], ("AWS_CA_BUNDLE", "/nonexistent/ca.pem")];
+        let e = s.endpoint(&env(&MISSING)).unwrap_err().to_string();
+        assert!(e.starts_with("AWS_CA_BUNDLE=/nonexistent/ca.pem: ") && !e.contains('\n'), "{e}");
+        const NOT_PEM: [(&str, &str); 4] = [CREDS[0], CREDS[1], CREDS[2], ("AWS_CA_BUNDLE", "/etc/hostname")];
+        let e = s.endpoint(&env(&NOT_PEM)).unwrap_err().to_string();
+        assert!(e.contains("AWS_CA_BUNDLE=/etc/hostname: no CA certificate"), "{e}");
     }
 
     #[test]

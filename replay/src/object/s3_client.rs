@@ -5,8 +5,10 @@
 //! build, and the replay needs only seven requests (HeadBucket, ListObjectsV2, GetObject
 //! whole or ranged, PutObject, and the three multipart calls). A client is one connection,
 //! as one connection of a library's pool: a reader that issues parts in parallel holds
-//! several (s3_reads.rs). Plain HTTP only; an `https://` endpoint is refused by name
-//! (object_store.rs) unless the workload says `secure: false`, as minio's client reads it.
+//! several (s3_reads.rs). An `https://` endpoint is spoken to over TLS (rustls, its `ring`
+//! provider), verified against the CA bundle of `AWS_CA_BUNDLE` (as the AWS SDKs read it)
+//! or else the system's roots (object_store.rs); `storage_options.secure: false` speaks
+//! plain HTTP to it, as minio's client reads it.
 
 use anyhow::{anyhow, bail, Context, Result};
 use hmac::{Hmac, Mac};
@@ -16,6 +18,22 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The TLS client settings of an https endpoint (compared by identity: one per endpoint).
+#[derive(Clone)]
+pub struct Tls(pub Arc<rustls::ClientConfig>);
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tls")
+    }
+}
+
+impl PartialEq for Tls {
+    fn eq(&self, other: &Tls) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
 
 /// Where the requests go and who signs them.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +45,39 @@ pub struct Endpoint {
     pub region: String,
     pub access_key: String,
     pub secret_key: String,
+    /// Some: an https endpoint, spoken to over TLS.
+    pub tls: Option<Tls>,
+}
+
+/// A connection: plain TCP, or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
 }
 
 /// What kind of request a log entry is.
@@ -198,13 +249,13 @@ impl Response {
 /// One connection to the endpoint, opened on first use and again after the server closed it.
 pub struct Client {
     ep: Arc<Endpoint>,
-    conn: Option<BufReader<TcpStream>>,
+    conn: Option<BufReader<Stream>>,
     log: SharedLog,
     scratch: Vec<u8>,
 }
 
 /// The connection of `slot`, opened when there is none.
-fn connect<'a>(slot: &'a mut Option<BufReader<TcpStream>>, ep: &Endpoint) -> Result<&'a mut BufReader<TcpStream>> {
+fn connect<'a>(slot: &'a mut Option<BufReader<Stream>>, ep: &Endpoint) -> Result<&'a mut BufReader<Stream>> {
     if slot.is_none() {
         use std::net::ToSocketAddrs;
         let cannot = || format!("S3 endpoint {}: cannot connect", ep.url);
@@ -215,6 +266,23 @@ fn connect<'a>(slot: &'a mut Option<BufReader<TcpStream>>, ep: &Endpoint) -> Res
         stream.set_read_timeout(Some(TIMEOUT))?;
         stream.set_write_timeout(Some(TIMEOUT))?;
         stream.set_nodelay(true)?;
+        let stream = match &ep.tls {
+            None => Stream::Plain(stream),
+            Some(Tls(config)) => {
+                let name = rustls::pki_types::ServerName::try_from(ep.host.clone())
+                    .map_err(|e| anyhow!("S3 endpoint {}: {e}", ep.url))?;
+                let conn = rustls::ClientConnection::new(config.clone(), name)
+                    .map_err(|e| anyhow!("S3 endpoint {}: TLS: {e}", ep.url))?;
+                let mut tls = rustls::StreamOwned::new(conn, stream);
+                // The handshake now, so that a certificate refused is named as such.
+                while tls.conn.is_handshaking() {
+                    tls.conn
+                        .complete_io(&mut tls.sock)
+                        .map_err(|e| anyhow!("S3 endpoint {}: TLS handshake: {e}", ep.url))?;
+                }
+                Stream::Tls(Box::new(tls))
+            }
+        };
         *slot = Some(BufReader::with_capacity(1 << 16, stream));
     }
     Ok(slot.as_mut().expect("connected above"))
@@ -356,7 +424,7 @@ impl Client {
         let mut kept = Vec::new();
         let mut body_len = 0u64;
         let scratch = &mut self.scratch;
-        let mut sink = |conn: &mut BufReader<TcpStream>, mut n: u64| -> Result<()> {
+        let mut sink = |conn: &mut BufReader<Stream>, mut n: u64| -> Result<()> {
             while n > 0 {
                 let k = n.min(scratch.len() as u64) as usize;
                 conn.read_exact(&mut scratch[..k]).map_err(io)?;
@@ -609,6 +677,7 @@ mod tests {
             region: "us-east-1".into(),
             access_key: "AKIAIOSFODNN7EXAMPLE".into(),
             secret_key: "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY".into(),
+            tls: None,
         };
         let auth =
             sign(&ep, "GET", "/test.txt", "", "examplebucket.s3.amazonaws.com", EMPTY_SHA256, "20130524T000000Z");

@@ -1,0 +1,94 @@
+"""The object layer over HTTPS: boto3 talks to s3s-fs through stunnel (a real TLS
+terminator, a CA made by the fixture) under `trainio record --layers file,object`. The
+requests are read from the plaintext of OpenSSL's SSL_read/SSL_write (uprobes on the
+libssl Python's ssl module loads) and compared with what boto3 itself logged: one row
+per request, the same keys, ranges, bytes and statuses; the sockets' ciphertext stays in
+ipc rows and is not counted as object bytes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from s3_helpers import S3Server
+from test_object_layer import CLIENT
+
+from trainio_analysis.trace import read_metadata, scan_trace
+from trainio_testlib import trainio, wait_no_trainio_programs
+
+pytestmark = [pytest.mark.root]
+
+
+def test_boto3_over_https_is_recorded_from_the_tls_plaintext(tmp_path: Path, s3_tls_server: S3Server) -> None:
+    s3, concurrent = s3_tls_server, 4
+    s3.bucket("bkt")
+    script, log_path, out = tmp_path / "client.py", tmp_path / "client.json", tmp_path / "trace"
+    script.write_text(CLIENT)
+    env = {**s3.env(), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    rec = trainio(
+        "record",
+        "--layers",
+        "file,object",
+        "-o",
+        out,
+        "--",
+        sys.executable,
+        script,
+        s3.endpoint,
+        log_path,
+        str(concurrent),
+        env=env,
+        timeout=240,
+    )
+    assert rec.returncode == 0, rec.stderr[-3000:]
+    assert wait_no_trainio_programs() == []
+    log = json.loads(log_path.read_text())
+    meta = read_metadata(out)
+    assert not any(k.startswith("tls") for k in meta.get("skipped_probes", {})), meta.get("skipped_probes")
+    assert all(v == 0 for v in meta["lost_events"].values()), meta["lost_events"]
+
+    trace = scan_trace(out)
+    rows = trace.filter(pl.col("layer") == "object").sort("issue_ns").collect()
+    port = s3.endpoint.rsplit(":", 1)[1]
+    assert set(rows["endpoint"]) == {f"127.0.0.1:{port}"}
+
+    # One row per request boto3 made, each with what it asked for and got.
+    got = sorted(rows.select("op", "file", "offset", "bytes_requested", "bytes", "http_status").iter_rows(), key=repr)
+    missing = rows.filter(pl.col("file") == "bkt/missing.bin").row(0, named=True)
+    want = sorted(
+        (
+            (op, f, off, req, moved, st)
+            if f != "bkt/missing.bin"
+            else (op, f, off, missing["bytes_requested"], missing["bytes_requested"], st)
+            for op, f, off, req, moved, st in log
+        ),
+        key=repr,
+    )
+    assert got == want
+    assert (rows["error"] == 0).all(), rows.filter(pl.col("error") != 0)
+
+    # The object bytes are what the job fetched and sent (exactly; the issue asks ±1%).
+    fetched = sum(r[4] for r in log if r[0] == "get" and r[4] is not None)
+    assert rows.filter(pl.col("op") == "get")["bytes"].sum() == fetched + missing["bytes"]
+    assert rows.filter(pl.col("op") == "put")["bytes"].sum() == sum(r[4] for r in log if r[0] == "put")
+
+    # Times: the first byte after the issue, completion not before it.
+    assert ((rows["first_byte_ns"] - rows["issue_ns"]) > 0).all()
+    assert (rows["complete_ns"] >= rows["first_byte_ns"]).all()
+    # The pool's requests overlap on the endpoint.
+    assert rows.tail(concurrent)["queue_depth"].max() > 1
+
+    # The TLS connections are the sockets the ipc rows show carrying the ciphertext: more
+    # bytes than the plaintext (records, handshakes), and never parsed as requests.
+    fds = set(rows["fd"])
+    sock = (
+        trace.filter((pl.col("layer") == "ipc") & pl.col("file").str.starts_with("socket:") & pl.col("fd").is_in(fds))
+        .filter(pl.col("pid") == rows["pid"][0])
+        .collect()
+    )
+    received = sock.filter(pl.col("op") == "read")["bytes"].sum()
+    assert received > rows.filter(pl.col("op") != "put")["bytes"].sum()
+    assert sock.filter(pl.col("op") == "write")["bytes"].sum() > rows.filter(pl.col("op") == "put")["bytes"].sum()
