@@ -109,11 +109,17 @@ def test_emulation_reads_as_the_real_reader(
         record_real(real, fmt, data, spf=spf, batch=batch, threads=2, wrap=th.wrap)
         drop_cache(data)
         result = record_emulation(emu, wl, data, wrap=th.wrap)
+        # The real reader once more, after the emulation: how far two of its own runs
+        # stand apart is the margin of the QD check (16 small files: the cap's burst
+        # allowance covers part of them, and the first requests meet the host as it is).
+        drop_cache(data)
+        record_real(tmp_path / "real2", fmt, data, spf=spf, batch=batch, threads=2, wrap=th.wrap)
 
     block = compare(real, emu, majmin, "block")
+    spread = compare(real, tmp_path / "real2", majmin, "block")["qd_w1_issue"]
     assert block["bytes_read"]["a"] > 0 and block["bytes_read"]["b"] > 0
     assert block["size_w1_log2"] <= 0.5, block
-    assert block["qd_w1_issue"] <= 1.0, block
+    assert block["qd_w1_issue"] <= 1.0 + spread, (spread, block)
 
     # The syscalls themselves: every file read with the same requests, in the same order
     # (hdf5: and in every open of the file, one open per sample).
