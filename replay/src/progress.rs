@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::mlperf::datasize::human_bytes;
+
 /// The environment variable that sets the interval of the progress lines, in seconds.
 pub const INTERVAL_ENV: &str = "TRAINIO_PROGRESS_S";
 const DEFAULT_INTERVAL_S: f64 = 10.0;
@@ -117,7 +119,12 @@ impl Progress {
             if rate > 0.0 && total >= done { format!("{:.0} s", (total - done) as f64 / rate) } else { "?".into() };
         let counts = match self.unit {
             Unit::Steps => format!("step {done}/{total} ({pct:.0}%), {rate:.1} steps/s"),
-            Unit::Bytes => format!("{}/{} ({pct:.0}%), {}/s", bytes(done as f64), bytes(total as f64), bytes(rate)),
+            Unit::Bytes => format!(
+                "{}/{} ({pct:.0}%), {}/s",
+                human_bytes(done as f64),
+                human_bytes(total as f64),
+                human_bytes(rate)
+            ),
         };
         let note = self.note.borrow();
         if note.is_empty() {
@@ -125,21 +132,6 @@ impl Progress {
         } else {
             format!("{}: {counts}, eta {eta}, {note}", self.what)
         }
-    }
-}
-
-fn bytes(n: f64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{v:.0} {}", UNITS[u])
-    } else {
-        format!("{v:.1} {}", UNITS[u])
     }
 }
 
