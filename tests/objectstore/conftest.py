@@ -12,7 +12,7 @@ import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +38,36 @@ def _answers_http(port: int) -> bool:
         return False
 
 
+def _start_on_a_free_port(
+    start: Callable[[int], list[str]], ready: Callable[[int], bool], log: Path
+) -> tuple[subprocess.Popen, int] | None:
+    """Starts `start(port)` on a free port (its output in `log`) and waits until `ready(port)`.
+    A port taken between the probe and the bind makes the server exit: another is tried,
+    five in all. None if none worked."""
+    for _ in range(5):
+        port = _free_port()
+        with open(log, "w") as out:
+            proc = subprocess.Popen(start(port), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + READY_S
+        while proc.poll() is None and time.monotonic() < deadline and not ready(port):
+            time.sleep(0.05)
+        if proc.poll() is None and ready(port):
+            return proc, port
+        proc.kill()
+        proc.wait()
+    return None
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture
 def s3_server() -> Iterator[S3Server]:
     binary = shutil.which("s3s-fs") or (str(SERVER) if SERVER.exists() else None)
@@ -47,48 +77,18 @@ def s3_server() -> Iterator[S3Server]:
     access, secret = "trainio-test", "trainio-test-secret-key"
     proc = None
     try:
-        # A port taken between the probe and the bind makes the server exit: try another.
-        for _ in range(5):
-            port = _free_port()
-            log = open(root.parent / f"{root.name}.log", "w")
-            proc = subprocess.Popen(
-                [
-                    binary,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--access-key",
-                    access,
-                    "--secret-key",
-                    secret,
-                    str(root),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-            log.close()
-            deadline = time.monotonic() + READY_S
-            while proc.poll() is None and time.monotonic() < deadline and not _answers_http(port):
-                time.sleep(0.05)
-            if proc.poll() is None and _answers_http(port):
-                break
-            proc.kill()
-            proc.wait()
-            proc = None
+        log = root.parent / f"{root.name}.log"
+        args = ["--access-key", access, "--secret-key", secret, str(root)]
+        started = _start_on_a_free_port(
+            lambda port: [binary, "--host", "127.0.0.1", "--port", str(port), *args], _answers_http, log
+        )
+        proc, port = started if started else (None, 0)
         if proc is None:
             text = (root.parent / f"{root.name}.log").read_text()
             pytest.fail(f"s3s-fs did not start on 127.0.0.1: {text[-500:]}")
         yield S3Server(endpoint=f"http://127.0.0.1:{port}", root=root, access_key=access, secret_key=secret)
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop(proc)
         shutil.rmtree(root, ignore_errors=True)
         with_log = root.parent / f"{root.name}.log"
         if with_log.exists():
@@ -122,33 +122,20 @@ def s3_tls_server(s3_server: S3Server) -> Iterator[S3Server]:
     proc = None
     try:
         ca, cert, key = make_ca_and_cert(d)
-        for _ in range(5):
-            port = _free_port()
-            conf = d / "stunnel.conf"
+        conf = d / "stunnel.conf"
+
+        def start(port: int) -> list[str]:
             conf.write_text(
                 "foreground = yes\npid =\ndebug = 4\n"
                 f"[s3]\naccept = 127.0.0.1:{port}\nconnect = 127.0.0.1:{backend}\ncert = {cert}\nkey = {key}\n"
             )
-            log = open(d / "stunnel.log", "w")
-            proc = subprocess.Popen([binary, str(conf)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            log.close()
-            deadline = time.monotonic() + READY_S
-            while proc.poll() is None and time.monotonic() < deadline and not _answers_https(port, ca):
-                time.sleep(0.05)
-            if proc.poll() is None and _answers_https(port, ca):
-                break
-            proc.kill()
-            proc.wait()
-            proc = None
+            return [binary, str(conf)]
+
+        started = _start_on_a_free_port(start, lambda port: _answers_https(port, ca), d / "stunnel.log")
+        proc, port = started if started else (None, 0)
         if proc is None:
             pytest.fail(f"stunnel did not start on 127.0.0.1: {(d / 'stunnel.log').read_text()[-500:]}")
         yield dataclasses.replace(s3_server, endpoint=f"https://127.0.0.1:{port}", ca=ca)
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop(proc)
         shutil.rmtree(d, ignore_errors=True)
