@@ -94,6 +94,11 @@ impl Progress {
         }
     }
 
+    /// Whether anything is shown (a caller need not build a note otherwise).
+    pub fn shown(&self) -> bool {
+        !matches!(self.out, Out::Off)
+    }
+
     /// A note shown after the counts (a replay's AU so far).
     pub fn set_note(&self, note: String) {
         if let Out::Bar(bar) = &self.out {

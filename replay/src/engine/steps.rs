@@ -135,7 +135,7 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
             gpu.cur.excluded_s += (now - start) as f64 / 1e9;
         }
         if g == 0 {
-            if let Some(au) = au_so_far(gpu, now) {
+            if let Some(au) = self.bar.shown().then(|| au_so_far(gpu, now)).flatten() {
                 self.bar.set_note(format!("AU so far {:.1}%", 100.0 * au));
             }
             self.bar.inc(1);
