@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -346,8 +347,22 @@ def _interrupted(argv: list[str]) -> int:
     return 130
 
 
+def _exit_now(code: int) -> None:
+    """Ends the process with `code` once the streams are flushed, past the interpreter's
+    shutdown. CPython 3.11 remembers a KeyboardInterrupt raised inside code an extension
+    module runs through PyRun_String while it is imported, even when this module catches
+    it, and then kills itself with SIGINT after finalizing (exit -2, not 130). The
+    unwinding that removes temporary outputs has run by the time this is called."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # closed or gone: nothing more can be said on it
+    os._exit(code)
+
+
 if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt:
-        sys.exit(_interrupted(sys.argv[1:]))
+        _exit_now(_interrupted(sys.argv[1:]))
