@@ -7,6 +7,7 @@
 mod datagen;
 mod prepare;
 mod run;
+mod space;
 
 use crate::checkpoint::checkpointing::{self, Checkpointer};
 use crate::checkpoint::Plan;
@@ -261,6 +262,8 @@ impl Job {
                 self.source
             )));
         }
+        let writes = ckpt.spec.num_checkpoints_write;
+        self.check_checkpoint_space(cluster, &ckpt, writes, |e, s| e == 1 && (1..=writes).contains(&s))?;
         if ckpt.spec.num_checkpoints_write > 0 && cluster.is_root() && self.s3.is_none() {
             dataset::claim_directory(&self.data_dir, self.force)?;
             dataset::write_marker(&Layout {

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 from test_hosts import datagen, left_on_hosts, ranks_on, workload
-from testbed import PROGRESS_ENV, TestBed, need_testbed_tools, wait_for_steps
+from testbed import TestBed, need_testbed_tools
 
-from trainio_testlib import TRAINIO
+from trainio_testlib import PROGRESS_ENV, TRAINIO, wait_for_steps
 
 pytestmark = [pytest.mark.root]
 

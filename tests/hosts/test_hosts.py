@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from testbed import PROGRESS_ENV, TestBed, need_testbed_tools, netns_pids, wait_for_steps
+from testbed import TestBed, need_testbed_tools, netns_pids
 
-from trainio_testlib import TRAINIO, run
+from trainio_testlib import PROGRESS_ENV, TRAINIO, run, wait_for_steps
 
 pytestmark = [pytest.mark.root]
 

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import select
 import shutil
 import signal
 import subprocess
@@ -53,31 +51,6 @@ def _run(*cmd, check=True, **kw) -> subprocess.CompletedProcess[str]:
     if check and p.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))} exited {p.returncode}: {p.stderr.strip()}")
     return p
-
-
-# A replay's progress line every 0.2 s (from rank 0, forwarded by mpirun): a test that must
-# act once the steps run waits for the first one (wait_for_steps) instead of sleeping.
-PROGRESS_ENV = {"TRAINIO_PROGRESS_S": "0.2"}
-
-
-def wait_for_steps(job: subprocess.Popen, at_least: int = 1, timeout: float = 60) -> list[str]:
-    """Reads job's stderr (a text pipe) until rank 0's progress line ("replay: step K/N
-    ...", run with PROGRESS_ENV and `-x TRAINIO_PROGRESS_S`) says K >= at_least: the job is
-    then into its steps. Returns the lines read; fails if the job ends or none comes in time."""
-    assert job.stderr is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([job.stderr], [], [], 0.2)
-        if not ready:
-            assert job.poll() is None, (job.returncode, lines)
-            continue
-        line = job.stderr.readline()
-        assert line, f"the job ended before its steps: {lines}"
-        lines.append(line)
-        if (m := re.match(r"replay: step (\d+)/", line)) and int(m.group(1)) >= at_least:
-            return lines
-    raise AssertionError(f"no progress line in {timeout} s: {lines}")
 
 
 def netns_pids(ns: str) -> list[int]:

@@ -5,6 +5,7 @@ inside training and what AU does with them, and the errors for bad keys."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -12,7 +13,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from replay_helpers import ROOT, in_cgroup, load_json, run_trainio
+from replay_helpers import MPI_ENV, ROOT, TRAINIO, in_cgroup, load_json, run_trainio
+
+from trainio_testlib import PROGRESS_ENV, wait_for_steps
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -407,30 +410,58 @@ def test_recorded_checkpoint_holds_the_planned_writes(tmp_path, loop_fs):
     assert sum(in_ckpt) == c["planned_bytes"]
 
 
+def _mpirun(ranks: int) -> tuple[str, ...]:
+    """The prefix that runs `ranks` replay ranks under mpirun (none for one rank)."""
+    if ranks == 1:
+        return ()
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.fail("mpirun is missing (OpenMPI is a dependency: scripts/install-deps.sh)")
+    return (
+        mpirun,
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "-x",
+        "TRAINIO_PROGRESS_S",
+        "-np",
+        str(ranks),
+    )
+
+
+@contextlib.contextmanager
+def small_tmpfs(tmp_path: Path, size: str):
+    """A tmpfs of `size` (a file system that fills), unmounted even when the test fails."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root (mounts a small tmpfs)")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "none", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
 @pytest.mark.root
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_checkpoint_that_does_not_fit_keeps_the_training_results(tmp_path, ranks):
-    """A 310 MiB file system holds the dataset and one checkpoint (203 MiB), not two: the
-    second checkpoint fails, its half-written directory goes, the first stays whole, the
-    run stops there with its results saved, and the command ends in one line, exit 2.
-    Under mpirun the ranks learn of the failure together and stop at the same step."""
-    if os.geteuid() != 0:
-        pytest.fail("needs root (mounts a small tmpfs)")
-    prefix = ()
-    if ranks > 1:
-        mpirun = shutil.which("mpirun")
-        if mpirun is None:
-            pytest.fail("mpirun is missing (OpenMPI is a dependency: scripts/install-deps.sh)")
-        prefix = (mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks))
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=310m", "none", str(mnt)], check=True)
-    try:
+    """The file system fills while the run is on: a 2 GiB tmpfs holds the dataset and the
+    run's six checkpoints (203 MiB each), so the check before the first step passes; once
+    checkpoint 1 is written the test shrinks it to 310 MiB (another tenant took the room).
+    Checkpoint 2 fails, its half-written directory goes, the first stays whole, the run
+    stops there with its results saved, and the command ends in one line, exit 2. Under
+    mpirun the ranks learn of the failure together and stop at the same step."""
+    with small_tmpfs(tmp_path, "2g") as mnt:
         wl = tmp_path / "wl.yaml"
-        wl.write_text(TRAINING.format(rule="  steps_between_checkpoints: 5"))
+        # 0.4 s steps: 1.2 s or more between the progress line of step 7 and checkpoint 2
+        wl.write_text(TRAINING.format(rule="  steps_between_checkpoints: 5").replace("time: 0.02", "time: 0.4"))
         out = tmp_path / "r.json"
         data = mnt / "d"
-        p = run_trainio(
+        cmd = [
+            *_mpirun(ranks),
+            TRAINIO,
             "replay",
             "--workload",
             wl,
@@ -441,18 +472,26 @@ def test_a_checkpoint_that_does_not_fit_keeps_the_training_results(tmp_path, ran
             "--generate",
             "--json",
             out,
-            check=False,
-            prefix=prefix,
-        )
-        assert p.returncode == 2, (p.returncode, p.stderr)
+        ]
+        env = {**os.environ, **MPI_ENV, **PROGRESS_ENV}
+        p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            seen = wait_for_steps(p, at_least=7)
+            subprocess.run(["mount", "-o", "remount,size=310m", str(mnt)], check=True)
+            stdout, stderr = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 2, (p.returncode, seen, stderr)
         # the error is one line (one rank's: rank 0's, which saved the results)
-        (line,) = [x for x in p.stderr.splitlines() if "No space left" in x]
+        (line,) = [x for x in stderr.splitlines() if "No space left" in x]
         assert line.startswith("trainio replay: "), line
         assert "checkpoint 2 write (epoch 1, step 10)" in line and "No space left on device" in line, line
         assert str(out) in line, line
         r = load_json(out)
         assert "checkpoint 2 write" in r["stopped"], r["stopped"]
-        assert "STOPPED     after 9 steps" in p.stdout, p.stdout
+        assert "STOPPED     after 9 steps" in stdout, stdout
         # the steps before the failed checkpoint: 9 ended (step 10's end was the checkpoint)
         assert r["steps"] == 9 and len(r["per_epoch"]) == 1, (r["steps"], r["per_epoch"])
         assert r["samples"] >= 2 * 9 * 2 and r["au_percent"] > 0
@@ -461,5 +500,43 @@ def test_a_checkpoint_that_does_not_fit_keeps_the_training_results(tmp_path, ran
         first = data / "ck" / "global_epoch1_step5"
         assert sum(f.stat().st_size for f in first.iterdir()) == c["planned_bytes"]
         assert not (data / "ck" / "global_epoch1_step10").exists()
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_checkpoints_that_cannot_fit_are_refused_before_the_first_step(tmp_path, ranks):
+    """A 310 MiB file system holds the dataset and one of the run's six 203 MiB
+    checkpoints: the replay says so before its first step, in one line naming the data
+    directory, the checkpoints and the free space, exit 2, with no checkpoint and no
+    results written. The dataset it generated stays."""
+    with small_tmpfs(tmp_path, "310m") as mnt:
+        wl = tmp_path / "wl.yaml"
+        wl.write_text(TRAINING.format(rule="  steps_between_checkpoints: 5"))
+        out, data = tmp_path / "r.json", mnt / "d"
+        p = run_trainio(
+            "replay", "--workload", wl, "--gpus", 2, "--data-dir", data, "--generate", "--json", out,
+            check=False, prefix=_mpirun(ranks),
+        )  # fmt: skip
+        assert p.returncode == 2, (p.returncode, p.stderr)
+        (line,) = [x for x in p.stderr.splitlines() if "checkpoint(s)" in x]
+        assert line.startswith("trainio replay: ") and f"--data-dir {data}: 6 checkpoint(s) of 20" in line, line
+        assert "free" in line and "checkpoint.steps_between_checkpoints" in line, line
+        assert not out.exists() and not (data / "ck").exists()
+        assert len(list((data / "train").iterdir())) == 64, "the dataset it generated stays"
+
+
+@pytest.mark.root
+def test_a_checkpoint_only_run_that_cannot_fit_writes_nothing(tmp_path):
+    """MLPerf's checkpoint-only llama3_405b file, scaled to ~290 MiB a checkpoint, two
+    writes on a 400 MiB file system: refused before anything is written, not even the
+    data directory."""
+    with small_tmpfs(tmp_path, "400m") as mnt:
+        data = mnt / "d"
+        scale = [x for x in SCALE if "num_checkpoints_write" not in x] + ["checkpoint.num_checkpoints_write=2"]
+        p = run_trainio(
+            "replay", "--workload", ROOT / "configs" / "llama3_405b.yaml", "--gpus", 8, "--data-dir", data,
+            *params(scale), check=False,
+        )  # fmt: skip
+        assert p.returncode == 2, (p.returncode, p.stderr)
+        assert len(p.stderr.splitlines()) == 1 and "2 checkpoint(s) of 289" in p.stderr, p.stderr
+        assert not data.exists()

@@ -137,6 +137,19 @@ impl Checkpointer {
     }
 }
 
+/// How many checkpoints a training run of `epochs` epochs of `steps_per_epoch` steps
+/// writes: the (epoch, step) pairs `due` says yes to, counted without visiting them.
+pub fn writes_in(spec: &CheckpointSpec, epochs: u64, steps_per_epoch: u64) -> u64 {
+    if steps_per_epoch == 0 {
+        return 0;
+    }
+    match spec.steps_between_checkpoints {
+        Some(k) => epochs.saturating_mul(steps_per_epoch / k),
+        None if epochs < spec.checkpoint_after_epoch => 0,
+        None => (epochs - spec.checkpoint_after_epoch) / spec.epochs_between_checkpoints + 1,
+    }
+}
+
 pub fn due(spec: &CheckpointSpec, epoch: u64, step: u64, steps_per_epoch: u64) -> bool {
     match spec.steps_between_checkpoints {
         Some(k) => step.is_multiple_of(k),
@@ -433,6 +446,30 @@ mod tests {
         assert_eq!(steps, vec![3, 6, 9], "the step rule replaces the epoch rule");
         let s = spec("");
         assert!((1..=3).all(|e| due(&s, e, 4, 4)), "DLIO's defaults: after every epoch");
+    }
+
+    /// writes_in counts what due says yes to over a whole run, for both rules.
+    #[test]
+    fn writes_in_counts_the_due_checkpoints() {
+        let rules = [
+            "",
+            "  checkpoint_after_epoch: 3\n",
+            "  checkpoint_after_epoch: 2\n  epochs_between_checkpoints: 3\n",
+            "  steps_between_checkpoints: 1\n",
+            "  steps_between_checkpoints: 4\n",
+        ];
+        for rule in rules {
+            let s = spec(rule);
+            for epochs in 0..8 {
+                for spe in 0..11 {
+                    let seen = (1..=epochs)
+                        .flat_map(|e| (1..=spe).map(move |st| (e, st)))
+                        .filter(|&(e, st)| due(&s, e, st, spe));
+                    assert_eq!(writes_in(&s, epochs, spe), seen.count() as u64, "{rule:?} {epochs} epochs of {spe}");
+                }
+            }
+        }
+        assert_eq!(writes_in(&spec("  steps_between_checkpoints: 1\n"), u64::MAX, 2), u64::MAX, "saturates");
     }
 
     /// The unet3d files' model (not a transformer, ZeRO 0): GPU 0 alone writes model_size bytes.

@@ -8,7 +8,6 @@ use crate::dataset::{self, Layout};
 use crate::errors::InputError;
 use crate::mlperf::datasize;
 use anyhow::{bail, Result};
-use std::path::PathBuf;
 
 impl Job {
     /// Generates the dataset for `gpus`, every rank writing its share of the files.
@@ -127,7 +126,7 @@ impl Job {
         };
         let least = files.saturating_mul(w.num_samples_per_file.saturating_mul(sample).saturating_add(dataset::ALIGN));
         let have = dataset::marker_bytes(&self.data_dir);
-        let (free, dir) = free_bytes(&self.data_dir)?;
+        let super::space::Free { bytes: free, dir, .. } = super::space::free_space(&self.data_dir)?;
         if least.saturating_sub(have) > free {
             bail!(InputError(format!(
                 "--data-dir {}: {files} files of at least {} each need {} and the file system of {} has {} free: lower dataset.num_files_train (--param), --gpus, --steps or --batch-size, or free space",
@@ -158,7 +157,7 @@ impl Job {
             }
         }
         let need = bytes + missing * dataset::ALIGN;
-        let (free, dir) = free_bytes(&self.data_dir)?;
+        let super::space::Free { bytes: free, dir, .. } = super::space::free_space(&self.data_dir)?;
         if need > free {
             bail!(InputError(format!(
                 "--data-dir {}: the dataset needs {need} B ({}) more for {missing} files and the file system of {} has {free} B ({}) free: lower dataset.num_files_train (--param), --gpus or --steps, or free space",
@@ -170,27 +169,4 @@ impl Job {
         }
         Ok(())
     }
-}
-
-/// Free bytes for an unprivileged writer on the file system that holds `path`, or that
-/// will hold it (its nearest existing ancestor), and that directory.
-fn free_bytes(path: &std::path::Path) -> Result<(u64, PathBuf)> {
-    use std::os::unix::ffi::OsStrExt;
-    let mut dir = path.to_path_buf();
-    while !dir.exists() {
-        match dir.parent() {
-            Some(p) if !p.as_os_str().is_empty() => dir = p.to_path_buf(),
-            _ => {
-                dir = PathBuf::from(".");
-                break;
-            }
-        }
-    }
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: c is a NUL-terminated path and st a statvfs to fill.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        bail!("statvfs {}: {}", dir.display(), std::io::Error::last_os_error());
-    }
-    Ok((st.f_bavail as u64 * st.f_frsize as u64, dir))
 }

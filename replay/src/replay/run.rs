@@ -325,6 +325,11 @@ impl Job {
             None => self.checkpointer(cluster, gpus)?,
             Some(_) => None,
         };
+        if let Some(c) = &checkpointer {
+            let (epochs, spe) = (program.epochs(), program.steps_per_epoch());
+            let writes = checkpointing::writes_in(&c.spec, epochs, spe);
+            self.check_checkpoint_space(cluster, c, writes, |e, s| e <= epochs && s <= spe && c.due(e, s, spe))?;
+        }
         let run = match (&self.s3, objects) {
             (Some(t), Some(objects)) => {
                 let slots = (0..local.len()).map(|g| program.read_threads(g).max(1)).sum();
