@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import pty
 import re
 import select
 import shutil
@@ -436,3 +437,33 @@ def wait_for_steps(job: subprocess.Popen, at_least: int = 1, timeout: float = 60
         if (m := re.match(r"replay: step (\d+)/", line)) and int(m.group(1)) >= at_least:
             return lines
     raise AssertionError(f"no progress line in {timeout} s: {lines}")
+
+
+def under_a_terminal(cmd: list, env: dict) -> tuple[int, list[tuple[float, bytes]], float]:
+    """Runs cmd with its stderr on a pseudo-terminal; returns its exit code, what the
+    terminal received (with when), and when the process ended."""
+    master, slave = pty.openpty()
+    p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.DEVNULL, stderr=slave, env=env)
+    os.close(slave)
+    got: list[tuple[float, bytes]] = []
+    ended = None
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 0.05)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the terminal's last writer is gone
+                    chunk = b""
+                if not chunk:
+                    break
+                got.append((time.monotonic(), chunk))
+            if ended is None and p.poll() is not None:
+                ended = time.monotonic()
+        p.wait(timeout=120)
+    finally:
+        os.close(master)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, got, ended if ended is not None else time.monotonic()

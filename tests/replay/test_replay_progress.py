@@ -4,14 +4,13 @@ work runs; without a terminal one line every TRAINIO_PROGRESS_S seconds; nothing
 from __future__ import annotations
 
 import os
-import pty
 import re
-import select
 import subprocess
-import time
 from pathlib import Path
 
 from replay_helpers import MPI_ENV, TRAINIO, run_trainio, write_workload
+
+from trainio_testlib import under_a_terminal
 
 STEPS = 40
 
@@ -21,42 +20,12 @@ def _workload(tmp_path: Path) -> Path:
     return write_workload(tmp_path / "w.yaml", files=64, record=1 << 20, batch=1, threads=1, compute=0.05)
 
 
-def _under_a_terminal(cmd: list, env: dict) -> tuple[int, list[tuple[float, bytes]], float]:
-    """Runs cmd with its stderr on a pseudo-terminal; returns its exit code, what the
-    terminal received (with when), and when the process ended."""
-    master, slave = pty.openpty()
-    p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.DEVNULL, stderr=slave, env=env)
-    os.close(slave)
-    got: list[tuple[float, bytes]] = []
-    ended = None
-    try:
-        while True:
-            ready, _, _ = select.select([master], [], [], 0.05)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # EIO: the terminal's last writer is gone
-                    chunk = b""
-                if not chunk:
-                    break
-                got.append((time.monotonic(), chunk))
-            if ended is None and p.poll() is not None:
-                ended = time.monotonic()
-        p.wait(timeout=120)
-    finally:
-        os.close(master)
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    return p.returncode, got, ended if ended is not None else time.monotonic()
-
-
 def test_a_terminal_shows_a_bar_that_moves_while_the_replay_runs(tmp_path: Path) -> None:
     wl, data = _workload(tmp_path), tmp_path / "d"
     env = {**os.environ, **MPI_ENV, "TERM": "xterm-256color"}
-    rc, got, ended = _under_a_terminal([TRAINIO, "datagen", "--workload", wl, "--data-dir", data], env)
+    rc, got, ended = under_a_terminal([TRAINIO, "datagen", "--workload", wl, "--data-dir", data], env)
     assert rc == 0, b"".join(c for _, c in got)
-    rc, got, ended = _under_a_terminal([TRAINIO, "replay", "--workload", wl, "--data-dir", data, "--steps", STEPS], env)
+    rc, got, ended = under_a_terminal([TRAINIO, "replay", "--workload", wl, "--data-dir", data, "--steps", STEPS], env)
     text = b"".join(c for _, c in got).decode(errors="replace")
     assert rc == 0, text
     # Each draw of the bar: "replay <bar> step K/40 ...". Draws seen before the process

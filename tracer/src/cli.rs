@@ -93,7 +93,7 @@ pub struct Args {
     #[arg(long, conflicts_with = "command")]
     pub cgroup: Option<PathBuf>,
 
-    /// Only errors and the final summary on stderr
+    /// Only errors and the final summary on stderr: no notes, no progress
     #[arg(short, long)]
     pub quiet: bool,
 

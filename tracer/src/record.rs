@@ -28,6 +28,7 @@ use crate::probes::Probes;
 
 mod metadata;
 mod preflight;
+mod progress;
 
 use metadata::{segment_metadata, Static, WRITE_LOST};
 use preflight::{as_usage, per_host_output, preflight, Subject};
@@ -256,7 +257,8 @@ pub fn run(mut args: Args) -> Result<i32> {
     let deadline = args.duration.map(|s| started + Duration::from_secs_f64(s));
     note(&format!("recording {} into {}", st.layers.join("+"), args.output.display()));
 
-    let mut recording = Recording::new(&probes, ring, collector.clone(), st, live, started);
+    let progress = progress::Progress::new(args.quiet, child.is_some(), checked.progress_every, started);
+    let mut recording = Recording::new(&probes, ring, collector.clone(), st, live, started, progress);
     let stop = recording.drain(&mut encoder, &mut child, &checked.subject, deadline, &note)?;
     let end = recording.end(encoder, stop.ended)?;
 
@@ -421,6 +423,9 @@ struct Recording<'r, 'o> {
     last_flush: Instant,
     last_batch_flush: Instant,
     last_status: Instant,
+    progress: progress::Progress,
+    /// Segments closed so far.
+    segments: u64,
 }
 
 impl<'r, 'o> Recording<'r, 'o> {
@@ -431,6 +436,7 @@ impl<'r, 'o> Recording<'r, 'o> {
         st: Static,
         live: Option<Arc<Mutex<LiveMetrics>>>,
         started: Instant,
+        progress: progress::Progress,
     ) -> Self {
         let now = Instant::now();
         Recording {
@@ -447,6 +453,8 @@ impl<'r, 'o> Recording<'r, 'o> {
             last_flush: now,
             last_batch_flush: now,
             last_status: now,
+            progress,
+            segments: 0,
         }
     }
 
@@ -465,6 +473,10 @@ impl<'r, 'o> Recording<'r, 'o> {
             let now = self.turn();
             self.send_rows(encoder, now)?;
             self.rotate_segment(encoder)?;
+            if self.progress.due(now) {
+                let lost = self.probes.lost().values().sum();
+                self.progress.show(now, progress::Sofar::of(&self.collector.borrow(), self.segments, lost));
+            }
             encoder.regulate();
             if stop.now(child, subject, deadline, note)? {
                 return Ok(stop);
@@ -513,20 +525,22 @@ impl<'r, 'o> Recording<'r, 'o> {
     }
 
     /// Closes the encoder's segment once it is full, with the metadata as of now.
-    fn rotate_segment(&self, encoder: &mut Encoder) -> Result<()> {
+    fn rotate_segment(&mut self, encoder: &mut Encoder) -> Result<()> {
         if encoder.segment_full() {
             // The segment index is the encoder's to fill in.
             let cpu = (self.st.drain_cpu_ns(), encoder.cpu_ns());
             let lost = encoder.write_losses().0;
             let meta = segment_metadata(&self.st, &self.collector.borrow(), self.probes, 0, cpu, lost, None);
             encoder.close_segment(meta)?;
+            self.segments += 1;
         }
         Ok(())
     }
 
     /// Takes in what is left once the probes detach, then writes the last segment with the
     /// trace's final metadata (`ended`: why the recording stopped).
-    fn end(self, mut encoder: Encoder, ended: &str) -> Result<Ended> {
+    fn end(mut self, mut encoder: Encoder, ended: &str) -> Result<Ended> {
+        self.progress.finish();
         // Completions of requests issued just before the end are still arriving: drain once
         // more after a short grace, detach, then drain what was submitted meanwhile.
         std::thread::sleep(Duration::from_millis(20));

@@ -46,6 +46,8 @@ pub(super) struct Checked {
     pub(super) subject: Subject,
     pub(super) target: Target,
     pub(super) ringbuf_bytes: u32,
+    /// The interval of the progress lines (TRAINIO_PROGRESS_S).
+    pub(super) progress_every: std::time::Duration,
 }
 
 impl Checked {
@@ -188,5 +190,9 @@ pub(super) fn preflight(args: &Args) -> Result<Checked> {
         usage!("--ringbuf-mb {}: at most 2048", args.ringbuf_mb);
     }
     let ringbuf_bytes = (bytes as u32).next_power_of_two();
-    Ok(Checked { block, file, nfs, object, devs, subject, target, ringbuf_bytes })
+    let progress_every = match super::progress::interval() {
+        Ok(every) => every,
+        Err(why) => usage!("{why}"),
+    };
+    Ok(Checked { block, file, nfs, object, devs, subject, target, ringbuf_bytes, progress_every })
 }
