@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -52,7 +54,7 @@ class _Analyzer:
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        trace: tr.Trace,
         sel: Selection,
         bin_s: float | None,
         burst_gap_ms: float,
@@ -61,7 +63,7 @@ class _Analyzer:
         step_gap_ms: float | None = None,
     ) -> None:
         self.workers = max(1, workers)
-        self.plan = Plan(path, sel, bin_s, self.workers)
+        self.plan = Plan(trace, sel, bin_s, self.workers)
         self.burst_gap_ns = int(round(burst_gap_ms * 1e6))
         self.burst_gap_ms = burst_gap_ms
         self.with_model = with_model
@@ -195,7 +197,7 @@ class _Analyzer:
 
 
 def _per_host(
-    members: list[tr.Member], job: dict[str, Any], sel: Selection, burst_gap_ms: float, workers: int
+    trace: tr.Trace, job: dict[str, Any], sel: Selection, burst_gap_ms: float, workers: int
 ) -> list[dict[str, Any]]:
     """Each host's figures in a trace set's analysis: its member analyzed alone (the
     job's layer, the selection's device when it is on that host, its pid), placed on the
@@ -204,7 +206,7 @@ def _per_host(
     for g in (job.get("job_model") or {}).get("gpus", []):
         gpus[g.get("host")] = gpus.get(g.get("host"), 0) + 1
     out = []
-    for m in members:
+    for m, member in zip(trace.members or (), trace.member_traces, strict=True):
         entry: dict[str, Any] = {
             "host": m.host,
             "path": str(m.path),
@@ -221,7 +223,7 @@ def _per_host(
                 continue
         try:
             r = _Analyzer(
-                m.path,
+                member,
                 Selection(layer=job["selection"]["layer"], dev=dev, pid=sel.pid),
                 None,
                 burst_gap_ms,
@@ -255,8 +257,25 @@ def _per_host(
     return out
 
 
+def load_trace(path: str | os.PathLike[str] | tr.Trace) -> tr.Trace:
+    """The trace at ``path`` opened once (:class:`~trainio_analysis.trace.Trace`), for a
+    command to pass to :func:`analyze` and the rest; a Trace is returned as it is."""
+    with _unreadable(path.path if isinstance(path, tr.Trace) else path):
+        return tr.Trace.of(path)
+
+
+@contextmanager
+def _unreadable(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Every read goes through the trace package, which names the file; this is the net."""
+    try:
+        yield
+    except (pa.ArrowException, pl.exceptions.PolarsError) as exc:
+        msg = f"{path}: unreadable ({tr.first_line(exc)})"
+        raise TraceError(msg) from None
+
+
 def analyze(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | tr.Trace,
     *,
     layer: str | None = None,
     dev: str | None = None,
@@ -271,6 +290,9 @@ def analyze(
 
     Parameters
     ----------
+    path
+        The trace's path, or the trace opened already (:func:`load_trace`): a command
+        that reads a trace more than once opens it once.
     layer
         ``block``, ``file`` or ``nfs``; default the lowest layer present.
     dev, pid
@@ -290,15 +312,11 @@ def analyze(
         use none of them (report, compare) skip reading the trace once more for it.
     """
     sel = Selection(layer=layer, dev=dev, pid=pid)
-    try:
-        out = _Analyzer(path, sel, bin_s, burst_gap_ms, workers, with_model, step_gap_ms).run()
-        members = tr.trace_set_members(path)
-        if members is not None:
-            out["per_host"] = _per_host(members, out, sel, burst_gap_ms, workers)
+    trace = load_trace(path)
+    with _unreadable(trace.path):
+        out = _Analyzer(trace, sel, bin_s, burst_gap_ms, workers, with_model, step_gap_ms).run()
+        if trace.members is not None:
+            out["per_host"] = _per_host(trace, out, sel, burst_gap_ms, workers)
         elif "object" in out["layers_present"]:
-            out["object_requests"] = object_requests(path)
+            out["object_requests"] = object_requests(trace)
         return out
-    except (pa.ArrowException, pl.exceptions.PolarsError) as exc:
-        # every read goes through the trace package, which names the file; this is the net
-        msg = f"{path}: unreadable ({tr.first_line(exc)})"
-        raise TraceError(msg) from None

@@ -133,11 +133,13 @@ def _summary(df: pl.DataFrame, t0: int, t1: int) -> dict[str, Any]:
     return out
 
 
-def object_requests(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The object layer of a trace summarized per endpoint; None when it has no object
-    rows (a trace before 1.8, or recorded without ``--layers ...,object``)."""
+def object_requests(trace: str | os.PathLike[str] | tr.Trace) -> dict[str, Any] | None:
+    """The object layer of a trace (a path, or the trace opened) summarized per endpoint;
+    None when it has no object rows (a trace before 1.8, or recorded without
+    ``--layers ...,object``)."""
     df = (
-        tr.scan_trace(path)
+        tr.Trace.of(trace)
+        .scan()
         .filter(pl.col("layer") == "object")
         .select(_COLUMNS)
         .with_columns(pl.col("op", "endpoint").cast(pl.String))

@@ -64,7 +64,7 @@ def column_numpy(column: pa.ChunkedArray) -> np.ndarray:
 
 
 class Plan:
-    """What the pass reads of the trace at ``path`` for ``sel``.
+    """What the pass reads of ``trace`` (opened, or its path) for ``sel``.
 
     Attributes set here: ``segments``, ``meta``, ``layers_present``, ``layer``,
     ``group_col`` (``pid`` for the file layer, else ``dev``), ``units`` (the non-empty row
@@ -76,10 +76,13 @@ class Plan:
     (``bin_ns``, ``bin_s`` and ``nbins`` change then).
     """
 
-    def __init__(self, path: str | os.PathLike[str], sel: Selection, bin_s: float | None, workers: int = 2) -> None:
-        self.path = Path(path)
-        self.segments = tr.open_trace(path)
-        self.meta = tr.read_metadata(path)
+    def __init__(
+        self, trace: str | os.PathLike[str] | tr.Trace, sel: Selection, bin_s: float | None, workers: int = 2
+    ) -> None:
+        trace = tr.Trace.of(trace)
+        self.path = Path(trace.path)
+        self.segments = list(trace.segments)
+        self.meta = trace.meta
         self.bin_auto = bin_s is None
         if bin_s is not None:
             # 1 ns to 1e6 s: a whole number of ns whose multiples stay inside int64

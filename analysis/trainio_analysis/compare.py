@@ -23,7 +23,7 @@ import os
 from typing import Any
 
 from trainio_analysis import trace as tr
-from trainio_analysis.analyze import analyze
+from trainio_analysis.analyze import analyze, load_trace
 from trainio_analysis.analyze_result import job_model, w1_distance
 
 
@@ -85,10 +85,10 @@ def write_scores(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str
     }
 
 
-def _writes(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    if "file" not in (tr.read_metadata(path).get("layers") or []):
+def _writes(trace: tr.Trace) -> dict[str, Any] | None:
+    if "file" not in (trace.meta.get("layers") or []):
         return None
-    m = job_model(path)
+    m = job_model(trace.path)
     return None if m is None else m["writes"]
 
 
@@ -106,10 +106,13 @@ def compare(
 
     When no layer is given, B is analyzed at the layer chosen for A.
     """
-    ra = analyze(a, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms, with_model=False)
+    ta = load_trace(a)
+    ra = analyze(ta, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms, with_model=False)
     layer = layer or ra["selection"]["layer"]
-    rb = analyze(b, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms, with_model=False)
-    return {"a": str(a), "b": str(b), "layer": layer, **scores(ra, rb), "writes": write_scores(_writes(a), _writes(b))}
+    tb = load_trace(b)
+    rb = analyze(tb, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms, with_model=False)
+    writes = write_scores(_writes(ta), _writes(tb))
+    return {"a": str(a), "b": str(b), "layer": layer, **scores(ra, rb), "writes": writes}
 
 
 def format_compare(r: dict[str, Any]) -> str:

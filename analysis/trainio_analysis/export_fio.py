@@ -28,7 +28,7 @@ from typing import Any
 import polars as pl
 
 from trainio_analysis.interop import InputError, output_directory, write_text_atomically
-from trainio_analysis.trace import read_metadata, scan_trace, trace_set_members
+from trainio_analysis.trace import Trace, trace_set_members
 
 IOLOG_HEADER = "fio version 3 iolog"
 #: trainio op -> fio iolog action, per layer; other ops have no fio equivalent.
@@ -44,8 +44,8 @@ def _device_names(meta: dict[str, Any]) -> dict[str, str]:
     return {d["dev"]: d.get("name") or "" for d in meta.get("devices", []) if d.get("dev")}
 
 
-def _requests(trace: str, layer: str, dev: str | None, pid: int | None, under: str | None) -> pl.DataFrame:
-    lf = scan_trace(trace).filter((pl.col("layer") == layer) & pl.col("op").is_in(list(FIO_ACTIONS[layer])))
+def _requests(trace: Trace, layer: str, dev: str | None, pid: int | None, under: str | None) -> pl.DataFrame:
+    lf = trace.scan().filter((pl.col("layer") == layer) & pl.col("op").is_in(list(FIO_ACTIONS[layer])))
     if under is not None:
         lf = lf.filter(pl.col("file").str.starts_with(under.rstrip("/") + "/"))
     if dev is not None:
@@ -95,7 +95,8 @@ def export_fio(
         # an iolog replays one host's requests on one host
         msg = f"{trace}: a trace set (one trace per host): export one host's trace, {Path(trace) / 'HOST'}"
         raise InputError(msg)
-    meta = read_metadata(trace)
+    opened = Trace.open(trace)
+    meta = opened.meta
     devices = _device_names(meta)
     if dev is not None and dev not in devices.values() and ":" not in dev:
         msg = f"{trace}: no device {dev!r} in trainio.devices"
@@ -104,7 +105,7 @@ def export_fio(
     if under is not None and layer != "file":
         msg = f"{trace}: --under selects files: it needs --layer file"
         raise InputError(msg)
-    df = _requests(trace, layer, dev_id, pid, under)
+    df = _requests(opened, layer, dev_id, pid, under)
     if df.is_empty():
         given = [
             f"--dev {dev}" if dev else "",
@@ -115,7 +116,7 @@ def export_fio(
         msg = f"{trace}: no {layer}-layer requests to export" + (f" match {selection}" if selection else "")
         raise InputError(msg)
     skipped = (
-        scan_trace(trace)
+        opened.scan()
         .filter((pl.col("layer") == layer) & ~pl.col("op").is_in(list(FIO_ACTIONS[layer])))
         .group_by("op")
         .len()
@@ -123,7 +124,7 @@ def export_fio(
     )
     left_out = 0
     if by == "gpu":
-        gpu_of = _gpu_of(trace)
+        gpu_of = _gpu_of(opened)
         grouped = df.with_columns(
             pl.col("pid").replace_strict(gpu_of, default=None, return_dtype=pl.Int64).alias("job")
         )
@@ -184,7 +185,7 @@ def export_fio(
     }
 
 
-def _gpu_of(trace: str) -> dict[int, int]:
+def _gpu_of(trace: Trace) -> dict[int, int]:
     """pid -> GPU index of the trace's job model (the analyzer's, from the file layer)."""
     from trainio_analysis.analyze import analyze
     from trainio_analysis.errors import SelectionError
@@ -192,7 +193,7 @@ def _gpu_of(trace: str) -> dict[int, int]:
     try:
         model = analyze(trace, layer="file").get("job_model") or {}
     except SelectionError:
-        msg = f"{trace}: --by gpu needs the file layer, where the job model comes from"
+        msg = f"{trace.path}: --by gpu needs the file layer, where the job model comes from"
         raise InputError(msg) from None
     return {int(m["pid"]): int(g["index"]) for g in model.get("gpus", []) for m in g["members"]}
 

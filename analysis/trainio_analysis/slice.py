@@ -150,7 +150,7 @@ def _in_cgroups(
 
 
 def _slice_one(
-    source: Path,
+    trace: tr.Trace,
     output: Path,
     *,
     start: float | dt.datetime | None,
@@ -159,10 +159,10 @@ def _slice_one(
     cgroups: Sequence[str] | None = None,
     origin_ns: int | None = None,
 ) -> dict[str, Any]:
-    """Slice one trace. ``origin_ns``: the moment seconds count from, on this trace's
-    clock (a set's member: the set's start), else the trace's start."""
-    segments = tr.open_trace(source)
-    meta = tr.read_metadata(source)
+    """Slice one trace (not a set). ``origin_ns``: the moment seconds count from, on this
+    trace's clock (a set's member: the set's start), else the trace's start."""
+    source = Path(trace.path)
+    segments, meta = trace.segments, trace.meta
     start_ns = meta.get("start_ns") if isinstance(meta.get("start_ns"), int) else 0
     offset = meta.get("clock_offset_ns") if isinstance(meta.get("clock_offset_ns"), int) else 0
     origin = start_ns if origin_ns is None else origin_ns
@@ -259,14 +259,14 @@ def slice_trace(
     if start is None and end is None and not pids and not cgroups:
         msg = "give a window (--from, --to) or processes (--pid, --cgroup)"
         raise InputError(msg)
-    members = tr.trace_set_members(source)
-    if members is None:
-        return _slice_one(Path(source), Path(output), start=start, end=end, pids=pids, cgroups=cgroups)
-    set_start = tr.read_metadata(source).get("start_ns")
+    trace = tr.Trace.open(source)
+    if trace.members is None:
+        return _slice_one(trace, Path(output), start=start, end=end, pids=pids, cgroups=cgroups)
+    set_start = trace.meta.get("start_ns")
     with output_directory(output) as out:
         parts = [
             _slice_one(
-                m.path,
+                member,
                 out / m.path.name,
                 start=start,
                 end=end,
@@ -274,7 +274,7 @@ def slice_trace(
                 cgroups=cgroups,
                 origin_ns=set_start - m.shift_ns if isinstance(set_start, int) else None,
             )
-            for m in members
+            for m, member in zip(trace.members, trace.member_traces, strict=True)
         ]
     return {"source": str(source), "output": str(output), "members": parts, "rows": sum(p["rows"] for p in parts)}
 

@@ -564,8 +564,8 @@ fn pyarrow_type_name(t: &arrow_schema::DataType) -> String {
 }
 
 /// The Rust writer's Arrow schema (`trainio_schema::arrow_schema()`): (column, type as
-/// pyarrow prints it, nullable) in column order, for the test that the Python reader,
-/// the Rust writer and SCHEMA.md agree.
+/// pyarrow prints it, nullable) in column order: the Python reader's columns
+/// (`trainio_analysis.trace.schema.COLUMNS`) are built from it.
 #[pyfunction]
 fn schema_columns() -> Vec<(String, String, bool)> {
     trainio_schema::arrow_schema()
@@ -584,6 +584,13 @@ fn layer_ops() -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// The columns a minor version added (`trainio_schema::OPTIONAL_COLUMNS`): readers take
+/// them as null when a trace lacks them.
+#[pyfunction]
+fn optional_columns() -> Vec<&'static str> {
+    trainio_schema::OPTIONAL_COLUMNS.to_vec()
+}
+
 /// The version the Rust writer writes: (`trainio.schema_version`, `trainio.schema_minor`).
 #[pyfunction]
 fn schema_version() -> (u32, u32) {
@@ -600,6 +607,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(schema_columns, m)?)?;
     m.add_function(wrap_pyfunction!(layer_ops, m)?)?;
     m.add_function(wrap_pyfunction!(schema_version, m)?)?;
+    m.add_function(wrap_pyfunction!(optional_columns, m)?)?;
     m.add_function(wrap_pyfunction!(event_keys_sorted, m)?)?;
     m.add_function(wrap_pyfunction!(equal_issue_neighbours, m)?)?;
     m.add_function(wrap_pyfunction!(summarize, m)?)?;

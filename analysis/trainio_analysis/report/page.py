@@ -14,7 +14,7 @@ from typing import Any
 
 from plotly.offline import get_plotlyjs
 
-from trainio_analysis.analyze import analyze
+from trainio_analysis.analyze import analyze, load_trace
 from trainio_analysis.errors import SelectionError, TrainioError
 from trainio_analysis.report.figures import OBJECT_PLOT_IDS, PLOT_IDS, SWEEP_ID, _figures, _object_figures
 from trainio_analysis.report.summary import _object_streams, _object_table, _summary
@@ -148,7 +148,8 @@ def write_report(
     replays = []
     for t in traces:
         name = _label(t, traces)
-        r = analyze(t, layer=layer, with_model=False, **opts)
+        trace = load_trace(t)
+        r = analyze(trace, layer=layer, with_model=False, **opts)
         layer = layer or r["selection"]["layer"]  # the same layer for every trace
         results.append((name, r))
         replay = replay_results(t)
@@ -160,7 +161,7 @@ def write_report(
         elif "file" in r["layers_present"]:
             try:
                 # the file layer with the job model: GPUs, compute and bytes per step
-                files.append((name, analyze(t, layer="file", **opts)))
+                files.append((name, analyze(trace, layer="file", **opts)))
             except SelectionError:
                 files.append((name, None))
         else:

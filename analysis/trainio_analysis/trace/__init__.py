@@ -8,6 +8,9 @@ Its parts: ``schema`` (the columns, layers, ops and metadata keys), ``segments``
 segment opened and its footer checked), ``sets`` (trace sets), ``check`` (rows checked as
 they are read), ``read`` and ``write``. Import the names from the package.
 
+A command opens its trace once, as a :class:`Trace` (segments, metadata, set members),
+and passes that along.
+
 Design: validation reads only Parquet footers, so opening a 100 GB trace costs
 milliseconds; data is read lazily (:func:`scan_trace`) or one row group at a time
 (:func:`iter_row_groups`), never materialized whole.
@@ -32,6 +35,7 @@ from trainio_analysis.trace.check import (
     known_rows,
 )
 from trainio_analysis.trace.read import (
+    Trace,
     iter_row_groups,
     open_trace,
     read_metadata,
@@ -116,6 +120,7 @@ __all__ = [
     "check_rows",
     "dictionary_codes",
     "known_rows",
+    "Trace",
     "open_trace",
     "read_metadata",
     "scan_trace",

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -32,13 +33,13 @@ from trainio_analysis.trace.schema import (
 from trainio_analysis.trace.segments import (
     Segment,
     _check_segment,
-    _Held,
     _open_segment,
     _raw_metadata,
     first_line,
     list_segments,
+    open_segment_files,
 )
-from trainio_analysis.trace.sets import _set_metadata, trace_set_members
+from trainio_analysis.trace.sets import Member, _set_metadata, open_set, trace_set_members
 
 
 def open_trace(path: str | os.PathLike[str]) -> list[Segment]:
@@ -52,35 +53,30 @@ def open_trace(path: str | os.PathLike[str]) -> list[Segment]:
     TraceError
         not a trace, not Parquet, unknown schema version, a missing column, or no rows.
     """
-    members = trace_set_members(path)
-    if members is not None:
-        out = []
-        for m in members:
-            out += [replace(s, shift_ns=m.shift_ns, host=m.host) for s in open_trace(m.path)]
-        return out
+    found = open_set(path)
+    if found is None:
+        return _open_plain(path)
+    return _on_set_clocks(found, [_open_plain(m.path, last) for m, last in found])
+
+
+def _open_plain(path: str | os.PathLike[str], last: Segment | None = None) -> list[Segment]:
+    """The segments of a trace that is not a set (``last``: its last, opened already)."""
     files = list_segments(path)
     if not files:
         msg = f"{path}: empty trace (no {SEGMENT_GLOB} segments)"
         raise TraceError(msg)
-    segments = []
-    for f in files:
-        try:
-            held: _Held | None = _Held(os.open(f, os.O_RDONLY | os.O_CLOEXEC))
-        except FileNotFoundError:
-            if f != files[-1]:
-                continue  # removed by the recorder's retention since it was listed (SCHEMA.md)
-            held = None
-        except OSError:
-            held = None  # _open_segment says why
-        pf = _open_segment(held.path if held is not None else f, f)
-        minor = _check_segment(f, pf)
-        md = pf.metadata
-        groups = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
-        segments.append(Segment(f, md.num_rows, groups, md, pf.schema_arrow, minor, held=held))
+    segments = open_segment_files(files, last)
     if sum(s.rows for s in segments) == 0:
         msg = f"{path}: empty trace (no rows)"
         raise TraceError(msg)
     return segments
+
+
+def _on_set_clocks(found: Sequence[tuple[Member, Segment]], parts: Sequence[list[Segment]]) -> list[Segment]:
+    """A set's segments: each member's, in member order, with its host and clock shift."""
+    return [
+        replace(s, shift_ns=m.shift_ns, host=m.host) for (m, _), segs in zip(found, parts, strict=True) for s in segs
+    ]
 
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -99,22 +95,27 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     last = files[-1]
     pf = _open_segment(last)
     _check_segment(last, pf)
+    return _metadata(last, _raw_metadata(pf))
+
+
+def _metadata(last: Path, raw: dict[str, str]) -> dict[str, Any]:
+    """:func:`read_metadata` of the raw key-value metadata of a trace's ``last`` segment."""
     out: dict[str, Any] = {}
-    for key, raw in _raw_metadata(pf).items():
+    for key, value in raw.items():
         short = key[len(META_PREFIX) :]
         if short in INT_META_KEYS:
             try:
-                out[short] = int(raw)
+                out[short] = int(value)
             except ValueError:
-                out[short] = raw
+                out[short] = value
         elif short in JSON_META_DEFAULTS:
             try:
-                out[short] = json.loads(raw)
+                out[short] = json.loads(value)
             except json.JSONDecodeError:
-                msg = f"{last}: metadata trainio.{short} is not JSON: {raw[:60]!r}"
+                msg = f"{last}: metadata trainio.{short} is not JSON: {value[:60]!r}"
                 raise TraceError(msg) from None
         else:
-            out[short] = raw
+            out[short] = value
     return out
 
 
@@ -127,21 +128,80 @@ def scan_trace(path: str | os.PathLike[str]) -> pl.LazyFrame:
     are not: :func:`read_rows` and :func:`read_row_group` check them as SCHEMA.md's
     *Readers* section says, and are what the analyzer reads through.
     """
-    members = trace_set_members(path)
-    if members is not None:
-        # as read_row_group reads a set: one clock, devices as HOST/MAJ:MIN
-        return pl.concat(
-            [
-                scan_trace(m.path).with_columns(
-                    *(pl.col(c) + m.shift_ns for c in TIME_COLUMNS),
-                    pl.concat_str(pl.lit(f"{m.host}/"), pl.col("dev")).alias("dev"),
-                )
-                for m in members
-            ],
-            how="vertical",
+    found = open_set(path)
+    if found is None:
+        return _scan_plain(_open_plain(path))
+    return _scan_set([m for m, _ in found], [_open_plain(m.path, last) for m, last in found])
+
+
+def _scan_plain(segments: Sequence[Segment]) -> pl.LazyFrame:
+    """A trace's rows (not a set's), string columns as ``pl.String``."""
+    return scan_segments(segments).with_columns(pl.col(sorted(STRING_COLUMNS)).cast(pl.String))
+
+
+def _scan_set(members: Sequence[Member], parts: Sequence[Sequence[Segment]]) -> pl.LazyFrame:
+    """A set's rows as read_row_group reads them: one clock, devices as HOST/MAJ:MIN."""
+    return pl.concat(
+        [
+            _scan_plain(segs).with_columns(
+                *(pl.col(c) + m.shift_ns for c in TIME_COLUMNS),
+                pl.concat_str(pl.lit(f"{m.host}/"), pl.col("dev")).alias("dev"),
+            )
+            for m, segs in zip(members, parts, strict=True)
+        ],
+        how="vertical",
+    )
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A trace or a trace set opened once, for a command to pass along instead of its path:
+    its segments (footers checked, files held open, row-group statistics at hand), its
+    metadata and, for a set, its members and each member as a trace of its own.
+
+    Example
+    -------
+    >>> t = Trace.open("traces/unet3d-demo-1gpu")  # doctest: +SKIP
+    >>> t.meta["hostname"], len(t.segments)  # doctest: +SKIP
+    """
+
+    #: the path as given (messages name it so)
+    path: str | os.PathLike[str]
+    #: as :func:`open_trace` gives them: a set's on the set's clock
+    segments: tuple[Segment, ...]
+    #: as :func:`read_metadata` gives it
+    meta: dict[str, Any]
+    #: a set's members (None: not a set) and each one's trace
+    members: tuple[Member, ...] | None = None
+    member_traces: tuple[Trace, ...] = ()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Trace:
+        """Open and check the trace at ``path`` (raises what :func:`open_trace` and
+        :func:`read_metadata` raise)."""
+        found = open_set(path)
+        if found is None:
+            segments = _open_plain(path)
+            return cls(path, tuple(segments), _metadata(segments[-1].path, _raw_metadata(segments[-1].footer)))
+        parts = [_open_plain(m.path, last) for m, last in found]
+        members = tuple(m for m, _ in found)
+        traces = tuple(
+            cls(m.path, tuple(segs), _metadata(segs[-1].path, _raw_metadata(segs[-1].footer)))
+            for m, segs in zip(members, parts, strict=True)
         )
-    lf = scan_segments(open_trace(path))
-    return lf.with_columns(pl.col(sorted(STRING_COLUMNS)).cast(pl.String))
+        meta = _set_metadata(members, [t.meta for t in traces])
+        return cls(path, tuple(_on_set_clocks(found, parts)), meta, members, traces)
+
+    @classmethod
+    def of(cls, trace: str | os.PathLike[str] | Trace) -> Trace:
+        """``trace`` when it is opened already, else the trace at that path opened."""
+        return trace if isinstance(trace, Trace) else cls.open(trace)
+
+    def scan(self) -> pl.LazyFrame:
+        """:func:`scan_trace` of this trace."""
+        if self.members is None:
+            return _scan_plain(self.segments)
+        return _scan_set(self.members, [t.segments for t in self.member_traces])
 
 
 def _with_optional_columns(lf: pl.LazyFrame, names: Iterable[str]) -> pl.LazyFrame:

@@ -8,14 +8,21 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+try:
+    from trainio_analysis import _native
+except ImportError as exc:  # the schema is the Rust crate's: `make` builds the extension
+    msg = "trainio_analysis._native is not built (it holds the trace schema): run make"
+    raise ImportError(msg) from exc
+
+# The version, columns, layers and ops are schema/src/lib.rs's (the Rust writer and
+# reader), through the native module: one statement of the format in the repository.
+
+#: ``trainio.schema_version`` and ``trainio.schema_minor`` written; any minor of a known
+#: version is read (absent = 0).
+SCHEMA_VERSION, SCHEMA_MINOR = _native.schema_version()
 
 
-#: ``trainio.schema_minor`` written; any minor of a known version is read (absent = 0).
-SCHEMA_MINOR = 9
-
-
-KNOWN_SCHEMA_VERSIONS = frozenset({1})
+KNOWN_SCHEMA_VERSIONS = frozenset({SCHEMA_VERSION})
 
 
 META_PREFIX = "trainio."
@@ -33,53 +40,36 @@ DICT16 = pa.dictionary(pa.int16(), pa.string())
 DICT32 = pa.dictionary(pa.int32(), pa.string())
 
 
+#: The Arrow types this reader handles, by the name pyarrow prints (the native module's).
+_ARROW_TYPES = {
+    str(t): t
+    for t in (
+        *(pa.int8(), pa.int16(), pa.int32(), pa.int64()),
+        *(pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()),
+        *(pa.string(), DICT8, DICT16, DICT32),
+    )
+}
+
+
+def _arrow_type(column: str, name: str) -> pa.DataType:
+    """The Arrow type the Rust schema gives ``column`` (a type unknown here is a build of
+    the extension newer than this package)."""
+    try:
+        return _ARROW_TYPES[name]
+    except KeyError:
+        msg = f"trace schema: column {column} has type {name}, which this reader does not know"
+        raise ImportError(msg) from None
+
+
 #: (column, Arrow type, nullable) in the order SCHEMA.md lists them.
-COLUMNS: tuple[tuple[str, pa.DataType, bool], ...] = (
-    ("layer", DICT8, False),
-    ("op", DICT8, False),
-    ("issue_ns", pa.int64(), False),
-    ("complete_ns", pa.int64(), False),
-    ("insert_ns", pa.int64(), True),
-    ("dev", DICT16, True),
-    ("offset", pa.int64(), True),
-    ("bytes", pa.int64(), False),
-    ("bytes_requested", pa.int64(), False),
-    ("queue_depth", pa.uint32(), False),
-    ("pid", pa.uint32(), False),
-    ("tid", pa.uint32(), False),
-    ("comm", DICT32, False),
-    ("fd", pa.int32(), True),
-    ("file", DICT32, True),
-    ("error", pa.int32(), False),
-    ("flags", pa.uint32(), False),
-    # 1.1: the RPC that carried an nfs request
-    ("rpc_xid", pa.uint32(), True),
-    ("rpc_backlog_ns", pa.int64(), True),
-    ("rpc_rtt_ns", pa.int64(), True),
-    ("rpc_execute_ns", pa.int64(), True),
-    ("rpc_retrans", pa.uint32(), True),
-    # 1.3: the parent's tgid of a proc row's process
-    ("ppid", pa.uint32(), True),
-    # 1.8: an object-layer row's server, response status and first response byte
-    ("endpoint", DICT16, True),
-    ("http_status", pa.uint32(), True),
-    ("first_byte_ns", pa.int64(), True),
+COLUMNS: tuple[tuple[str, pa.DataType, bool], ...] = tuple(
+    (name, _arrow_type(name, typ), nullable) for name, typ, nullable in _native.schema_columns()
 )
 
 
 #: Columns added by minor versions: a trace written before them lacks them, and readers
 #: see them as all-null columns.
-OPTIONAL_COLUMNS = (
-    "rpc_xid",
-    "rpc_backlog_ns",
-    "rpc_rtt_ns",
-    "rpc_execute_ns",
-    "rpc_retrans",
-    "ppid",
-    "endpoint",
-    "http_status",
-    "first_byte_ns",
-)
+OPTIONAL_COLUMNS: tuple[str, ...] = tuple(_native.optional_columns())
 
 
 SCHEMA = pa.schema([pa.field(n, t, nullable=null) for n, t, null in COLUMNS])
@@ -102,34 +92,16 @@ _INT_RANGE = {
 STRING_COLUMNS = frozenset(n for n, t, _ in COLUMNS if pa.types.is_dictionary(t))
 
 
-LAYERS = ("block", "file", "nfs", "proc", "ipc", "object")
+#: The layers (SCHEMA.md, *layer*) and the ops a row of each may have (*op*).
+OPS: dict[str, tuple[str, ...]] = {layer: tuple(ops) for layer, ops in _native.layer_ops()}
+
+
+LAYERS = tuple(OPS)
 
 
 #: The layers whose rows are storage I/O, the ones an analysis characterizes; proc
 #: (process lifecycle) and ipc (pipes, sockets) rows describe the job's structure.
 STORAGE_LAYERS = ("block", "file", "nfs")
-
-
-OPS = {
-    "block": ("read", "write", "flush", "discard", "write_zeroes", "other"),
-    "file": (
-        "read",
-        "write",
-        "open",
-        "close",
-        "fsync",
-        "fdatasync",
-        "sync_file_range",
-        "fault",
-        "map_pages",
-        "mmap",
-        "madvise",
-    ),
-    "nfs": ("read", "write", "commit"),
-    "proc": ("start", "fork", "exec", "comm", "exit", "cgroup"),
-    "ipc": ("read", "write", "wait"),
-    "object": ("get", "put", "head", "post", "delete", "other"),
-}
 
 
 #: Ops whose rows are counted in a layer's queue depth (SCHEMA.md, `queue_depth`).

@@ -4,7 +4,7 @@ read, and its schema version and columns checked, all without reading a row."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,8 +106,10 @@ def _open_segment(path: Path, name: Path | None = None) -> pq.ParquetFile:
     return pf
 
 
-def _raw_metadata(pf: pq.ParquetFile) -> dict[str, str]:
-    kv = pf.metadata.metadata or {}
+def _raw_metadata(pf: pq.ParquetFile | pq.FileMetaData) -> dict[str, str]:
+    """The ``trainio.`` key-value metadata of a segment (an opened file or its footer)."""
+    md = pf.metadata if isinstance(pf, pq.ParquetFile) else pf
+    kv = md.metadata or {}
     return {
         k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
         for k, v in kv.items()
@@ -173,3 +175,29 @@ def _check_segment(path: Path, pf: pq.ParquetFile) -> int:
             msg = f"{path}: column {name} has type {got}, expected {kind} (written as {want})"
             raise TraceError(msg)
     return minor
+
+
+def open_segment_files(files: Sequence[Path], reuse: Segment | None = None) -> list[Segment]:
+    """The segments of ``files`` (one trace's, in name order) opened and checked, each file
+    held open; a segment other than the last that is gone was removed by the recorder's
+    retention since it was listed (SCHEMA.md) and is left out. ``reuse``: a segment of
+    these files opened already (a set member's last), taken as it is."""
+    segments = []
+    for f in files:
+        if reuse is not None and f == reuse.path:
+            segments.append(reuse)
+            continue
+        try:
+            held: _Held | None = _Held(os.open(f, os.O_RDONLY | os.O_CLOEXEC))
+        except FileNotFoundError:
+            if f != files[-1]:
+                continue
+            held = None
+        except OSError:
+            held = None  # _open_segment says why
+        pf = _open_segment(held.path if held is not None else f, f)
+        minor = _check_segment(f, pf)
+        md = pf.metadata
+        groups = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
+        segments.append(Segment(f, md.num_rows, groups, md, pf.schema_arrow, minor, held=held))
+    return segments

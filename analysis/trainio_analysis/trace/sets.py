@@ -12,7 +12,7 @@ from typing import Any
 
 from trainio_analysis.errors import TraceError
 from trainio_analysis.trace.schema import META_PREFIX, SEGMENT_GLOB
-from trainio_analysis.trace.segments import _check_segment, _open_segment, _raw_metadata
+from trainio_analysis.trace.segments import Segment, _raw_metadata, open_segment_files
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,13 @@ def trace_set_members(path: str | os.PathLike[str]) -> list[Member] | None:
     same host, members of different schema versions. The Rust reader
     (``schema/src/set.rs``) accepts and refuses the same.
     """
+    found = open_set(path)
+    return None if found is None else [m for m, _ in found]
+
+
+def open_set(path: str | os.PathLike[str]) -> list[tuple[Member, Segment]] | None:
+    """:func:`trace_set_members`, each member with its last segment, opened and checked
+    (held open, for the reader of the set to take rather than open it again)."""
     p = Path(path)
     if not p.is_dir():
         return None
@@ -64,15 +71,15 @@ def trace_set_members(path: str | os.PathLike[str]) -> list[Member] | None:
     if not dirs:
         return None
     members: list[Member] = []
+    lasts: list[Segment] = []
     first_version: tuple[Path, str] | None = None
     for d in sorted(dirs):
         files = sorted(d.glob(SEGMENT_GLOB))
         if not files:
             msg = f"{p}: {d} is not a trace (no {SEGMENT_GLOB}): a trace set holds only per-host traces"
             raise TraceError(msg)
-        pf = _open_segment(files[-1])
-        _check_segment(files[-1], pf)
-        raw = _raw_metadata(pf)
+        (last,) = open_segment_files(files[-1:])
+        raw = _raw_metadata(last.footer)
         host = raw.get(META_PREFIX + "hostname", "").strip()
         if not host:
             msg = f"{d}: no trainio.hostname: a member of a trace set must name its host"
@@ -98,8 +105,12 @@ def trace_set_members(path: str | os.PathLike[str]) -> list[Member] | None:
             msg = f"{d}: trainio.clock_offset_ns {offset_raw[:24]!r} is not an integer"
             raise TraceError(msg) from None
         members.append(Member(host, d, offset, 0, _raw_complete(raw)))
+        lasts.append(last)
     base = members[0].clock_offset_ns
-    return [Member(m.host, m.path, m.clock_offset_ns, m.clock_offset_ns - base, m.complete) for m in members]
+    return [
+        (Member(m.host, m.path, m.clock_offset_ns, m.clock_offset_ns - base, m.complete), last)
+        for m, last in zip(members, lasts, strict=True)
+    ]
 
 
 def _raw_complete(raw: dict[str, str]) -> bool | None:
