@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from trainio_testlib import loop_device, wait_no_trainio_programs
+from trainio_testlib import loop_device, require_root, wait_no_trainio_programs
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked root fails before it starts when the tests do not run as root (the
+    one root policy: never a skip; trainio_testlib.require_root)."""
+    if item.get_closest_marker("root"):
+        require_root("marked root: BPF, loop devices, mounts, cgroups or namespaces")
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +33,7 @@ def _no_bpf_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture
 def loop_dev() -> Iterator[str]:
     """A 256 MiB loop device (direct I/O to its backing file in /dev/shm)."""
-    if os.geteuid() != 0:
-        pytest.fail("this test needs root (loop devices, BPF): run it as root")
+    require_root("loop devices, BPF")
     with loop_device(256) as dev:
         yield dev
 

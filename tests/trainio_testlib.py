@@ -467,3 +467,13 @@ def under_a_terminal(cmd: list, env: dict) -> tuple[int, list[tuple[float, bytes
             p.kill()
             p.wait()
     return p.returncode, got, ended if ended is not None else time.monotonic()
+
+
+def require_root(why: str) -> None:
+    """The one root policy of the tests: a test or fixture that needs root fails without
+    it, saying what for; it never skips (a skipped test would read as passing). Tests
+    marked ``root`` get this check from tests/conftest.py before they start."""
+    if os.geteuid() != 0:
+        import pytest  # here: the benches import this module without pytest's machinery
+
+        pytest.fail(f"needs root ({why}): run the tests as root", pytrace=False)

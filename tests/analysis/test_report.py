@@ -14,6 +14,7 @@ from analysis_helpers import block, fread, run_cli
 
 from trainio_analysis.report import PLOT_IDS
 from trainio_analysis.trace import write_trace
+from trainio_testlib import require_root
 
 
 def _job(path: Path, gpus: int) -> Path:
@@ -72,8 +73,7 @@ def test_report_refuses_outputs_it_would_replace(tmp_path: Path, kind: str) -> N
     if kind == "devnull":
         # a device node of our own, like /dev/null (char 1:3): never the real one, which
         # a report writer with the bug would replace with a file
-        if os.geteuid() != 0:
-            pytest.skip("mknod of a device node needs root")
+        require_root("mknod of a device node")
         os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     out = {
         "devnull": tmp_path / "null",

@@ -20,6 +20,7 @@ from analysis_helpers import block, fread, run_cli
 
 from trainio_analysis.report import PLOT_IDS
 from trainio_analysis.trace import write_trace
+from trainio_testlib import require_root
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -249,8 +250,7 @@ def test_report_of_recorded_1_and_15_gpu_trainings(tmp_path: Path) -> None:
 
     from trainio_testlib import FIDELITY_WORKLOAD, MPI_ROOT_ENV, TRAINIO, mounted_loop_fs, run
 
-    if os.geteuid() != 0:
-        pytest.fail("needs root (loop device, BPF)")
+    require_root("loop device, BPF")
     wl = tmp_path / "wl.yaml"
     wl.write_text(FIDELITY_WORKLOAD.format(record=256 << 10, batch=2, threads=2, compute=0.02))
     env = {**os.environ, **MPI_ROOT_ENV}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trainio_testlib import ROOT, TRAINIO
+from trainio_testlib import ROOT, TRAINIO, require_root
 
 sys.path.insert(0, str(ROOT / "tests" / "replay"))
 sys.path.insert(0, str(ROOT / "analysis"))
@@ -381,8 +381,7 @@ def test_fuzz_numeric_options_at_the_edges(tmp_path: Path) -> None:
 def test_record_numbers_at_the_edges(tmp_path: Path) -> None:
     """record's numeric options at the edges: refused in one line naming the option
     (exit 2) before any BPF program is loaded; no panic."""
-    if os.geteuid() != 0:
-        pytest.fail("trainio record needs root")
+    require_root("trainio record loads BPF programs")
     for o in ("--duration", "--ringbuf-mb", "--segment-mb", "--segment-s"):
         for v in EDGES:
             p = run("record", "-o", tmp_path / f"t{o}{v}", o, v, "--", "true", timeout=60)

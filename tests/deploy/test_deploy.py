@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainio_testlib import ROOT, run
+from trainio_testlib import ROOT, require_root, run
 
 # isort: split
 from trainio_analysis.trace import read_metadata
@@ -83,8 +83,7 @@ def _unit_environment() -> dict[str, str]:
 
 @pytest.fixture
 def job_cgroup() -> Path:
-    if os.geteuid() != 0:
-        pytest.fail("this test needs root (BPF, cgroups): run it as root")
+    require_root("BPF, cgroups")
     unified = Path("/sys/fs/cgroup/unified")  # a hybrid hierarchy's cgroup v2
     base = unified if (unified / "cgroup.procs").exists() else Path("/sys/fs/cgroup")
     cg = base / f"trainio-deploy-{os.getpid()}"

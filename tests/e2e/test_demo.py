@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainio_testlib import ROOT
+from trainio_testlib import ROOT, require_root
 
 DEMO = ROOT / "scripts" / "demo.sh"
 
@@ -34,8 +34,7 @@ def _leftovers(pid: int) -> list[str]:
 
 
 def test_demo_names_the_gpu_count_where_au_falls_below_90(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (loop device, cgroup, BPF)")
+    require_root("loop device, cgroup, BPF")
     out = tmp_path / "demo"
     p = subprocess.Popen(
         [str(DEMO)],
@@ -85,8 +84,7 @@ def test_demo_names_the_gpu_count_where_au_falls_below_90(tmp_path: Path) -> Non
 
 
 def test_demo_refuses_a_bad_drive_bandwidth(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
+    require_root("loop device, cgroup, BPF")
     out = tmp_path / "demo"
     r = subprocess.run(
         [str(DEMO)],

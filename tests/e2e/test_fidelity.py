@@ -16,14 +16,13 @@ the job passes however loaded the host is, one that is not fails."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from trainio_testlib import fidelity_run
+from trainio_testlib import fidelity_run, require_root
 
 GPUS = 4
 #: Per-issue QD W1 held per I/O engine. psync meets the issue's target (1). io_uring
@@ -50,8 +49,7 @@ def test_replay_at_the_recorded_gpu_count_reproduces_the_original(work, io_engin
     thread keeps up to 4 requests in flight while it computes, recorded with
     `--io-uring`; the model sees the overlapping requests of one thread, counts its
     streams and paces by its step period (model/src/async_reads.rs)."""
-    if os.geteuid() != 0:
-        pytest.fail("needs root (loop device, BPF)")
+    require_root("loop device, BPF")
     r = fidelity_run(GPUS, work, reference=True, io_engine=io_engine)
     orig, rep, cmp_ = r["original"], r["replay"], r["compare"]
     # The experiment is what it claims: the trace had one template per recorded GPU, the

@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainio_testlib import ROOT, mounted_loop_fs, run, trainio
+from trainio_testlib import ROOT, mounted_loop_fs, require_root, run, trainio
 
 MiB = 1 << 20
 SIZE_MB = 64
@@ -44,8 +44,7 @@ def _evict(path: Path) -> None:
 
 @pytest.fixture
 def data_file():
-    if os.geteuid() != 0:
-        pytest.skip("needs root (loop devices, BPF)")
+    require_root("loop devices, BPF")
     with mounted_loop_fs(SIZE_MB * 3) as (_dev, _mm, mnt):
         f = mnt / "data.bin"
         with open(f, "wb") as out:
@@ -213,8 +212,7 @@ def test_io_uring_requests_are_file_layer_rows_with_record_io_uring(data_file, t
 
 
 def test_record_io_uring_needs_the_file_layer(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root (BPF)")
+    require_root("BPF")
     r = trainio("record", "--io-uring", "--layers", "block", "-o", tmp_path / "t", "--", "true", timeout=60)
     assert r.returncode == 2 and "--io-uring" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "t").exists()

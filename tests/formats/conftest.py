@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from trainio_testlib import mounted_loop_fs
+from trainio_testlib import mounted_loop_fs, require_root
 
 
 @pytest.fixture(scope="module")
 def fs():
-    if os.geteuid() != 0:
-        pytest.fail("needs root (loop device, BPF)")
+    require_root("loop device, BPF")
     with mounted_loop_fs(256, quiet=True) as fs:
         yield fs

@@ -30,15 +30,14 @@ from pathlib import Path
 
 import pytest
 
-from trainio_testlib import MPI_ROOT_ENV, SESSION_MARK, loop_device, mounted_loop_fs
+from trainio_testlib import MPI_ROOT_ENV, SESSION_MARK, loop_device, mounted_loop_fs, require_root
 
 SUBNET = "10.23.0"
 SSHD = "/usr/sbin/sshd"
 
 
 def need_testbed_tools() -> None:
-    if os.geteuid() != 0:
-        pytest.fail("the multi-host tests need root (network namespaces, loop devices)")
+    require_root("network namespaces, loop devices")
     missing = [
         t for t in ("ip", "unshare", "nsenter", "mpirun", "ssh", "ssh-keygen", "/usr/sbin/sshd") if not shutil.which(t)
     ]

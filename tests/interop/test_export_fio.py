@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 from interop_helpers import analyze_json, block_requests, fio_job, ok
 
-from trainio_testlib import loop_device, majmin, trainio
+from trainio_testlib import loop_device, majmin, require_root, trainio
 
 
 @pytest.mark.root
 @pytest.mark.slow
 def test_fio_replays_the_export_with_the_same_requests_and_throughput(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.fail("this test needs root (loop devices, BPF): run it as root")
+    require_root("loop devices, BPF")
     with loop_device(256) as original_dev, loop_device(256) as replay_dev:
         ok(
             "record",

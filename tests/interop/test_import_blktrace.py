@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 from interop_helpers import block_requests, fio_job, ok
 
 from trainio_analysis.trace import read_metadata, scan_trace
-from trainio_testlib import loop_device, majmin
+from trainio_testlib import loop_device, majmin, require_root
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -57,8 +56,7 @@ def kernel_blktrace(dev: str, out: Path) -> Iterator[None]:
 @pytest.mark.root
 @pytest.mark.slow
 def test_imported_blktrace_has_trainios_requests_and_queue_depths(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.fail("this test needs root (loop devices, BPF, tracefs): run it as root")
+    require_root("loop devices, BPF, tracefs")
     with loop_device(256) as dev:
         with kernel_blktrace(dev, tmp_path / "blkparse.txt"):
             ok(

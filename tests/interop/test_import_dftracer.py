@@ -15,7 +15,7 @@ import pytest
 from interop_helpers import analyze_json, ok
 
 from trainio_analysis.trace import read_metadata, scan_trace
-from trainio_testlib import trainio
+from trainio_testlib import require_root, trainio
 
 READER = r"""
 import os, sys
@@ -63,8 +63,7 @@ def file_reads(trace: Path, data: Path) -> dict[str, pl.DataFrame]:
 @pytest.mark.root
 @pytest.mark.slow
 def test_imported_dftracer_trace_agrees_with_trainio_record(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.fail("this test needs root (BPF): run it as root")
+    require_root("BPF")
     preload = dftracer_preload()
     data = tmp_path / "data"
     data.mkdir()

@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(config, items):
 def nfs_guest_image() -> Path:
     """The guest image's cache directory, built if needed."""
     if shutil.which(guest.QEMU) is None:
-        pytest.skip(
+        pytest.fail(
             f"{guest.QEMU} is not installed (scripts/install-deps.sh installs "
             "qemu-system-x86): cannot boot the NFS guest"
         )

@@ -19,7 +19,6 @@ the file layer) replays it at the recorded GPU count and records itself. Then:
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -32,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import dataset_fs, device_of, drop_caches, run_job, throttled_cgroup
 
-from trainio_testlib import TRAINIO
+from trainio_testlib import TRAINIO, require_root
 
 # isort: split
 import polars as pl
@@ -98,8 +97,7 @@ def checkpoint_marks(trace: Path, model: dict) -> list[tuple[int, int, int]]:
 @pytest.mark.root
 @pytest.mark.slow
 def test_checkpoints_of_a_real_job_are_replayed_after_their_steps(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (loop devices, cgroups, BPF)")
+    require_root("loop devices, cgroups, BPF")
     n_files = RANKS * BATCH * (STEPS + 2)
     checkpoints = STEPS // EVERY
     slack = 2 * (n_files * SAMPLE + checkpoints * RANKS * CKPT_MIB * MiB) // MiB + 96

@@ -22,7 +22,6 @@ starved.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import dataset_fs, run_job, summary
 
 # isort: split
-from trainio_testlib import majmin
+from trainio_testlib import majmin, require_root
 
 MiB = 1 << 20
 RANKS, BATCH, COMPUTE_MS = 2, 4, 50
@@ -46,8 +45,7 @@ THROTTLE = {0: 60 * MiB, 2: 100 * MiB}  # per worker count: AU ~0.4 and ~0.6
 @pytest.fixture(scope="module")
 def data():
     """Both data sets on one quiet ext4 over a loop device: (device, mount point)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (loop devices, cgroups, BPF)")
+    require_root("loop devices, cgroups, BPF")
     sets = {"npz": (NPZ_FILES, NPZ_BYTES, "npz"), "raw": (RAW_FILES, RAW_BYTES, "raw")}
     with dataset_fs(sets) as (dev, _mm, mnt):
         yield dev, mnt

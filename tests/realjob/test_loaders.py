@@ -47,6 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity import Scenario, run_scenario
 from harness import dataset_fs
 
+from trainio_testlib import require_root
+
 KiB = 1 << 10
 DEFAULT = [
     Scenario("storage-w2-arrow", "storage-bound", 2, "arrow", 256 * KiB, 30, realtime=True, double=True),
@@ -77,8 +79,7 @@ AU_MISSED = {"storage-w2-arrow": 10.0}
 
 @pytest.fixture(scope="module")
 def fs():
-    if os.geteuid() != 0:
-        pytest.fail("needs root (loop devices, cgroups, BPF)")
+    require_root("loop devices, cgroups, BPF")
     sets = {sc.name: (sc.files, sc.sample_bytes, sc.fmt) for sc in SCENARIOS}
     slack = max(3 * sc.files * (sc.sample_bytes + 8192) // (1 << 20) for sc in SCENARIOS) + 64
     with dataset_fs(sets, slack_mb=slack) as (_dev, _mm, mnt):

@@ -23,7 +23,6 @@ bench-realjob prints both runs' median block-read latency next to the errors)
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -33,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fidelity import MiB, Scenario, run_scenario
 from harness import dataset_fs
+
+from trainio_testlib import require_root
 
 SCENARIOS = [
     Scenario("compute-w2", "compute-bound", 2, "npz", MiB, None, realtime=True),
@@ -44,8 +45,7 @@ SCENARIOS = [
 
 @pytest.fixture(scope="module")
 def fs():
-    if os.geteuid() != 0:
-        pytest.skip("needs root (loop devices, cgroups, BPF)")
+    require_root("loop devices, cgroups, BPF")
     sets = {sc.name: (sc.files, sc.sample_bytes, sc.fmt) for sc in SCENARIOS}
     # room for each replay's copies: the recorded bytes at twice the GPUs
     slack = max(3 * sc.files * (sc.sample_bytes + 8192) // MiB for sc in SCENARIOS) + 64

@@ -4,19 +4,17 @@ bin/trainio, on tmpfs, and (as root) on a loop device throttled by a cgroup (v2 
 from __future__ import annotations
 
 import contextlib
-import os
 
 import pytest
 
-from trainio_testlib import mounted_loop_fs, throttled_cgroup
+from trainio_testlib import mounted_loop_fs, require_root, throttled_cgroup
 
 
 @pytest.fixture
 def loop_fs():
     """An ext4 file system on a loop device over a file in /dev/shm, mounted under a temp
     dir. Yields (device, "MAJ:MIN", mount point). Everything is undone even on failure."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
+    require_root("loop device, mount")
     with mounted_loop_fs(768) as fs:
         yield fs
 
@@ -28,7 +26,6 @@ def throttle():
     has the io controller, else v1 blkio (trainio_testlib.throttled_cgroup). A machine with
     neither is an error, not a skip. Whatever is inside is killed and the group removed
     afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
+    require_root("cgroups")
     with contextlib.ExitStack() as stack:
         yield lambda majmin, rbps, wbps=None: stack.enter_context(throttled_cgroup(majmin, rbps, wbps=wbps))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from replay_helpers import MPI_ENV, ROOT, TRAINIO, in_cgroup, load_json, run_trainio
 
-from trainio_testlib import PROGRESS_ENV, wait_for_steps
+from trainio_testlib import PROGRESS_ENV, require_root, wait_for_steps
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -433,8 +433,7 @@ def _mpirun(ranks: int) -> tuple[str, ...]:
 @contextlib.contextmanager
 def small_tmpfs(tmp_path: Path, size: str):
     """A tmpfs of `size` (a file system that fills), unmounted even when the test fails."""
-    if os.geteuid() != 0:
-        pytest.fail("needs root (mounts a small tmpfs)")
+    require_root("mounts a small tmpfs")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "none", str(mnt)], check=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from replay_helpers import ROOT, load_json, run_trainio, write_workload
 
-from trainio_testlib import mounted_loop_fs
+from trainio_testlib import mounted_loop_fs, require_root
 
 # The real workload files, unchanged (from ../shared/dlio-configs, mlcommons/storage main
 # caa90c9 configs/dlio/workload/), checked against the originals where those are present.
@@ -212,8 +212,7 @@ def test_datagen_and_replay_refuse_a_dataset_the_file_system_cannot_hold() -> No
     """ext4 on a 64 MiB loop device: a dataset a few MiB larger than its free space is
     refused before anything is written; one that fits is written; growing it counts only
     the files still missing."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (loop device, mount)")
+    require_root("loop device, mount")
     with mounted_loop_fs(64) as (_dev, _mm, mnt):
         free = _statvfs_free(mnt)
         too_many = free // MIB + 4

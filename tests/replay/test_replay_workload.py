@@ -146,7 +146,7 @@ def test_demo_configs_run(tmpfs_dir, config):
 
 def test_mpirun_two_ranks_five_gpus(tmpfs_dir):
     if not shutil.which("mpirun"):
-        pytest.skip("mpirun not installed")
+        pytest.fail("mpirun is missing (OpenMPI is a dependency: scripts/install-deps.sh)")
     wl = write_workload(tmpfs_dir / "wl.yaml", files=20, record=256 << 10, batch=2, compute=0.02)
     run_trainio("datagen", "--workload", wl, "--data-dir", tmpfs_dir / "d", "--gpus", 5)
     out = tmpfs_dir / "r.json"
@@ -174,7 +174,7 @@ def test_mpirun_two_ranks_five_gpus(tmpfs_dir):
 
 def test_a_failing_rank_ends_the_job_naming_it(tmpfs_dir):
     if not shutil.which("mpirun"):
-        pytest.skip("mpirun not installed")
+        pytest.fail("mpirun is missing (OpenMPI is a dependency: scripts/install-deps.sh)")
     wl = write_workload(tmpfs_dir / "wl.yaml", files=4, record=64 << 10, batch=1, compute=0.01)
     data = tmpfs_dir / "d"
     run_trainio("datagen", "--workload", wl, "--data-dir", data, "--gpus", 4)
