@@ -92,14 +92,12 @@ pub struct Job {
     pub tf_buffer: u64,
     pub max_steps: u64,
     pub threshold_percent: f64,
-    pub barrier: bool,
-    pub odirect: bool,
+    /// How the engine reads and paces: O_DIRECT, the step barrier, progress, SCHED_FIFO,
+    /// the I/O engine; handed to each run's engine as they are.
+    pub engine: crate::engine::EngineOptions,
     pub drop_caches: bool,
     pub generate: bool,
     pub force: bool,
-    pub progress: bool,
-    pub realtime: bool,
-    pub psync: bool,
     /// The page-cache warning was printed (once per command, not once per `--runs` run).
     pub cache_warned: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// `storage.storage_type: s3`: the dataset and checkpoints are objects there, checked
@@ -213,7 +211,7 @@ impl Job {
             root: self.data_dir.clone(),
             local: split(gpus, cluster.size, cluster.rank),
             transfer: self.transfer_size,
-            odirect: self.odirect,
+            odirect: self.engine.odirect,
             s3: self.s3.clone(),
         }))
     }
@@ -227,7 +225,7 @@ impl Job {
             "data_dir": self.data_dir.display().to_string(),
             "params": self.workload.params,
             "transfer_size": self.transfer_size,
-            "odirect": self.odirect,
+            "odirect": self.engine.odirect,
             "train": self.workload.train,
             "storage": self.s3.as_ref().map(|t| t.settings_json()),
         })
@@ -276,7 +274,7 @@ impl Job {
             })?;
         }
         cluster.barrier()?;
-        checkpointing::run_checkpoint_only(&ckpt, cluster, self.checkpoint_settings(), self.progress)
+        checkpointing::run_checkpoint_only(&ckpt, cluster, self.checkpoint_settings(), self.engine.progress)
     }
 }
 

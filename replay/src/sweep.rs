@@ -6,7 +6,7 @@
 use crate::cli::SweepArgs;
 use crate::cluster::Cluster;
 use crate::replay::Job;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::json;
 
 struct Point {
@@ -28,24 +28,8 @@ pub fn sweep(args: &SweepArgs, cluster: &Cluster) -> Result<()> {
         crate::output::check(&json_path, "--json")?;
         crate::check_not_input(&json_path, &args.run.source)?;
     }
-    let job = Job::prepare(&args.run)?;
+    let (job, start) = Job::for_sweep(args, cluster.size)?;
     let _lock = crate::lock::acquire_for_job(cluster, &job.data_dir, job.generate)?;
-    if job.workload.dataset_only {
-        anyhow::bail!(crate::replay::InputError(format!(
-            "{}: workflow.train is false and there is no checkpoint: a dataset to generate, nothing to sweep (run 'trainio datagen' with it)",
-            job.source
-        )));
-    }
-    if !job.workload.train {
-        bail!(crate::replay::InputError(format!(
-            "{}: a checkpoint-only workload has no AU to sweep: run 'trainio replay' with it",
-            job.source
-        )));
-    }
-    let start = args.start_gpus.unwrap_or(1).max(cluster.size as u64);
-    if start > args.max_gpus {
-        bail!(crate::replay::InputError(format!("--start-gpus {start} is above --max-gpus {}", args.max_gpus)));
-    }
     let mut curve: Vec<Point> = Vec::new();
     let mut trial = |n: u64| -> Result<bool> {
         let summary = job.run(cluster, n)?;

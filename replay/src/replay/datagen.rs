@@ -34,7 +34,7 @@ impl Job {
         }
         cluster.barrier()?;
         let started = std::time::Instant::now();
-        let bytes = dataset::generate(&layout, cluster.rank, cluster.size, self.progress && cluster.is_root())?;
+        let bytes = dataset::generate(&layout, cluster.rank, cluster.size, self.engine.progress && cluster.is_root())?;
         cluster.barrier()?;
         if cluster.is_root() {
             eprintln!(

@@ -4,7 +4,7 @@
 //! option or key.
 
 use super::{Job, Recorded, Source, DEFAULT_TRANSFER, MAX_COMPUTE_S};
-use crate::cli::{ReplayArgs, RunArgs};
+use crate::cli::{ReplayArgs, RunArgs, SweepArgs};
 use crate::errors::InputError;
 use crate::formats::Format;
 use crate::object::s3_writes::S3Target;
@@ -41,6 +41,30 @@ impl Job {
         Ok(job)
     }
 
+    /// `trainio sweep`'s job for `ranks` MPI ranks and the GPU count its search starts
+    /// at: a run's (`prepare`), of a workload or trace that trains, with --start-gpus (at
+    /// least one GPU per rank) not above --max-gpus.
+    pub fn for_sweep(args: &SweepArgs, ranks: usize) -> Result<(Job, u64)> {
+        let job = Job::prepare(&args.run)?;
+        if job.workload.dataset_only {
+            bail!(InputError(format!(
+                "{}: workflow.train is false and there is no checkpoint: a dataset to generate, nothing to sweep (run 'trainio datagen' with it)",
+                job.source
+            )));
+        }
+        if !job.workload.train {
+            bail!(InputError(format!(
+                "{}: a checkpoint-only workload has no AU to sweep: run 'trainio replay' with it",
+                job.source
+            )));
+        }
+        let start = args.start_gpus.unwrap_or(1).max(ranks as u64);
+        if start > args.max_gpus {
+            bail!(InputError(format!("--start-gpus {start} is above --max-gpus {}", args.max_gpus)));
+        }
+        Ok((job, start))
+    }
+
     /// A run's arguments (replay's, sweep's, or datagen's as `RunArgs::datagen` makes
     /// them) turned into the validated job: the workload or the trace read, the
     /// overrides applied, every check that needs no dataset made.
@@ -66,13 +90,20 @@ impl Job {
         }
         check_odirect(&w, args, source.recorded().is_some(), path)?;
         let s3 = object_target(&w, args, path)?;
+        let engine = crate::engine::EngineOptions {
+            odirect: args.io.odirect || w.odirect,
+            barrier: !args.io.no_barrier,
+            progress: !args.quiet,
+            realtime: args.io.realtime,
+            psync: args.io.io_engine == crate::cli::IoEngine::Psync,
+        };
         Ok(Job {
             s3,
+            engine,
             compute_override: rd.computation_time,
             prefetch_override: rd.prefetch_size,
             transfer_size: rd.transfer_size.or(w.transfer_size).unwrap_or(DEFAULT_TRANSFER),
             tf_buffer: rd.transfer_size.or(w.transfer_size).unwrap_or(crate::workload::program::TF_BUFFER),
-            odirect: args.io.odirect || w.odirect,
             workload: w,
             source,
             // Absolute: every path beneath it is resolved against the directory opened once
@@ -80,13 +111,9 @@ impl Job {
             data_dir: std::path::absolute(&src.data_dir).unwrap_or_else(|_| src.data_dir.clone()),
             max_steps: src.steps.unwrap_or(0),
             threshold_percent: threshold,
-            barrier: !args.io.no_barrier,
             drop_caches: args.io.drop_caches,
             generate: args.io.generate,
             force: src.force,
-            progress: !args.quiet,
-            realtime: args.io.realtime,
-            psync: args.io.io_engine == crate::cli::IoEngine::Psync,
             cache_warned: Default::default(),
         })
     }

@@ -64,8 +64,15 @@ fn a_workload_run_resolves_its_settings_from_the_file_and_the_defaults() {
     assert_eq!((job.transfer_size, job.tf_buffer, job.threshold_percent), (8192, 8192, 80.0));
     assert_eq!((job.workload.batch_size, job.workload.read_threads, job.workload.epochs), (2, 3, 1));
     assert_eq!((job.max_steps, job.compute_override, job.prefetch_override), (0, None, None));
-    assert!(job.barrier && job.progress && !job.generate && !job.odirect && !job.psync && !job.drop_caches);
-    assert!(job.s3.is_none() && !job.force && !job.realtime);
+    assert!(
+        job.engine.barrier
+            && job.engine.progress
+            && !job.generate
+            && !job.engine.odirect
+            && !job.engine.psync
+            && !job.drop_caches
+    );
+    assert!(job.s3.is_none() && !job.force && !job.engine.realtime);
 }
 
 #[test]
@@ -113,7 +120,14 @@ fn a_workload_run_takes_every_override() {
     assert_eq!((w.num_files_train, w.computation_time.clone()), (32, crate::workload::ComputeTime::Fixed(0.5)));
     assert_eq!(w.params, ["dataset.num_files_train=32", "train.epochs=2"]);
     assert_eq!((job.compute_override, job.prefetch_override), (Some(0.5), Some(4)));
-    assert!(!job.barrier && !job.progress && job.generate && job.odirect && job.psync && job.force);
+    assert!(
+        !job.engine.barrier
+            && !job.engine.progress
+            && job.generate
+            && job.engine.odirect
+            && job.engine.psync
+            && job.force
+    );
 }
 
 #[test]
@@ -194,5 +208,40 @@ fn datagen_is_a_run_with_the_defaults_that_generates() {
     let replayed = replay_args(&[&source[..], &["--generate"]].concat()).run;
     assert_eq!(format!("{from_datagen:?}"), format!("{replayed:?}"));
     let job = Job::prepare(&from_datagen).unwrap();
-    assert!(job.generate && !job.progress && job.max_steps == 4);
+    assert!(job.generate && !job.engine.progress && job.max_steps == 4);
+}
+
+fn sweep(words: &[&str], ranks: usize) -> Result<(Job, u64), String> {
+    let all = ["trainio", "sweep"].iter().chain(words);
+    let args = match cli::parse_from(all).unwrap_or_else(|e| panic!("{words:?}: {e}")).command {
+        Command::Sweep(a) => a,
+        other => panic!("not a sweep: {other:?}"),
+    };
+    Job::for_sweep(&args, ranks).map_err(|e| {
+        assert!(e.downcast_ref::<InputError>().is_some(), "{words:?}: not an input error: {e:#}");
+        format!("{e:#}")
+    })
+}
+
+/// sweep's checks, made before any work: where the search starts, and workloads with no
+/// AU to sweep.
+#[test]
+fn a_sweep_starts_at_a_gpu_per_rank_and_refuses_what_has_no_au() {
+    let s = Scratch::new("sweep");
+    let wl = s.workload();
+    let base = ["--workload", wl.as_str(), "--data-dir", "d"];
+    let with = |more: &[&'static str]| base.iter().copied().chain(more.iter().copied()).collect::<Vec<&str>>();
+    let (job, start) = sweep(&with(&["--max-gpus", "64"]), 1).unwrap();
+    assert_eq!((start, job.engine.barrier), (1, true));
+    assert_eq!(sweep(&with(&["--max-gpus", "64"]), 3).unwrap().1, 3, "one GPU per rank at least");
+    assert_eq!(sweep(&with(&["--max-gpus", "64", "--start-gpus", "8"]), 3).unwrap().1, 8);
+    let e = sweep(&with(&["--max-gpus", "4", "--start-gpus", "8"]), 1).unwrap_err();
+    assert_eq!(e, "--start-gpus 8 is above --max-gpus 4");
+    let e = sweep(&with(&["--max-gpus", "4", "--param", "workflow.train=false"]), 1).unwrap_err();
+    assert!(e.contains("nothing to sweep"), "{e}");
+    let ckpt = ["--workload", "../configs/llama3_8b.yaml", "--data-dir", "d", "--max-gpus", "8"];
+    let ckpt: Vec<String> =
+        ckpt.iter().map(|w| w.replace("../", concat!(env!("CARGO_MANIFEST_DIR"), "/../"))).collect();
+    let e = sweep(&ckpt.iter().map(String::as_str).collect::<Vec<_>>(), 1).unwrap_err();
+    assert!(e.contains("checkpoint-only workload has no AU to sweep"), "{e}");
 }

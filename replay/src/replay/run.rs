@@ -7,7 +7,7 @@ use super::{client_ram, mem_total_bytes, split, Job, Recorded};
 use crate::checkpoint::checkpointing;
 use crate::cluster::Cluster;
 use crate::dataset::{self, Layout};
-use crate::engine::{Engine, EngineOptions, Program};
+use crate::engine::{Engine, Program};
 use crate::errors::InputError;
 use crate::mlperf::datasize;
 use crate::results::{self, RankReport, Settings};
@@ -109,8 +109,16 @@ impl Job {
             Some((l, largest)) => (l.clone(), *largest),
             None => (layout.clone(), self.transfer_size),
         };
-        let program =
-            WorkloadProgram::new(w, read_layout, gpus, &local, transfer, self.max_steps, self.odirect, self.tf_buffer);
+        let program = WorkloadProgram::new(
+            w,
+            read_layout,
+            gpus,
+            &local,
+            transfer,
+            self.max_steps,
+            self.engine.odirect,
+            self.tf_buffer,
+        );
         if program.steps_per_epoch == 0 {
             bail!(InputError(format!(
                 "each GPU's shard holds fewer samples than one batch ({} files of {} samples for {} GPUs, batch {})",
@@ -143,11 +151,11 @@ impl Job {
             computation_time_mean_s: w.computation_time.mean(),
             steps_per_epoch: program.steps_per_epoch,
             epochs: w.epochs,
-            barrier: self.barrier,
-            odirect: self.odirect,
+            barrier: self.engine.barrier,
+            odirect: self.engine.odirect,
             drop_caches: self.drop_caches,
-            realtime: self.realtime,
-            io_engine: if self.psync { "psync" } else { "io_uring" }.into(),
+            realtime: self.engine.realtime,
+            io_engine: if self.engine.psync { "psync" } else { "io_uring" }.into(),
             nominal_sample_bytes: w.record_length,
             dataset_files: used_files,
             dataset_bytes: used_bytes,
@@ -234,11 +242,11 @@ impl Job {
             computation_time_mean_s: self.compute_override.unwrap_or(if steps > 0 { compute / steps as f64 } else { 0.0 }),
             steps_per_epoch: program.steps_per_epoch,
             epochs: w.epochs,
-            barrier: self.barrier,
-            odirect: self.odirect,
+            barrier: self.engine.barrier,
+            odirect: self.engine.odirect,
             drop_caches: self.drop_caches,
-            realtime: self.realtime,
-            io_engine: if self.psync { "psync" } else { "io_uring" }.into(),
+            realtime: self.engine.realtime,
+            io_engine: if self.engine.psync { "psync" } else { "io_uring" }.into(),
             nominal_sample_bytes: if samples > 0 { bytes as f64 / samples as f64 } else { 0.0 },
             dataset_files: used_files,
             dataset_bytes: used_bytes,
@@ -294,7 +302,7 @@ impl Job {
         objects: Option<crate::object::s3_reads::ObjectSet>,
     ) -> Result<Option<serde_json::Value>> {
         if let (Some((hosts, client_ram)), None) = (clients, &self.s3) {
-            if !self.odirect
+            if !self.engine.odirect
                 && !self.drop_caches
                 && used_bytes < 5 * client_ram
                 && !self.cache_warned.swap(true, std::sync::atomic::Ordering::Relaxed)
@@ -313,13 +321,7 @@ impl Job {
                 .context("--drop-caches: writing /proc/sys/vm/drop_caches (needs root)")?;
         }
         program.prepare()?;
-        let options = EngineOptions {
-            odirect: self.odirect,
-            barrier: self.barrier,
-            progress: self.progress,
-            realtime: self.realtime,
-            psync: self.psync,
-        };
+        let options = self.engine.clone();
         // Checkpoints go into the dataset's directory, which the dataset marker makes ours.
         let checkpointer = match self.source.recorded() {
             None => self.checkpointer(cluster, gpus)?,
