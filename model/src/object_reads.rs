@@ -11,8 +11,9 @@
 //!
 //! Not reads of data: requests that failed or were answered without a 2xx status,
 //! other methods (PUT, HEAD, ...), and requests to a bucket alone (a path with no `/`:
-//! ListObjects, HeadBucket). A store addressed virtual-hosted style names the bucket in
-//! the Host header, which is not recorded: its rows' `file` is the key, and a key
+//! ListObjects, HeadBucket). A request addressed virtual-hosted style is recorded with
+//! the bucket its Host names as `bucket/key` too, when the recorder recognizes the host
+//! as `BUCKET.s3...` (SCHEMA.md); otherwise its `file` is the key alone, and a key
 //! without `/` is then taken for a bucket-level request.
 //!
 //! The rows made here keep their `object` fields, which is how the model and the replay

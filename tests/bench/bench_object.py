@@ -15,18 +15,28 @@ recvfrom, where the object layer's work is), the recorder's CPU per row, and the
 rows written per request (1.0: every request recorded). Over HTTPS the probes are the
 uprobes' programs; the uprobe's own trap (the breakpoint, and the return address swap of
 the uretprobe) is not in BPF statistics: it shows in requests per second only.
+
+Then the replay's S3 client against boto3 on the same server (s3s-fs, as the tests start
+it, over a directory under /var/tmp): GET latency of the same 16 objects of 256 KiB
+(npz, put by `trainio datagen` from the minio unet3d workload), back to back (no compute
+between requests) and paced (BENCH_OBJECT_PACE_S between them: `--computation-time` for
+the replay at batch size 1, a sleep for boto3), in BENCH_OBJECT_PAIRS rounds of the four
+in rotated order. Per setting: the median over rounds of each run's p50 and p90, and the
+range of the p50s. BENCH_OBJECT_PARTS picks what runs: `layer`, `latency` or both.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -37,9 +47,11 @@ import polars as pl
 from s3_helpers import make_ca_and_cert
 
 from trainio_analysis.trace import read_metadata, scan_trace
-from trainio_testlib import TRAINIO
+from trainio_testlib import ROOT, TRAINIO
 
 PAIRS = int(os.environ.get("BENCH_OBJECT_PAIRS", "3"))
+PARTS = os.environ.get("BENCH_OBJECT_PARTS", "layer,latency").split(",")
+PACE_S = float(os.environ.get("BENCH_OBJECT_PACE_S", "0.3"))
 RUNTIME = float(os.environ.get("BENCH_OBJECT_RUNTIME", "25"))
 BODY = os.urandom(64 << 10)
 PROBES = (
@@ -117,7 +129,110 @@ def serve(server: ThreadingHTTPServer) -> int:
     return server.server_address[1]
 
 
+BOTO3 = r"""
+import boto3, json, sys, time
+from botocore.config import Config
+ep, access, secret, bucket, prefix, passes, pace = sys.argv[1:8]
+c = boto3.client("s3", endpoint_url=ep, region_name="us-east-1", aws_access_key_id=access,
+    aws_secret_access_key=secret, config=Config(s3={"addressing_style": "path"},
+    request_checksum_calculation="when_required", response_checksum_validation="when_required"))
+keys = sorted(o["Key"] for o in c.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"])
+ms = []
+for _ in range(int(passes)):
+    for k in keys:
+        time.sleep(float(pace))
+        t = time.perf_counter()
+        c.get_object(Bucket=bucket, Key=k)["Body"].read()
+        ms.append((time.perf_counter() - t) * 1e3)
+print(json.dumps(ms))
+"""
+
+
+def latency() -> None:
+    """GET latency of the replay's client and of boto3 on the same s3s-fs, side by side."""
+    from conftest import SERVER, _answers_http, _start_on_a_free_port, _stop
+
+    server = shutil.which("s3s-fs") or str(SERVER)
+
+    files, passes = 16, 2
+    access, secret, bucket = "bench", "bench-secret-key", "mlp-minio"
+    data = ROOT / "tests" / "objectstore" / "data"
+    with tempfile.TemporaryDirectory(prefix="bench-object-s3-", dir="/var/tmp") as d:
+        root = Path(d) / "root"
+        (root / bucket).mkdir(parents=True)
+        args = ["--access-key", access, "--secret-key", secret, str(root)]
+        started = _start_on_a_free_port(
+            lambda port: [server, "--host", "127.0.0.1", "--port", str(port), *args],
+            _answers_http,
+            Path(d) / "s3s-fs.log",
+        )
+        assert started, "s3s-fs did not start"
+        proc, port = started
+        try:
+            ep = f"http://127.0.0.1:{port}"
+            env = {
+                **os.environ,
+                "AWS_ACCESS_KEY_ID": access,
+                "AWS_SECRET_ACCESS_KEY": secret,
+                "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            }
+            over = [
+                f"++workload.storage.storage_options.endpoint_url={ep}",
+                f"++workload.dataset.num_files_train={files}",
+                "++workload.dataset.record_length_bytes=262144",
+                "++workload.dataset.record_length_bytes_stdev=0",
+                "++workload.reader.batch_size=1",
+                "++workload.reader.read_threads=1",
+            ]
+            common = ["--data-dir", str(Path(d) / "unused"), "--gpus", "1", *over]
+            gen = data / "unet3d_h100_minio_datagen.yaml"
+            subprocess.run([str(TRAINIO), "datagen", "--workload", str(gen), *common], env=env, check=True)
+
+            def replay(pace: float) -> tuple[float, float]:
+                out = Path(d) / "r.json"
+                cmd = [str(TRAINIO), "replay", "--workload", str(data / "unet3d_h100_minio.yaml"), *common]
+                cmd += ["--epochs", str(passes), "--computation-time", str(pace), "--json", str(out), "-q"]
+                subprocess.run(cmd, env=env, check=True, capture_output=True)
+                lat = json.loads(out.read_text())["object"]["get_latency"]
+                return lat["p50_ms"], lat["p90_ms"]
+
+            def boto3(pace: float) -> tuple[float, float]:
+                cmd = [sys.executable, "-c", BOTO3, ep, access, secret, bucket, "test-run/unet3d/train/"]
+                out = subprocess.run([*cmd, str(passes), str(pace)], env=env, check=True, capture_output=True)
+                ms = json.loads(out.stdout)
+                return statistics.median(ms), statistics.quantiles(ms, n=10)[-1]
+
+            runs = {
+                "replay back-to-back": lambda: replay(0.0),
+                "boto3 back-to-back": lambda: boto3(0.0),
+                f"replay paced {PACE_S:g} s": lambda: replay(PACE_S),
+                f"boto3 paced {PACE_S:g} s": lambda: boto3(PACE_S),
+            }
+            names = list(runs)
+            got: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+            for k in range(PAIRS):
+                for n in names[k % 4 :] + names[: k % 4]:
+                    got[n].append(runs[n]())
+                    time.sleep(0.5)
+        finally:
+            _stop(proc)
+    print(f"GET of 256 KiB objects on s3s-fs, {files * passes} per run, {PAIRS} runs each; ms")
+    print(f"{'setting':24s} {'p50 (median)':>12s} {'p50 range':>14s} {'p90 (median)':>12s}")
+    summary = {}
+    for n in names:
+        p50 = [a for a, _ in got[n]]
+        p90 = statistics.median(b for _, b in got[n])
+        print(f"{n:24s} {statistics.median(p50):12.2f} {min(p50):6.2f}-{max(p50):<7.2f} {p90:12.2f}")
+        summary[n] = {"p50_ms": p50, "p90_ms": [b for _, b in got[n]]}
+    print(json.dumps(summary))
+
+
 def main() -> None:
+    if "latency" in PARTS:
+        latency()
+    if "layer" not in PARTS:
+        return
     settings = ["untraced", "file", "object", "tls-none", "tls-object"]
     results: dict[str, list[dict]] = {s: [] for s in settings}
     with tempfile.TemporaryDirectory(prefix="bench-object-", dir="/dev/shm") as d:

@@ -4,6 +4,7 @@ before the test starts and stopped (its directory removed) even when the test fa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -68,8 +69,10 @@ def _stop(proc: subprocess.Popen | None) -> None:
             proc.wait()
 
 
-@pytest.fixture
-def s3_server() -> Iterator[S3Server]:
+@contextlib.contextmanager
+def _s3s_fs(domain: str | None = None) -> Iterator[S3Server]:
+    """s3s-fs over a temp directory on 127.0.0.1 and a free port; with `domain`, it takes
+    virtual-hosted requests to BUCKET.`domain`:PORT (and no path-style ones)."""
     binary = shutil.which("s3s-fs") or (str(SERVER) if SERVER.exists() else None)
     if binary is None:
         pytest.fail("s3s-fs is missing: run scripts/install-deps.sh")
@@ -79,9 +82,12 @@ def s3_server() -> Iterator[S3Server]:
     try:
         log = root.parent / f"{root.name}.log"
         args = ["--access-key", access, "--secret-key", secret, str(root)]
-        started = _start_on_a_free_port(
-            lambda port: [binary, "--host", "127.0.0.1", "--port", str(port), *args], _answers_http, log
-        )
+
+        def start(port: int) -> list[str]:
+            named = ["--domain", f"{domain}:{port}"] if domain else []
+            return [binary, "--host", "127.0.0.1", "--port", str(port), *named, *args]
+
+        started = _start_on_a_free_port(start, _answers_http, log)
         proc, port = started if started else (None, 0)
         if proc is None:
             text = (root.parent / f"{root.name}.log").read_text()
@@ -93,6 +99,25 @@ def s3_server() -> Iterator[S3Server]:
         with_log = root.parent / f"{root.name}.log"
         if with_log.exists():
             os.unlink(with_log)
+
+
+@pytest.fixture
+def s3_server() -> Iterator[S3Server]:
+    with _s3s_fs() as server:
+        yield server
+
+
+# The base domain of s3_virtual_server: no resolver knows it, a client maps it to 127.0.0.1.
+VIRTUAL_DOMAIN = "s3.trainio.test"
+
+
+@pytest.fixture
+def s3_virtual_server() -> Iterator[S3Server]:
+    """s3s-fs taking virtual-hosted requests: Host BUCKET.s3.trainio.test:PORT on
+    127.0.0.1:PORT (the server's `endpoint` stays the address; a client resolves the
+    names itself, /etc/hosts is not touched)."""
+    with _s3s_fs(VIRTUAL_DOMAIN) as server:
+        yield server
 
 
 def _answers_https(port: int, ca: Path) -> bool:

@@ -254,3 +254,66 @@ def test_the_replays_own_s3_reads_are_recorded_as_it_counted_them(tmp_path: Path
     assert (data["http_status"] == 206).all() and (data["error"] == 0).all()
     assert (data["bytes"] == data["bytes_requested"]).all()
     assert data["queue_depth"].max() >= 2, "the replay fetches a sample's parts at once"
+
+
+# A virtual-hosted client: the bucket in the Host (BUCKET.s3.trainio.test:PORT), the key
+# alone in the path. Names under the test domain resolve to 127.0.0.1 in this process only.
+VIRTUAL_CLIENT = r"""
+import json, os, socket, sys
+import boto3
+from botocore.config import Config
+
+domain, port, log_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+resolve = socket.getaddrinfo
+def getaddrinfo(host, *args, **kw):
+    return resolve("127.0.0.1" if str(host).endswith("." + domain) else host, *args, **kw)
+socket.getaddrinfo = getaddrinfo
+s3 = boto3.client(
+    "s3",
+    endpoint_url=f"http://{domain}:{port}",
+    region_name="us-east-1",
+    config=Config(
+        s3={"addressing_style": "virtual"},
+        retries={"max_attempts": 1},
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    ),
+)
+log = []
+s3.put_object(Bucket="vbkt", Key="dir/a.bin", Body=os.urandom(200_000))
+log.append(("put", "vbkt/dir/a.bin", None, 200_000))
+r = s3.get_object(Bucket="vbkt", Key="dir/a.bin")
+log.append(("get", "vbkt/dir/a.bin", None, len(r["Body"].read())))
+r = s3.get_object(Bucket="vbkt", Key="dir/a.bin", Range="bytes=1000-50999")
+log.append(("get", "vbkt/dir/a.bin", 1000, len(r["Body"].read())))
+keys = [o["Key"] for o in s3.list_objects_v2(Bucket="vbkt")["Contents"]]
+assert keys == ["dir/a.bin"], keys
+log.append(("get", "vbkt", None, None))
+json.dump(log, open(log_path, "w"))
+"""
+
+
+def test_virtual_hosted_requests_name_the_bucket_from_the_host(tmp_path: Path, s3_virtual_server: S3Server) -> None:
+    from conftest import VIRTUAL_DOMAIN
+
+    s3 = s3_virtual_server
+    s3.bucket("vbkt")
+    port = s3.endpoint.rsplit(":", 1)[1]
+    script, log, out = tmp_path / "client.py", tmp_path / "client.json", tmp_path / "trace"
+    script.write_text(VIRTUAL_CLIENT)
+    env = {**s3.env(), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    env.pop("AWS_ENDPOINT_URL")
+    rec = trainio(
+        "record", "--layers", "file,object", "-o", out, "--", sys.executable, script, VIRTUAL_DOMAIN, port, log, env=env
+    )
+    assert rec.returncode == 0, rec.stderr[-3000:]
+    assert wait_no_trainio_programs() == []
+    # The server stored the object in the bucket the Host named.
+    assert s3.files_on_disk("vbkt") == {"dir/a.bin": 200_000}
+    rows = scan_trace(out).filter(pl.col("layer") == "object").sort("issue_ns").collect()
+    want = json.loads(log.read_text())
+    got = rows.select("op", "file", "offset", "bytes").rows()
+    assert [tuple(r[:3]) for r in got] == [tuple(w[:3]) for w in want], got
+    assert [r[3] for r in got[:3]] == [w[3] for w in want[:3]]
+    assert rows["http_status"].to_list() == [200, 200, 206, 200]
+    assert set(rows["endpoint"]) == {f"127.0.0.1:{port}"}

@@ -24,6 +24,14 @@ compute sleeps end on time on the shared host. What the two runs spend per step 
 the compute differs by a few ms (the model keeps a collective's own time, not a rank's
 wait for a late peer, and counts the rank's Python around the sleep as compute): under
 1 % of the step here.
+
+Why not storage-bound: boto3 in the job stalls on about a third of its GETs for one
+delayed ACK (~40 ms: s3s-fs writes with Nagle's algorithm on, and the job's socket delays
+its ACKs while it sends one request after another; docs/measurements.md, *S3 GET
+latency*), which the replay's client avoids (TCP_QUICKACK). At 20 ms of compute per step
+the job's GETs took p50 11.6 ms, p90 49 ms, and it made 17.3 MiB/s at 17.8 % AU, where its
+replay's GETs took p50 2.3 ms, p90 8 ms, for 54.6 MiB/s at 57.4 % AU: the replay is the
+faster by what boto3 loses in its own kernel, not in the store.
 """
 
 from __future__ import annotations

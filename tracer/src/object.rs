@@ -74,7 +74,8 @@ pub struct ObjectRequest {
     pub tid: u32,
     pub fd: i32,
     pub comm: Box<str>,
-    /// `bucket/key` of a path-style request (the path, decoded, without its query).
+    /// `bucket/key`: the path, decoded, without its query, after the bucket a
+    /// virtual-hosted request names in its host (virtual_host_bucket).
     pub key: Box<str>,
     pub endpoint: Arc<str>,
     pub http_status: Option<u32>,
@@ -219,6 +220,36 @@ fn cut_head(data: &[u8]) -> Option<(Vec<&str>, usize)> {
     Some((text.split("\r\n").collect(), usize::MAX))
 }
 
+/// The bucket a virtual-hosted request names in its host (`B.s3.amazonaws.com`,
+/// `B.s3.REGION.amazonaws.com`, `B.s3-REGION.amazonaws.com`, `B.s3.example.org:9000`): the
+/// labels before the first label, past the host's first, that is `s3` or starts with
+/// `s3-` or `s3express-`. None for an IP address and for a name without such a label (a
+/// path-style request: the bucket is the path's first segment). The server's own domain
+/// is not known here, so a virtual-hosted name without an `s3` label (`B.minio.lab:9000`)
+/// is taken for path-style.
+fn virtual_host_bucket(authority: &str) -> Option<&str> {
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host.starts_with('[') {
+        return None; // an IPv6 literal
+    }
+    let host = host.split_once(':').map_or(host, |(h, _)| h).trim_end_matches('.');
+    if host.parse::<Ipv4Addr>().is_ok() {
+        return None;
+    }
+    let service = |label: &str| {
+        let l = label.to_ascii_lowercase();
+        l == "s3" || l.starts_with("s3-") || l.starts_with("s3express-")
+    };
+    let mut at = 0;
+    for (i, label) in host.split('.').enumerate() {
+        if i > 0 && service(label) {
+            return Some(&host[..at - 1]).filter(|b| !b.is_empty());
+        }
+        at += label.len() + 1;
+    }
+    None
+}
+
 fn parse_request(data: &[u8]) -> Option<RequestHead> {
     let (lines, len) = split_head(data).or_else(|| cut_head(data))?;
     let mut parts = lines.first()?.split(' ');
@@ -226,13 +257,18 @@ fn parse_request(data: &[u8]) -> Option<RequestHead> {
     if !version.starts_with("HTTP/1.") {
         return None;
     }
-    // An absolute-form target (through a proxy) names the host first.
-    let path = match target.split_once("://") {
-        Some((_, rest)) => rest.find('/').map_or("/", |i| &rest[i..]),
-        None => target,
+    // An absolute-form target (through a proxy) names the host first, before any Host.
+    let (authority, path) = match target.split_once("://") {
+        Some((_, rest)) => rest.find('/').map_or((rest, "/"), |i| (&rest[..i], &rest[i..])),
+        None => (header(&lines, "host").unwrap_or(""), target),
     };
     let path = path.split('?').next().unwrap_or("");
     let key = percent_decode(path.trim_start_matches('/'));
+    let key = match virtual_host_bucket(authority) {
+        Some(bucket) if key.is_empty() => bucket.to_string(),
+        Some(bucket) => format!("{bucket}/{key}"),
+        None => key,
+    };
     let range = header(&lines, "range").and_then(parse_range);
     let length = header(&lines, "content-length").and_then(|v| v.parse().ok());
     Some((method.to_string(), key, range, length, len))
@@ -492,6 +528,28 @@ mod tests {
         );
         assert_eq!((r.issue_ns, r.first_byte_ns, r.complete_ns), (100, Some(200), 300));
         assert_eq!((r.http_status, r.error, &*r.endpoint, r.queue_depth), (Some(206), 0, "127.0.0.1:9000", 1));
+    }
+
+    #[test]
+    fn a_virtual_hosted_request_names_its_bucket_in_the_host() {
+        let requests: [(&[u8], &str); 8] = [
+            (b"GET /dir/a%20b.npz HTTP/1.1\r\nHost: train.s3.trainio.test:9000\r\n\r\n", "train/dir/a b.npz"),
+            (b"GET /k HTTP/1.1\r\nhost: my.data.s3.us-west-2.amazonaws.com\r\n\r\n", "my.data/k"),
+            (b"GET /k HTTP/1.1\r\nHost: b.s3-us-west-2.amazonaws.com\r\n\r\n", "b/k"),
+            (b"GET /?list-type=2 HTTP/1.1\r\nHost: b.s3.amazonaws.com\r\n\r\n", "b"),
+            (b"GET http://b.s3.amazonaws.com/k HTTP/1.1\r\nHost: proxy\r\n\r\n", "b/k"),
+            // Path-style: the endpoint's own name, an address, or no s3 label after the first.
+            (b"GET /bkt/k HTTP/1.1\r\nHost: s3.us-west-2.amazonaws.com\r\n\r\n", "bkt/k"),
+            (b"GET /bkt/k HTTP/1.1\r\nHost: 127.0.0.1:9000\r\n\r\n", "bkt/k"),
+            (b"GET /bkt/k HTTP/1.1\r\nHost: minio.lab.example:9000\r\n\r\n", "bkt/k"),
+        ];
+        for (head, key) in requests {
+            let (_, got, ..) = parse_request(head).expect("a request head");
+            assert_eq!(got, key, "{}", String::from_utf8_lossy(head));
+        }
+        assert_eq!(virtual_host_bucket("[::1]:9000"), None);
+        assert_eq!(virtual_host_bucket("b.S3.example.org."), Some("b"));
+        assert_eq!(virtual_host_bucket(".s3.example.org"), None);
     }
 
     #[test]

@@ -51,8 +51,8 @@ pub struct Endpoint {
 
 /// A connection: plain TCP, or TLS over it.
 enum Stream {
-    Plain(TcpStream),
-    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+    Plain(Tcp),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, Tcp>>),
 }
 
 impl Read for Stream {
@@ -61,6 +61,57 @@ impl Read for Stream {
             Stream::Plain(s) => s.read(buf),
             Stream::Tls(s) => s.read(buf),
         }
+    }
+}
+
+/// The TCP connection under a Stream: every read that returns data is followed by
+/// TCP_QUICKACK, so that what was read is acknowledged now rather than up to 40 ms later.
+///
+/// Why: the kernel delays an ACK when the connection looks interactive to it (the client
+/// sent its next request within the delayed-ACK timeout of the last response, as a reader
+/// fetching a batch's samples one after the other does), and when the data in hand looks
+/// like a single segment of the sender's size (a stream of equal short segments, as
+/// s3s-fs writes a file in 4 KiB pieces). A server with Nagle's algorithm on (hyper's
+/// default, so s3s-fs's) holds its next short segment until the previous one is
+/// acknowledged: the response then stalls for one delayed ACK, 40 ms, however soon the
+/// client read the data. Setting TCP_QUICKACK after a read sends the pending ACK at once
+/// (the flag does not stay set: the kernel clears it when the connection looks
+/// interactive again, hence once per read). Failure is harmless (a slower response) and
+/// ignored.
+struct Tcp(TcpStream);
+
+impl Read for Tcp {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.0.read(buf)?;
+        if n > 0 {
+            quickack(&self.0);
+        }
+        Ok(n)
+    }
+}
+
+impl Write for Tcp {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+fn quickack(sock: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let one: libc::c_int = 1;
+    // SAFETY: a valid socket descriptor and a c_int option value of the size given.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_QUICKACK,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
     }
 }
 
@@ -266,6 +317,7 @@ fn connect<'a>(slot: &'a mut Option<BufReader<Stream>>, ep: &Endpoint) -> Result
         stream.set_read_timeout(Some(TIMEOUT))?;
         stream.set_write_timeout(Some(TIMEOUT))?;
         stream.set_nodelay(true)?;
+        let stream = Tcp(stream);
         let stream = match &ep.tls {
             None => Stream::Plain(stream),
             Some(Tls(config)) => {
