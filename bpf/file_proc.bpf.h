@@ -92,7 +92,12 @@ SEC("tp_btf/sched_process_exit")
 int BPF_PROG(tio_exit, struct task_struct *task)
 {
 	__u32 tgid = task->tgid, *count = NULL;
+	__u64 id = ((__u64)tgid << 32) | (__u32)task->pid;
 
+	/* A thread that ends inside an SSL call (a loader worker killed in SSL_read) never
+	 * returns from it: its tls_calls entry goes with it, or a recorder left on would fill
+	 * the map. */
+	bpf_map_delete_elem(&tls_calls, &id);
 	if (task->pid != tgid)
 		return 0;
 	if (is_traced(tgid, &count))

@@ -92,3 +92,51 @@ def test_boto3_over_https_is_recorded_from_the_tls_plaintext(tmp_path: Path, s3_
     received = sock.filter(pl.col("op") == "read")["bytes"].sum()
     assert received > rows.filter(pl.col("op") != "put")["bytes"].sum()
     assert sock.filter(pl.col("op") == "write")["bytes"].sum() > rows.filter(pl.col("op") == "put")["bytes"].sum()
+
+
+# A thread blocked in SSL_read (nothing was asked, so nothing comes) when its process ends:
+# the map dumped while it waits, then the process gone with the thread still in the call.
+STUCK = """
+import json, os, socket, ssl, subprocess, sys, threading, time
+host, port, ca, dump = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+ctx = ssl.create_default_context(cafile=ca)
+conn = ctx.wrap_socket(socket.create_connection((host, port)), server_hostname=host)
+tid = []
+def reader():
+    tid.append(threading.get_native_id())
+    conn.recv(1)
+threading.Thread(target=reader, daemon=True).start()
+time.sleep(1.0)
+during = subprocess.run(["bpftool", "-j", "map", "dump", "name", "tls_calls"], capture_output=True, text=True)
+with open(dump, "w") as f:
+    json.dump({"pid": os.getpid(), "tid": tid[0], "during": during.stdout}, f)
+os._exit(0)
+"""
+
+
+def _keys(dump: str) -> list[int]:
+    """The u64 keys of a `bpftool -j map dump` (hex bytes in host order, or numbers)."""
+    out = []
+    for e in json.loads(dump):
+        k = e["key"]
+        out.append(int.from_bytes(bytes(int(b, 16) for b in k), sys.byteorder) if isinstance(k, list) else int(k))
+    return out
+
+
+def test_a_thread_that_dies_inside_an_ssl_call_leaves_no_state(tmp_path: Path, s3_tls_server: S3Server) -> None:
+    """A loader worker killed while it waits in SSL_read never returns from it: the
+    recorder's per-thread SSL call state (the tls_calls map) must go with the thread, or a
+    recorder left on for weeks fills the map and stops seeing HTTPS requests."""
+    s3 = s3_tls_server
+    host, port = s3.endpoint.removeprefix("https://").rsplit(":", 1)
+    script, dump, after = tmp_path / "stuck.py", tmp_path / "during.json", tmp_path / "after.json"
+    script.write_text(STUCK)
+    shell = f"{sys.executable} {script} {host} {port} {s3.ca} {dump}; bpftool -j map dump name tls_calls > {after}"
+    rec = trainio("record", "--layers", "file,object", "-o", tmp_path / "trace", "--", "sh", "-c", shell, timeout=120)
+    assert rec.returncode == 0, rec.stderr[-3000:]
+    seen = json.loads(dump.read_text())
+    key = (seen["pid"] << 32) | seen["tid"]
+    during = _keys(seen["during"])
+    assert key in during, (key, during)  # the thread was in SSL_read, and the probe knew it
+    left = _keys(after.read_text())
+    assert key not in left, (key, left)
