@@ -8,7 +8,10 @@ ipc rows and is not counted as object bytes."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import polars as pl
@@ -17,7 +20,7 @@ from s3_helpers import S3Server
 from test_object_layer import CLIENT
 
 from trainio_analysis.trace import read_metadata, scan_trace
-from trainio_testlib import trainio, wait_no_trainio_programs
+from trainio_testlib import TRAINIO, trainio, wait_no_trainio_programs
 
 pytestmark = [pytest.mark.root]
 
@@ -140,3 +143,103 @@ def test_a_thread_that_dies_inside_an_ssl_call_leaves_no_state(tmp_path: Path, s
     assert key in during, (key, during)  # the thread was in SSL_read, and the probe knew it
     left = _keys(after.read_text())
     assert key not in left, (key, left)
+
+
+# Puts then gets N objects over HTTPS with boto3; with a "go" file, waits for it first (so
+# a recorder can attach to this running process) and says "ready" by creating ready.
+OWN_LIBSSL = """
+import os, sys, time
+import boto3
+from botocore.config import Config
+endpoint, n, ready, go = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                  config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+s3.list_buckets()  # the TLS connection (and libssl) in use before any recorder attaches
+if go != "-":
+    open(ready, "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.05)
+for i in range(n):
+    s3.put_object(Bucket="own", Key=f"k{i}", Body=os.urandom(4096))
+    assert len(s3.get_object(Bucket="own", Key=f"k{i}")["Body"].read()) == 4096
+"""
+
+
+def _libssl_copy(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of the system's libssl.so.3 in a directory of its own, and the environment
+    that makes Python load it instead (as a conda environment's libssl is loaded)."""
+    import ctypes.util
+
+    name = ctypes.util.find_library("ssl")
+    system = next((Path(d) / name for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64")
+                   if name and (Path(d) / name).exists()), None)  # fmt: skip
+    assert system is not None, f"no system libssl found ({name})"
+    own = tmp_path / "own-lib"
+    own.mkdir()
+    shutil.copy2(system.resolve(), own / "libssl.so.3")
+    return own / "libssl.so.3", {"LD_LIBRARY_PATH": str(own)}
+
+
+def _https_rows(trace: Path) -> int:
+    return scan_trace(trace).filter(pl.col("layer") == "object").select(pl.len()).collect().item()
+
+
+def test_a_libssl_of_the_jobs_own_is_probed_when_named_or_mapped(tmp_path: Path, s3_tls_server: S3Server) -> None:
+    """A job that loads its own libssl (a conda environment's): the system's is probed and
+    sees nothing; `--tls-lib` names the job's, and `--pid` finds it in the running
+    target's maps; either way every request is recorded (a put and a get per object)."""
+    s3, n = s3_tls_server, 5
+    s3.bucket("own")
+    lib, lib_env = _libssl_copy(tmp_path)
+    script = tmp_path / "own.py"
+    script.write_text(OWN_LIBSSL)
+    env = {**s3.env(), **lib_env, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    args = [sys.executable, script, s3.endpoint, str(n), "-", "-"]
+
+    def record(name: str, *opts: object) -> Path:
+        out = tmp_path / name
+        rec = trainio("record", "--layers", "file,object", *opts, "-o", out, "--", *args, env=env, timeout=240)
+        assert rec.returncode == 0, rec.stderr[-3000:]
+        return out
+
+    assert _https_rows(record("unnamed")) == 0, "the job's own libssl is not the system's"
+    assert _https_rows(record("named", "--tls-lib", lib)) >= 2 * n
+
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    job = subprocess.Popen([str(a) for a in [sys.executable, script, s3.endpoint, n, ready, go]], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert job.poll() is None and time.monotonic() < deadline, "the job did not get ready"
+            time.sleep(0.05)
+        out = tmp_path / "pid"
+        rec = subprocess.Popen(
+            [str(TRAINIO), "record", "--layers", "file,object", "--pid", str(job.pid), "-o", str(out)],
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert rec.stderr is not None
+        for line in rec.stderr:
+            if line.startswith("trainio record: recording "):
+                break
+        go.touch()
+        assert job.wait(timeout=120) == 0
+        _, err = rec.communicate(timeout=60)
+        assert rec.returncode == 0, err
+    finally:
+        for p in (job,):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert _https_rows(out) >= 2 * n
+
+
+def test_tls_lib_is_checked_before_anything(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    for opts, words in [
+        (["--layers", "file,object", "--tls-lib", tmp_path / "missing.so"], "--tls-lib"),
+        (["--layers", "file", "--tls-lib", "/bin/true"], "object layer"),
+        (["--layers", "file,object", "--tls-lib", tmp_path], "not a file"),
+    ]:
+        r = trainio("record", *opts, "-o", out, "--", "true", timeout=60)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, (opts, r.stderr)
+        assert not out.exists()

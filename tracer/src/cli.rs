@@ -78,6 +78,13 @@ pub struct Args {
     #[arg(long)]
     pub no_bpf_stats: bool,
 
+    /// Also probe this libssl for HTTPS requests (repeatable): one that the target loads
+    /// instead of the system's, e.g. a conda environment's lib/libssl.so.3. The system's
+    /// (the linker cache's) and, with --pid, each libssl the target processes have mapped
+    /// are probed anyway. Needs the object layer
+    #[arg(long, value_name = "PATH")]
+    pub tls_lib: Vec<PathBuf>,
+
     /// Also record the target's io_uring reads and writes at the file layer (one row per
     /// request, from submission to completion). Off by default: its probes run on every
     /// io_uring request of the machine

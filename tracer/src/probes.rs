@@ -16,6 +16,7 @@ use crate::bpf::{BlockSkel, BlockSkelBuilder, FileSkel, FileSkelBuilder, NfsSkel
 use crate::host;
 
 mod tls;
+pub use tls::mapped_libssl;
 use tls::{attach_tls, is_uprobe, tls_libraries};
 
 /// Which processes the file layer follows (must match TARGET_* in file.bpf.c).
@@ -40,6 +41,8 @@ pub struct Settings {
     pub bpf_stats: bool,
     /// Also record io_uring reads and writes at the file layer (file.bpf.c).
     pub io_uring: bool,
+    /// libssl files to probe besides the linker cache's (--tls-lib, the --pid target's).
+    pub tls_libs: Vec<std::path::PathBuf>,
 }
 
 /// Names of the lost-event counters, by index (enum trainio_lost in bpf/trainio.h).
@@ -78,6 +81,8 @@ pub struct Probes<'o> {
     detached: std::cell::Cell<bool>,
     in_flight_at_end: std::cell::OnceCell<u64>,
     pub skipped: BTreeMap<String, String>,
+    /// Settings::tls_libs, attached to with the linker cache's libssl.
+    tls_libs: Vec<std::path::PathBuf>,
 }
 
 /// All tracepoint names under tracefs, as `group/name`.
@@ -401,6 +406,7 @@ impl<'o> Probes<'o> {
             detached: Default::default(),
             in_flight_at_end: Default::default(),
             skipped,
+            tls_libs: s.tls_libs.clone(),
         };
         probes.set_stats(true);
         probes.attach()?;
@@ -437,7 +443,13 @@ impl<'o> Probes<'o> {
             links.push(link);
         }
         if let Some(f) = self.file.as_ref().filter(|f| f.progs.tio_ssl_return.autoload()) {
-            attach_tls(f, &tls_libraries(), &mut links, &mut self.skipped);
+            let mut libs = tls_libraries();
+            for lib in &self.tls_libs {
+                if !libs.contains(lib) {
+                    libs.push(lib.clone());
+                }
+            }
+            attach_tls(f, &libs, &mut links, &mut self.skipped);
         }
         *self.links.get_mut() = links;
         if self.links.get_mut().is_empty() {

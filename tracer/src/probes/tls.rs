@@ -45,6 +45,28 @@ pub(super) fn tls_libraries() -> Vec<std::path::PathBuf> {
     out
 }
 
+/// The libssl files (`libssl.so*`, by real path) that processes `pids` have mapped: a
+/// running target's own OpenSSL, which may not be the linker cache's (a conda
+/// environment's, one bundled in a wheel). A process that is gone is passed over.
+pub fn mapped_libssl(pids: &[u32]) -> Vec<std::path::PathBuf> {
+    let mut out: Vec<std::path::PathBuf> = Vec::new();
+    for pid in pids {
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { continue };
+        for path in maps.lines().filter_map(|l| l.split_whitespace().nth(5)) {
+            let name = std::path::Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if !name.starts_with("libssl.so") {
+                continue;
+            }
+            if let Ok(real) = std::fs::canonicalize(path) {
+                if !out.contains(&real) {
+                    out.push(real);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Attaches the TLS uprobes to each library (all processes that map it: a uprobe is on
 /// the file; the programs keep the traced ones). A library without the functions is
 /// noted in `skipped`, as is finding none: HTTPS requests are then not recorded.

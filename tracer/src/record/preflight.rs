@@ -48,6 +48,8 @@ pub(super) struct Checked {
     pub(super) ringbuf_bytes: u32,
     /// The interval of the progress lines (TRAINIO_PROGRESS_S).
     pub(super) progress_every: std::time::Duration,
+    /// libssl files to probe besides the linker cache's.
+    pub(super) tls_libs: Vec<PathBuf>,
 }
 
 impl Checked {
@@ -64,6 +66,7 @@ impl Checked {
             target: self.target.clone(),
             bpf_stats: !args.no_bpf_stats,
             io_uring: args.io_uring,
+            tls_libs: self.tls_libs.clone(),
         }
     }
 }
@@ -194,5 +197,28 @@ pub(super) fn preflight(args: &Args) -> Result<Checked> {
         Ok(every) => every,
         Err(why) => usage!("{why}"),
     };
-    Ok(Checked { block, file, nfs, object, devs, subject, target, ringbuf_bytes, progress_every })
+    let tls_libs = tls_libs(args, object, &subject)?;
+    Ok(Checked { block, file, nfs, object, devs, subject, target, ringbuf_bytes, progress_every, tls_libs })
+}
+
+/// The libssl files to probe besides the linker cache's: each --tls-lib (a regular file,
+/// by its real path; the object layer must be on), and with --pid each libssl the target
+/// and its descendants have mapped now.
+fn tls_libs(args: &Args, object: bool, subject: &Subject) -> Result<Vec<PathBuf>> {
+    if !args.tls_lib.is_empty() && !object {
+        usage!("--tls-lib: HTTPS requests are recorded by the object layer: add it (e.g. --layers file,object)");
+    }
+    let mut libs = Vec::new();
+    for lib in &args.tls_lib {
+        match std::fs::canonicalize(lib) {
+            Ok(real) if real.is_file() => libs.push(real),
+            Ok(_) => usage!("--tls-lib {}: not a file", lib.display()),
+            Err(e) => usage!("--tls-lib {}: {e}", lib.display()),
+        }
+    }
+    if let (true, Subject::Pid(pid)) = (object, subject) {
+        let pids: Vec<u32> = std::iter::once(*pid).chain(host::descendants(*pid)).collect();
+        libs.extend(crate::probes::mapped_libssl(&pids));
+    }
+    Ok(libs)
 }
