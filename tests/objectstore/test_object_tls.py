@@ -110,17 +110,33 @@ def reader():
     conn.recv(1)
 threading.Thread(target=reader, daemon=True).start()
 time.sleep(1.0)
-during = subprocess.run(["bpftool", "-j", "map", "dump", "name", "tls_calls"], capture_output=True, text=True)
+# This recorder's map (other recorders may be running): the tls_calls held by the
+# recorder, our parent shell's parent.
+with open(f"/proc/{os.getppid()}/stat") as f:
+    recorder = int(f.read().rsplit(")", 1)[1].split()[1])
+held = set()
+for fd in os.listdir(f"/proc/{recorder}/fdinfo"):
+    with open(f"/proc/{recorder}/fdinfo/{fd}") as f:
+        held |= {int(l.split()[1]) for l in f if l.startswith("map_id:")}
+maps = json.loads(subprocess.run(["bpftool", "-j", "map", "show"], capture_output=True, text=True).stdout)
+(mid,) = [m["id"] for m in maps if m.get("name") == "tls_calls" and m["id"] in held]
+during = subprocess.run(["bpftool", "-j", "map", "dump", "id", str(mid)], capture_output=True, text=True)
 with open(dump, "w") as f:
-    json.dump({"pid": os.getpid(), "tid": tid[0], "during": during.stdout}, f)
+    json.dump({"pid": os.getpid(), "tid": tid[0], "map": mid, "during": during.stdout}, f)
+with open(dump + ".id", "w") as f:
+    f.write(str(mid))
 os._exit(0)
 """
 
 
 def _keys(dump: str) -> list[int]:
-    """The u64 keys of a `bpftool -j map dump` (hex bytes in host order, or numbers)."""
+    """The u64 keys of a `bpftool -j map dump` (hex bytes in host order, or numbers). An
+    entry removed while the map was dumped (a call that returned meanwhile) comes as an
+    error without a key, and is passed over."""
     out = []
     for e in json.loads(dump):
+        if "key" not in e:
+            continue
         k = e["key"]
         out.append(int.from_bytes(bytes(int(b, 16) for b in k), sys.byteorder) if isinstance(k, list) else int(k))
     return out
@@ -134,13 +150,13 @@ def test_a_thread_that_dies_inside_an_ssl_call_leaves_no_state(tmp_path: Path, s
     host, port = s3.endpoint.removeprefix("https://").rsplit(":", 1)
     script, dump, after = tmp_path / "stuck.py", tmp_path / "during.json", tmp_path / "after.json"
     script.write_text(STUCK)
-    shell = f"{sys.executable} {script} {host} {port} {s3.ca} {dump}; bpftool -j map dump name tls_calls > {after}"
+    shell = f"{sys.executable} {script} {host} {port} {s3.ca} {dump}; bpftool -j map dump id $(cat {dump}.id) > {after}"
     rec = trainio("record", "--layers", "file,object", "-o", tmp_path / "trace", "--", "sh", "-c", shell, timeout=120)
     assert rec.returncode == 0, rec.stderr[-3000:]
     seen = json.loads(dump.read_text())
     key = (seen["pid"] << 32) | seen["tid"]
     during = _keys(seen["during"])
-    assert key in during, (key, during)  # the thread was in SSL_read, and the probe knew it
+    assert key in during, (key, seen["during"])  # the thread was in SSL_read, and the probe knew it
     left = _keys(after.read_text())
     assert key not in left, (key, left)
 
