@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use trainio_schema::OwnedRow;
 
 use crate::async_reads;
-use crate::evidence::{distinct_files, Files, GpuEvidence, StepsFound};
+use crate::evidence::{samples_without_opens, Files, GpuEvidence, StepsFound};
 use crate::input::is_data_read;
 use crate::job::Step;
 use crate::stats::quantile;
@@ -248,7 +248,7 @@ fn finish_burst(s: &mut Step, opens: u32, steps: &mut Vec<Step>) -> bool {
     if s.reads.is_empty() {
         return false; // opens and closes only: no data read
     }
-    s.samples = if opens > 0 { opens } else { distinct_files(&s.reads) };
+    s.samples = if opens > 0 { opens } else { samples_without_opens(&s.reads) };
     steps.push(std::mem::replace(
         s,
         Step {

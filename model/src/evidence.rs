@@ -167,8 +167,32 @@ impl Files {
     }
 }
 
-pub(crate) fn distinct_files(reads: &[Read]) -> u32 {
-    reads.iter().map(|r| r.file).collect::<HashSet<_>>().len() as u32
+/// Pages of one sample read through a mapping may be this far apart in its rows: a
+/// fault that maps a large folio leaves no row for the folio's other pages (up to the
+/// 128 KiB of the default readahead).
+const SAMPLE_GAP_BYTES: u64 = 128 << 10;
+
+/// A batch's (or burst's) samples when it opened no data file. Read through a memory
+/// mapping (shuffled rows of an Arrow file), each sample is one run of pages, so its
+/// samples are its runs of mapped pages per file, runs less than SAMPLE_GAP_BYTES apart
+/// being one; a run under a quarter of the batch's longest is the file's header or
+/// index, not a sample (rows read in order make one run). Reads by syscall count a
+/// sample per file.
+pub(crate) fn samples_without_opens(reads: &[Read]) -> u32 {
+    let mut pages: Vec<(u32, u64, u64)> =
+        reads.iter().filter(|r| r.mapped).map(|r| (r.file, r.offset, r.offset + r.len)).collect();
+    pages.sort_unstable();
+    let mut runs: Vec<(u32, u64, u64)> = Vec::new();
+    for (file, start, end) in pages {
+        match runs.last_mut() {
+            Some((f, _, e)) if *f == file && start <= *e + SAMPLE_GAP_BYTES => *e = (*e).max(end),
+            _ => runs.push((file, start, end)),
+        }
+    }
+    let longest = runs.iter().map(|(_, s, e)| e - s).max().unwrap_or(0);
+    let samples = runs.iter().filter(|(_, s, e)| 4 * (e - s) >= longest).count();
+    let by_syscall: HashSet<u32> = reads.iter().filter(|r| !r.mapped).map(|r| r.file).collect();
+    (samples + by_syscall.len()) as u32
 }
 
 /// Counts the opens of data files per (pid, time window): the samples of a batch, one

@@ -1,19 +1,27 @@
 //! Steps from the batch handoff (the model's part 2 with workers) and the rank's compute
-//! intervals between its gets (part 3). A DataLoader worker reads a batch, then writes it
-//! to its rank's pipe: a step is one batch, a worker's data reads between two of its
-//! writes to the pipe. The rank takes a batch, then writes the next batch index to a
-//! worker's index queue; from there to its next poll or read of the pipe it computes.
+//! intervals between its gets (part 3). A DataLoader worker gets a batch index from its
+//! index queue, reads the batch, then puts it on its rank's pipe: a step is one batch, a
+//! worker's data reads from its get of the batch's index to its next get. The put is
+//! written by the worker's feeder thread, which can fall behind the worker's main thread
+//! by a whole batch on a busy host, so the gets, not the writes, bound the batches; the
+//! writes say when each batch was handed off (the k-th write, the k-th get's batch).
+//! The rank takes a batch, then writes the next batch index to a worker's index queue;
+//! from there to its next poll or read of the pipe it computes.
 
 use std::collections::HashMap;
 
 use trainio_schema::OwnedRow;
 
-use crate::evidence::{distinct_files, opens_between, Files, GpuEvidence, StepsFound};
+use crate::evidence::{opens_between, samples_without_opens, Files, GpuEvidence, StepsFound};
 use crate::job::{Read, SetupRead, Step};
 use crate::stats::{busy_ns, quantile};
 
-/// Writes of one worker this close together are one message (header and payload).
+/// A worker's write of a length prefix and its write of the payload this soon after it
+/// are one message (multiprocessing writes a large message's 4-byte length, or -1 and an
+/// 8-byte length, before the payload; a small one in one write).
 const MESSAGE_MERGE_NS: i64 = 2_000_000;
+/// The longest length prefix (bytes) of a multiprocessing message.
+const LENGTH_PREFIX_BYTES: i64 = 8;
 /// A rank's reads of its data pipe this close together belong to one get.
 const GET_MERGE_NS: i64 = 1_000_000;
 
@@ -22,7 +30,7 @@ const GET_MERGE_NS: i64 = 1_000_000;
 pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<String>) -> StepsFound {
     let GpuEvidence { index, rank, workers, .. } = *ev;
     let input = ev.job.input;
-    let (data_pipes, opens) = (&ev.data_pipes, &ev.opens);
+    let opens = &ev.opens;
     let mut unfinished_bytes = 0u64;
     // Workers in the order they were started: PyTorch's worker ids. Batch b goes to
     // worker b mod W, so a worker's s-th batch is batch s*W + w.
@@ -30,62 +38,63 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
         input.proc_rows.iter().filter(|r| &*r.op == "fork").map(|r| (r.pid, r.issue_ns)).collect();
     let mut order: Vec<usize> = (0..workers.len()).collect();
     order.sort_by_key(|&i| (fork_at.get(&workers[i]).copied().unwrap_or(i64::MAX), i));
-    // Messages: each worker's writes on the pipe, merged when back to back.
-    let mut per_worker_msgs: Vec<Vec<i64>> = vec![Vec::new(); workers.len()];
-    for (wi, &w) in workers.iter().enumerate() {
-        let mut ws: Vec<&OwnedRow> = ev
-            .ipc_rows(w)
-            .iter()
-            .copied()
-            .filter(|r| &*r.op == "write" && r.bytes > 0 && r.file.as_deref().is_some_and(|f| data_pipes.contains(f)))
-            .collect();
-        ws.sort_by_key(|r| r.issue_ns);
-        let mut last_end = i64::MIN;
-        for r in ws {
-            if last_end != i64::MIN && r.issue_ns - last_end < MESSAGE_MERGE_NS {
-                last_end = r.complete_ns;
-                continue;
-            }
-            per_worker_msgs[wi].push(r.issue_ns);
-            last_end = r.complete_ns;
-        }
-    }
-    // A worker's batch: its data reads since its previous message.
-    let mut per_worker: Vec<Vec<&OwnedRow>> = workers.iter().map(|&w| ev.data_rows(w).to_vec()).collect();
-    for v in &mut per_worker {
-        v.sort_by_key(|r| (r.issue_ns, r.complete_ns));
-    }
     let nw = workers.len();
     let mut batches: Vec<(usize, Step)> = Vec::new();
     for (rank_of_worker, &wi) in order.iter().enumerate() {
-        let list = &per_worker[wi];
+        let w = workers[wi];
+        let msgs = messages(ev, w);
+        let gets = index_gets(ev, w);
+        let mut list: Vec<&OwnedRow> = ev.data_rows(w).to_vec();
+        list.sort_by_key(|r| (r.issue_ns, r.complete_ns));
+        // Each batch: its reads (a range of `list`), when it was handed off, and when
+        // the worker was done with it (its next get, or the handoff).
+        let mut spans: Vec<(std::ops::Range<usize>, i64, i64)> = Vec::new();
         let mut cursor = 0usize;
-        let mut prev = i64::MIN;
-        let mut seq = 0usize;
-        for &at in &per_worker_msgs[wi] {
-            let mut reads = Vec::new();
-            let mut first = i64::MAX;
-            while cursor < list.len() && list[cursor].complete_ns <= at {
-                let r = list[cursor];
-                let mut rd = files.add(r);
-                rd.reader = rank_of_worker as u32;
-                first = first.min(r.issue_ns);
-                reads.push(rd);
-                cursor += 1;
+        if gets.is_empty() {
+            // No index queue in the trace: a batch is the reads done by its handoff.
+            for &at in &msgs {
+                let from = cursor;
+                while cursor < list.len() && list[cursor].complete_ns <= at {
+                    cursor += 1;
+                }
+                spans.push((from..cursor, at, at));
             }
-            let samples = opens_between(opens, &[workers[wi]], prev, at);
-            prev = at;
-            if reads.is_empty() {
+        } else {
+            // The j-th get's batch is handed off by the j-th message; reads before the
+            // first get are the first batch's.
+            for (j, &at) in msgs.iter().enumerate().take(gets.len()) {
+                let next_get = gets.get(j + 1).copied().unwrap_or(i64::MAX);
+                let from = cursor;
+                while cursor < list.len() && list[cursor].issue_ns < next_get {
+                    cursor += 1;
+                }
+                spans.push((from..cursor, at, at.min(next_get)));
+            }
+        }
+        let mut seq = 0usize;
+        let mut prev = i64::MIN;
+        for (j, (range, at, done)) in spans.into_iter().enumerate() {
+            let rows = &list[range];
+            let bound = if gets.is_empty() { at } else { done };
+            let opened = opens_between(opens, &[w], prev, bound);
+            prev = bound;
+            if rows.is_empty() {
                 continue; // a message that carried no batch (a status, the end)
             }
+            let reads: Vec<Read> =
+                rows.iter().map(|r| Read { reader: rank_of_worker as u32, ..files.add(r) }).collect();
+            let first = rows.iter().map(|r| r.issue_ns).min().unwrap_or(at);
             let bytes = reads.iter().map(|r| r.len).sum();
-            let samples = if samples > 0 { samples } else { distinct_files(&reads) };
-            let io = busy_ns(&list[cursor - reads.len()..cursor]);
+            let samples = if opened > 0 { opened } else { samples_without_opens(&reads) };
+            let io = busy_ns(rows);
             // Page faults are instants in the trace: a batch read through mmap has no
             // measured I/O time to tell its CPU time from.
             let faulted = reads.iter().any(|r| r.mapped);
+            // The worker's j-th get is its j-th batch; without gets, its j-th batch is
+            // its j-th message that carried reads.
+            let nth = if gets.is_empty() { seq } else { j };
             batches.push((
-                seq * nw + rank_of_worker,
+                nth * nw + rank_of_worker,
                 Step {
                     reads,
                     bytes,
@@ -95,7 +104,7 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
                     interval_s: None,
                     wait_s: 0.0,
                     period_s: None,
-                    worker_cpu_s: (!faulted).then(|| ((at - first) - io).max(0) as f64 / 1e9),
+                    worker_cpu_s: (!faulted).then(|| ((done - first) - io).max(0) as f64 / 1e9),
                 },
             ));
             seq += 1;
@@ -137,6 +146,56 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
         handoff_s,
         unfinished_bytes,
     }
+}
+
+/// When worker `w` handed off its batches: its writes on the GPU's data pipe, a length
+/// prefix and the payload written right after it being one message.
+fn messages(ev: &GpuEvidence, w: u32) -> Vec<i64> {
+    let mut ws: Vec<&OwnedRow> = ev
+        .ipc_rows(w)
+        .iter()
+        .copied()
+        .filter(|r| &*r.op == "write" && r.bytes > 0 && r.file.as_deref().is_some_and(|f| ev.data_pipes.contains(f)))
+        .collect();
+    ws.sort_by_key(|r| r.issue_ns);
+    let mut msgs = Vec::new();
+    let mut prev: Option<&OwnedRow> = None;
+    for r in ws {
+        let continues =
+            prev.is_some_and(|p| p.bytes <= LENGTH_PREFIX_BYTES && r.issue_ns - p.complete_ns < MESSAGE_MERGE_NS);
+        if !continues {
+            msgs.push(r.issue_ns);
+        }
+        prev = Some(r);
+    }
+    msgs
+}
+
+/// When worker `w` got each batch index from its index queue (one of the GPU's index
+/// pipes): the start of each get, its polls included, a get ending with the read of a
+/// message's payload (a read longer than a length prefix). Empty when the trace has
+/// none of the worker's reads of an index pipe.
+fn index_gets(ev: &GpuEvidence, w: u32) -> Vec<i64> {
+    let mut rows: Vec<&OwnedRow> = ev
+        .ipc_rows(w)
+        .iter()
+        .copied()
+        .filter(|r| {
+            r.file.as_deref().is_some_and(|f| ev.index_pipes.contains(f))
+                && (&*r.op == "wait" || (&*r.op == "read" && r.bytes > 0))
+        })
+        .collect();
+    rows.sort_by_key(|r| (r.issue_ns, r.complete_ns));
+    let mut gets = Vec::new();
+    let mut started: Option<i64> = None;
+    for r in rows {
+        let start = *started.get_or_insert(r.issue_ns);
+        if &*r.op == "read" && r.bytes > LENGTH_PREFIX_BYTES {
+            gets.push(start);
+            started = None;
+        }
+    }
+    gets
 }
 
 /// `madvise`/`posix_fadvise` advice WILLNEED (traces/SCHEMA.md, *mapped reads*).

@@ -11,11 +11,12 @@
 //!    through a pipe or socket (a write on an inode the parent reads or polls). Every
 //!    other process that reads data is a rank. Groups that read under 1 % of the largest
 //!    group's bytes (a launcher, an interpreter loading modules) are left out.
-//! 2. **Steps.** With workers, a step is one batch: a worker's data reads between two of
-//!    its writes to the parent's pipe (the handoff of a batch is such a write). Without
-//!    workers (the rank reads its samples itself), a step is a burst of reads: bursts are
-//!    separated by gaps longer than every gap inside a batch (the largest jump in the
-//!    sorted gaps, or `--burst-gap-ms`).
+//! 2. **Steps.** With workers, a step is one batch: a worker's data reads from its get of
+//!    the batch's index (a read of the index queue its rank writes) to its next get, handed
+//!    off by its next write to the parent's pipe (without gets in the trace, its reads
+//!    between two of those writes). Without workers (the rank reads its samples itself),
+//!    a step is a burst of reads: bursts are separated by gaps longer than every gap
+//!    inside a batch (the largest jump in the sorted gaps, or `--burst-gap-ms`).
 //! 3. **Compute time per step.** The time the rank spends outside getting its data: with
 //!    workers, from the end of one batch's read off the pipe to the start of the next
 //!    get (its poll on the pipe, or the read itself), so waiting for a late batch is not

@@ -260,6 +260,40 @@ fn storage_bound_waits_are_not_compute() {
     assert!(g.wait_s > 2.0, "the rank waited ~100 ms a step: {}", g.wait_s);
 }
 
+/// A worker's feeder thread (which writes its batches to the pipe) falls behind its main
+/// thread on a busy host: batches 3 and 10 of worker 1 are written only 0.5 ms before
+/// the batch after them, whose reads are done by then. The worker's gets of its batch
+/// indices still bound each batch: every step is one batch of 4 samples.
+#[test]
+fn a_feeder_thread_late_by_a_batch_neither_merges_nor_moves_batches() {
+    let mut input = Input::default();
+    rank_with_workers(&mut input, 200, 100, 2, 4, 20, 50, 40);
+    let worker = 2001;
+    let mut writes: Vec<usize> =
+        (0..input.ipc.len()).filter(|&i| input.ipc[i].pid == worker && input.ipc[i].tid == worker + 1000).collect();
+    writes.sort_by_key(|&i| input.ipc[i].issue_ns);
+    assert_eq!(writes.len(), 2 * 20, "a header and a payload per batch");
+    for late in [3, 10] {
+        let next = input.ipc[writes[2 * (late + 1)]].issue_ns;
+        for (k, &i) in writes[2 * late..2 * late + 2].iter().enumerate() {
+            let at = next - 500_000 + k as i64 * 30_000;
+            input.ipc[i].issue_ns = at;
+            input.ipc[i].complete_ns = at + 20_000;
+        }
+    }
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    assert_eq!(g.steps.len(), 40, "{}", describe(&m).join("\n"));
+    for (k, s) in g.steps.iter().enumerate() {
+        assert_eq!((s.samples, s.bytes), (4, 4 * MIB), "step {k}");
+        assert!(s.reads.iter().all(|r| r.reader == (k % 2) as u32), "step {k}");
+    }
+    // The late batch (worker 2001 is the first forked: its batch s is step 2s) was
+    // handed off after the worker had read its next one.
+    let (late, next) = (&g.steps[2 * 3], &g.steps[2 * 4]);
+    assert!(late.ready_ns > next.first_read_ns, "{late:?}");
+}
+
 #[test]
 fn handoff_alone_groups_workers_without_their_names() {
     let mut input = Input::default();
@@ -795,6 +829,45 @@ fn reads_through_mmap_are_the_gpus_data_reads() {
     let m = infer(&input, &Options::default()).unwrap();
     let why = m.incomplete.expect("without them the file layer holds no data read");
     assert!(why.contains("120.0 MiB of block reads"), "{why}");
+}
+
+/// Workers reading shuffled rows of two Arrow files through the rank's mapping (HF
+/// `datasets`): no open per sample, so a batch's samples are its runs of pages, not the
+/// files it touched (4 samples in at most 2 files). A sample's rows may leave a gap (a
+/// large folio mapped by one fault), and a worker reads each file's header first.
+#[test]
+fn shuffled_rows_read_through_a_mapping_are_counted_as_samples() {
+    let mut input = Input { has_block: true, ..Input::default() };
+    rank_with_workers(&mut input, 200, 100, 2, 4, 20, 50, 20);
+    let files = ["/data/train/data-00000.arrow", "/data/train/data-00001.arrow"];
+    for f in files {
+        input.file.push(mmap_row(200, f, "7:3", 64 * MIB as i64, 1, 990 * MS));
+    }
+    input.file.retain(|r| &*r.op != "open");
+    let (mut extra, mut headers) = (Vec::new(), std::collections::HashSet::new());
+    let (half, folio) = (MIB as i64 / 2, 65536);
+    let mut row = 0i64;
+    for r in input.file.iter_mut().filter(|r| &*r.op == "read") {
+        // rows 0, 7, 14, ... of 80 (1 MiB each, after the 1 MiB header), split over the
+        // two files: a batch's rows are never adjacent
+        row = (row + 7) % 80;
+        let (file, at) = (files[(row % 2) as usize], (row / 2 + 1) << 20);
+        let (pid, t) = (r.pid, r.issue_ns);
+        *r = OwnedRow { fd: None, queue_depth: 0, ..mapped("map_pages", pid, file, "7:3", at, half, t) };
+        extra.push(mapped("map_pages", pid, file, "7:3", at + half + folio, half - folio, t + 1_000));
+        if headers.insert((pid, file)) {
+            extra.push(mapped("map_pages", pid, file, "7:3", 0, folio, t - 1_000));
+        }
+    }
+    input.file.append(&mut extra);
+    input.add_block_read(200, 2_000 * MS, 80 * MIB);
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    assert_eq!(g.steps.len(), 20, "{}", describe(&m).join("\n"));
+    assert!(g.steps.iter().all(|s| s.reads.iter().all(|r| r.mapped)));
+    assert_eq!(g.samples_per_step, 4.0, "{}", describe(&m).join("\n"));
+    // each sample less its folio's 64 KiB, and each worker's two headers
+    assert_eq!(g.bytes, 80 * (MIB - folio as u64) + 2 * 2 * folio as u64);
 }
 
 #[test]
