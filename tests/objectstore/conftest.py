@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from s3_helpers import S3Server, make_ca_and_cert
+from s3_helpers import VIRTUAL_DOMAIN, S3Server, make_ca_and_cert
 
 SERVER = Path.home() / ".cargo" / "bin" / "s3s-fs"
 READY_S = 30.0
@@ -105,10 +105,6 @@ def _s3s_fs(domain: str | None = None) -> Iterator[S3Server]:
 def s3_server() -> Iterator[S3Server]:
     with _s3s_fs() as server:
         yield server
-
-
-# The base domain of s3_virtual_server: no resolver knows it, a client maps it to 127.0.0.1.
-VIRTUAL_DOMAIN = "s3.trainio.test"
 
 
 @pytest.fixture

@@ -18,6 +18,11 @@ from pathlib import Path
 
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
+# The base domain of conftest's s3_virtual_server: no resolver knows it, a client maps it
+# to 127.0.0.1. (Here, not in conftest.py: `from conftest import` takes whichever suite's
+# conftest was imported first.)
+VIRTUAL_DOMAIN = "s3.trainio.test"
+
 
 @dataclasses.dataclass
 class S3Server:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from s3_helpers import S3Server
+from s3_helpers import VIRTUAL_DOMAIN, S3Server
 
 from trainio_analysis.trace import SCHEMA_MINOR, read_metadata, scan_trace
 from trainio_testlib import TRAINIO, trainio, wait_no_trainio_programs
@@ -294,8 +294,6 @@ json.dump(log, open(log_path, "w"))
 
 
 def test_virtual_hosted_requests_name_the_bucket_from_the_host(tmp_path: Path, s3_virtual_server: S3Server) -> None:
-    from conftest import VIRTUAL_DOMAIN
-
     s3 = s3_virtual_server
     s3.bucket("vbkt")
     port = s3.endpoint.rsplit(":", 1)[1]
