@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.root]
 
 MIB = 1 << 20
 # One "rank" per host reading its own local disk with O_DIRECT: STEPS[host] steps of four
-# 1 MiB reads, 50 ms of "compute" after each. Its step count comes from its host name, so
+# 1 MiB reads, 200 ms of "compute" after each (far above a read delayed by a loaded host,
+# which at 50 ms once split a step in two). Its step count comes from its host name, so
 # each host's bytes are its own.
 STEPS = {"h1": 6, "h2": 10}
 READER = """import mmap, os, socket, sys, time
@@ -30,7 +31,7 @@ buf = mmap.mmap(-1, 1 << 20)
 for s in range(steps):
     for i in range(4):
         assert os.preadv(fd, [buf], (s * 4 + i) << 20) == 1 << 20
-    time.sleep(0.05)
+    time.sleep(0.2)
 """
 
 
