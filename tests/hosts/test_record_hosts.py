@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.root]
 
 MIB = 1 << 20
 # One "rank" per host reading its own local disk with O_DIRECT: STEPS[host] steps of four
-# 1 MiB reads, 200 ms of "compute" after each (far above a read delayed by a loaded host,
-# which at 50 ms once split a step in two). Its step count comes from its host name, so
-# each host's bytes are its own.
+# 1 MiB reads, 200 ms of "compute" after each (far above the gap a read delayed by a
+# loaded host leaves inside a step, which the model must not take for a step's end). Its
+# step count comes from its host name, so each host's bytes are its own.
 STEPS = {"h1": 6, "h2": 10}
 READER = """import mmap, os, socket, sys, time
 steps = {steps}[socket.gethostname()]
