@@ -223,6 +223,7 @@ def test_a_libssl_of_the_jobs_own_is_probed_when_named_or_mapped(tmp_path: Path,
 
     ready, go = tmp_path / "ready", tmp_path / "go"
     job = subprocess.Popen([str(a) for a in [sys.executable, script, s3.endpoint, n, ready, go]], env=env)
+    rec: subprocess.Popen[str] | None = None
     try:
         deadline = time.monotonic() + 60
         while not ready.exists():
@@ -242,8 +243,8 @@ def test_a_libssl_of_the_jobs_own_is_probed_when_named_or_mapped(tmp_path: Path,
         _, err = rec.communicate(timeout=60)
         assert rec.returncode == 0, err
     finally:
-        for p in (job,):
-            if p.poll() is None:
+        for p in (job, rec):  # the recorder too, should the test fail while it runs
+            if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
     assert _https_rows(out) >= 2 * n
