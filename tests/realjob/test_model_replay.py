@@ -1,7 +1,7 @@
 """From the trace of a real PyTorch job to the right job model and a faithful replay.
 
 Each scenario records job.py (2 ranks under torchrun, gloo all-reduce per step, batch 4,
-50 ms compute per step, DataLoader with 0 or 2 worker processes) on ext4 over a loop
+50 ms compute per step (100 ms compute-bound), DataLoader with 0 or 2 worker processes) on ext4 over a loop
 device, compute-bound (no throttle) or storage-bound (reads throttled by a cgroup), then:
 (the compute-bound rank without workers is in make bench-realjob, not here: inside this
 suite its job runs 84-89 % AU where alone it runs 95-96 %. The device is what slows: the
@@ -12,13 +12,13 @@ bench-realjob prints both runs' median block-read latency next to the errors)
 
 - the job model (`trainio analyze --json`, the same code `replay --trace` uses) finds
   exactly the ranks as GPUs, each rank's workers inside its GPU, the compute time per step
-  within 5 % of the configured 50 ms, and the throughput one GPU needs within 10 % of
+  within 5 % of the configured time, and the throughput one GPU needs within 10 % of
   record size x batch / compute;
 - `trainio replay --trace` at the recorded GPU count, on the same device under the same
   throttle, reads every GPU's whole data at the job's throughput (within 10 %) and AU
-  (within 4 points compute-bound; storage-bound within 3 of the job's AU scaled by the
-  two runs' throughputs, and 6 of the job's own: see the assertions); at twice the GPUs,
-  twice the bytes.
+  (compute-bound within 2 points plus the spread between two runs of the job;
+  storage-bound within 3 of the job's AU scaled by the two runs' throughputs, and 6 of the
+  job's own: see the assertions); at twice the GPUs, twice the bytes.
 """
 
 from __future__ import annotations
@@ -36,7 +36,10 @@ from harness import dataset_fs
 from trainio_testlib import require_root
 
 SCENARIOS = [
-    Scenario("compute-w2", "compute-bound", 2, "npz", MiB, None, realtime=True),
+    # 100 ms of compute: the loader's 4 MiB a step then takes well under half a step even
+    # while other work holds a core (at 50 ms such a run read late: AU 89.9 where 94-95
+    # is usual), so the run stays compute-bound.
+    Scenario("compute-w2", "compute-bound", 2, "npz", MiB, None, compute_ms=100.0, realtime=True),
     Scenario("storage-w2", "storage-bound", 2, "npz", MiB, 100, double=True),
     Scenario("storage-w0", "storage-bound", 0, "npz", MiB, 60),
     Scenario("storage-w2-odirect", "storage-bound", 2, "raw", MiB, 100, odirect=True),
@@ -57,10 +60,14 @@ def fs():
 @pytest.mark.slow
 @pytest.mark.parametrize("sc", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_model_and_replay_of_a_real_job(fs, sc: Scenario) -> None:
-    r = run_scenario(sc, fs)
+    # compute-bound, the job runs a second time after its replay: the spread between two
+    # runs of the job itself widens the AU margin (storage-bound, the throughputs do)
+    r = run_scenario(sc, fs, reference=sc.regime == "compute-bound")
     model, job = r["model"], r["job"]
     print(
-        f"\n{sc.name}: job AU {r['job_au_percent']:.1f}% {r['job_mib_s']:.1f} MiB/s; "
+        f"\n{sc.name}: job AU {r['job_au_percent']:.1f}% {r['job_mib_s']:.1f} MiB/s"
+        + (f" (again {100 * r['job_b']['au']:.1f}%)" if r["job_b"] else "")
+        + "; "
         f"model compute {r['compute_ms']} ms, needs {r['required_mib_s']} MiB/s "
         f"(true {r['required_true_mib_s']:.1f}); replay AU {r['replay_au_percent']:.1f}% "
         f"{r['replay_mib_s']:.1f} MiB/s"
@@ -103,7 +110,15 @@ def test_model_and_replay_of_a_real_job(fs, sc: Scenario) -> None:
     scaled = r["job_au_percent"] * r["replay_mib_s"] / r["job_mib_s"]
     if sc.regime == "storage-bound":
         assert abs(r["replay_au_percent"] - scaled) <= 3.0, (r["replay_au_percent"], scaled)
-    assert abs(r["replay_au_percent"] - r["job_au_percent"]) <= (6.0 if sc.regime == "storage-bound" else 4.0)
+    if sc.regime == "storage-bound":
+        assert abs(r["replay_au_percent"] - r["job_au_percent"]) <= 6.0
+    else:
+        spread_au = abs(100 * r["job_b"]["au"] - r["job_au_percent"])
+        assert abs(r["replay_au_percent"] - r["job_au_percent"]) <= 2.0 + spread_au, (
+            r["replay_au_percent"],
+            r["job_au_percent"],
+            100 * r["job_b"]["au"],
+        )
     if sc.double:
         assert r["replay2_bytes"] == 2 * r["replay_bytes"]
     assert job["world_size"] == sc.ranks
