@@ -25,15 +25,21 @@ build: deps
 
 venv: deps
 
+# The tests' S3 server: its own crate and lock file, built by deps into target/s3server.
+S3SERVER := --manifest-path tests/s3server/Cargo.toml --target-dir target/s3server
+
 # Rust format and clippy (rustfmt.toml; warnings are errors), Python lint and format (ruff.toml).
 lint: all
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
+	$(CARGO) fmt --check --manifest-path tests/s3server/Cargo.toml
+	$(CARGO) clippy --release --locked $(S3SERVER) --all-targets -- -D warnings
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 test: all
 	$(CARGO) test --release --locked --workspace
+	$(CARGO) test --release --locked $(S3SERVER)
 	$(PY) -m pytest tests
 
 # docs/reference/COMMAND.md from every command's own parser, with the hand-written

@@ -85,15 +85,12 @@ if ! cmp -s tests/replay/requirements-dlio.txt .venv/.requirements-dlio; then
   .venv/bin/pip install --quiet --no-deps --target .venv/dlio-site pydftracer==1.0.2
   cp tests/replay/requirements-dlio.txt .venv/.requirements-dlio
 fi
-# s3s-fs, the S3 server of the object-storage tests (tests/objectstore): real HTTP, SigV4,
-# multipart uploads and ranged GETs over a directory (docs/design.md says why this one).
-# 0.14.1 is the last release that builds with this machine's Rust (0.15 wants 1.96);
-# about 3 CPU-minutes to build.
-S3S_FS_VERSION=0.14.1
-if ! "$HOME/.cargo/bin/s3s-fs" --version 2>/dev/null | grep -qx "s3s-fs $S3S_FS_VERSION"; then
-  echo "install-deps: building s3s-fs $S3S_FS_VERSION (cargo install)"
-  cargo install --locked --quiet s3s-fs --version "$S3S_FS_VERSION" --features binary
-fi
+# The S3 server of the object-storage tests and bench (tests/s3server): s3s-fs's directory
+# backend (real HTTP, SigV4, multipart uploads, ranged GETs) behind our own accept loop,
+# which sets TCP_NODELAY as production servers do (docs/design/object-storage.md). Its own
+# Cargo.lock, out of the main workspace, into target/s3server: about 3 CPU-minutes the
+# first time, then cargo only checks that it is up to date.
+cargo build --release --locked --quiet --manifest-path tests/s3server/Cargo.toml --target-dir target/s3server
 # kubernetes-validate: the Kubernetes API schemas and a validator, with which tests/deploy
 # checks deploy/kubernetes's DaemonSet offline.
 if ! cmp -s tests/deploy/requirements.txt .venv/.requirements-deploy; then

@@ -16,20 +16,22 @@ rows written per request (1.0: every request recorded). Over HTTPS the probes ar
 uprobes' programs; the uprobe's own trap (the breakpoint, and the return address swap of
 the uretprobe) is not in BPF statistics: it shows in requests per second only.
 
-Then the replay's S3 client against boto3 on the same server (s3s-fs, as the tests start
-it, over a directory under /var/tmp): GET latency of the same 16 objects of 256 KiB
-(npz, put by `trainio datagen` from the minio unet3d workload), back to back (no compute
-between requests) and paced (BENCH_OBJECT_PACE_S between them: `--computation-time` for
-the replay at batch size 1, a sleep for boto3), in BENCH_OBJECT_PAIRS rounds of the four
-in rotated order. Per setting: the median over rounds of each run's p50 and p90, and the
-range of the p50s. BENCH_OBJECT_PARTS picks what runs: `layer`, `latency` or both.
+Then the replay's S3 client against boto3 on two servers: the tests' S3 server as the
+tests start it (tests/s3server: TCP_NODELAY on every connection), and the same with
+`--nagle` (Nagle's algorithm on, as s3s-fs's own binary leaves it), each over a directory
+under /var/tmp. GET latency of the same 16 objects of 256 KiB (npz, put by `trainio
+datagen` from the minio unet3d workload), back to back (no compute between requests) and
+paced (BENCH_OBJECT_PACE_S between them: `--computation-time` for the replay at batch
+size 1, a sleep for boto3), in BENCH_OBJECT_PAIRS rounds of the eight in rotated order.
+Per setting: the median over rounds of each run's p50 and p90, and the range of the
+p50s. BENCH_OBJECT_PARTS picks what runs: `layer`, `latency` or both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import ssl
 import statistics
 import subprocess
@@ -149,36 +151,23 @@ print(json.dumps(ms))
 
 
 def latency() -> None:
-    """GET latency of the replay's client and of boto3 on the same s3s-fs, side by side."""
-    from conftest import SERVER, _answers_http, _start_on_a_free_port, _stop
-
-    server = shutil.which("s3s-fs") or str(SERVER)
+    """GET latency of the replay's client and of boto3, side by side, on the test server as
+    the tests start it (TCP_NODELAY) and on the same server with Nagle's algorithm left on."""
+    from conftest import s3_server_on
 
     files, passes = 16, 2
-    access, secret, bucket = "bench", "bench-secret-key", "mlp-minio"
+    bucket = "mlp-minio"
     data = ROOT / "tests" / "objectstore" / "data"
-    with tempfile.TemporaryDirectory(prefix="bench-object-s3-", dir="/var/tmp") as d:
-        root = Path(d) / "root"
-        (root / bucket).mkdir(parents=True)
-        args = ["--access-key", access, "--secret-key", secret, str(root)]
-        started = _start_on_a_free_port(
-            lambda port: [server, "--host", "127.0.0.1", "--port", str(port), *args],
-            _answers_http,
-            Path(d) / "s3s-fs.log",
-        )
-        assert started, "s3s-fs did not start"
-        proc, port = started
-        try:
-            ep = f"http://127.0.0.1:{port}"
-            env = {
-                **os.environ,
-                "AWS_ACCESS_KEY_ID": access,
-                "AWS_SECRET_ACCESS_KEY": secret,
-                "OMPI_ALLOW_RUN_AS_ROOT": "1",
-                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-            }
+    got: dict[str, list[tuple[float, float]]] = {}
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-object-s3-", dir="/var/tmp") as d:
+        runs = {}
+        for server in ("nodelay", "nagle"):
+            s3 = stack.enter_context(s3_server_on(nagle=server == "nagle"))
+            s3.bucket(bucket)
+            env = {**os.environ, **s3.env(), "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+            env.pop("AWS_ENDPOINT_URL")
             over = [
-                f"++workload.storage.storage_options.endpoint_url={ep}",
+                f"++workload.storage.storage_options.endpoint_url={s3.endpoint}",
                 f"++workload.dataset.num_files_train={files}",
                 "++workload.dataset.record_length_bytes=262144",
                 "++workload.dataset.record_length_bytes_stdev=0",
@@ -189,7 +178,7 @@ def latency() -> None:
             gen = data / "unet3d_h100_minio_datagen.yaml"
             subprocess.run([str(TRAINIO), "datagen", "--workload", str(gen), *common], env=env, check=True)
 
-            def replay(pace: float) -> tuple[float, float]:
+            def replay(pace: float, env=env, common=common) -> tuple[float, float]:
                 out = Path(d) / "r.json"
                 cmd = [str(TRAINIO), "replay", "--workload", str(data / "unet3d_h100_minio.yaml"), *common]
                 cmd += ["--epochs", str(passes), "--computation-time", str(pace), "--json", str(out), "-q"]
@@ -197,34 +186,34 @@ def latency() -> None:
                 lat = json.loads(out.read_text())["object"]["get_latency"]
                 return lat["p50_ms"], lat["p90_ms"]
 
-            def boto3(pace: float) -> tuple[float, float]:
-                cmd = [sys.executable, "-c", BOTO3, ep, access, secret, bucket, "test-run/unet3d/train/"]
-                out = subprocess.run([*cmd, str(passes), str(pace)], env=env, check=True, capture_output=True)
-                ms = json.loads(out.stdout)
+            def boto3(pace: float, env=env, s3=s3) -> tuple[float, float]:
+                cmd = [sys.executable, "-c", BOTO3, s3.endpoint, s3.access_key, s3.secret_key, bucket]
+                cmd += ["test-run/unet3d/train/", str(passes), str(pace)]
+                ms = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True).stdout)
                 return statistics.median(ms), statistics.quantiles(ms, n=10)[-1]
 
-            runs = {
-                "replay back-to-back": lambda: replay(0.0),
-                "boto3 back-to-back": lambda: boto3(0.0),
-                f"replay paced {PACE_S:g} s": lambda: replay(PACE_S),
-                f"boto3 paced {PACE_S:g} s": lambda: boto3(PACE_S),
-            }
-            names = list(runs)
-            got: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
-            for k in range(PAIRS):
-                for n in names[k % 4 :] + names[: k % 4]:
-                    got[n].append(runs[n]())
-                    time.sleep(0.5)
-        finally:
-            _stop(proc)
-    print(f"GET of 256 KiB objects on s3s-fs, {files * passes} per run, {PAIRS} runs each; ms")
-    print(f"{'setting':24s} {'p50 (median)':>12s} {'p50 range':>14s} {'p90 (median)':>12s}")
+            runs[f"{server:8s} replay back-to-back"] = lambda replay=replay: replay(0.0)
+            runs[f"{server:8s} boto3 back-to-back"] = lambda boto3=boto3: boto3(0.0)
+            runs[f"{server:8s} replay paced {PACE_S:g} s"] = lambda replay=replay: replay(PACE_S)
+            runs[f"{server:8s} boto3 paced {PACE_S:g} s"] = lambda boto3=boto3: boto3(PACE_S)
+        names = list(runs)
+        got = {n: [] for n in names}
+        for k in range(PAIRS):
+            at = k * 3 % len(names)
+            for n in names[at:] + names[:at]:
+                got[n].append(runs[n]())
+                time.sleep(0.5)
+    print(
+        f"GET of 256 KiB objects on the test S3 server (nodelay: as the tests start it; nagle: with "
+        f"Nagle's algorithm on, as s3s-fs's own binary), {files * passes} per run, {PAIRS} runs each; ms"
+    )
+    print(f"{'server   client, setting':34s} {'p50 (median)':>12s} {'p50 range':>14s} {'p90 (median)':>12s}")
     summary = {}
     for n in names:
         p50 = [a for a, _ in got[n]]
         p90 = statistics.median(b for _, b in got[n])
-        print(f"{n:24s} {statistics.median(p50):12.2f} {min(p50):6.2f}-{max(p50):<7.2f} {p90:12.2f}")
-        summary[n] = {"p50_ms": p50, "p90_ms": [b for _, b in got[n]]}
+        print(f"{n:34s} {statistics.median(p50):12.2f} {min(p50):6.2f}-{max(p50):<7.2f} {p90:12.2f}")
+        summary[" ".join(n.split())] = {"p50_ms": p50, "p90_ms": [b for _, b in got[n]]}
     print(json.dumps(summary))
 
 

@@ -1,6 +1,7 @@
-"""Fixtures for the object-storage tests: a real S3 server (s3s-fs, installed by
-scripts/install-deps.sh) over a temp directory, on 127.0.0.1 and a free port, ready
-before the test starts and stopped (its directory removed) even when the test fails."""
+"""Fixtures for the object-storage tests: a real S3 server (tests/s3server, s3s-fs's
+directory backend with TCP_NODELAY on every connection; built by scripts/install-deps.sh)
+over a temp directory on disk, on 127.0.0.1 and a free port, ready before the test starts
+and stopped (its directory removed) even when the test fails."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from pathlib import Path
 import pytest
 from s3_helpers import VIRTUAL_DOMAIN, S3Server, make_ca_and_cert
 
-SERVER = Path.home() / ".cargo" / "bin" / "s3s-fs"
+# Where scripts/install-deps.sh builds it (its own Cargo.lock, out of the main workspace).
+SERVER = Path(__file__).resolve().parents[2] / "target" / "s3server" / "release" / "trainio-s3server"
 READY_S = 30.0
 
 
@@ -70,28 +72,36 @@ def _stop(proc: subprocess.Popen | None) -> None:
 
 
 @contextlib.contextmanager
-def _s3s_fs(domain: str | None = None) -> Iterator[S3Server]:
-    """s3s-fs over a temp directory on 127.0.0.1 and a free port; with `domain`, it takes
-    virtual-hosted requests to BUCKET.`domain`:PORT (and no path-style ones)."""
-    binary = shutil.which("s3s-fs") or (str(SERVER) if SERVER.exists() else None)
-    if binary is None:
-        pytest.fail("s3s-fs is missing: run scripts/install-deps.sh")
-    root = Path(tempfile.mkdtemp(prefix="trainio-s3-", dir="/dev/shm"))
+def s3_server_on(
+    domain: str | None = None, *, egress_mib_s: float | None = None, nagle: bool = False
+) -> Iterator[S3Server]:
+    """The test S3 server over a temp directory under /var/tmp (disk, not tmpfs), on
+    127.0.0.1 and a free port. With `domain`, it takes virtual-hosted requests to
+    BUCKET.`domain`:PORT (and no path-style ones); with `egress_mib_s`, its response bodies
+    leave at that rate at most, all connections together; `nagle` leaves Nagle's algorithm
+    on (for the bench's comparison)."""
+    if not SERVER.exists():
+        pytest.fail(f"{SERVER} is missing: run scripts/install-deps.sh")
+    root = Path(tempfile.mkdtemp(prefix="trainio-s3-", dir="/var/tmp"))
     access, secret = "trainio-test", "trainio-test-secret-key"
     proc = None
     try:
         log = root.parent / f"{root.name}.log"
         args = ["--access-key", access, "--secret-key", secret, str(root)]
+        if egress_mib_s is not None:
+            args = ["--egress-mib-s", str(egress_mib_s), *args]
+        if nagle:
+            args = ["--nagle", *args]
 
         def start(port: int) -> list[str]:
             named = ["--domain", f"{domain}:{port}"] if domain else []
-            return [binary, "--host", "127.0.0.1", "--port", str(port), *named, *args]
+            return [str(SERVER), "--host", "127.0.0.1", "--port", str(port), *named, *args]
 
         started = _start_on_a_free_port(start, _answers_http, log)
         proc, port = started if started else (None, 0)
         if proc is None:
             text = (root.parent / f"{root.name}.log").read_text()
-            pytest.fail(f"s3s-fs did not start on 127.0.0.1: {text[-500:]}")
+            pytest.fail(f"the S3 server did not start on 127.0.0.1: {text[-500:]}")
         yield S3Server(endpoint=f"http://127.0.0.1:{port}", root=root, access_key=access, secret_key=secret)
     finally:
         _stop(proc)
@@ -103,16 +113,24 @@ def _s3s_fs(domain: str | None = None) -> Iterator[S3Server]:
 
 @pytest.fixture
 def s3_server() -> Iterator[S3Server]:
-    with _s3s_fs() as server:
+    with s3_server_on() as server:
         yield server
 
 
 @pytest.fixture
+def s3_server_with() -> Iterator[Callable[..., S3Server]]:
+    """Starts test S3 servers with s3_server_on's options (`egress_mib_s=...`); every one is
+    stopped and its directory removed when the test ends, failed or not."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **options: stack.enter_context(s3_server_on(**options))
+
+
+@pytest.fixture
 def s3_virtual_server() -> Iterator[S3Server]:
-    """s3s-fs taking virtual-hosted requests: Host BUCKET.s3.trainio.test:PORT on
+    """The S3 server taking virtual-hosted requests: Host BUCKET.s3.trainio.test:PORT on
     127.0.0.1:PORT (the server's `endpoint` stays the address; a client resolves the
     names itself, /etc/hosts is not touched)."""
-    with _s3s_fs(VIRTUAL_DOMAIN) as server:
+    with s3_server_on(VIRTUAL_DOMAIN) as server:
         yield server
 
 

@@ -35,7 +35,7 @@ class S3Server:
     last_headers: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def bucket(self, name: str) -> str:
-        """Creates bucket `name` (s3s-fs keeps a bucket as a directory of its root)."""
+        """Creates bucket `name` (the server keeps a bucket as a directory of its root)."""
         (self.root / name).mkdir()
         return name
 
@@ -107,7 +107,7 @@ class S3Server:
                 return out
 
     def files_on_disk(self, bucket: str) -> dict[str, int]:
-        """The server's own directory: key -> bytes, as s3s-fs stored them."""
+        """The server's own directory: key -> bytes, as the server stored them."""
         base = self.root / bucket
         return {str(p.relative_to(base)): p.stat().st_size for p in base.rglob("*") if p.is_file()}
 

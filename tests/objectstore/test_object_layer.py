@@ -1,5 +1,5 @@
 """The object layer (schema 1.8) against a real S3 server and a real S3 client: boto3
-puts, gets (whole and ranged), heads and misses objects on s3s-fs under `trainio record
+puts, gets (whole and ranged), heads and misses objects on the test S3 server under `trainio record
 --layers file,object`, and the recorded requests are compared with what boto3 did, as
 the client itself logged it: count, methods, keys, Range offsets and lengths, bytes,
 statuses, latency, and the endpoint's queue depth under 8 concurrent GETs."""

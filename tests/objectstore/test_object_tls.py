@@ -1,4 +1,4 @@
-"""The object layer over HTTPS: boto3 talks to s3s-fs through stunnel (a real TLS
+"""The object layer over HTTPS: boto3 talks to the test S3 server through stunnel (a real TLS
 terminator, a CA made by the fixture) under `trainio record --layers file,object`. The
 requests are read from the plaintext of OpenSSL's SSL_read/SSL_write (uprobes on the
 libssl Python's ssl module loads) and compared with what boto3 itself logged: one row

@@ -1,4 +1,4 @@
-"""Replay, datagen and checkpoints on S3, against a real S3 server (s3s-fs, conftest.py):
+"""Replay, datagen and checkpoints on S3, against a real S3 server (tests/s3server, conftest.py):
 MLPerf Storage v3.0's object-mode workload files, scaled down by overrides."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ against S3.
 
 tests/realjob/job.py with `--format s3` runs under torchrun at 2 ranks (gloo all-reduce
 per step, a sleep per step as the accelerator), 2 DataLoader workers per rank, each
-worker reading samples from s3s-fs with boto3: even-numbered samples with one whole
+worker reading samples from the test S3 server with boto3: even-numbered samples with one whole
 `get_object`, odd-numbered ones in ranged GETs. `trainio record --layers file,object`
 records it. Then:
 
@@ -18,20 +18,20 @@ records it. Then:
   job's, and request latency percentiles; at 4 GPUs it reads twice the bytes;
 - a bucket that does not exist is refused with one line, exit 2, before any work.
 
-The job is compute-bound (600 ms per step against a few ms of GETs and handoff per batch),
-so its AU and throughput are set by its compute; the replay runs `--realtime` so that its
-compute sleeps end on time on the shared host. What the two runs spend per step outside
-the compute differs by a few ms (the model keeps a collective's own time, not a rank's
-wait for a late peer, and counts the rank's Python around the sleep as compute): under
-1 % of the step here.
+In the first test the job is compute-bound (600 ms per step against a few ms of GETs and
+handoff per batch), so its AU and throughput are set by its compute; the replay runs
+`--realtime` so that its compute sleeps end on time on the shared host. What the two runs
+spend per step outside the compute differs by a few ms (the model keeps a collective's own
+time, not a rank's wait for a late peer, and counts the rank's Python around the sleep as
+compute): under 1 % of the step here.
 
-Why not storage-bound: boto3 in the job stalls on about a third of its GETs for one
-delayed ACK (~40 ms: s3s-fs writes with Nagle's algorithm on, and the job's socket delays
-its ACKs while it sends one request after another; docs/measurements.md, *S3 GET
-latency*), which the replay's client avoids (TCP_QUICKACK). At 20 ms of compute per step
-the job's GETs took p50 11.6 ms, p90 49 ms, and it made 17.3 MiB/s at 17.8 % AU, where its
-replay's GETs took p50 2.3 ms, p90 8 ms, for 54.6 MiB/s at 57.4 % AU: the replay is the
-faster by what boto3 loses in its own kernel, not in the store.
+In the second the same job is storage-bound: the server passes its response bodies at
+STORAGE_MIB_S (trainio-s3server's `--egress-mib-s`, one link shared by every connection)
+and the compute is STORAGE_COMPUTE_MS per step, so each step waits for its GETs. Both
+tests need the server to send without Nagle's algorithm (tests/s3server sets TCP_NODELAY):
+with it on, boto3 loses a delayed ACK (~40 ms) on about a third of its GETs where the
+replay's client (TCP_QUICKACK) loses none, and the job reads slower than its replay for a
+reason in its own kernel, not in the store (docs/measurements.md, *S3 GET latency*).
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ RANKS, WORKERS, BATCH, STEPS = 2, 2, 4, 16
 SAMPLE = 256 << 10
 PART = 96 << 10  # odd samples: ranged GETs of 96, 96 and 64 KiB
 COMPUTE_MS = 600.0
+# The storage-bound case (its test's doc): the server's rate, the compute per step, steps.
+STORAGE_MIB_S, STORAGE_COMPUTE_MS, STORAGE_STEPS = 4.0, 100.0, 24
 DATA_BUCKET, PREFIX, REPLAY_BUCKET = "train", "samples", "replay"
 
 
@@ -80,16 +82,15 @@ def _put_samples(s3: S3Server, n: int) -> None:
         client.put_object(Bucket=DATA_BUCKET, Key=f"{PREFIX}/s{i:05d}.bin", Body=os.urandom(SAMPLE))
 
 
-def _record_job(tmp: Path, s3: S3Server) -> tuple[Path, dict]:
-    trace, out = tmp / "trace", tmp / "job.json"
+def _record_job(
+    tmp: Path, s3: S3Server, compute_ms: float = COMPUTE_MS, *, record: bool = True, name: str = "job"
+) -> tuple[Path, dict]:
+    """Runs the job under `trainio record` (or, with record=False, as it is); returns the
+    trace and the job's own figures."""
+    trace, out = tmp / f"{name}-trace", tmp / f"{name}.json"
+    recorder = [str(TRAINIO), "record", "--layers", "file,object", "-o", str(trace), "--"] if record else []
     cmd = [
-        str(TRAINIO),
-        "record",
-        "--layers",
-        "file,object",
-        "-o",
-        str(trace),
-        "--",
+        *recorder,
         str(TORCHRUN),
         "--standalone",
         f"--nproc-per-node={RANKS}",
@@ -105,7 +106,7 @@ def _record_job(tmp: Path, s3: S3Server) -> tuple[Path, dict]:
         "--num-workers",
         str(WORKERS),
         "--compute-ms",
-        str(COMPUTE_MS),
+        str(compute_ms),
         "--out",
         str(out),
     ]
@@ -124,7 +125,8 @@ def _record_job(tmp: Path, s3: S3Server) -> tuple[Path, dict]:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     assert proc.returncode == 0, stderr[-4000:]
-    assert wait_no_trainio_programs() == []
+    if record:
+        assert wait_no_trainio_programs() == []
     return trace, json.loads(out.read_text())
 
 
@@ -231,3 +233,44 @@ def test_a_job_reading_s3_is_modeled_and_replayed_against_s3(tmp_path: Path, s3_
     assert rep4["bytes_read"] == rep4["object"]["bytes_read"] == 2 * job["bytes_read"]
     assert rep4["object"]["get_requests"] == 2 * len(gets)
     assert not (tmp_path / "unused").exists(), "nothing is written under --data-dir"
+
+
+@pytest.mark.slow
+def test_a_storage_bound_s3_job_is_replayed_at_its_own_rate_and_au(tmp_path: Path, s3_server_with) -> None:
+    """The same job made storage-bound: the server passes STORAGE_MIB_S of response bodies,
+    all connections together, and the compute is short, so the job waits for its GETs.
+    Recorded, then run again unrecorded (how much the job's own figures vary from run to
+    run, which widens the margins), then replayed at its GPU count against the same
+    server: MiB/s within 5 % and AU within 2 points of the recorded run's, plus that spread."""
+    s3 = s3_server_with(egress_mib_s=STORAGE_MIB_S)
+    n = RANKS * BATCH * STORAGE_STEPS
+    s3.bucket(DATA_BUCKET)
+    s3.bucket(REPLAY_BUCKET)
+    _put_samples(s3, n)
+    trace, job = _record_job(tmp_path, s3, STORAGE_COMPUTE_MS)
+    _, again = _record_job(tmp_path, s3, STORAGE_COMPUTE_MS, record=False, name="again")
+    assert job["bytes_read"] == again["bytes_read"] == n * SAMPLE
+
+    out = tmp_path / "r2.json"
+    r = _replay(s3, trace, RANKS, out, "--storage-root", REPLAY_BUCKET, "--generate", "--realtime")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["bytes_read"] == rep["object"]["bytes_read"] == job["bytes_read"]
+    mib, au = _steady_mib_s(rep), rep["au_percent"]
+    detail = (
+        f"job {job['mib_per_s']:.2f} MiB/s AU {100 * job['au']:.1f} % (again {again['mib_per_s']:.2f} MiB/s"
+        f" AU {100 * again['au']:.1f} %), replay {mib:.2f} MiB/s AU {au:.1f} %; GET p50"
+        f" {rep['object']['get_latency']['p50_ms']:.1f} ms"
+    )
+    print(detail)
+    # Storage-bound: the ranks wait for their batches longer than they compute, and the
+    # server's rate bounds what they read. (Steps 2..n also count what a rank's workers
+    # fetched during step 1, up to a batch each: hence the upper bound's allowance.)
+    over = 1 + WORKERS / (STORAGE_STEPS - 1)
+    for k in (job, again):
+        assert sum(x["io_wait_s"] for x in k["ranks"]) > sum(x["compute_s"] for x in k["ranks"]), detail
+        assert 0.5 * STORAGE_MIB_S < k["mib_per_s"] <= over * STORAGE_MIB_S, detail
+    spread_mib = abs(again["mib_per_s"] / job["mib_per_s"] - 1)
+    spread_au = abs(100 * again["au"] - 100 * job["au"])
+    assert abs(mib / job["mib_per_s"] - 1) <= 0.05 + spread_mib, detail
+    assert abs(au - 100 * job["au"]) <= 2.0 + spread_au, detail

@@ -1,5 +1,5 @@
 """The replay's S3 client over HTTPS: datagen and replay of MLPerf's minio unet3d files
-against s3s-fs behind stunnel (conftest.py, a CA made for the test, given as
+against the test S3 server behind stunnel (conftest.py, a CA made for the test, given as
 AWS_CA_BUNDLE), and a CA bundle that is bad or does not sign the server's certificate
 refused in one line, exit 2, before anything is written."""
 
