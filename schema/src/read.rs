@@ -587,7 +587,7 @@ mod tests {
         b.push(&Row { pid: 8, ..row(Layer::Block, "write") });
         let (dir, rows) = round_trip("stream", b);
         let mut read = Vec::new();
-        read_batches(&dir, |batch, origin| {
+        read_batches(&dir, |batch, _| {
             let name = Path::new("stream");
             let (mut whole, mut brief) = (Vec::new(), Vec::new());
             RowDecoder::default().decode(

@@ -535,7 +535,7 @@ impl Counts {
 #[pyo3(signature = (parts, grouping = "auto", step_gap_ms = None, gpus_per_process = None, compute_scale = None))]
 fn job_model(
     py: Python<'_>,
-    parts: Vec<(String, Option<(String, i64)>, Bound<'_, PyAny>)>,
+    parts: Vec<RowsPart<'_>>,
     grouping: &str,
     step_gap_ms: Option<f64>,
     gpus_per_process: Option<u32>,
@@ -557,6 +557,9 @@ fn job_model(
     })
     .map_err(PyValueError::new_err)
 }
+
+/// One trace of [`job_model`]'s `parts`: its name, a set member's (host, shift_ns), its rows.
+type RowsPart<'py> = (String, Option<(String, i64)>, Bound<'py, PyAny>);
 
 /// The Arrow C stream `obj` exports (`__arrow_c_stream__`), taken over: its batches are
 /// read here and released when done.
@@ -642,10 +645,13 @@ fn data_ops() -> Vec<&'static str> {
     trainio_schema::DATA_OPS.to_vec()
 }
 
+/// A metadata key without its prefix, how its value is written, and its default JSON.
+type MetaKey = (&'static str, &'static str, Option<&'static str>);
+
 /// The metadata keys (`trainio_schema::keys::ALL`) without their prefix, and how each value
 /// is written: (key, `text` | `int` | `json`, the JSON a writer writes when not told, or None).
 #[pyfunction]
-fn metadata_keys() -> (&'static str, Vec<(&'static str, &'static str, Option<&'static str>)>) {
+fn metadata_keys() -> (&'static str, Vec<MetaKey>) {
     use trainio_schema::{keys, MetaValue};
     let all = keys::ALL.iter().map(|(k, v)| {
         let short = k.strip_prefix(keys::PREFIX).expect("every key has the prefix");
