@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 packages=(
   # BPF build: clang compiles bpf/, bpftool generates vmlinux.h, libbpf-sys links these
   clang llvm libelf-dev zlib1g-dev pkg-config make bpftool
-  # tests and benchmarks: real workloads, iostat, bpftrace for comparison
-  fio sysstat bpftrace util-linux coreutils
+  # tests and benchmarks: real workloads, iostat, bpftrace for comparison, strace to count
+  # the files a command opens (tests/analysis/test_model_decoded_once.py)
+  fio sysstat bpftrace util-linux coreutils strace
   # trainio import --blktrace: blkparse turns blktrace's binary files into text
   blktrace
   # replay: OpenMPI through the mpi crate (rsmpi needs libclang)

@@ -63,10 +63,29 @@ def column_numpy(column: pa.ChunkedArray) -> np.ndarray:
     return column.to_numpy()
 
 
+def layers_present(trace: tr.Trace) -> dict[str, int]:
+    """Rows per layer of the trace: its ``trainio.events`` metadata, else counted from the
+    layer column of its row groups."""
+    events = trace.meta.get("events")
+    if isinstance(events, dict) and events:
+        if not all(isinstance(v, int) and v >= 0 for v in events.values()):
+            msg = f"{trace.segments[-1].path}: metadata trainio.events is not a count per layer"
+            raise TraceError(msg)
+        return {str(k): v for k, v in events.items() if v > 0}
+    counts: dict[str, int] = {}
+    for seg in trace.segments:
+        for i in range(len(seg.row_groups)):
+            codes, values = tr.dictionary_codes(tr.read_row_group(seg, i, ["layer"])["layer"])
+            for code, n in enumerate(np.bincount(codes, minlength=len(values)).tolist()):
+                if n and values[code] is not None:
+                    counts[values[code]] = counts.get(values[code], 0) + n
+    return counts
+
+
 class Plan:
     """What the pass reads of ``trace`` (opened, or its path) for ``sel``.
 
-    Attributes set here: ``segments``, ``meta``, ``layers_present``, ``layer``,
+    Attributes set here: ``trace`` (opened), ``segments``, ``meta``, ``layers_present``, ``layer``,
     ``group_col`` (``pid`` for the file layer, else ``dev``), ``units`` (the non-empty row
     groups in segment order), ``t0``/``t1``/``window`` (ns), ``watermarks`` (per unit, a
     lower bound of the ``issue_ns`` of every later unit, relative to ``t0``; None after
@@ -80,6 +99,7 @@ class Plan:
         self, trace: str | os.PathLike[str] | tr.Trace, sel: Selection, bin_s: float | None, workers: int = 2
     ) -> None:
         trace = tr.Trace.of(trace)
+        self.trace = trace
         self.path = Path(trace.path)
         self.segments = list(trace.segments)
         self.meta = trace.meta
@@ -92,7 +112,7 @@ class Plan:
                 raise SelectionError(msg)
             self.bin_s = bin_s
         self.workers = max(1, workers)
-        self.layers_present = self._layers_present()
+        self.layers_present = layers_present(trace)
         self.layer = self._choose_layer(sel.layer)
         self.sel = sel
         self.group_col = "pid" if self.layer == "file" else "dev"
@@ -100,22 +120,6 @@ class Plan:
         self._find_groups()
 
     # ------------------------------------------------------------------ layer
-
-    def _layers_present(self) -> dict[str, int]:
-        events = self.meta.get("events")
-        if isinstance(events, dict) and events:
-            if not all(isinstance(v, int) and v >= 0 for v in events.values()):
-                msg = f"{self.segments[-1].path}: metadata trainio.events is not a count per layer"
-                raise TraceError(msg)
-            return {str(k): v for k, v in events.items() if v > 0}
-        counts: dict[str, int] = {}
-        for seg in self.segments:
-            for i in range(len(seg.row_groups)):
-                codes, values = tr.dictionary_codes(tr.read_row_group(seg, i, ["layer"])["layer"])
-                for code, n in enumerate(np.bincount(codes, minlength=len(values)).tolist()):
-                    if n and values[code] is not None:
-                        counts[values[code]] = counts.get(values[code], 0) + n
-        return counts
 
     def _choose_layer(self, layer: str | None) -> str:
         if layer is not None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from trainio_analysis import kernels
 from trainio_analysis import trace as tr
@@ -175,7 +177,7 @@ def result(
         }
     out["groups"] = per_group
     if with_model and "file" in plan.layers_present:
-        out["job_model"] = job_model(plan.path, step_gap_ms=step_gap_ms)
+        out["job_model"] = job_model(plan.trace, step_gap_ms=step_gap_ms)
         if out["job_model"] is not None:
             out["write_bursts"] = out["job_model"]["writes"]
     if plan.layer == "file":
@@ -291,7 +293,7 @@ def _bursts(state: GroupState, gap_ms: float, nbytes: float | None) -> dict[str,
 
 
 def job_model(
-    path: str | os.PathLike[str],
+    trace: str | os.PathLike[str] | tr.Trace,
     *,
     grouping: str = "auto",
     step_gap_ms: float | None = None,
@@ -304,15 +306,38 @@ def job_model(
     ``--gpus-per-process`` and ``--compute-scale`` (docs/replay.md).
 
     Computed by the native extension from crate ``trainio-model``, the same code that
-    ``trainio replay --trace`` replays from (docs/analysis.md, *Job model*). None when
-    the extension is not built.
+    ``trainio replay --trace`` replays from (docs/analysis.md, *Job model*), on the rows
+    read here (:meth:`~trainio_analysis.trace.Trace.row_batches`, a set's one member at
+    a time): the extension opens no file. None when the extension is not built.
     """
     mod = kernels._module
     if mod is None or not hasattr(mod, "job_model"):
         return None
+    trace = tr.Trace.of(trace)
+    failed: list[Exception] = []
+
+    def rows(t: tr.Trace) -> pa.RecordBatchReader:
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                yield from t.row_batches()
+            except Exception as exc:  # the extension sees a failed stream; raised again below
+                failed.append(exc)
+                raise
+
+        return pa.RecordBatchReader.from_batches(tr.ROWS_SCHEMA, batches())
+
+    if trace.members is None:
+        parts = [(str(trace.path), None, rows(trace))]
+    else:
+        parts = [
+            (str(m.path), (m.host, m.shift_ns), rows(t))
+            for m, t in zip(trace.members, trace.member_traces, strict=True)
+        ]
     try:
-        return json.loads(mod.job_model(str(path), grouping, step_gap_ms, gpus_per_process, compute_scale))
+        return json.loads(mod.job_model(parts, grouping, step_gap_ms, gpus_per_process, compute_scale))
     except ValueError as e:
+        if failed:
+            raise failed[0] from None
         raise TraceError(str(e)) from None
 
 

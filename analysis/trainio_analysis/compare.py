@@ -88,7 +88,7 @@ def write_scores(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str
 def _writes(trace: tr.Trace) -> dict[str, Any] | None:
     if "file" not in (trace.meta.get("layers") or []):
         return None
-    m = job_model(trace.path)
+    m = job_model(trace)
     return None if m is None else m["writes"]
 
 

@@ -44,16 +44,25 @@ def _device_names(meta: dict[str, Any]) -> dict[str, str]:
     return {d["dev"]: d.get("name") or "" for d in meta.get("devices", []) if d.get("dev")}
 
 
-def _requests(trace: Trace, layer: str, dev: str | None, pid: int | None, under: str | None) -> pl.DataFrame:
-    lf = trace.scan().filter((pl.col("layer") == layer) & pl.col("op").is_in(list(FIO_ACTIONS[layer])))
+#: The columns export reads of a layer's rows.
+_COLUMNS = ["op", "issue_ns", "complete_ns", "dev", "offset", "bytes", "queue_depth", "pid", "tid", "comm", "file"]
+
+
+def _layer_rows(trace: Trace, layer: str) -> pl.DataFrame:
+    """Every row of ``layer``, all ops, the columns export uses: read once for the
+    requests and the ops left out."""
+    return trace.scan().filter(pl.col("layer") == layer).select(_COLUMNS).collect()
+
+
+def _requests(rows: pl.DataFrame, layer: str, dev: str | None, pid: int | None, under: str | None) -> pl.DataFrame:
+    lf = rows.lazy().filter(pl.col("op").is_in(list(FIO_ACTIONS[layer])))
     if under is not None:
         lf = lf.filter(pl.col("file").str.starts_with(under.rstrip("/") + "/"))
     if dev is not None:
         lf = lf.filter(pl.col("dev") == dev)
     if pid is not None:
         lf = lf.filter(pl.col("pid") == pid)
-    cols = ["op", "issue_ns", "complete_ns", "dev", "offset", "bytes", "queue_depth", "pid", "tid", "comm", "file"]
-    df = lf.select(cols).collect()
+    df = lf.collect()
     if layer == "block":
         # A request that completed in parts is several rows with its issue_ns: one I/O.
         df = df.group_by(["dev", "op", "issue_ns", "pid", "tid", "queue_depth"], maintain_order=True).agg(
@@ -105,7 +114,8 @@ def export_fio(
     if under is not None and layer != "file":
         msg = f"{trace}: --under selects files: it needs --layer file"
         raise InputError(msg)
-    df = _requests(opened, layer, dev_id, pid, under)
+    rows = _layer_rows(opened, layer)
+    df = _requests(rows, layer, dev_id, pid, under)
     if df.is_empty():
         given = [
             f"--dev {dev}" if dev else "",
@@ -115,13 +125,8 @@ def export_fio(
         selection = " ".join(g for g in given if g)
         msg = f"{trace}: no {layer}-layer requests to export" + (f" match {selection}" if selection else "")
         raise InputError(msg)
-    skipped = (
-        opened.scan()
-        .filter((pl.col("layer") == layer) & ~pl.col("op").is_in(list(FIO_ACTIONS[layer])))
-        .group_by("op")
-        .len()
-        .collect()
-    )
+    skipped = rows.filter(~pl.col("op").is_in(list(FIO_ACTIONS[layer]))).group_by("op", maintain_order=True).len()
+    del rows
     left_out = 0
     if by == "gpu":
         gpu_of = _gpu_of(opened)
@@ -187,14 +192,13 @@ def export_fio(
 
 def _gpu_of(trace: Trace) -> dict[int, int]:
     """pid -> GPU index of the trace's job model (the analyzer's, from the file layer)."""
-    from trainio_analysis.analyze import analyze
-    from trainio_analysis.errors import SelectionError
+    from trainio_analysis.analyze_plan import layers_present
+    from trainio_analysis.analyze_result import job_model
 
-    try:
-        model = analyze(trace, layer="file").get("job_model") or {}
-    except SelectionError:
+    if "file" not in layers_present(trace):
         msg = f"{trace.path}: --by gpu needs the file layer, where the job model comes from"
-        raise InputError(msg) from None
+        raise InputError(msg)
+    model = job_model(trace) or {}
     return {int(m["pid"]): int(g["index"]) for g in model.get("gpus", []) for m in g["members"]}
 
 

@@ -34,13 +34,14 @@
 //! Where each part lives: 1 in grouping.rs; 2 in handoff.rs (with workers) and bursts.rs
 //! (without), over the typed evidence of evidence.rs; 3 in compute.rs (and the rank's
 //! gets in handoff.rs); 4 in gpu.rs, which builds each GPU from the parts; 5 in
-//! coverage.rs. Beside them: input.rs (what the model reads from a trace), job.rs (what
+//! coverage.rs. Beside them: input.rs (what the model reads from a trace, from its files or from
+//! batches the analyzer decoded), job.rs (what
 //! it says), mapped.rs (reads through mmap), object_reads.rs (GETs from an object store
 //! as reads), shards.rs (samples of streamed tar shards),
 //! writes.rs (write bursts), trace_set.rs (a job recorded on several hosts), whatif.rs
 //! (what-ifs), describe.rs (JSON and printed lines). This file ties them together.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use trainio_schema::trace_set_members;
 
@@ -67,7 +68,7 @@ pub mod writes;
 pub use bursts::{step_gap_ns, DEFAULT_BURST_GAP_MS};
 pub use describe::{describe, to_json};
 pub use grouping::WORKER_COMM;
-pub use input::{load_input, Input};
+pub use input::{load_input, Input, InputBuilder};
 pub use job::{Coverage, GpuModel, JobModel, LeftOut, Member, ObjectSource, Read, SetupRead, Step};
 pub use options::{Grouping, Options};
 pub use trace_set::combine;
@@ -78,23 +79,52 @@ use input::ByPid;
 use stats::quantile;
 
 /// The job model of a trace, or of a trace set (the per-host traces of one job, see
-/// [`combine`]).
+/// [`combine`]), read from its files.
 pub fn infer_trace(trace: &Path, opts: &Options) -> Result<JobModel, String> {
-    infer_trace_as_recorded(trace, opts).and_then(|m| whatif::apply(m, opts))
+    let parts: Box<dyn Iterator<Item = Result<Part, String>>> =
+        match trace_set_members(trace).map_err(|e| e.to_string())? {
+            Some(members) => {
+                Box::new(members.into_iter().map(|m| {
+                    Ok(Part { input: load_input(&m.path)?, name: m.path, member: Some((m.host, m.shift_ns)) })
+                }))
+            }
+            None => Box::new(std::iter::once_with(|| {
+                Ok(Part { input: load_input(trace)?, name: trace.to_path_buf(), member: None })
+            })),
+        };
+    infer_parts(parts, opts)
 }
 
-fn infer_trace_as_recorded(trace: &Path, opts: &Options) -> Result<JobModel, String> {
-    if let Some(members) = trace_set_members(trace).map_err(|e| e.to_string())? {
-        let mut parts = Vec::with_capacity(members.len());
-        for m in members {
-            let input = load_input(&m.path)?;
-            let model = infer(&input, opts).map_err(|e| format!("{}: {e}", m.path.display()))?;
-            parts.push((m.host, m.shift_ns, model));
+/// One trace's rows (see [`InputBuilder`]), named for messages, and in a trace set its
+/// member's host and the shift of its clock onto the set's.
+pub struct Part {
+    pub name: PathBuf,
+    pub member: Option<(String, i64)>,
+    pub input: Input,
+}
+
+/// The job model of a trace (one part, no member) or of a trace set (its members' parts
+/// in member order), each part read only when the one before is modelled. Both entry
+/// points come here: [`infer_trace`] with parts read from the files, the analyzer with
+/// parts built from the batches it decoded.
+pub fn infer_parts(parts: impl IntoIterator<Item = Result<Part, String>>, opts: &Options) -> Result<JobModel, String> {
+    infer_as_recorded(parts, opts).and_then(|m| whatif::apply(m, opts))
+}
+
+fn infer_as_recorded(
+    parts: impl IntoIterator<Item = Result<Part, String>>,
+    opts: &Options,
+) -> Result<JobModel, String> {
+    let mut members = Vec::new();
+    for part in parts {
+        let part = part?;
+        let model = infer(&part.input, opts).map_err(|e| format!("{}: {e}", part.name.display()))?;
+        match part.member {
+            None => return Ok(model),
+            Some((host, shift_ns)) => members.push((host, shift_ns, model)),
         }
-        return Ok(combine(parts));
     }
-    let input = load_input(trace)?;
-    infer(&input, opts).map_err(|e| format!("{}: {e}", trace.display()))
+    Ok(combine(members))
 }
 
 /// Infers the job model from rows (`load_input`).

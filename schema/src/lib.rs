@@ -1,6 +1,7 @@
 //! The trainio trace format (traces/SCHEMA.md), version 1.9: the one Rust module that knows
 //! its columns, types and metadata keys. The tracer writes through [`TraceWriter`]; the
-//! replayer reads through [`read_rows`].
+//! replayer reads through [`read_rows`], the job model through [`read_batches`] and
+//! [`RowDecoder`] (which also decode batches the analyzer hands it).
 //!
 //! A trace is a directory of numbered segments. A segment is written as
 //! `seg-NNNNNN.parquet.partial` and renamed when closed, so every `.parquet` file in a
@@ -15,8 +16,8 @@ mod write;
 
 pub use batch::{BatchBuilder, RowKeys};
 pub use read::{
-    guard_decoder, is_segment_name, one_line, quiet_decoder_panics, read_metadata, read_rows, segment_paths, OwnedRow,
-    TraceError,
+    guard_decoder, is_segment_name, one_line, quiet_decoder_panics, read_batches, read_metadata, read_rows,
+    segment_paths, BatchOrigin, BriefRow, OwnedRow, RowDecoder, TraceError,
 };
 pub use set::{trace_set_members, Member};
 pub use write::{Dropped, Retention, SegmentLimits, TraceWriter, RESERVE_NAME};
@@ -76,7 +77,54 @@ pub mod keys {
     /// JSON `{"complete": bool, "reason": str}` (1.9): `complete` only in the segment a
     /// recorder closed as it ended; see [`crate::recording_complete`].
     pub const END: &str = "trainio.end";
+    /// JSON (1.4): what `trainio import` read; only an imported trace has it.
+    pub const SOURCE: &str = "trainio.source";
+    /// JSON (1.7): the window `trainio slice` cut; only a sliced trace has it.
+    pub const WINDOW: &str = "trainio.window";
+    /// What every key starts with.
+    pub const PREFIX: &str = "trainio.";
+
+    use super::MetaValue::{Int, Json, Text};
+    /// Every key and how its value is written (SCHEMA.md, *Metadata*).
+    pub const ALL: [(&str, super::MetaValue); 22] = [
+        (SCHEMA_VERSION, Int),
+        (SCHEMA_MINOR, Int),
+        (TRACER_VERSION, Text),
+        (HOSTNAME, Text),
+        (KERNEL_RELEASE, Text),
+        (CLOCK_OFFSET_NS, Int),
+        (START_NS, Int),
+        (END_NS, Int),
+        (SEGMENT, Int),
+        // filled in from the rows when a writer is not told
+        (LAYERS, Json("null")),
+        (SKIPPED_PROBES, Json("{}")),
+        (TARGET, Json(r#"{"all": true}"#)),
+        (DEVICES, Json("[]")),
+        (LOST_EVENTS, Json("{}")),
+        (BPF_STATS, Json("{}")),
+        // filled in from the rows when a writer is not told
+        (EVENTS, Json("null")),
+        (NFS_MOUNTS, Json("[]")),
+        (RECORDER_CPU_NS, Json("{}")),
+        (SOURCE, Json("{}")),
+        (RETENTION, Json("{}")),
+        (WINDOW, Json("{}")),
+        (END, Json("{}")),
+    ];
 }
+
+/// How a metadata key's value is written: text, a decimal integer, or JSON with the value
+/// a writer that is not told writes (and a reader takes for an absent key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaValue {
+    Text,
+    Int,
+    Json(&'static str),
+}
+
+/// Ops whose bytes are data transfers (throughput, request sizes).
+pub const DATA_OPS: [&str; 2] = ["read", "write"];
 
 /// Whether the trace whose last segment has this metadata ended as its writer meant it
 /// to (SCHEMA.md, *The end of a recording*): `Some(false)` for a 1.9+ trace whose last
@@ -119,8 +167,21 @@ impl Layer {
         }
     }
 
+    /// The layers whose rows are storage I/O, the ones an analysis characterizes: proc and
+    /// ipc rows describe the job's structure, object rows its requests to a store.
+    pub const STORAGE: [Layer; 3] = [Layer::Block, Layer::File, Layer::Nfs];
+
     pub fn parse(s: &str) -> Option<Layer> {
         Layer::ALL.into_iter().find(|l| l.as_str() == s)
+    }
+
+    /// The ops whose rows count in this layer's queue depth (SCHEMA.md, `queue_depth`).
+    pub fn qd_ops(self) -> &'static [&'static str] {
+        match self {
+            Layer::Block | Layer::Object => self.ops(),
+            Layer::File | Layer::Nfs => &DATA_OPS,
+            Layer::Proc | Layer::Ipc => &[],
+        }
     }
 
     /// The ops a row of this layer may have (SCHEMA.md, *ops*).

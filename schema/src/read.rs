@@ -3,7 +3,7 @@
 //! What a reader accepts and refuses is SCHEMA.md's *Readers* section; the Python reader
 //! (analysis/trainio_analysis/trace/) keeps to the same, and tests/analysis run one table
 //! of cases through both.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::fs::File;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -258,19 +258,6 @@ fn check_schema(seg: &Path, schema: &Schema) -> Result<(), TraceError> {
     Ok(())
 }
 
-/// Where a row of a segment is: its row group and its row within it.
-struct Positions {
-    /// the first row of each row group, in the segment
-    starts: Vec<usize>,
-}
-
-impl Positions {
-    fn at(&self, seg: &Path, row: usize) -> String {
-        let g = self.starts.partition_point(|&s| s <= row).saturating_sub(1);
-        format!("{}: row group {g}, row {}", seg.display(), row - self.starts.get(g).copied().unwrap_or(0))
-    }
-}
-
 /// The (min, max) a value of an integer column may take: that of its SCHEMA.md type.
 fn int_range(t: &DataType) -> (i64, i64) {
     match t {
@@ -280,7 +267,8 @@ fn int_range(t: &DataType) -> (i64, i64) {
     }
 }
 
-fn columns(seg: &Path, batch: &RecordBatch, pos: &Positions, first_row: usize) -> Result<Columns, TraceError> {
+fn columns(batch: &RecordBatch, origin: &BatchOrigin) -> Result<Columns, TraceError> {
+    let seg = origin.name;
     let schema = arrow_schema();
     let mut strings = HashMap::new();
     let mut ints = HashMap::new();
@@ -303,10 +291,7 @@ fn columns(seg: &Path, batch: &RecordBatch, pos: &Positions, first_row: usize) -
         };
         if !field.is_nullable() && col.null_count() > 0 {
             let row = (0..col.len()).find(|&i| col.is_null(i)).unwrap_or(0);
-            return Err(TraceError(format!(
-                "{}: null in column {name}, which is never null",
-                pos.at(seg, first_row + row)
-            )));
+            return Err(TraceError(format!("{}: null in column {name}, which is never null", origin.at(row))));
         }
         if STRING_COLS.contains(&name) {
             let c = cast(col, &DataType::Utf8).map_err(|e| bad(seg, format!("column {name}: {e}")))?;
@@ -323,7 +308,7 @@ fn columns(seg: &Path, batch: &RecordBatch, pos: &Positions, first_row: usize) -
             let value = if c.is_null(row) { "above 2^63".to_string() } else { c.value(row).to_string() };
             return Err(TraceError(format!(
                 "{}: column {name} value {value} does not fit its type {}",
-                pos.at(seg, first_row + row),
+                origin.at(row),
                 field.data_type()
             )));
         }
@@ -332,16 +317,173 @@ fn columns(seg: &Path, batch: &RecordBatch, pos: &Positions, first_row: usize) -
     Ok(Columns { strings, ints })
 }
 
-/// Reads every row of a trace, or only those of `layer`.
-///
-/// Refused with the file, row group and row (SCHEMA.md, *Readers*): a null in a column
-/// that is never null, an integer outside its column's type, `complete_ns < issue_ns`,
-/// and a layer or op not in SCHEMA.md's tables in a segment of a minor this reader
-/// knows; in a segment of a later minor such rows are skipped.
-pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, TraceError> {
-    let mut rows = Vec::new();
-    let mut interned: HashMap<String, Arc<str>> = HashMap::new();
-    let mut intern = |s: &str| -> Arc<str> { interned.entry(s.to_string()).or_insert_with(|| Arc::from(s)).clone() };
+/// Where the rows of a batch come from, for messages: a segment's row groups, or a stream
+/// of batches that another reader checked already (the analyzer hands the job model the
+/// rows it read through the Arrow C stream interface).
+pub struct BatchOrigin<'a> {
+    name: &'a Path,
+    /// the first row of each row group in the segment (empty for a stream)
+    starts: &'a [usize],
+    /// the batch's first row in the segment (in the stream)
+    first_row: usize,
+    minor: u32,
+    /// rows of layers or ops this reader does not know are skipped, not refused: the
+    /// segment is of a later minor (SCHEMA.md), or the stream's producer checked its rows
+    skip_unknown: bool,
+}
+
+impl<'a> BatchOrigin<'a> {
+    /// A batch of a stream named `name` whose producer checked its rows as SCHEMA.md's
+    /// *Readers* section says (the analyzer's reader) and left out the rows of layers and
+    /// ops of a later minor; `first_row`: the batch's first row in the stream.
+    pub fn checked(name: &'a Path, first_row: usize) -> Self {
+        let minor = SCHEMA_MINOR.parse().expect("SCHEMA_MINOR is a number");
+        BatchOrigin { name, starts: &[], first_row, minor, skip_unknown: true }
+    }
+
+    /// The path it comes from (a segment, or the stream's name).
+    pub fn name(&self) -> &Path {
+        self.name
+    }
+
+    /// Where row `i` of the batch is: its segment's row group and row, or its row in the stream.
+    fn at(&self, i: usize) -> String {
+        let row = self.first_row + i;
+        if self.starts.is_empty() {
+            return format!("{}: row {row}", self.name.display());
+        }
+        let g = self.starts.partition_point(|&s| s <= row).saturating_sub(1);
+        format!("{}: row group {g}, row {}", self.name.display(), row - self.starts.get(g).copied().unwrap_or(0))
+    }
+}
+
+/// A row of a layer the caller of [`RowDecoder::decode`] does not want whole: what the job
+/// model sums of the block layer.
+pub struct BriefRow<'a> {
+    pub layer: Layer,
+    pub op: &'a str,
+    pub pid: u32,
+    pub issue_ns: i64,
+    pub bytes: i64,
+    pub dev: Option<&'a str>,
+}
+
+/// Batches of a trace's rows into rows, checked as SCHEMA.md's *Readers* section says,
+/// with every string shared among the rows that hold it.
+#[derive(Default)]
+pub struct RowDecoder {
+    interned: HashSet<Arc<str>>,
+}
+
+impl RowDecoder {
+    fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(a) = self.interned.get(s) {
+            return a.clone();
+        }
+        let a: Arc<str> = Arc::from(s);
+        self.interned.insert(a.clone());
+        a
+    }
+
+    /// The rows of `batch` (any of the widths SCHEMA.md allows), checked: each row of a
+    /// layer `whole` takes is handed to `row`, each other one to `brief`.
+    ///
+    /// Refused with the row (SCHEMA.md, *Readers*): a null in a column that is never null,
+    /// an integer outside its column's type, `complete_ns < issue_ns`, and a layer or op
+    /// not in SCHEMA.md's tables (skipped instead in a segment of a later minor).
+    pub fn decode(
+        &mut self,
+        batch: &RecordBatch,
+        origin: &BatchOrigin,
+        whole: impl Fn(Layer) -> bool,
+        mut row: impl FnMut(OwnedRow),
+        mut brief: impl FnMut(BriefRow<'_>),
+    ) -> Result<(), TraceError> {
+        let c = guard_decoder(origin.name, || columns(batch, origin))?;
+        let s = |n: &str, i: usize| {
+            let a = &c.strings[n];
+            (!a.is_null(i)).then(|| a.value(i))
+        };
+        let n = |name: &str, i: usize| {
+            let a = &c.ints[name];
+            (!a.is_null(i)).then(|| a.value(i))
+        };
+        for i in 0..batch.num_rows() {
+            let (issue_ns, complete_ns) = (n("issue_ns", i).unwrap_or(0), n("complete_ns", i).unwrap_or(0));
+            if complete_ns < issue_ns {
+                return Err(TraceError(format!("{}: complete_ns {complete_ns} < issue_ns {issue_ns}", origin.at(i))));
+            }
+            let layer_name = s("layer", i).unwrap_or("");
+            let op = s("op", i).unwrap_or("");
+            let row_layer = Layer::parse(layer_name);
+            let Some(row_layer) = row_layer.filter(|l| l.ops().contains(&op)) else {
+                if origin.skip_unknown {
+                    continue; // a later minor may add layers and ops: skip its rows
+                }
+                let what = match row_layer {
+                    None => format!("layer {layer_name:?}"),
+                    Some(_) => format!("op {op:?} of layer {layer_name:?}"),
+                };
+                return Err(TraceError(format!(
+                    "{}: unknown {what} in a schema 1.{} segment (SCHEMA.md lists the layers and ops)",
+                    origin.at(i),
+                    origin.minor
+                )));
+            };
+            if !whole(row_layer) {
+                brief(BriefRow {
+                    layer: row_layer,
+                    op,
+                    pid: n("pid", i).unwrap_or(0) as u32,
+                    issue_ns,
+                    bytes: n("bytes", i).unwrap_or(0),
+                    dev: s("dev", i),
+                });
+                continue;
+            }
+            row(OwnedRow {
+                layer: row_layer,
+                op: self.intern(op),
+                issue_ns,
+                complete_ns,
+                insert_ns: n("insert_ns", i),
+                dev: s("dev", i).map(|d| self.intern(d)),
+                offset: n("offset", i),
+                bytes: n("bytes", i).unwrap_or(0),
+                bytes_requested: n("bytes_requested", i).unwrap_or(0),
+                queue_depth: n("queue_depth", i).unwrap_or(0) as u32,
+                pid: n("pid", i).unwrap_or(0) as u32,
+                tid: n("tid", i).unwrap_or(0) as u32,
+                comm: self.intern(s("comm", i).unwrap_or("")),
+                fd: n("fd", i).map(|v| v as i32),
+                file: s("file", i).map(|f| self.intern(f)),
+                error: n("error", i).unwrap_or(0) as i32,
+                flags: n("flags", i).unwrap_or(0) as u32,
+                rpc: n("rpc_xid", i).map(|xid| Rpc {
+                    xid: xid as u32,
+                    backlog_ns: n("rpc_backlog_ns", i).unwrap_or(0),
+                    rtt_ns: n("rpc_rtt_ns", i).unwrap_or(0),
+                    execute_ns: n("rpc_execute_ns", i).unwrap_or(0),
+                    retrans: n("rpc_retrans", i).map(|r| r as u32),
+                }),
+                ppid: n("ppid", i).map(|p| p as u32),
+                object: (row_layer == Layer::Object).then(|| ObjectFields {
+                    endpoint: self.intern(s("endpoint", i).unwrap_or("")),
+                    http_status: n("http_status", i).map(|v| v as u32),
+                    first_byte_ns: n("first_byte_ns", i),
+                }),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Reads a trace's segments one batch at a time: each segment's footer and schema checked,
+/// then `f` given each batch and where it comes from (a [`RowDecoder`] makes rows of it).
+pub fn read_batches(
+    path: &Path,
+    mut f: impl FnMut(&RecordBatch, &BatchOrigin) -> Result<(), TraceError>,
+) -> Result<(), TraceError> {
     let known_minor: u32 = SCHEMA_MINOR.parse().expect("SCHEMA_MINOR is a number");
     let segs = segment_paths(path)?;
     let last = segs.last().cloned();
@@ -353,8 +495,8 @@ pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, Tra
             Err(e) => return Err(bad(&seg, format!("cannot open: {e}"))),
         };
         let meta = metadata_of(&seg, file.try_clone().map_err(|e| bad(&seg, format!("cannot open: {e}")))?)?;
-        let later_minor = segment_minor(&seg, &meta)? > known_minor;
-        let (reader, pos): (ParquetRecordBatchReader, Positions) = guard_decoder(&seg, || {
+        let minor = segment_minor(&seg, &meta)?;
+        let (reader, starts): (ParquetRecordBatchReader, Vec<usize>) = guard_decoder(&seg, || {
             let builder = ParquetRecordBatchReaderBuilder::try_new(file)
                 .map_err(|e| bad(&seg, format!("not a readable Parquet file ({e})")))?;
             check_schema(&seg, builder.schema())?;
@@ -368,85 +510,29 @@ pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, Tra
                 .with_batch_size(65536)
                 .build()
                 .map_err(|e| bad(&seg, format!("not a readable Parquet file ({e})")))?;
-            Ok((reader, Positions { starts }))
+            Ok((reader, starts))
         })?;
         let mut reader = reader;
         let mut first_row = 0usize;
         while let Some(batch) = guard_decoder(&seg, || Ok(reader.next()))? {
             let batch = batch.map_err(|e| bad(&seg, format!("corrupt ({e})")))?;
-            let c = guard_decoder(&seg, || columns(&seg, &batch, &pos, first_row))?;
-            let s = |n: &str, i: usize| {
-                let a = &c.strings[n];
-                (!a.is_null(i)).then(|| a.value(i))
-            };
-            let n = |name: &str, i: usize| {
-                let a = &c.ints[name];
-                (!a.is_null(i)).then(|| a.value(i))
-            };
-            for i in 0..batch.num_rows() {
-                let (issue_ns, complete_ns) = (n("issue_ns", i).unwrap_or(0), n("complete_ns", i).unwrap_or(0));
-                if complete_ns < issue_ns {
-                    return Err(TraceError(format!(
-                        "{}: complete_ns {complete_ns} < issue_ns {issue_ns}",
-                        pos.at(&seg, first_row + i)
-                    )));
-                }
-                let layer_name = s("layer", i).unwrap_or("");
-                let op = s("op", i).unwrap_or("");
-                let row_layer = Layer::parse(layer_name);
-                let Some(row_layer) = row_layer.filter(|l| l.ops().contains(&op)) else {
-                    if later_minor {
-                        continue; // a later minor may add layers and ops: skip its rows
-                    }
-                    let what = match row_layer {
-                        None => format!("layer {layer_name:?}"),
-                        Some(_) => format!("op {op:?} of layer {layer_name:?}"),
-                    };
-                    return Err(TraceError(format!(
-                        "{}: unknown {what} in a schema 1.{} segment (SCHEMA.md lists the layers and ops)",
-                        pos.at(&seg, first_row + i),
-                        segment_minor(&seg, &meta)?
-                    )));
-                };
-                if layer.is_some_and(|l| l != row_layer) {
-                    continue;
-                }
-                rows.push(OwnedRow {
-                    layer: row_layer,
-                    op: intern(op),
-                    issue_ns,
-                    complete_ns,
-                    insert_ns: n("insert_ns", i),
-                    dev: s("dev", i).map(&mut intern),
-                    offset: n("offset", i),
-                    bytes: n("bytes", i).unwrap_or(0),
-                    bytes_requested: n("bytes_requested", i).unwrap_or(0),
-                    queue_depth: n("queue_depth", i).unwrap_or(0) as u32,
-                    pid: n("pid", i).unwrap_or(0) as u32,
-                    tid: n("tid", i).unwrap_or(0) as u32,
-                    comm: intern(s("comm", i).unwrap_or("")),
-                    fd: n("fd", i).map(|v| v as i32),
-                    file: s("file", i).map(&mut intern),
-                    error: n("error", i).unwrap_or(0) as i32,
-                    flags: n("flags", i).unwrap_or(0) as u32,
-                    rpc: n("rpc_xid", i).map(|xid| Rpc {
-                        xid: xid as u32,
-                        backlog_ns: n("rpc_backlog_ns", i).unwrap_or(0),
-                        rtt_ns: n("rpc_rtt_ns", i).unwrap_or(0),
-                        execute_ns: n("rpc_execute_ns", i).unwrap_or(0),
-                        retrans: n("rpc_retrans", i).map(|r| r as u32),
-                    }),
-                    ppid: n("ppid", i).map(|p| p as u32),
-                    object: (row_layer == Layer::Object).then(|| ObjectFields {
-                        endpoint: intern(s("endpoint", i).unwrap_or("")),
-                        http_status: n("http_status", i).map(|v| v as u32),
-                        first_byte_ns: n("first_byte_ns", i),
-                    }),
-                });
-            }
+            let origin =
+                BatchOrigin { name: &seg, starts: &starts, first_row, minor, skip_unknown: minor > known_minor };
+            f(&batch, &origin)?;
             first_row += batch.num_rows();
         }
     }
+    Ok(())
+}
+
+/// Reads every row of a trace, or only those of `layer`, checked as [`RowDecoder::decode`]
+/// says.
+pub fn read_rows(path: &Path, layer: Option<Layer>) -> Result<Vec<OwnedRow>, TraceError> {
+    let mut rows = Vec::new();
+    let mut decoder = RowDecoder::default();
+    read_batches(path, |batch, origin| {
+        decoder.decode(batch, origin, |l| layer.is_none_or(|w| w == l), |r| rows.push(r), |_| {})
+    })?;
     Ok(rows)
 }
 
@@ -490,6 +576,47 @@ mod tests {
         assert_eq!(rows[1].rpc.unwrap().retrans, None);
         assert_eq!(rows[1].rpc.unwrap().rtt_ns, 250_000);
         assert_eq!((rows[2].rpc, rows[3].rpc), (None, None));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn batches_of_a_stream_decode_as_the_files_do_and_name_the_row_they_refuse() {
+        let mut b = BatchBuilder::new();
+        b.push(&row(Layer::File, "read"));
+        b.push(&Row { pid: 7, ..row(Layer::Block, "read") });
+        b.push(&Row { pid: 8, ..row(Layer::Block, "write") });
+        let (dir, rows) = round_trip("stream", b);
+        let mut read = Vec::new();
+        read_batches(&dir, |batch, _| {
+            let name = Path::new("stream");
+            let (mut whole, mut brief) = (Vec::new(), Vec::new());
+            RowDecoder::default().decode(
+                batch,
+                &BatchOrigin::checked(name, 0),
+                |l| l == Layer::File,
+                |r| whole.push(r),
+                |r| brief.push((r.layer, r.op.to_string(), r.pid, r.bytes, r.dev.map(str::to_string))),
+            )?;
+            assert_eq!(whole, rows[..1], "the file row whole, as read_rows reads it");
+            let dev = Some("0:30".to_string());
+            assert_eq!(
+                brief,
+                [(Layer::Block, "read".into(), 7, 4096, dev.clone()), (Layer::Block, "write".into(), 8, 4096, dev)]
+            );
+            // a row the stream's producer should have refused: named by its row in the stream
+            let issue = batch.schema().index_of("issue_ns").unwrap();
+            let mut cols = batch.columns().to_vec();
+            cols[issue] = Arc::new(Int64Array::from(vec![10, 10, 99]));
+            let bad_batch = RecordBatch::try_new(batch.schema(), cols).unwrap();
+            let err = RowDecoder::default()
+                .decode(&bad_batch, &BatchOrigin::checked(name, 5), |_| true, |_| {}, |_| {})
+                .unwrap_err();
+            assert_eq!(err.0, "stream: row 7: complete_ns 20 < issue_ns 99");
+            read.push(batch.num_rows());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(read, [3]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -149,23 +149,25 @@ def write_report(
     for t in traces:
         name = _label(t, traces)
         trace = load_trace(t)
-        r = analyze(trace, layer=layer, with_model=False, **opts)
+        # a replay's recording: shown by the replay's results, not by a job model
+        # inferred from its own I/O
+        replay = replay_results(t)
+        # the file layer's analysis with the job model (GPUs, compute and bytes per step):
+        # one pass when the report's layer is the file layer, else a second one
+        with_model = replay is None and layer == "file"
+        r = analyze(trace, layer=layer, with_model=with_model, **opts)
         layer = layer or r["selection"]["layer"]  # the same layer for every trace
         results.append((name, r))
-        replay = replay_results(t)
         replays.append(replay)
-        if replay is not None:
-            # a replay's recording: shown by the replay's results, not by a job model
-            # inferred from its own I/O
+        if replay is not None or "file" not in r["layers_present"]:
             files.append((name, None))
-        elif "file" in r["layers_present"]:
+        elif with_model:
+            files.append((name, r))
+        else:
             try:
-                # the file layer with the job model: GPUs, compute and bytes per step
                 files.append((name, analyze(trace, layer="file", **opts)))
             except SelectionError:
                 files.append((name, None))
-        else:
-            files.append((name, None))
     text = render(results, files, sweep_data, replays)
     out = Path(output)
     try:

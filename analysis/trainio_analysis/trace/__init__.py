@@ -35,6 +35,7 @@ from trainio_analysis.trace.check import (
     known_rows,
 )
 from trainio_analysis.trace.read import (
+    ROWS_SCHEMA,
     Trace,
     iter_row_groups,
     open_trace,
@@ -121,6 +122,7 @@ __all__ = [
     "dictionary_codes",
     "known_rows",
     "Trace",
+    "ROWS_SCHEMA",
     "open_trace",
     "read_metadata",
     "scan_trace",

@@ -21,6 +21,7 @@ from trainio_analysis.trace.check import check_rows, known_rows
 from trainio_analysis.trace.schema import (
     COLUMN_TYPES,
     COLUMNS,
+    DICT32,
     INT_META_KEYS,
     JSON_META_DEFAULTS,
     META_PREFIX,
@@ -202,6 +203,51 @@ class Trace:
         if self.members is None:
             return _scan_plain(self.segments)
         return _scan_set(self.members, [t.segments for t in self.member_traces])
+
+    def row_batches(self) -> Iterator[pa.RecordBatch]:
+        """Every row of the trace in :data:`ROWS_SCHEMA`, one row group at a time, read
+        through the held files and checked as :func:`read_row_group` checks them; rows of
+        layers or ops that a later schema minor added are left out. A trace set's rows are
+        its members' (``member_traces``), each on its own clock: take them one member at a
+        time. For a reader in another language: the job model reads these batches through
+        the Arrow C stream interface (``pa.RecordBatchReader.from_batches``)."""
+        if self.members is not None:
+            msg = f"{self.path}: a trace set's rows are read one member at a time"
+            raise ValueError(msg)
+        for seg in self.segments:
+            names = (seg.arrow_schema or SCHEMA).names
+            present = [n for n, _, _ in COLUMNS if n in names]
+            for i in range(len(seg.row_groups)):
+                t = read_row_group(seg, i, present)
+                keep = known_rows(t)
+                if keep is not None:
+                    t = t.filter(keep)
+                cols = [
+                    _as_rows_type(t, name, typ) for name, typ in zip(ROWS_SCHEMA.names, ROWS_SCHEMA.types, strict=True)
+                ]
+                yield from pa.table(cols, schema=ROWS_SCHEMA).to_batches()
+
+
+#: The rows :meth:`Trace.row_batches` hands over: every column, the string columns
+#: dictionary-encoded with 32-bit indices whatever the writer used (one schema for every
+#: segment), the integer columns in their SCHEMA.md types.
+ROWS_SCHEMA = pa.schema([pa.field(n, DICT32 if n in STRING_COLUMNS else t, nullable=null) for n, t, null in COLUMNS])
+
+
+def _as_rows_type(table: pa.Table, name: str, typ: pa.DataType) -> pa.ChunkedArray:
+    """Column ``name`` of a checked row group in its :data:`ROWS_SCHEMA` type (nulls when
+    the segment lacks it)."""
+    if name not in table.column_names:
+        return pa.chunked_array([pa.nulls(table.num_rows, typ)], typ)
+    col = table.column(name)
+    if col.type == typ:
+        return col
+    if name in STRING_COLUMNS and not pa.types.is_dictionary(col.type):
+        # plain strings (any of Arrow's three): dictionary-encoded, as a writer of ours does
+        col = pa.compute.dictionary_encode(col.cast(pa.string()))
+    elif name in STRING_COLUMNS and col.type.value_type != pa.string():
+        col = col.cast(pa.dictionary(col.type.index_type, pa.string()))
+    return col.cast(typ)
 
 
 def _with_optional_columns(lf: pl.LazyFrame, names: Iterable[str]) -> pl.LazyFrame:

@@ -3,6 +3,7 @@ columns and their Arrow types, the layers and their ops, and the metadata keys."
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,12 @@ SCHEMA_VERSION, SCHEMA_MINOR = _native.schema_version()
 KNOWN_SCHEMA_VERSIONS = frozenset({SCHEMA_VERSION})
 
 
-META_PREFIX = "trainio."
+#: (what every metadata key starts with, [(key without it, how its value is written:
+#: ``text``, ``int`` or ``json``, the JSON a writer writes when not told)])
+_META_PREFIX, _META_KEYS = _native.metadata_keys()
+
+
+META_PREFIX: str = _META_PREFIX
 
 
 SEGMENT_GLOB = "seg-*.parquet"
@@ -101,47 +107,28 @@ LAYERS = tuple(OPS)
 
 #: The layers whose rows are storage I/O, the ones an analysis characterizes; proc
 #: (process lifecycle) and ipc (pipes, sockets) rows describe the job's structure.
-STORAGE_LAYERS = ("block", "file", "nfs")
+STORAGE_LAYERS: tuple[str, ...] = tuple(_native.storage_layers())
 
 
 #: Ops whose rows are counted in a layer's queue depth (SCHEMA.md, `queue_depth`).
-QD_OPS = {
-    "block": OPS["block"],
-    "file": ("read", "write"),
-    "nfs": ("read", "write"),
-    "proc": (),
-    "ipc": (),
-    "object": OPS["object"],
-}
+QD_OPS: dict[str, tuple[str, ...]] = {layer: tuple(ops) for layer, ops in _native.qd_ops()}
 
 
 #: Ops whose bytes are data transfers (throughput, sizes).
-DATA_OPS = ("read", "write")
+DATA_OPS: tuple[str, ...] = tuple(_native.data_ops())
 
 
-#: Metadata keys whose values are JSON, with the default the writer fills in.
-JSON_META_DEFAULTS: dict[str, Any] = {
-    "layers": None,  # filled from the rows
-    "skipped_probes": {},
-    "target": {"all": True},
-    "devices": [],
-    "lost_events": {},
-    "bpf_stats": {},
-    "events": None,  # filled from the rows
-    "nfs_mounts": [],
-    "recorder_cpu_ns": {},  # 1.2: only trainio record fills it in
-    "source": {},  # 1.4: only trainio import fills it in
-    "retention": {},  # 1.7: only a recording with --retain-mb/--retain-s fills it in
-    "window": {},  # 1.7: only trainio slice fills it in
-    "end": {},  # 1.9: whether the recording ended (recording_complete)
-}
+#: Metadata keys whose values are JSON, with the value the writer fills in when not told
+#: (``layers`` and ``events``: from the rows).
+JSON_META_DEFAULTS: dict[str, Any] = {k: json.loads(d) for k, kind, d in _META_KEYS if kind == "json"}
 
 
 #: ``trainio.end`` of a trace this module writes whole (import, slice of a complete trace)
 WRITTEN_END = {"complete": True, "reason": "written"}
 
 
-INT_META_KEYS = ("clock_offset_ns", "start_ns", "end_ns", "segment", "schema_version", "schema_minor")
+#: Metadata keys whose values are integers.
+INT_META_KEYS: tuple[str, ...] = tuple(k for k, kind, _ in _META_KEYS if kind == "int")
 
 
 #: Columns that hold times on the trace's clock, moved by a set member's shift.
