@@ -87,6 +87,7 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
             wait_s: 0.0,
             period_s: None,
             worker_cpu_s: None,
+            taken: true,
         });
         s.ready_ns = s.ready_ns.max(r.complete_ns);
         match &*r.op {
@@ -261,6 +262,7 @@ fn finish_burst(s: &mut Step, opens: u32, steps: &mut Vec<Step>) -> bool {
             wait_s: 0.0,
             period_s: None,
             worker_cpu_s: None,
+            taken: true,
         },
     ));
     true
@@ -328,6 +330,7 @@ fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, us
                 wait_s: 0.0,
                 period_s: s.period_s.map(|p| p / k as f64),
                 worker_cpu_s: None,
+                taken: true,
             })
             .collect();
         let position: HashMap<u32, usize> = order.iter().enumerate().map(|(i, &f)| (f, i)).collect();

@@ -33,8 +33,11 @@ pub fn describe(m: &JobModel) -> Vec<String> {
             g.rank_pid,
             g.comm,
             if workers.is_empty() { String::new() } else { format!(" + {} worker(s) {}", workers.len(), workers.join(",")) },
-            g.steps.len(),
-            g.step_signal,
+            g.steps_taken,
+            match g.steps.len() - g.steps_taken.min(g.steps.len()) {
+                0 => g.step_signal.to_string(),
+                n => format!("{}; and {n} batch(es) read ahead, never taken", g.step_signal),
+            },
             f(g.compute_s, 1e3, "ms"),
             if g.compute_signal == "collective" {
                 format!(" + collective {:.1} ms", g.sync_s * 1e3)

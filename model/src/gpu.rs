@@ -120,9 +120,14 @@ fn build_gpu(ev: &GpuEvidence, members: Vec<Member>, warnings: &mut Vec<String>)
     let StepsFound {
         steps, signal: step_signal, readers, synchronous, read_ahead, handoff_s, unfinished_bytes, ..
     } = found;
+    // The batches the GPU took come first (handoff::steps marks the rest); what a step
+    // costs and needs is over those, while every batch's reads count in the bytes.
+    let steps_taken = steps.iter().take_while(|s| s.taken).count();
+    let taken = &steps[..steps_taken];
     let bytes: u64 = steps.iter().map(|s| s.bytes).sum();
-    let samples: u64 = steps.iter().map(|s| s.samples as u64).sum();
-    let n = steps.len().max(1) as f64;
+    let taken_bytes: u64 = taken.iter().map(|s| s.bytes).sum();
+    let samples: u64 = taken.iter().map(|s| s.samples as u64).sum();
+    let n = taken.len().max(1) as f64;
     let per_sample: Vec<f64> =
         steps.iter().filter(|s| s.samples > 0).filter_map(|s| Some(s.worker_cpu_s? / s.samples as f64)).collect();
     let cpu_share: Vec<f64> = steps
@@ -130,14 +135,15 @@ fn build_gpu(ev: &GpuEvidence, members: Vec<Member>, warnings: &mut Vec<String>)
         .filter(|s| s.ready_ns > s.first_read_ns)
         .filter_map(|s| Some(s.worker_cpu_s? / ((s.ready_ns - s.first_read_ns) as f64 / 1e9)))
         .collect();
-    let bytes_per_step = bytes as f64 / n;
+    let bytes_per_step = taken_bytes as f64 / n;
     let required_mib_s = compute_s.filter(|&c| c > 0.0).map(|c| bytes_per_step / c / (1u64 << 20) as f64);
-    let (au_recorded, mib_s_recorded) = match (steps.first(), steps.last(), compute_s) {
-        (Some(a), Some(b), Some(c)) if steps.len() >= 2 => {
+    // The job's run: from its first batch's first read to the last taken batch's compute.
+    let (au_recorded, mib_s_recorded) = match (taken.first(), taken.last(), compute_s) {
+        (Some(a), Some(b), Some(c)) if taken.len() >= 2 => {
             let span = (b.ready_ns - a.ready_ns) as f64 / 1e9 + c;
             let whole = (b.ready_ns - a.first_read_ns) as f64 / 1e9 + c;
             (
-                (span > 0.0).then(|| ((steps.len() - 1) as f64 * c / span).min(1.0)),
+                (span > 0.0).then(|| ((taken.len() - 1) as f64 * c / span).min(1.0)),
                 (whole > 0.0).then(|| bytes as f64 / whole / (1u64 << 20) as f64),
             )
         }
@@ -179,6 +185,8 @@ fn build_gpu(ev: &GpuEvidence, members: Vec<Member>, warnings: &mut Vec<String>)
         worker_cpu_s_per_sample: quantile(&per_sample, 0.5),
         worker_cpu_share: quantile(&cpu_share, 0.5),
         unfinished_bytes,
+        steps_taken,
+        untaken_bytes: bytes - taken_bytes,
         setup,
         setup_lead_s,
         steps,

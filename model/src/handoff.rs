@@ -105,6 +105,7 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
                     wait_s: 0.0,
                     period_s: None,
                     worker_cpu_s: (!faulted).then(|| ((done - first) - io).max(0) as f64 / 1e9),
+                    taken: true,
                 },
             ));
             seq += 1;
@@ -134,6 +135,13 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
     for (k, step) in steps.iter_mut().enumerate() {
         step.interval_s = computes.get(k).copied();
         step.wait_s = waits.get(k).copied().unwrap_or(0.0);
+    }
+    // The workers read ahead; a job that stops before its sampler ends (a step count)
+    // leaves the batches they had read unread by the GPU. It takes batches in order.
+    if let Some(took) = rank_takes(ev) {
+        for step in steps.iter_mut().skip(took) {
+            step.taken = false;
+        }
     }
     StepsFound {
         steps,
@@ -196,6 +204,37 @@ fn index_gets(ev: &GpuEvidence, w: u32) -> Vec<i64> {
         }
     }
     gets
+}
+
+/// How many batches the rank took off its workers' pipes: its messages read there that
+/// carry a payload (a read longer than a length prefix after the prefix's own read; a
+/// payload read in several reads is one message). None when the trace has none of the
+/// rank's reads of a data pipe.
+fn rank_takes(ev: &GpuEvidence) -> Option<usize> {
+    let mut reads: Vec<(&str, i64, i64)> = ev
+        .ipc_rows(ev.rank)
+        .iter()
+        .filter(|r| &*r.op == "read" && r.bytes > 0)
+        .filter_map(|r| r.file.as_deref().filter(|f| ev.data_pipes.contains(*f)).map(|f| (f, r.issue_ns, r.bytes)))
+        .collect();
+    if reads.is_empty() {
+        return None;
+    }
+    reads.sort_unstable();
+    let mut took = 0;
+    let mut in_payload = false;
+    let mut pipe = "";
+    for (f, _, bytes) in reads {
+        if f != pipe {
+            (pipe, in_payload) = (f, false);
+        }
+        let payload = bytes > LENGTH_PREFIX_BYTES;
+        if payload && !in_payload {
+            took += 1;
+        }
+        in_payload = payload;
+    }
+    Some(took)
 }
 
 /// `madvise`/`posix_fadvise` advice WILLNEED (traces/SCHEMA.md, *mapped reads*).

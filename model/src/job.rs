@@ -55,6 +55,10 @@ pub struct Step {
     /// read to its handoff, less the time inside read syscalls (decoding, augmenting,
     /// collating). None for steps that are not a worker's batch.
     pub worker_cpu_s: Option<f64>,
+    /// The GPU took this batch. False: its workers read it ahead (PyTorch's prefetch) and
+    /// handed it off, but the job ended before the GPU took it; its reads are real, it
+    /// has no compute. Such batches come after every batch the GPU took.
+    pub taken: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -92,10 +96,18 @@ pub struct GpuModel {
     pub prefetch_batches: usize,
     /// `handoff` (batches from the worker pipe) or `bursts` (gaps between reads).
     pub step_signal: &'static str,
+    /// The GPU's batches in order: the `steps_taken` it took, then those its workers read
+    /// ahead that it never took (`Step::taken`).
     pub steps: Vec<Step>,
+    /// Batches the GPU took and computed on: the steps the replay computes.
+    pub steps_taken: usize,
+    /// Bytes of the batches read ahead and never taken (they count in `bytes`).
+    pub untaken_bytes: u64,
     /// Recorded path and the size a copy needs (largest byte read, rounded to 4 KiB).
     pub files: Vec<(String, u64)>,
+    /// Bytes of every batch, taken or not.
     pub bytes: u64,
+    /// Samples of the batches taken.
     pub samples: u64,
     pub compute_s: Option<f64>,
     pub interval_p50_s: Option<f64>,
@@ -113,6 +125,7 @@ pub struct GpuModel {
     /// first send to the next ask for data when no rank waits for another (the 10th
     /// percentile); 0 otherwise. The replay spends it, outside compute.
     pub sync_s: f64,
+    /// Per batch taken.
     pub bytes_per_step: f64,
     pub samples_per_step: f64,
     pub required_mib_s: Option<f64>,
@@ -141,6 +154,13 @@ pub struct GpuModel {
     /// Files the GPU wrote: recorded path and the size a copy needs (largest byte written).
     #[serde(skip)]
     pub write_files: Vec<(String, u64)>,
+}
+
+impl GpuModel {
+    /// The batches the GPU took (the first `steps_taken` of `steps`).
+    pub fn taken(&self) -> &[Step] {
+        &self.steps[..self.steps_taken.min(self.steps.len())]
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -206,6 +226,7 @@ pub struct JobModel {
     pub compute_s: Option<f64>,
     pub bytes_per_step: Option<f64>,
     pub required_mib_s_per_gpu: Option<f64>,
+    /// The batches the GPUs took, summed (`GpuModel::steps_taken`).
     pub steps: u64,
     /// Per traced process with block reads: block bytes against file-layer bytes.
     pub coverage: Vec<Coverage>,

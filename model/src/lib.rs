@@ -166,7 +166,7 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     let bps: Vec<f64> = gpus.iter().filter(|g| !g.steps.is_empty()).map(|g| g.bytes_per_step).collect();
     let bytes_per_step = quantile(&bps, 0.5);
     let reqs: Vec<f64> = gpus.iter().filter_map(|g| g.required_mib_s).collect();
-    let steps = gpus.iter().map(|g| g.steps.len() as u64).sum();
+    let steps = gpus.iter().map(|g| g.steps_taken as u64).sum();
     let object_store = ObjectSource::of(data.dev.as_deref(), &data.rows);
     Ok(JobModel {
         object_store,

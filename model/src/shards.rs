@@ -175,6 +175,7 @@ mod tests {
             wait_s: 0.0,
             period_s: None,
             worker_cpu_s: None,
+            taken: true,
         }
     }
 

@@ -244,6 +244,52 @@ fn two_ranks_with_two_workers_each_are_two_gpus_compute_bound() {
     assert_eq!(m.left_out[0].pid, 100);
 }
 
+/// A job that stops at a step count while its workers have read ahead: the sampler has
+/// 42 batches, the workers read and hand off all of them, the rank takes 40 and stops.
+/// The last 2 are kept with their reads but not taken: no compute, not in the per-step
+/// figures. One payload is read in two reads (a message larger than the pipe's buffer),
+/// and still counts as one batch taken.
+#[test]
+fn batches_read_ahead_that_the_rank_never_took_are_kept_but_not_taken() {
+    let mut input = Input::default();
+    rank_with_workers(&mut input, 200, 100, 2, 4, 20, 50, 42);
+    let pipe = "pipe:[9200]";
+    let mut on_pipe: Vec<usize> = (0..input.ipc.len())
+        .filter(|&i| input.ipc[i].pid == 200 && input.ipc[i].file.as_deref() == Some(pipe))
+        .collect();
+    on_pipe.sort_by_key(|&i| input.ipc[i].issue_ns);
+    assert_eq!(on_pipe.len(), 42 * 3, "a poll, a header and a payload per batch");
+    // The rank's gets of batches 40 and 41 never happen.
+    let gone: std::collections::HashSet<usize> = on_pipe[40 * 3..].iter().copied().collect();
+    let mut kept: Vec<OwnedRow> =
+        input.ipc.iter().enumerate().filter(|(i, _)| !gone.contains(i)).map(|(_, r)| r.clone()).collect();
+    // Batch 5's payload in two reads.
+    let p = kept.iter().position(|r| r.pid == 200 && r.issue_ns == input.ipc[on_pipe[5 * 3 + 2]].issue_ns).unwrap();
+    let whole = kept[p].clone();
+    kept[p].bytes = 150;
+    kept.insert(
+        p + 1,
+        OwnedRow { issue_ns: whole.complete_ns + 1_000, complete_ns: whole.complete_ns + 2_000, bytes: 150, ..whole },
+    );
+    input.ipc = kept;
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    assert_eq!(g.steps.len(), 42, "{}", describe(&m).join("\n"));
+    assert_eq!(g.steps_taken, 40);
+    assert!(g.steps[..40].iter().all(|s| s.taken) && g.steps[40..].iter().all(|s| !s.taken));
+    assert_eq!(g.taken().len(), 40);
+    assert_eq!((g.bytes, g.untaken_bytes), (42 * 4 * MIB, 2 * 4 * MIB));
+    assert_eq!((g.samples, g.bytes_per_step), (160, 4.0 * MIB as f64));
+    assert!(g.steps[39..].iter().all(|s| s.interval_s.is_none()), "no compute after the last batch taken");
+    assert_eq!(m.steps, 40);
+    assert!(g.au_recorded.unwrap() > 0.95, "{:?}", g.au_recorded);
+    // The same job taking every batch has all of them taken.
+    let mut whole = Input::default();
+    rank_with_workers(&mut whole, 200, 100, 2, 4, 20, 50, 42);
+    let m = infer(&whole, &Options::default()).unwrap();
+    assert_eq!((m.gpus[0].steps_taken, m.gpus[0].untaken_bytes, m.steps), (42, 0, 42));
+}
+
 #[test]
 fn storage_bound_waits_are_not_compute() {
     let mut input = Input::default();

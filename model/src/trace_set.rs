@@ -74,7 +74,7 @@ pub fn combine(parts: Vec<(String, i64, JobModel)>) -> JobModel {
         compute_s: quantile(&computes, 0.5),
         bytes_per_step: quantile(&bps, 0.5),
         required_mib_s_per_gpu: quantile(&reqs, 0.5),
-        steps: gpus.iter().map(|g| g.steps.len() as u64).sum(),
+        steps: gpus.iter().map(|g| g.steps_taken as u64).sum(),
         gpus,
         left_out,
         coverage,

@@ -53,7 +53,7 @@ pub fn apply(mut m: JobModel, opts: &Options) -> Result<JobModel, String> {
         let reqs: Vec<f64> = m.gpus.iter().filter_map(|g| g.required_mib_s).collect();
         m.bytes_per_step = quantile(&bps, 0.5);
         m.required_mib_s_per_gpu = quantile(&reqs, 0.5);
-        m.steps = m.gpus.iter().map(|g| g.steps.len() as u64).sum();
+        m.steps = m.gpus.iter().map(|g| g.steps_taken as u64).sum();
     }
     Ok(m)
 }
@@ -85,13 +85,16 @@ pub fn split_gpu(g: GpuModel, n: u32) -> Vec<GpuModel> {
                 })
                 .collect();
             let bytes: u64 = steps.iter().map(|s| s.bytes).sum();
-            let samples: u64 = steps.iter().map(|s| s.samples as u64).sum();
-            let k = steps.len().max(1) as f64;
-            let bytes_per_step = bytes as f64 / k;
+            let taken = &steps[..g.steps_taken.min(steps.len())];
+            let taken_bytes: u64 = taken.iter().map(|s| s.bytes).sum();
+            let samples: u64 = taken.iter().map(|s| s.samples as u64).sum();
+            let k = taken.len().max(1) as f64;
+            let bytes_per_step = taken_bytes as f64 / k;
             let mut readers: Vec<u32> = steps.iter().flat_map(|s| s.reads.iter().map(|r| r.reader)).collect();
             readers.sort_unstable();
             readers.dedup();
             GpuModel {
+                untaken_bytes: bytes - taken_bytes,
                 steps,
                 bytes,
                 samples,
@@ -146,6 +149,7 @@ mod tests {
                     wait_s: 0.001,
                     period_s: Some(0.01 * (k + 1) as f64),
                     worker_cpu_s: None,
+                    taken: true,
                 }
             })
             .collect();
@@ -181,6 +185,8 @@ mod tests {
             unfinished_bytes: 0,
             setup: Vec::new(),
             setup_lead_s: 0.0,
+            steps_taken: steps.len(),
+            untaken_bytes: 0,
             steps,
             write_bursts: vec![writes::WriteBurst {
                 start_ns: 0,

@@ -134,6 +134,14 @@ pub trait Program {
     fn writes_after(&self, _gpu: usize, _epoch: u64, _step: u64) -> Vec<crate::trace::trace_writes::WriteCall> {
         Vec::new()
     }
+    /// Batches the loader of GPU `gpu` reads in `epoch` past its last step, which the GPU
+    /// never takes (a job that stopped while its workers had read ahead): steps
+    /// `steps_per_epoch()..` of `batch()`. They are read within the prefetch window as
+    /// the others are; when the GPU's last step ends, a reader finishes the batch it has
+    /// started and starts no other (PyTorch's workers, shut down, finish the batch in hand).
+    fn untaken_batches(&self, _gpu: usize, _epoch: u64) -> u64 {
+        0
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -472,7 +480,9 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
                     continue;
                 }
             }
-            if self.gpus.iter().all(|g| g.state == State::Done) && self.in_flight == 0 {
+            // Done: every GPU has ended its last step, and no reader is still on a batch
+            // (reading, or spending its CPU time after a read).
+            if self.gpus.iter().all(|g| g.state == State::Done) && self.in_flight == 0 && self.cpu_timers.is_empty() {
                 break;
             }
             // Wait for a completion, the next deadline, or the next barrier poll.

@@ -115,6 +115,8 @@ struct FakeProgram {
     recorded: bool,
     batch: Box<dyn Fn(usize, u64, u64) -> Batch>,
     not_before: Option<Box<dyn Fn(u64) -> u64>>,
+    /// Batches read past the last step of the last epoch and never taken.
+    untaken: u64,
     log: RefCell<Vec<Ev>>,
     root: PathBuf,
 }
@@ -146,6 +148,7 @@ impl FakeProgram {
                 streams: Vec::new(),
             }),
             not_before: None,
+            untaken: 0,
             log: RefCell::new(Vec::new()),
             root: PathBuf::from("/fake"),
         }
@@ -190,6 +193,13 @@ impl Program for FakeProgram {
     }
     fn not_before_ns(&self, _gpu: usize, _epoch: u64, step: u64) -> Option<u64> {
         self.not_before.as_ref().map(|f| f(step))
+    }
+    fn untaken_batches(&self, _gpu: usize, epoch: u64) -> u64 {
+        if epoch + 1 == self.epochs {
+            self.untaken
+        } else {
+            0
+        }
     }
 }
 
@@ -490,4 +500,80 @@ fn a_readers_cpu_time_after_a_read_delays_its_next_read_and_its_batch() {
     // GPU takes it and batch 1 may start: its reads at 12 and 18.
     assert_eq!(submits, vec![0, 6 * MS, 12 * MS, 18 * MS]);
     assert_eq!(r.stats.gpus[0].steps, 2);
+}
+
+/// Submitted reads per batch (step) of epoch 0.
+fn submits_per_step(io: &[Io]) -> BTreeMap<u64, usize> {
+    let mut m = BTreeMap::new();
+    for e in io {
+        if let Io::Submit { file, .. } = *e {
+            let (_, epoch, step) = batch_of(file);
+            assert_eq!(epoch, 0, "a read of epoch {epoch}, after the last");
+            *m.entry(step).or_insert(0) += 1;
+        }
+    }
+    m
+}
+
+/// A recorded loader whose job stopped with 2 batches read ahead: they are read beside
+/// the last steps, within the window, and never computed; the epoch (and AU) ends when
+/// the last taken step's compute does, and their bytes count as read.
+#[test]
+fn untaken_batches_are_read_beside_the_last_steps_and_not_computed() {
+    let clock = Rc::new(Cell::new(0));
+    let mut p = FakeProgram::new(&clock);
+    (p.recorded, p.threads, p.prefetch, p.steps, p.compute_ns, p.untaken) = (true, 2, 4, 6, 10 * MS, 2);
+    // Batch s: 2 reads of 4 KiB by worker s mod 2.
+    p.batch = Box::new(|g, e, s| Batch {
+        samples: 2,
+        reads: (0..2).map(|i| SampleRead::new(file_id(g, e, s, i), 0, 4096)).collect(),
+        streams: vec![(s % 2) as u32; 2],
+    });
+    let r = run_with(&p, 1, false, |_| MS, big);
+    let batches: Vec<u64> =
+        r.ev.iter()
+            .filter_map(|e| match *e {
+                Ev::Batch { step, .. } => Some(step),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(batches, (0..8).collect::<Vec<_>>(), "the 6 steps' batches, then the 2 untaken");
+    let computes = compute_starts(&r.ev, 0);
+    assert_eq!(computes.iter().map(|c| c.0).collect::<Vec<_>>(), (0..6).collect::<Vec<_>>());
+    assert_eq!(submits_per_step(&r.io), (0..8).map(|s| (s, 2)).collect());
+    // The untaken batches were read while the GPU computed its last steps (within 4 of
+    // the one it took), not after.
+    let last_compute_end = computes[5].1 + 10 * MS;
+    assert!(r.io.iter().all(|e| !matches!(*e, Io::Done { t, .. } if t > last_compute_end)));
+    let g = &r.stats.gpus[0];
+    assert_eq!((g.steps, g.samples, g.bytes), (6, 12, 8 * 2 * 4096));
+    assert_eq!(g.epochs[0].duration_s, last_compute_end as f64 / 1e9);
+}
+
+/// Reads slower than the compute: when the GPU's last step ends, a worker finishes the
+/// untaken batch it has started (the job's workers finish the batch in hand when their
+/// loader shuts down), and one it has not started is not read, nor is any batch of an
+/// epoch after the last; the run ends when those reads have.
+#[test]
+fn at_the_end_a_worker_finishes_the_untaken_batch_it_started_and_no_other() {
+    let clock = Rc::new(Cell::new(0));
+    let mut p = FakeProgram::new(&clock);
+    (p.recorded, p.threads, p.prefetch, p.steps, p.compute_ns, p.untaken) = (true, 2, 2, 2, MS, 2);
+    // Batches 0 and 1 by workers 0 and 1; both untaken batches (2, 3) by worker 0.
+    p.batch = Box::new(|g, e, s| Batch {
+        samples: 1,
+        reads: (0..3).map(|i| SampleRead::new(file_id(g, e, s, i), 0, 4096)).collect(),
+        streams: vec![if s < 2 { s as u32 } else { 0 }; 3],
+    });
+    let r = run_with(&p, 1, false, |_| 10 * MS, big);
+    // Batches 0 and 1 are read by 30 ms; batch 2 starts when step 0 is taken (30 ms),
+    // batch 3 enters the window at 31 ms, behind batch 2 on worker 0; the last step
+    // ends at 32 ms, batch 2's reads at 60 ms.
+    let computes = compute_starts(&r.ev, 0);
+    assert_eq!(computes, vec![(0, 30 * MS), (1, 31 * MS)]);
+    assert_eq!(submits_per_step(&r.io), BTreeMap::from([(0, 3), (1, 3), (2, 3)]));
+    let g = &r.stats.gpus[0];
+    assert_eq!((g.steps, g.bytes), (2, 9 * 4096));
+    assert_eq!(g.epochs[0].duration_s, 0.032);
+    assert_eq!(r.stats.wall_s, 0.060);
 }

@@ -12,14 +12,14 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
         if self.recorded {
             return self.fill_recorded(g);
         }
-        let spe = self.program.steps_per_epoch();
+        let end = self.program.steps_per_epoch() + self.program.untaken_batches(g, self.gpus[g].epoch);
         for k in 0..self.gpus[g].workers.len() {
             let w = self.gpus[g].workers[k];
             let gpu = &self.gpus[g];
             if self.workers[w].step.is_some() || gpu.state == State::Done {
                 continue;
             }
-            if gpu.next_to_start >= spe || gpu.next_to_start >= gpu.consumed + gpu.window {
+            if gpu.next_to_start >= end || gpu.next_to_start >= gpu.consumed + gpu.window {
                 break;
             }
             let step = gpu.next_to_start;
@@ -38,16 +38,18 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
 
     /// Recorded mode: every idle worker takes its next read (by `Batch::streams`) from the
     /// oldest batch in the window that has one, starting new batches while the window
-    /// allows.
+    /// allows. Once the GPU is done, a worker only finishes the batch it has started
+    /// (`Program::untaken_batches`).
     fn fill_recorded(&mut self, g: usize) -> Result<()> {
-        let spe = self.program.steps_per_epoch();
+        let end = self.program.steps_per_epoch() + self.program.untaken_batches(g, self.gpus[g].epoch);
         let nw = self.gpus[g].workers.len();
         let now = self.now();
         let sync = self.program.synchronous(g);
+        let done = self.gpus[g].state == State::Done;
         let mut finished_empty = false;
         for k in 0..nw {
             let w = self.gpus[g].workers[k];
-            if self.workers[w].step.is_some() || self.gpus[g].state == State::Done {
+            if self.workers[w].step.is_some() {
                 continue;
             }
             let mut si = 0usize;
@@ -56,7 +58,9 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
                 if si < gpu.slots.len() {
                     let slot = &mut gpu.slots[si];
                     si += 1;
-                    if slot.unassigned == 0 {
+                    // A batch this worker has not started (its cursor at 0) waits for
+                    // it, unless the loader is shut down.
+                    if slot.unassigned == 0 || (done && slot.cursor[k] == 0) {
                         continue;
                     }
                     let n = slot.batch.reads.len();
@@ -73,7 +77,7 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
                     }
                     continue;
                 }
-                if gpu.next_to_start >= spe || gpu.next_to_start >= gpu.consumed + gpu.window {
+                if done || gpu.next_to_start >= end || gpu.next_to_start >= gpu.consumed + gpu.window {
                     break None;
                 }
                 if sync && (gpu.next_to_start > gpu.step || !matches!(gpu.state, State::WaitBatch { .. })) {

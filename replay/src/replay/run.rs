@@ -205,15 +205,16 @@ impl Job {
         );
         let used_t = &templates[..templates.len().min(gpus as usize)];
         let bytes: u64 = used_t.iter().map(|t| t.bytes).sum();
-        let steps: u64 = used_t.iter().map(|t| t.steps.len() as u64).sum();
-        let samples: u64 = used_t.iter().flat_map(|t| &t.steps).map(|s| s.samples as u64).sum();
-        let compute: f64 = used_t.iter().flat_map(|t| &t.steps).map(|s| s.compute_s).sum();
+        // Per step: over the steps the GPUs took (their untaken batches have no compute).
+        let steps: u64 = used_t.iter().map(|t| t.taken as u64).sum();
+        let samples: u64 = used_t.iter().flat_map(|t| t.taken_steps()).map(|s| s.samples as u64).sum();
+        let compute: f64 = used_t.iter().flat_map(|t| t.taken_steps()).map(|s| s.compute_s).sum();
         // Per simulated GPU: the templates' own needs, or with --computation-time
         // their bytes per step over it.
         let needs: Vec<f64> = used_t
             .iter()
             .filter_map(|t| match self.compute_override {
-                Some(c) if c > 0.0 => Some(t.bytes as f64 / t.steps.len().max(1) as f64 / c / (1u64 << 20) as f64),
+                Some(c) if c > 0.0 => Some(t.taken_bytes() as f64 / t.taken.max(1) as f64 / c / (1u64 << 20) as f64),
                 Some(_) => None,
                 None => t.required_mib_s,
             })
@@ -257,7 +258,7 @@ impl Job {
                     .templates()
                     .iter()
                     .map(|t| serde_json::json!({
-                        "host": t.host, "pid": t.pid, "comm": t.comm, "files": t.files.len(), "steps": t.steps.len(),
+                        "host": t.host, "pid": t.pid, "comm": t.comm, "files": t.files.len(), "steps": t.taken, "untaken": t.steps.len() - t.taken,
                         "readers": t.concurrency, "workers": t.workers, "synchronous": t.synchronous, "paced": t.paced,
                         "prefetch": t.prefetch, "compute_s": t.compute_s, "handoff_s": t.handoff_s, "sync_s": t.sync_s, "bytes": t.bytes, "dev": t.dev,
                         "write_bursts": t.write_bursts.len(), "write_bytes": t.write_bytes(), "write_files": t.write_files.len(),

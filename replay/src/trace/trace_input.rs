@@ -9,7 +9,11 @@
 //! per worker), or, for a rank that read its batches itself, each batch read only when
 //! the GPU asks for it. A worker spends its recorded time outside its reads on each
 //! batch (the model's `worker_cpu_s`: decoding, collating) spread over its reads, after
-//! each one, so a decode-bound loader feeds the GPU at its recorded pace. The replay is closed-loop: steps are paced by the compute time
+//! each one, so a decode-bound loader feeds the GPU at its recorded pace. Batches the
+//! workers read ahead that the GPU never took (the model's untaken steps, of a job that
+//! stopped at a step count) are read in the last epoch as the job read them, beside its
+//! last steps, with no compute: the GPU computes its taken steps, and the run ends when
+//! the last one's compute does (`Program::untaken_batches`). The replay is closed-loop: steps are paced by the compute time
 //! and the storage under test, not by the recorded clock, so a faster or slower storage
 //! shows in AU.
 //!
@@ -65,7 +69,9 @@ pub struct Template {
     pub comm: String,
     /// Recorded path and the size its copy needs.
     pub files: Vec<(String, u64)>,
+    /// The GPU's batches: the `taken` it computed on, then those read ahead and never taken.
     pub steps: Vec<TemplateStep>,
+    pub taken: usize,
     /// Readers: the GPU's workers (or the threads that read).
     pub concurrency: usize,
     pub workers: usize,
@@ -100,6 +106,16 @@ impl Template {
     /// The GPU's data came from an object store: its files are objects, named `bucket/key`.
     pub fn objects(&self) -> bool {
         self.dev.as_deref().and_then(trainio_model::object_reads::store_of).is_some()
+    }
+
+    /// The steps the GPU took and computed on.
+    pub fn taken_steps(&self) -> &[TemplateStep] {
+        &self.steps[..self.taken]
+    }
+
+    /// Bytes of the steps the GPU took.
+    pub fn taken_bytes(&self) -> u64 {
+        self.taken_steps().iter().flat_map(|s| &s.reads).map(|r| r.len).sum()
     }
 
     pub fn write_bytes(&self) -> u64 {
@@ -170,6 +186,7 @@ pub fn load_templates(
                         start_ns: ((s.first_read_ns - origin).max(0) as f64 * scale) as u64,
                     })
                     .collect(),
+                taken: g.steps_taken.min(g.steps.len()),
                 concurrency: g.readers.clamp(1, MAX_READERS),
                 workers: g.workers,
                 synchronous: g.synchronous,
@@ -461,7 +478,7 @@ impl TraceProgram {
         // Every GPU runs the same number of steps (the barrier needs it): the longest
         // template's; shorter templates end with empty steps.
         let used = (gpus as usize).min(templates.len());
-        let mut steps = templates[..used].iter().map(|t| t.steps.len() as u64).max().unwrap_or(0);
+        let mut steps = templates[..used].iter().map(|t| t.taken as u64).max().unwrap_or(0);
         if max_steps > 0 {
             steps = steps.min(max_steps);
         }
@@ -487,6 +504,18 @@ impl TraceProgram {
     pub fn templates(&self) -> &[Template] {
         &self.templates
     }
+
+    /// Local GPU `gpu`'s template step for step `step` of the run: its taken steps, empty
+    /// steps up to `steps_per_epoch`, then its untaken batches (None: an empty step).
+    fn step_of(&self, gpu: usize, step: u64) -> Option<&TemplateStep> {
+        let t = &self.templates[self.local[gpu].0];
+        let k = if step < self.steps_per_epoch {
+            Some(step).filter(|&s| s < t.taken as u64)?
+        } else {
+            t.taken as u64 + (step - self.steps_per_epoch)
+        };
+        t.steps.get(k as usize)
+    }
 }
 
 impl Program for TraceProgram {
@@ -499,8 +528,8 @@ impl Program for TraceProgram {
     }
 
     fn batch(&self, gpu: usize, _epoch: u64, step: u64) -> Batch {
-        let (t, g) = self.local[gpu];
-        match self.templates[t].steps.get(step as usize) {
+        let g = self.local[gpu].1;
+        match self.step_of(gpu, step) {
             Some(s) => Batch {
                 samples: s.samples,
                 streams: s.streams.clone(),
@@ -514,8 +543,7 @@ impl Program for TraceProgram {
         if let Some(c) = self.compute_override {
             return c;
         }
-        let (t, _) = self.local[gpu];
-        self.templates[t].steps.get(step as usize).map(|s| s.compute_s).unwrap_or(0.0)
+        self.step_of(gpu, step).map(|s| s.compute_s).unwrap_or(0.0)
     }
 
     fn path(&self, file: u32) -> PathBuf {
@@ -646,7 +674,17 @@ impl Program for TraceProgram {
         if self.compute_override.is_some() || !t.paced {
             return None;
         }
-        t.steps.get(step as usize).map(|s| s.start_ns)
+        self.step_of(gpu, step).map(|s| s.start_ns)
+    }
+
+    /// The template's batches after its taken ones, in the last epoch, unless
+    /// --max-steps cut the run before the template's last taken step.
+    fn untaken_batches(&self, gpu: usize, epoch: u64) -> u64 {
+        let t = &self.templates[self.local[gpu].0];
+        if epoch + 1 != self.epochs || (t.taken as u64) > self.steps_per_epoch {
+            return 0;
+        }
+        (t.steps.len() - t.taken) as u64
     }
 }
 

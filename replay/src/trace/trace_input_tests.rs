@@ -72,6 +72,7 @@ fn template(files: &[&str]) -> Template {
             compute_s: 0.0,
             start_ns: 0,
         }],
+        taken: 1,
         concurrency: 1,
         workers: 0,
         synchronous: true,
