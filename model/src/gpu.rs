@@ -28,8 +28,9 @@ pub(crate) fn gpus(job: &JobEvidence, procs: &Processes, groups: &Groups, warnin
             });
         ws.sort_by_key(|w| (first_read.get(w).copied().unwrap_or(i64::MAX), *w));
         let members = members(job, procs, groups, *rank, &ws);
-        let mut gpu = build_gpu(&GpuEvidence::new(job, gpus.len(), *rank, &ws), members, warnings);
-        place_writes(job, &mut gpu, warnings);
+        let ev = GpuEvidence::new(job, gpus.len(), *rank, &ws);
+        let mut gpu = build_gpu(&ev, members, warnings);
+        place_writes(&ev, &mut gpu, warnings);
         gpus.push(gpu);
     }
     gpus
@@ -62,7 +63,8 @@ fn members(job: &JobEvidence, procs: &Processes, groups: &Groups, rank: u32, wor
 /// writes on the data's device are the GPU's: a results file or a log on another file
 /// system is no load on the storage the replay tests. Likewise the objects the rank put
 /// (writes.rs) are the GPU's when its data are objects of the same store (endpoint).
-fn place_writes(job: &JobEvidence, gpu: &mut GpuModel, warnings: &mut Vec<String>) {
+fn place_writes(ev: &GpuEvidence, gpu: &mut GpuModel, warnings: &mut Vec<String>) {
+    let job = ev.job;
     let rank = gpu.rank_pid;
     let (own, elsewhere): (Vec<&OwnedRow>, Vec<&OwnedRow>) = rows_of(&job.ix.file, rank)
         .iter()
@@ -111,8 +113,32 @@ fn place_writes(job: &JobEvidence, gpu: &mut GpuModel, warnings: &mut Vec<String
         ));
     }
     gpu.write_bursts = bursts;
-    let ready: Vec<i64> = gpu.steps.iter().map(|s| s.ready_ns).collect();
-    writes::place(&mut gpu.write_bursts, &ready);
+    writes::place(&mut gpu.write_bursts, &taken_ns(ev, &gpu.steps));
+}
+
+/// When the rank took each batch, which places its writes between its steps. With
+/// workers, its gets off the data pipes (its reads of a message, those closer than
+/// GET_MERGE_NS one get): a batch is handed off (`ready_ns`) up to 2 × workers batches
+/// before the rank takes it, and waits in the pipe while the rank computes or saves.
+/// Without workers (or without those reads in the trace), the steps' `ready_ns`.
+fn taken_ns(ev: &GpuEvidence, steps: &[crate::job::Step]) -> Vec<i64> {
+    let ready = || steps.iter().map(|s| s.ready_ns).collect();
+    if ev.data_pipes.is_empty() {
+        return ready();
+    }
+    let mut gets: Vec<i64> = ev
+        .ipc_rows(ev.rank)
+        .iter()
+        .filter(|r| &*r.op == "read" && r.bytes > 0 && r.file.as_deref().is_some_and(|f| ev.data_pipes.contains(f)))
+        .map(|r| r.issue_ns)
+        .collect();
+    gets.sort_unstable();
+    gets.dedup_by(|b, a| *b - *a < handoff::GET_MERGE_NS);
+    if gets.is_empty() {
+        ready()
+    } else {
+        gets
+    }
 }
 
 /// The GPU of `ev`, its processes `members` (the rank first).

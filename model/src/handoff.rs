@@ -23,7 +23,7 @@ const MESSAGE_MERGE_NS: i64 = 2_000_000;
 /// The longest length prefix (bytes) of a multiprocessing message.
 const LENGTH_PREFIX_BYTES: i64 = 8;
 /// A rank's reads of its data pipe this close together belong to one get.
-const GET_MERGE_NS: i64 = 1_000_000;
+pub(crate) const GET_MERGE_NS: i64 = 1_000_000;
 
 /// The steps of a GPU whose workers hand their batches to the rank through a pipe the
 /// trace sees (`ev.data_pipes` not empty).

@@ -1047,6 +1047,8 @@ fn as_objects(files: &Input) -> Input {
 /// A rank reading objects through its workers saves a checkpoint to the same store after
 /// steps 10 and 20, as boto3 does: a small PutObject, then a multipart upload of 5 + 5 +
 /// 2 MiB (the short tail part sent second) by two transfer threads, two parts at a time.
+/// The workers hand batches off ahead of the rank, which takes each off the pipe when it
+/// asks: the PUTs follow the batches taken, not those handed off.
 /// The PUTs are a write burst of the GPU placed after those steps, with the parts'
 /// sizes, numbers, offsets and concurrency; an aborted upload, a PUT to another store and
 /// a worker's PUT are not the GPU's.
@@ -1058,9 +1060,18 @@ fn objects_a_rank_puts_are_write_bursts_after_their_step() {
     let mut input = as_objects(&files);
     let ready: Vec<i64> =
         infer(&input, &Options::default()).unwrap().gpus[0].steps.iter().map(|s| s.ready_ns).collect();
+    // When the rank took each batch: the end of its read of the batch's payload.
+    let mut taken: Vec<i64> = input
+        .ipc
+        .iter()
+        .filter(|r| r.pid == 200 && &*r.op == "read" && r.bytes == 300 && r.file.as_deref() == Some("pipe:[9200]"))
+        .map(|r| r.complete_ns)
+        .collect();
+    taken.sort_unstable();
+    assert!(taken[9] > ready[11], "the workers are batches ahead of the rank");
     let (small, big) = (300 * 1024, "bkt/ckpt/model.pt");
     for (n, after) in [10usize, 20].into_iter().enumerate() {
-        let t = ready[after - 1] + 2 * MS;
+        let t = taken[after - 1] + 2 * MS;
         let ob = |op, file: &str, bytes, at, dur| object_request(200, 200, op, file, bytes, at, dur);
         input.object.push(ob("put", &format!("bkt/ckpt/meta{n}.json"), small, t, MS));
         input.object.push(ob("post", big, 0, t + 2 * MS, MS)); // CreateMultipartUpload
@@ -1069,7 +1080,8 @@ fn objects_a_rank_puts_are_write_bursts_after_their_step() {
         input.object.push(part(201, 5 * MIB as i64, t + 4 * MS));
         input.object.push(part(202, 2 * MIB as i64, t + 4 * MS + 100_000));
         input.object.push(part(201, 5 * MIB as i64, t + 12 * MS));
-        input.object.push(ob("post", big, 180, t + 21 * MS, MS)); // CompleteMultipartUpload
+        // CompleteMultipartUpload; the second's answer chunked, which the recorder does not follow
+        input.object.push(OwnedRow { error: if n == 1 { -61 } else { 0 }, ..ob("post", big, 180, t + 21 * MS, MS) });
     }
     // An upload aborted after one part, a PUT to another store, a worker's PUT: none a write.
     let t = ready[25];

@@ -13,8 +13,9 @@
 //! either: the parts are numbered largest first, in issue order among equals, so a short
 //! last part (the object's tail) keeps its place at the end. An upload the trace does not
 //! see completed (aborted with a `delete`, or still open when the recording ended) wrote
-//! no object and is left out. Only successful requests (2xx, received in full) of a key
-//! in a bucket count.
+//! no object and is left out. Only requests to a key in a bucket answered 2xx count (a
+//! response whose body the recorder did not follow, `error` -61, counts: its status says
+//! the store took the request).
 //!
 //! A burst is a run of a process group's writes and syncs in which each one starts less
 //! than `WRITE_GAP_NS` after the previous one ended: a checkpoint is written back to
@@ -116,12 +117,17 @@ pub fn is_write_row(r: &OwnedRow) -> bool {
         }
 }
 
+/// `error` of an object request whose response the recorder did not see to its end
+/// (a chunked body, as CompleteMultipartUpload's answer often is): -ENODATA.
+const RESPONSE_CUT: i32 = -61;
+
 /// Whether an object row is a successful request to a key in a bucket (a write when it
-/// is a `put`, or one of a multipart upload's `post`s: `object_writes`).
+/// is a `put`, or one of a multipart upload's `post`s: `object_writes`): answered 2xx,
+/// its response received in full or cut short (the status says the store took it).
 fn is_object_request(r: &OwnedRow) -> bool {
     let ok = r.object.as_ref().and_then(|o| o.http_status).is_some_and(|s| (200..300).contains(&s));
     ok && r.layer == Layer::Object
-        && r.error == 0
+        && (r.error == 0 || r.error == RESPONSE_CUT)
         && r.file.as_deref().and_then(|f| f.split_once('/')).is_some_and(|(b, k)| !b.is_empty() && !k.is_empty())
 }
 
