@@ -134,6 +134,10 @@ pub trait Program {
     fn writes_after(&self, _gpu: usize, _epoch: u64, _step: u64) -> Vec<crate::trace::trace_writes::WriteCall> {
         Vec::new()
     }
+    /// Recorded mode: the object store the objects of `writes_after` are put to.
+    fn object_store(&self) -> Option<&crate::object::s3_writes::S3Target> {
+        None
+    }
 }
 
 #[derive(Debug, Clone)]
