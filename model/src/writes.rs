@@ -172,17 +172,17 @@ fn object_writes<'a>(rows: &[&'a OwnedRow]) -> (Vec<Item<'a>>, u64) {
         let key = (r.pid, r.file.as_deref().unwrap_or_default());
         match (&*r.op, r.bytes > 0) {
             ("post", false) => {
-                if open.insert(key, Upload { create: r, parts: Vec::new() }).is_some() {
-                    left_out += 1; // created again before it was completed
-                }
+                // Created again before it was completed: the first put no object.
+                left_out += u64::from(open.insert(key, Upload { create: r, parts: Vec::new() }).is_some());
             }
             ("put", _) => match open.get_mut(&key) {
                 Some(u) => u.parts.push(r),
                 None => out.push(item(r, 0, r.bytes as u64, ObjectWrite::Put)),
             },
             ("post", true) => {
-                let Some(u) = open.remove(&key) else { continue }; // a post that writes no object
-                                                                   // Largest first, in issue order among equals: the parts' numbers.
+                // A post to a key without an open upload writes no object.
+                let Some(u) = open.remove(&key) else { continue };
+                // Largest first, in issue order among equals: the parts' numbers.
                 let mut order: Vec<usize> = (0..u.parts.len()).collect();
                 order.sort_by_key(|&i| (std::cmp::Reverse(u.parts[i].bytes), i));
                 let mut offsets = vec![(0u64, 0u32); u.parts.len()];
@@ -200,9 +200,7 @@ fn object_writes<'a>(rows: &[&'a OwnedRow]) -> (Vec<Item<'a>>, u64) {
                 out.push(item(r, 0, 0, ObjectWrite::Complete));
             }
             ("delete", _) => {
-                if open.remove(&key).is_some() {
-                    left_out += 1; // AbortMultipartUpload
-                }
+                left_out += u64::from(open.remove(&key).is_some()); // AbortMultipartUpload
             }
             _ => {}
         }
