@@ -12,7 +12,7 @@ use crate::grouping::{Groups, Processes};
 use crate::input::rows_of;
 use crate::job::{GpuModel, Member};
 use crate::stats::quantile;
-use crate::{bursts, handoff, shards, writes};
+use crate::{bursts, handoff, object_reads, shards, writes};
 
 /// The GPUs of `groups`, numbered in the order of their ranks' pids.
 pub(crate) fn gpus(job: &JobEvidence, procs: &Processes, groups: &Groups, warnings: &mut Vec<String>) -> Vec<GpuModel> {
@@ -28,8 +28,9 @@ pub(crate) fn gpus(job: &JobEvidence, procs: &Processes, groups: &Groups, warnin
             });
         ws.sort_by_key(|w| (first_read.get(w).copied().unwrap_or(i64::MAX), *w));
         let members = members(job, procs, groups, *rank, &ws);
-        let mut gpu = build_gpu(&GpuEvidence::new(job, gpus.len(), *rank, &ws), members, warnings);
-        place_writes(job, &mut gpu, warnings);
+        let ev = GpuEvidence::new(job, gpus.len(), *rank, &ws);
+        let mut gpu = build_gpu(&ev, members, warnings);
+        place_writes(&ev, &mut gpu, warnings);
         gpus.push(gpu);
     }
     gpus
@@ -60,8 +61,10 @@ fn members(job: &JobEvidence, procs: &Processes, groups: &Groups, rank: u32, wor
 /// The rank's own writes: they stand between its steps (a checkpoint). Its workers
 /// write beside the GPU, not between its steps; they count in the job's bursts. Only
 /// writes on the data's device are the GPU's: a results file or a log on another file
-/// system is no load on the storage the replay tests.
-fn place_writes(job: &JobEvidence, gpu: &mut GpuModel, warnings: &mut Vec<String>) {
+/// system is no load on the storage the replay tests. Likewise the objects the rank put
+/// (writes.rs) are the GPU's when its data are objects of the same store (endpoint).
+fn place_writes(ev: &GpuEvidence, gpu: &mut GpuModel, warnings: &mut Vec<String>) {
+    let job = ev.job;
     let rank = gpu.rank_pid;
     let (own, elsewhere): (Vec<&OwnedRow>, Vec<&OwnedRow>) = rows_of(&job.ix.file, rank)
         .iter()
@@ -81,9 +84,48 @@ fn place_writes(job: &JobEvidence, gpu: &mut GpuModel, warnings: &mut Vec<String
             devs.join(", ")
         ));
     }
-    gpu.write_bursts = writes::bursts(&own, &mut gpu.write_files);
-    let ready: Vec<i64> = gpu.steps.iter().map(|s| s.ready_ns).collect();
-    writes::place(&mut gpu.write_bursts, &ready);
+    let store = job.data.dev.as_deref().and_then(object_reads::store_of).map(|(endpoint, _)| endpoint);
+    let (objects, other_store): (Vec<&OwnedRow>, Vec<&OwnedRow>) = job
+        .input
+        .object
+        .iter()
+        .filter(|r| r.pid == rank && matches!(&*r.op, "put" | "post" | "delete"))
+        .partition(|r| r.object.as_ref().is_some_and(|o| Some(&*o.endpoint) == store));
+    let puts: Vec<&&OwnedRow> = other_store.iter().filter(|r| &*r.op == "put").collect();
+    if !puts.is_empty() {
+        let bytes: u64 = puts.iter().map(|r| r.bytes.max(0) as u64).sum();
+        let mut eps: Vec<&str> = other_store.iter().filter_map(|r| r.object.as_ref().map(|o| &*o.endpoint)).collect();
+        eps.sort_unstable();
+        eps.dedup();
+        warnings.push(format!(
+            "GPU {} (pid {rank}): {} PUTs ({bytes} bytes) to other stores than the data's ({}) are not the GPU's: {}",
+            gpu.index,
+            puts.len(),
+            job.data.dev.as_deref().unwrap_or("?"),
+            eps.join(", ")
+        ));
+    }
+    let (bursts, left_out) = writes::bursts_with_objects(&own, &objects, &mut gpu.write_files);
+    if left_out > 0 {
+        warnings.push(format!(
+            "GPU {} (pid {rank}): {left_out} multipart upload(s) not completed in the trace (aborted, or open when the recording ended) put no object: not replayed",
+            gpu.index
+        ));
+    }
+    gpu.write_bursts = bursts;
+    writes::place(&mut gpu.write_bursts, &taken_ns(ev, &gpu.steps));
+}
+
+/// When the rank took each batch, which places its writes between its steps. With
+/// workers, its takes off the data pipes (handoff::rank_takes): a batch is handed off
+/// (`ready_ns`) up to 2 × workers batches before the rank takes it, and waits in the pipe
+/// while the rank computes or saves. Without workers (or without those reads in the
+/// trace), the steps' `ready_ns`.
+fn taken_ns(ev: &GpuEvidence, steps: &[crate::job::Step]) -> Vec<i64> {
+    match handoff::rank_takes(ev) {
+        Some(took) if !ev.data_pipes.is_empty() && !took.is_empty() => took,
+        _ => steps.iter().map(|s| s.ready_ns).collect(),
+    }
 }
 
 /// The GPU of `ev`, its processes `members` (the rank first).

@@ -139,7 +139,7 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
     // The workers read ahead; a job that stops before its sampler ends (a step count)
     // leaves the batches they had read unread by the GPU. It takes batches in order.
     if let Some(took) = rank_takes(ev) {
-        for step in steps.iter_mut().skip(took) {
+        for step in steps.iter_mut().skip(took.len()) {
             step.taken = false;
         }
     }
@@ -206,11 +206,12 @@ fn index_gets(ev: &GpuEvidence, w: u32) -> Vec<i64> {
     gets
 }
 
-/// How many batches the rank took off its workers' pipes: its messages read there that
-/// carry a payload (a read longer than a length prefix after the prefix's own read; a
-/// payload read in several reads is one message). None when the trace has none of the
+/// When the rank took each batch off its workers' pipes, in time order: the first read
+/// of each message it read there that carries a payload (a read longer than a length
+/// prefix after the prefix's own read; a payload read in several reads is one message).
+/// Its length is the number of batches the GPU took. None when the trace has none of the
 /// rank's reads of a data pipe.
-fn rank_takes(ev: &GpuEvidence) -> Option<usize> {
+pub(crate) fn rank_takes(ev: &GpuEvidence) -> Option<Vec<i64>> {
     let mut reads: Vec<(&str, i64, i64)> = ev
         .ipc_rows(ev.rank)
         .iter()
@@ -221,19 +222,26 @@ fn rank_takes(ev: &GpuEvidence) -> Option<usize> {
         return None;
     }
     reads.sort_unstable();
-    let mut took = 0;
+    let mut took = Vec::new();
     let mut in_payload = false;
     let mut pipe = "";
-    for (f, _, bytes) in reads {
+    // The message's first read: its length prefix, or the payload read alone.
+    let mut message_at = i64::MIN;
+    for (f, at, bytes) in reads {
         if f != pipe {
             (pipe, in_payload) = (f, false);
         }
         let payload = bytes > LENGTH_PREFIX_BYTES;
+        if !in_payload && !payload {
+            message_at = at;
+        }
         if payload && !in_payload {
-            took += 1;
+            took.push(if message_at > i64::MIN { message_at } else { at });
+            message_at = i64::MIN;
         }
         in_payload = payload;
     }
+    took.sort_unstable();
     Some(took)
 }
 

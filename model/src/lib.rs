@@ -141,7 +141,8 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
             file: input.file.iter().cloned().chain(mapped_reads).chain(object_reads).collect(),
             proc_rows: input.proc_rows.clone(),
             ipc: input.ipc.clone(),
-            object: Vec::new(),
+            // Kept for the objects the job put (writes.rs).
+            object: input.object.clone(),
             block_reads: input.block_reads.clone(),
             block_dev_reads: input.block_dev_reads.clone(),
             has_block: input.has_block,
@@ -153,7 +154,9 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
     let data = DataReads::new(input, opts, &procs);
     let groups = group(input, opts, &procs, &data, &mut warnings);
     let ix = ByPid::new(input, &data.rows, data.dev_blocks(input).unwrap_or(&input.block_reads));
-    let job_bursts = writes::bursts(&input.file.iter().collect::<Vec<_>>(), &mut Vec::new());
+    let file_rows: Vec<&_> = input.file.iter().collect();
+    let object_rows: Vec<&_> = input.object.iter().collect();
+    let (job_bursts, _) = writes::bursts_with_objects(&file_rows, &object_rows, &mut Vec::new());
     let job_writes: Vec<(i64, i64)> = job_bursts.iter().map(|b| (b.start_ns, b.end_ns)).collect();
     let job = JobEvidence { input, ix: &ix, opts, data: &data, job_writes: &job_writes };
     let gpus = gpu::gpus(&job, &procs, &groups, &mut warnings);

@@ -1045,3 +1045,139 @@ fn a_ranks_own_reads_before_its_workers_first_batch_are_its_setup() {
     assert!(close(g.setup_lead_s, 0.05511, 1e-6), "{}", g.setup_lead_s);
     assert!(g.files.iter().all(|(f, _)| f != other), "{:?}", g.files);
 }
+
+/// An object request as the recorder writes it: `op` (`put`, `post`, `delete`) to
+/// `file` (`bucket/key`) on `endpoint`, `bytes` of body, answered with `status`.
+fn object_request(pid: u32, tid: u32, op: &str, file: &str, bytes: i64, issue: i64, dur: i64) -> OwnedRow {
+    OwnedRow {
+        file: Some(Arc::from(file)),
+        fd: Some(11),
+        bytes,
+        bytes_requested: bytes,
+        object: Some(trainio_schema::ObjectFields {
+            endpoint: Arc::from("10.0.0.5:9000"),
+            http_status: Some(200),
+            first_byte_ns: Some(issue + dur / 2),
+        }),
+        ..row(Layer::Object, op, pid, tid, "python", issue, issue + dur)
+    }
+}
+
+/// `files`' reads of samples (`/data/r...`) as GETs of objects in bucket `bkt` on
+/// 10.0.0.5:9000, their opens dropped; every other row kept.
+fn as_objects(files: &Input) -> Input {
+    let mut objects = Input { proc_rows: files.proc_rows.clone(), ipc: files.ipc.clone(), ..Input::default() };
+    for r in &files.file {
+        let sample = r.file.as_deref().is_some_and(|f| f.starts_with("/data/r"));
+        match (&*r.op, sample) {
+            ("read", true) => objects.object.push(OwnedRow {
+                layer: Layer::Object,
+                op: Arc::from("get"),
+                dev: None,
+                offset: None,
+                file: Some(Arc::from(format!("bkt{}", r.file.as_deref().unwrap()))),
+                object: Some(trainio_schema::ObjectFields {
+                    endpoint: Arc::from("10.0.0.5:9000"),
+                    http_status: Some(200),
+                    first_byte_ns: Some(r.issue_ns + 1_000),
+                }),
+                ..r.clone()
+            }),
+            ("open", true) => {}
+            _ => objects.file.push(r.clone()),
+        }
+    }
+    objects
+}
+
+/// A rank reading objects through its workers saves a checkpoint to the same store after
+/// steps 10 and 20, as boto3 does: a small PutObject, then a multipart upload of 5 + 5 +
+/// 2 MiB (the short tail part sent second) by two transfer threads, two parts at a time.
+/// The workers hand batches off ahead of the rank, which takes each off the pipe when it
+/// asks: the PUTs follow the batches taken, not those handed off.
+/// The PUTs are a write burst of the GPU placed after those steps, with the parts'
+/// sizes, numbers, offsets and concurrency; an aborted upload, a PUT to another store and
+/// a worker's PUT are not the GPU's.
+#[test]
+fn objects_a_rank_puts_are_write_bursts_after_their_step() {
+    let mut files = Input::default();
+    launcher_reads(&mut files, 100);
+    rank_with_workers(&mut files, 200, 100, 2, 4, 20, 50, 30);
+    let mut input = as_objects(&files);
+    let ready: Vec<i64> =
+        infer(&input, &Options::default()).unwrap().gpus[0].steps.iter().map(|s| s.ready_ns).collect();
+    // When the rank took each batch: the end of its read of the batch's payload.
+    let mut taken: Vec<i64> = input
+        .ipc
+        .iter()
+        .filter(|r| r.pid == 200 && &*r.op == "read" && r.bytes == 300 && r.file.as_deref() == Some("pipe:[9200]"))
+        .map(|r| r.complete_ns)
+        .collect();
+    taken.sort_unstable();
+    assert!(taken[9] > ready[11], "the workers are batches ahead of the rank");
+    let (small, big) = (300 * 1024, "bkt/ckpt/model.pt");
+    for (n, after) in [10usize, 20].into_iter().enumerate() {
+        let t = taken[after - 1] + 2 * MS;
+        let ob = |op, file: &str, bytes, at, dur| object_request(200, 200, op, file, bytes, at, dur);
+        input.object.push(ob("put", &format!("bkt/ckpt/meta{n}.json"), small, t, MS));
+        input.object.push(ob("post", big, 0, t + 2 * MS, MS)); // CreateMultipartUpload
+        let part = |tid, bytes, at| object_request(200, tid, "put", big, bytes, at, 8 * MS);
+        // parts 1 and 3 (the tail) at once, then part 2 once the first has ended
+        input.object.push(part(201, 5 * MIB as i64, t + 4 * MS));
+        input.object.push(part(202, 2 * MIB as i64, t + 4 * MS + 100_000));
+        input.object.push(part(201, 5 * MIB as i64, t + 12 * MS));
+        // CompleteMultipartUpload; the second's answer chunked, which the recorder does not follow
+        input.object.push(OwnedRow { error: if n == 1 { -61 } else { 0 }, ..ob("post", big, 180, t + 21 * MS, MS) });
+    }
+    // An upload aborted after one part, a PUT to another store, a worker's PUT: none a write.
+    let t = ready[25];
+    input.object.push(object_request(200, 200, "post", "bkt/ckpt/aborted.pt", 0, t, MS));
+    input.object.push(object_request(200, 201, "put", "bkt/ckpt/aborted.pt", 5 * MIB as i64, t + 2 * MS, MS));
+    input.object.push(object_request(200, 200, "delete", "bkt/ckpt/aborted.pt", 0, t + 4 * MS, MS));
+    let mut elsewhere = object_request(200, 200, "put", "logs/run.txt", 4096, t + 6 * MS, MS);
+    elsewhere.object.as_mut().unwrap().endpoint = Arc::from("10.0.0.9:443");
+    input.object.push(elsewhere);
+    input.object.push(object_request(2001, 2001, "put", "bkt/cache/w.bin", 999, t, MS));
+    // A failed PUT (403) writes nothing.
+    let mut refused = object_request(200, 200, "put", "bkt/ckpt/denied.pt", 1000, ready[27], MS);
+    refused.object.as_mut().unwrap().http_status = Some(403);
+    input.object.push(refused);
+
+    let m = infer(&input, &Options::default()).unwrap();
+    assert_eq!(m.data_dev.as_deref(), Some("s3://10.0.0.5:9000/bkt"));
+    let g = &m.gpus[0];
+    assert_eq!((g.rank_pid, g.steps.len()), (200, 30), "the PUTs do not change the steps");
+    let placed: Vec<(Option<u64>, u64, u64, u32)> =
+        g.write_bursts.iter().map(|b| (b.after_step, b.bytes, b.writes, b.files)).collect();
+    let each = small as u64 + 12 * MIB;
+    assert_eq!(placed, vec![(Some(10), each, 4, 2), (Some(20), each, 4, 2)]);
+    let name = |o: &writes::WriteOp| g.write_files[o.file as usize].0.as_str();
+    let ops: Vec<(&str, u64, u64, Option<writes::ObjectWrite>)> =
+        g.write_bursts[1].ops.iter().map(|o| (name(o), o.offset, o.len, o.object)).collect();
+    use writes::ObjectWrite::*;
+    assert_eq!(
+        ops,
+        vec![
+            ("bkt/ckpt/meta1.json", 0, small as u64, Some(Put)),
+            (big, 0, 0, Some(Create { parts: 3, parallel: 2 })),
+            (big, 0, 5 * MIB, Some(Part { number: 1 })),
+            (big, 10 * MIB, 2 * MIB, Some(Part { number: 3 })),
+            (big, 5 * MIB, 5 * MIB, Some(Part { number: 2 })),
+            (big, 0, 0, Some(Complete)),
+        ]
+    );
+    // A copy of the object needs its 12 MiB; the aborted one is no object of the GPU.
+    assert!(g.write_files.contains(&(big.to_string(), 12 * MIB)), "{:?}", g.write_files);
+    assert!(g.write_files.iter().all(|(p, _)| !p.contains("aborted") && !p.contains("denied")));
+    let warned = |s: &str| m.warnings.iter().any(|w| w.contains(s));
+    assert!(warned("1 PUTs (4096 bytes) to other stores than the data's (s3://10.0.0.5:9000/bkt)"), "{:?}", m.warnings);
+    assert!(warned("1 multipart upload(s) not completed in the trace"), "{:?}", m.warnings);
+    // The job's bursts: the GPU's two, and the worker's PUT; the other store's PUT too
+    // (every traced process's writes, wherever they go).
+    assert_eq!(m.writes.bytes, 2 * each + 999 + 4096);
+    // A job reading files has no object store: its rank's PUTs are not the GPU's.
+    let on_files = Input { object: input.object.iter().filter(|r| r.op.as_ref() != "get").cloned().collect(), ..files };
+    let m = infer(&on_files, &Options::default()).unwrap();
+    assert!(m.gpus[0].write_bursts.is_empty());
+    assert!(m.warnings.iter().any(|w| w.contains("to other stores than the data's (7:3)")), "{:?}", m.warnings);
+}

@@ -142,6 +142,10 @@ pub trait Program {
     fn untaken_batches(&self, _gpu: usize, _epoch: u64) -> u64 {
         0
     }
+    /// Recorded mode: the object store the objects of `writes_after` are put to.
+    fn object_store(&self) -> Option<&crate::object::s3_writes::S3Target> {
+        None
+    }
 }
 
 #[derive(Debug, Clone)]

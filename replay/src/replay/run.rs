@@ -202,7 +202,8 @@ impl Job {
                 compute_override: self.compute_override,
                 prefetch_override: self.prefetch_override.map(|p| p as usize),
             },
-        );
+        )
+        .with_object_store(self.s3.clone());
         let used_t = &templates[..templates.len().min(gpus as usize)];
         let bytes: u64 = used_t.iter().map(|t| t.bytes).sum();
         // Per step: over the steps the GPUs took (their untaken batches have no compute).

@@ -37,7 +37,9 @@
 //! its steps): simulated GPU g writes them after the same step, to its own copies of the
 //! written files, `trace/gpuNNNNN/wNNNNN.dat` under --data-dir, with the same offsets,
 //! lengths and syncs (trace_writes.rs). Bursts before the GPU's first batch (an
-//! interpreter's caches, set-up) are not replayed.
+//! interpreter's caches, set-up) are not replayed. The objects it put go where its copy
+//! of the data is, under their recorded `bucket/key` (`trace/c00000/ckpt/model.pt`): to
+//! the bucket of `--storage-root`, else as files under --data-dir.
 
 use crate::dataset::{DataFile, Layout};
 use crate::engine::{Batch, Program, SampleRead};
@@ -456,6 +458,9 @@ pub struct TraceProgram {
     local: Vec<(usize, u64)>,
     /// Per local GPU: the directory of its written files under --data-dir.
     write_dirs: Vec<PathBuf>,
+    data_dir: PathBuf,
+    /// `--storage-root`: where the objects the GPUs put go (else files under data_dir).
+    s3: Option<crate::object::s3_writes::S3Target>,
     pub steps_per_epoch: u64,
     epochs: u64,
     compute_override: Option<f64>,
@@ -493,6 +498,8 @@ impl TraceProgram {
             placement,
             local,
             write_dirs,
+            data_dir: data_dir.to_path_buf(),
+            s3: None,
             steps_per_epoch: steps,
             epochs,
             compute_override,
@@ -515,6 +522,26 @@ impl TraceProgram {
             t.taken as u64 + (step - self.steps_per_epoch)
         };
         t.steps.get(k as usize)
+    }
+
+    /// `--storage-root`: the objects the GPUs put go to this store.
+    pub fn with_object_store(mut self, s3: Option<crate::object::s3_writes::S3Target>) -> TraceProgram {
+        self.s3 = s3;
+        self
+    }
+
+    /// Where local GPU `gpu` puts its template's object `file` (recorded `recorded`):
+    /// its copy's folder, under the recorded `bucket/key` when that is a plain relative
+    /// path, else `trace/gpuNNNNN/wNNNNN.dat` as a written file.
+    fn object_copy(&self, gpu: usize, file: u32, recorded: &str) -> String {
+        let g = self.local[gpu].1;
+        let c = g / self.templates.len() as u64;
+        let plain = Path::new(recorded).components().all(|x| matches!(x, std::path::Component::Normal(_)));
+        if plain && !recorded.is_empty() && !recorded.ends_with('/') {
+            format!("trace/c{c:05}/{recorded}")
+        } else {
+            format!("trace/gpu{g:05}/w{file:05}.dat")
+        }
     }
 }
 
@@ -655,14 +682,32 @@ impl Program for TraceProgram {
         let Some(ops) = t.write_bursts.get(&step) else {
             return Vec::new();
         };
+        use crate::trace::trace_writes::WriteCall;
+        use trainio_model::writes::ObjectWrite;
         ops.iter()
-            .map(|o| crate::trace::trace_writes::WriteCall {
-                path: self.write_dirs[gpu].join(format!("w{:05}.dat", o.file)),
-                offset: o.offset,
-                len: o.len,
-                sync: o.sync,
+            .filter_map(|o| {
+                let Some(what) = o.object else {
+                    let path = self.write_dirs[gpu].join(format!("w{:05}.dat", o.file));
+                    return Some(WriteCall::file(path, o.offset, o.len, o.sync));
+                };
+                let copy = self.object_copy(gpu, o.file, &t.write_files[o.file as usize]);
+                match (&self.s3, what) {
+                    (Some(s3), _) => Some(WriteCall {
+                        object: Some((crate::object::object_store::join_key(&[&s3.store.prefix, &copy]), what)),
+                        ..WriteCall::file(PathBuf::new(), o.offset, o.len, None)
+                    }),
+                    // Without an object store: the object's bytes as a file, at their place.
+                    (None, ObjectWrite::Put | ObjectWrite::Part { .. }) => {
+                        Some(WriteCall::file(self.data_dir.join(copy), o.offset, o.len, None))
+                    }
+                    (None, ObjectWrite::Create { .. } | ObjectWrite::Complete) => None,
+                }
             })
             .collect()
+    }
+
+    fn object_store(&self) -> Option<&crate::object::s3_writes::S3Target> {
+        self.s3.as_ref()
     }
 
     /// Paced templates (loader threads that read ahead): a burst starts at its recorded

@@ -204,3 +204,49 @@ fn streams_periods_and_the_data_device() {
     assert_eq!(t.steps[0].start_ns, 0);
     assert_eq!(t.steps[1].start_ns, 50 * MS as u64);
 }
+
+/// The objects a template's rank put are written after their step by each simulated GPU
+/// to its copy's folder under the recorded bucket/key; without an object store as files,
+/// each PUT's and part's bytes at their place in the object, the upload's create and
+/// complete having no bytes to write. A file write keeps its GPU's own directory.
+#[test]
+fn objects_put_go_to_the_copys_folder() {
+    use trainio_model::writes::{ObjectWrite, WriteOp};
+    let op = |file, offset, len, object| WriteOp { file, offset, len, sync: None, object };
+    let mut t = template(&["bkt/data/s0.bin"]);
+    t.write_files = vec!["bkt/ckpt/model.pt".into(), "bkt/ckpt/meta".into(), "/logs/x".into(), "../up".into()];
+    t.write_bursts.insert(
+        1,
+        vec![
+            op(0, 0, 0, Some(ObjectWrite::Create { parts: 2, parallel: 2 })),
+            op(0, 0, 5 << 20, Some(ObjectWrite::Part { number: 1 })),
+            op(0, 5 << 20, 100, Some(ObjectWrite::Part { number: 2 })),
+            op(0, 0, 0, Some(ObjectWrite::Complete)),
+            op(1, 0, 300, Some(ObjectWrite::Put)),
+            op(2, 4096, 10, None),
+            op(3, 0, 7, Some(ObjectWrite::Put)),
+        ],
+    );
+    let templates = vec![t.clone(), template(&["bkt/data/s1.bin"])];
+    let root = Path::new("/r");
+    let p = Placement::new(&templates, 3, root, None);
+    let opts = TraceOptions { epochs: 1, max_steps: 0, compute_override: None, prefetch_override: None };
+    let program = TraceProgram::new(templates, p, root, 3, &[0, 1, 2], opts);
+    assert!(program.writes_after(0, 0, 2).is_empty(), "only after the step it followed");
+    assert!(program.writes_after(1, 0, 1).is_empty(), "template 1 put nothing");
+    for (gpu, copy) in [(0, "trace/c00000"), (2, "trace/c00001")] {
+        let calls = program.writes_after(gpu, 0, 1);
+        let got: Vec<(String, u64, u64)> =
+            calls.iter().map(|c| (c.path.display().to_string(), c.offset, c.len)).collect();
+        let g = gpu as u64;
+        let want = [
+            (format!("/r/{copy}/bkt/ckpt/model.pt"), 0, 5 << 20),
+            (format!("/r/{copy}/bkt/ckpt/model.pt"), 5 << 20, 100),
+            (format!("/r/{copy}/bkt/ckpt/meta"), 0, 300),
+            (format!("/r/trace/gpu{g:05}/w00002.dat"), 4096, 10),
+            (format!("/r/trace/gpu{g:05}/w00003.dat"), 0, 7), // a key that is no plain path
+        ];
+        assert_eq!(got, want);
+        assert!(calls.iter().all(|c| c.object.is_none() && c.sync.is_none()), "files, without a store");
+    }
+}

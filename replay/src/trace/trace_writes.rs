@@ -9,23 +9,48 @@
 //! when missing) at its first call of a burst and closed at the burst's end, as a
 //! `torch.save` opens, writes and closes. The event loop waits for every burst to end,
 //! so every simulated GPU of the rank stands still, as a rank does while it saves.
+//!
+//! The objects a GPU put (the model's object writes, schema 1.8) go to the object store
+//! of `--storage-root`, to the GPU's own copy of each key: a PutObject as one PUT of the
+//! recorded size, a multipart upload as CreateMultipartUpload, its parts with their
+//! recorded sizes and numbers, at most the recorded count of them in flight at once
+//! (one connection each, the parts taken in their recorded order), and
+//! CompleteMultipartUpload. Uploads run one after another, in the order they were
+//! created. Without an object store, each object is written as a file (`pwrite` of a
+//! PUT's body at 0, of a part's at its offset in the object), one call at a time.
 
-use anyhow::{Context, Result};
+use crate::object::s3_client::Client;
+use crate::object::s3_writes::S3Target;
+use anyhow::{anyhow, bail, Context, Result};
 use rand::{Rng, SeedableRng};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use trainio_model::writes::ObjectWrite;
 
-/// One write or sync of a burst, on a file of the simulated GPU.
+/// One write or sync of a burst, on a file of the simulated GPU, or one request putting
+/// an object (`object`).
 #[derive(Debug, Clone)]
 pub struct WriteCall {
+    /// The file (unused for an object request).
     pub path: PathBuf,
     pub offset: u64,
     pub len: u64,
     /// None for a write, else `fsync`, `fdatasync` or `sync_file_range`.
     pub sync: Option<&'static str>,
+    /// An object request: the key in the object store's bucket, and what the request is.
+    pub object: Option<(String, ObjectWrite)>,
+}
+
+impl WriteCall {
+    /// A write (`sync` None) or sync of a file.
+    pub fn file(path: PathBuf, offset: u64, len: u64, sync: Option<&'static str>) -> WriteCall {
+        WriteCall { path, offset, len, sync, object: None }
+    }
 }
 
 /// What one burst did.
@@ -39,8 +64,9 @@ pub struct BurstIo {
 
 /// The bursts of several simulated GPUs at once, one thread each (ranks save their
 /// checkpoints at the same time), each burst's calls in order. `buf` holds the bytes
-/// written (grown to the largest write). Returns each burst's figures and seconds.
-pub fn run_bursts(bursts: &[Vec<WriteCall>], buf: &mut Vec<u8>) -> Result<Vec<(BurstIo, f64)>> {
+/// written (grown to the largest write). Object requests go to `s3`. Returns each
+/// burst's figures and seconds.
+pub fn run_bursts(bursts: &[Vec<WriteCall>], buf: &mut Vec<u8>, s3: Option<&S3Target>) -> Result<Vec<(BurstIo, f64)>> {
     let longest = bursts.iter().flatten().filter(|c| c.sync.is_none()).map(|c| c.len).max().unwrap_or(0) as usize;
     if buf.len() < longest {
         // Random bytes, so that compressing or deduplicating storage stores them all.
@@ -51,7 +77,7 @@ pub fn run_bursts(bursts: &[Vec<WriteCall>], buf: &mut Vec<u8>) -> Result<Vec<(B
     let buf = &buf[..];
     let timed = |calls: &Vec<WriteCall>| -> Result<(BurstIo, f64)> {
         let t0 = std::time::Instant::now();
-        let io = run_burst(calls, buf)?;
+        let io = run_burst(calls, buf, s3)?;
         Ok((io, t0.elapsed().as_secs_f64()))
     };
     if bursts.len() == 1 {
@@ -66,11 +92,55 @@ pub fn run_bursts(bursts: &[Vec<WriteCall>], buf: &mut Vec<u8>) -> Result<Vec<(B
     })
 }
 
-/// Runs `calls` in order, writing from `buf` (at least as long as the longest write).
-pub fn run_burst(calls: &[WriteCall], buf: &[u8]) -> Result<BurstIo> {
+/// Runs `calls` in order, writing from `buf` (at least as long as the longest write);
+/// object requests to `s3`.
+pub fn run_burst(calls: &[WriteCall], buf: &[u8], s3: Option<&S3Target>) -> Result<BurstIo> {
     let mut open: HashMap<&PathBuf, File> = HashMap::new();
     let mut io = BurstIo::default();
-    for c in calls {
+    let mut conns: Vec<Client> = Vec::new();
+    let mut keys: HashSet<&str> = HashSet::new();
+    let mut done = vec![false; calls.len()];
+    for (i, c) in calls.iter().enumerate() {
+        if let Some((key, op)) = &c.object {
+            if done[i] {
+                continue; // a part or complete of an upload already made
+            }
+            let s3 = s3.ok_or_else(|| anyhow!("internal error: an object request without an object store"))?;
+            keys.insert(key.as_str());
+            if conns.is_empty() {
+                conns.push(s3.client());
+            }
+            let bucket = &s3.store.bucket;
+            match *op {
+                ObjectWrite::Put => {
+                    conns[0].put(bucket, key, &buf[..c.len as usize])?;
+                    io.bytes += c.len;
+                    io.writes += 1;
+                }
+                ObjectWrite::Create { parallel, .. } => {
+                    // The upload's parts and complete: the calls on its key up to the complete.
+                    let mut parts = Vec::new();
+                    for (j, d) in calls.iter().enumerate().skip(i + 1) {
+                        match &d.object {
+                            Some((k, ObjectWrite::Part { number })) if k == key => parts.push((*number, d.len)),
+                            Some((k, ObjectWrite::Complete)) if k == key => {
+                                done[j] = true;
+                                break;
+                            }
+                            _ => continue,
+                        }
+                        done[j] = true;
+                    }
+                    upload(&mut conns, s3, key, &parts, parallel as usize, buf)?;
+                    io.bytes += parts.iter().map(|p| p.1).sum::<u64>();
+                    io.writes += parts.len() as u64;
+                }
+                ObjectWrite::Part { .. } | ObjectWrite::Complete => {
+                    bail!("internal error: s3://{bucket}/{key}: a part or complete outside its upload")
+                }
+            }
+            continue;
+        }
         if !open.contains_key(&c.path) {
             if let Some(dir) = c.path.parent() {
                 std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -116,8 +186,60 @@ pub fn run_burst(calls: &[WriteCall], buf: &[u8]) -> Result<BurstIo> {
             }
         }
     }
-    io.files = open.len() as u64;
+    io.files = (open.len() + keys.len()) as u64;
     Ok(io)
+}
+
+/// A multipart upload of `key`: `parts` (number, bytes) in their recorded order, at most
+/// `parallel` in flight, each thread on a connection of its own (`conns` grows to them).
+fn upload(
+    conns: &mut Vec<Client>,
+    s3: &S3Target,
+    key: &str,
+    parts: &[(u32, u64)],
+    parallel: usize,
+    buf: &[u8],
+) -> Result<()> {
+    let bucket = &s3.store.bucket;
+    let width = parallel.clamp(1, parts.len().max(1));
+    while conns.len() < width {
+        conns.push(s3.client());
+    }
+    let id = conns[0].create_multipart(bucket, key)?;
+    let next = AtomicUsize::new(0);
+    let etags: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::with_capacity(parts.len()));
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = conns[..width]
+            .iter_mut()
+            .map(|c| {
+                let (next, etags, id) = (&next, &etags, &id);
+                s.spawn(move || -> Result<()> {
+                    loop {
+                        let Some(&(number, len)) = parts.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                            return Ok(());
+                        };
+                        let etag = c.upload_part(bucket, key, id, number, &buf[..len as usize])?;
+                        etags.lock().unwrap().push((number, etag));
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a PUT thread panicked")))).collect()
+    });
+    if let Some(e) = results.into_iter().find_map(Result::err) {
+        conns[0].abort_multipart(bucket, key, &id);
+        conns.clear(); // a failed request may leave its connection mid-response
+        return Err(e);
+    }
+    let mut etags = etags.into_inner().unwrap();
+    etags.sort_unstable();
+    let numbered = etags.iter().enumerate().all(|(i, (n, _))| *n as usize == i + 1);
+    if !numbered {
+        conns[0].abort_multipart(bucket, key, &id);
+        bail!("s3://{bucket}/{key}: the trace's parts are not numbered 1..{}", parts.len());
+    }
+    let etags: Vec<String> = etags.into_iter().map(|(_, e)| e).collect();
+    conns[0].complete_multipart(bucket, key, &id, &etags)
 }
 
 /// The results' `writes`: every rank's trace write bursts (CheckpointIo, phase
@@ -179,7 +301,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let a = dir.join("gpu00000/w00000.dat");
         let b = dir.join("gpu00000/w00001.dat");
-        let call = |path: &PathBuf, offset, len, sync| WriteCall { path: path.clone(), offset, len, sync };
+        let call = |path: &PathBuf, offset, len, sync| WriteCall::file(path.clone(), offset, len, sync);
         let calls = vec![
             call(&a, 0, 8192, None),
             call(&a, 8192, 100, None),
@@ -189,19 +311,19 @@ mod tests {
             call(&b, 0, 0, Some("fdatasync")),
         ];
         let mut buf = Vec::new();
-        let done = run_bursts(std::slice::from_ref(&calls), &mut buf).unwrap();
+        let done = run_bursts(std::slice::from_ref(&calls), &mut buf, None).unwrap();
         let io = &done[0].0;
         assert_eq!((io.bytes, io.writes, io.syncs, io.files), (8192 + 100 + 4096, 3, 3, 2));
         assert_eq!(buf.len(), 8192, "the buffer holds the longest write");
         assert_eq!(std::fs::metadata(&a).unwrap().len(), 8292);
         assert_eq!(std::fs::metadata(&b).unwrap().len(), 8192, "written at its offset");
         // Written again (the next checkpoint to the same file): the same size, not appended.
-        run_burst(&calls, &buf).unwrap();
+        run_burst(&calls, &buf, None).unwrap();
         assert_eq!(std::fs::metadata(&a).unwrap().len(), 8292);
         // Two GPUs at once, each on its own file.
         let c = dir.join("gpu00001/w00000.dat");
         let other = vec![call(&c, 0, 4096, None), call(&c, 0, 0, Some("fsync"))];
-        let done = run_bursts(&[calls.clone(), other], &mut buf).unwrap();
+        let done = run_bursts(&[calls.clone(), other], &mut buf, None).unwrap();
         assert_eq!(done.iter().map(|d| d.0.bytes).collect::<Vec<_>>(), vec![12388, 4096]);
         assert_eq!(std::fs::metadata(&c).unwrap().len(), 4096);
         std::fs::remove_dir_all(&dir).unwrap();
