@@ -8,6 +8,8 @@ import dataclasses
 import datetime
 import hashlib
 import hmac
+import os
+import signal
 import ssl
 import subprocess
 import urllib.error
@@ -161,3 +163,54 @@ def make_ca_and_cert(d: Path) -> tuple[Path, Path, Path]:
         ext,
     )
     return ca, cert, key
+
+
+def put_random_objects(s3: S3Server, bucket: str, prefix: str, n: int, size: int) -> None:
+    """Puts n objects of `size` random bytes, `prefix/s00000.bin` on, with boto3 (path-style,
+    no checksums: as the jobs of the tests read them)."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key,
+        config=Config(
+            s3={"addressing_style": "path"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        ),
+    )
+    for i in range(n):
+        client.put_object(Bucket=bucket, Key=f"{prefix}/s{i:05d}.bin", Body=os.urandom(size))
+
+
+def run_job(cmd: list[str], env: dict[str, str], timeout: float = 150) -> None:
+    """Runs a job (or `trainio record` of one) in a session of its own and asserts it
+    ended with 0; on a timeout SIGINT goes first (the recorder stops its command), then
+    SIGKILL to whatever is left."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    stderr = ""
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 0, stderr[-4000:]
+
+
+def replay_env(s3: S3Server) -> dict[str, str]:
+    """The environment of a replay against `s3`: the caller's, without its own endpoint
+    and credentials, with s3's and mpirun's leave to run as root."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_ENDPOINT"))}
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **s3.env()})
+    return env

@@ -22,15 +22,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 from pathlib import Path
 
-import boto3
 import polars as pl
 import pytest
-from botocore.config import Config
-from s3_helpers import S3Server
+from s3_helpers import S3Server, put_random_objects, replay_env, run_job
 
 from trainio_analysis.trace import scan_trace
 from trainio_testlib import ROOT, TRAINIO, trainio, wait_no_trainio_programs
@@ -47,20 +43,7 @@ DATA_BUCKET, PREFIX, CKPT, REPLAY_BUCKET = "train", "samples", "ckpt", "replay"
 
 
 def _put_samples(s3: S3Server, n: int) -> None:
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=s3.access_key,
-        aws_secret_access_key=s3.secret_key,
-        config=Config(
-            s3={"addressing_style": "path"},
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        ),
-    )
-    for i in range(n):
-        client.put_object(Bucket=DATA_BUCKET, Key=f"{PREFIX}/s{i:05d}.bin", Body=os.urandom(SAMPLE))
+    put_random_objects(s3, DATA_BUCKET, PREFIX, n, SAMPLE)
 
 
 def _record_job(tmp: Path, s3: S3Server) -> tuple[Path, dict]:
@@ -97,27 +80,13 @@ def _record_job(tmp: Path, s3: S3Server) -> tuple[Path, dict]:
         str(out),
     ]
     env = {**os.environ, **s3.env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
-    try:
-        _, stderr = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:  # timed out: the recorder first (it stops its command), then the rest
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    assert proc.returncode == 0, stderr[-4000:]
+    run_job(cmd, env)
     assert wait_no_trainio_programs() == []
     return trace, json.loads(out.read_text())
 
 
 def _replay(s3: S3Server, trace: Path, gpus: int, data_dir: Path, out: Path, *extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_ENDPOINT"))}
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **s3.env()})
+    env = replay_env(s3)
     r = trainio(
         "replay",
         "--trace",
