@@ -48,19 +48,6 @@ def opens(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]
     yield counts
 
 
-@pytest.fixture(scope="module")
-def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A set of two hosts: the 1-GPU demo on h1, the 8-GPU demo on h2, 3 s apart."""
-    job = tmp_path_factory.mktemp("set") / "job"
-    for host, src, offset in (("h1", ONE, 10**12), ("h2", EIGHT, 10**12 + 3 * 10**9)):
-        (job / host).mkdir(parents=True)
-        seg = src / "seg-000000.parquet"
-        meta = dict(pq.read_metadata(seg).metadata)
-        meta.update({b"trainio.hostname": host.encode(), b"trainio.clock_offset_ns": str(offset).encode()})
-        pq.write_table(pq.read_table(seg).replace_schema_metadata(meta), job / host / seg.name)
-    return job
-
-
 def _segments(*traces: Path) -> set[str]:
     return {str(p) for t in traces for p in sorted(t.rglob("seg-*.parquet"))}
 

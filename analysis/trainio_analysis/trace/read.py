@@ -214,18 +214,9 @@ class Trace:
         if self.members is not None:
             msg = f"{self.path}: a trace set's rows are read one member at a time"
             raise ValueError(msg)
-        for seg in self.segments:
-            names = (seg.arrow_schema or SCHEMA).names
-            present = [n for n, _, _ in COLUMNS if n in names]
-            for i in range(len(seg.row_groups)):
-                t = read_row_group(seg, i, present)
-                keep = known_rows(t)
-                if keep is not None:
-                    t = t.filter(keep)
-                cols = [
-                    _as_rows_type(t, name, typ) for name, typ in zip(ROWS_SCHEMA.names, ROWS_SCHEMA.types, strict=True)
-                ]
-                yield from pa.table(cols, schema=ROWS_SCHEMA).to_batches()
+        for t in _known_row_groups(self.segments):
+            cols = [_as_rows_type(t, name, typ) for name, typ in zip(ROWS_SCHEMA.names, ROWS_SCHEMA.types, strict=True)]
+            yield from pa.table(cols, schema=ROWS_SCHEMA).to_batches()
 
 
 #: The rows :meth:`Trace.row_batches` hands over: every column, the string columns
@@ -346,24 +337,29 @@ def read_rows(path: str | os.PathLike[str]) -> pa.Table:
     small tools); the analyzer streams row groups instead.
     """
     parts = []
-    for seg in open_trace(path):
+    for t in _known_row_groups(open_trace(path)):
+        cols = []
+        for name, typ, _ in COLUMNS:
+            if name not in t.column_names:
+                cols.append(pa.nulls(t.num_rows, typ))
+            elif name in STRING_COLUMNS:
+                cols.append(t.column(name).cast(pa.string()).dictionary_encode().cast(typ))
+            else:
+                cols.append(t.column(name))
+        parts.append(pa.table(cols, schema=SCHEMA))
+    return pa.concat_tables(parts) if parts else SCHEMA.empty_table()
+
+
+def _known_row_groups(segments: Iterable[Segment]) -> Iterator[pa.Table]:
+    """Each row group of `segments` in turn, every column its segment has, checked, without
+    the rows of layers or ops that a later schema minor added."""
+    for seg in segments:
         names = (seg.arrow_schema or SCHEMA).names
         present = [n for n, _, _ in COLUMNS if n in names]
         for i in range(len(seg.row_groups)):
             t = read_row_group(seg, i, present)
             keep = known_rows(t)
-            if keep is not None:
-                t = t.filter(keep)
-            cols = []
-            for name, typ, _ in COLUMNS:
-                if name not in t.column_names:
-                    cols.append(pa.nulls(t.num_rows, typ))
-                elif name in STRING_COLUMNS:
-                    cols.append(t.column(name).cast(pa.string()).dictionary_encode().cast(typ))
-                else:
-                    cols.append(t.column(name))
-            parts.append(pa.table(cols, schema=SCHEMA))
-    return pa.concat_tables(parts) if parts else SCHEMA.empty_table()
+            yield t if keep is None else t.filter(keep)
 
 
 def row_group_constant(segment: Segment, index: int, column: str) -> str | int | None:
