@@ -970,27 +970,7 @@ fn a_job_reading_objects_models_as_the_same_job_reading_files() {
     rank_with_workers(&mut files, 300, 100, 2, 4, 20, 50, 40);
     let by_files = infer(&files, &Options::default()).unwrap();
 
-    let mut objects = Input { proc_rows: files.proc_rows.clone(), ipc: files.ipc.clone(), ..Input::default() };
-    for r in &files.file {
-        let sample = r.file.as_deref().is_some_and(|f| f.starts_with("/data/r"));
-        match (&*r.op, sample) {
-            ("read", true) => objects.object.push(OwnedRow {
-                layer: Layer::Object,
-                op: Arc::from("get"),
-                dev: None,
-                offset: None,
-                file: Some(Arc::from(format!("bkt{}", r.file.as_deref().unwrap()))),
-                object: Some(trainio_schema::ObjectFields {
-                    endpoint: Arc::from("10.0.0.5:9000"),
-                    http_status: Some(200),
-                    first_byte_ns: Some(r.issue_ns + 1_000),
-                }),
-                ..r.clone()
-            }),
-            ("open", true) => {} // an object has no open
-            _ => objects.file.push(r.clone()),
-        }
-    }
+    let mut objects = as_objects(&files);
     for rank in [200, 300] {
         objects.file.push(file_read(rank, "python", "/usr/lib/python3/torch.py", 0, 65536, 1_001 * MS, MS));
     }
