@@ -67,6 +67,25 @@ LOADERS = ("arrow", "wds", "jpeg", "s3")  # read by their libraries (module doc)
 ALIGN = 4096
 
 
+def s3_client():
+    """A boto3 client of the endpoint in AWS_ENDPOINT_URL (credentials from the
+    environment): path-style, one attempt, checksums only where required."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=os.environ["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        config=Config(
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 1},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        ),
+    )
+
+
 class SampleFiles(Dataset):
     """One sample per file of `data` with the format's suffix, in sorted order. An item is
     (the sample as a uint8 tensor, the file's size in bytes)."""
@@ -131,20 +150,7 @@ class S3Objects(Dataset):
 
     def _client(self):
         if self.client_pid != os.getpid():
-            import boto3
-            from botocore.config import Config
-
-            self.s3 = boto3.client(
-                "s3",
-                endpoint_url=os.environ["AWS_ENDPOINT_URL"],
-                region_name="us-east-1",
-                config=Config(
-                    s3={"addressing_style": "path"},
-                    retries={"max_attempts": 1},
-                    request_checksum_calculation="when_required",
-                    response_checksum_validation="when_required",
-                ),
-            )
+            self.s3 = s3_client()
             self.client_pid = os.getpid()
         return self.s3
 
@@ -285,22 +291,10 @@ def save_checkpoint_s3(state: dict, meta: dict, where: str, name: str) -> dict:
     (multipart above 5 MiB: 5 MiB parts, two at once), the meta with one put_object."""
     import io
 
-    import boto3
     from boto3.s3.transfer import TransferConfig
-    from botocore.config import Config
 
     bucket, _, prefix = where.partition("/")
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=os.environ["AWS_ENDPOINT_URL"],
-        region_name="us-east-1",
-        config=Config(
-            s3={"addressing_style": "path"},
-            retries={"max_attempts": 1},
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        ),
-    )
+    s3 = s3_client()
     t0 = time.monotonic_ns()
     body, small = io.BytesIO(), io.BytesIO()
     torch.save(state, body)
