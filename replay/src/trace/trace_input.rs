@@ -433,12 +433,18 @@ impl Placement {
 /// copy in a bucket holds the same keys; files, and keys that are not a plain relative
 /// path, as `trace/cCCCCC/fDDDDD.dat`.
 fn copy_name(c: u64, d: usize, recorded: &str, objects: bool) -> PathBuf {
-    let plain = |p: &Path| p.components().all(|x| matches!(x, std::path::Component::Normal(_)));
-    let key = Path::new(recorded);
-    if objects && !recorded.is_empty() && !recorded.ends_with('/') && plain(key) {
-        return Path::new(&format!("trace/c{c:05}")).join(key);
+    if objects && plain_key(recorded) {
+        return Path::new(&format!("trace/c{c:05}")).join(recorded);
     }
     PathBuf::from(format!("trace/c{c:05}/f{d:05}.dat"))
+}
+
+/// A recorded `bucket/key` that can name a copy beneath a folder: not empty, not ending
+/// in `/`, and only plain components (no `..`, no root).
+fn plain_key(recorded: &str) -> bool {
+    !recorded.is_empty()
+        && !recorded.ends_with('/')
+        && Path::new(recorded).components().all(|x| matches!(x, std::path::Component::Normal(_)))
 }
 
 /// Settings of a trace replay that do not come from the trace.
@@ -536,8 +542,7 @@ impl TraceProgram {
     fn object_copy(&self, gpu: usize, file: u32, recorded: &str) -> String {
         let g = self.local[gpu].1;
         let c = g / self.templates.len() as u64;
-        let plain = Path::new(recorded).components().all(|x| matches!(x, std::path::Component::Normal(_)));
-        if plain && !recorded.is_empty() && !recorded.ends_with('/') {
+        if plain_key(recorded) {
             format!("trace/c{c:05}/{recorded}")
         } else {
             format!("trace/gpu{g:05}/w{file:05}.dat")
