@@ -51,6 +51,8 @@ class Step:
     wait_s: float
     period_s: float | None
     worker_cpu_s: float | None
+    # False: read ahead by the workers and never taken by the GPU (no compute)
+    taken: bool
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ class Gpu:
     prefetch_batches: int
     step_signal: str
     steps: list[Step]
+    steps_taken: int
+    untaken_bytes: int
     files: list[tuple[str, int]]
     bytes: int
     samples: int
