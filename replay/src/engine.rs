@@ -142,9 +142,15 @@ pub trait Program {
     fn untaken_batches(&self, _gpu: usize, _epoch: u64) -> u64 {
         0
     }
-    /// Recorded mode: the object store the objects of `writes_after` are put to.
-    fn object_store(&self) -> Option<&crate::object::s3_writes::S3Target> {
-        None
+    /// Recorded mode: makes the bursts of `writes_after` (one per GPU that writes after
+    /// this step, at once), into `buf`; each burst's figures and seconds. The trace
+    /// program puts a burst's objects to its store; the default writes files.
+    fn run_write_bursts(
+        &self,
+        bursts: &[Vec<crate::trace::trace_writes::WriteCall>],
+        buf: &mut Vec<u8>,
+    ) -> Result<Vec<(crate::trace::trace_writes::BurstIo, f64)>> {
+        crate::trace::trace_writes::run_bursts(bursts, buf, None)
     }
 }
 

@@ -52,7 +52,7 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
         if bursts.is_empty() {
             return Ok(None);
         }
-        let done = crate::trace::trace_writes::run_bursts(&bursts, &mut self.write_buf, self.program.object_store())?;
+        let done = self.program.run_write_bursts(&bursts, &mut self.write_buf)?;
         let end = self.now();
         let stood = (end - now) as f64 / 1e9;
         for gpu in &mut self.gpus {

@@ -711,8 +711,12 @@ impl Program for TraceProgram {
             .collect()
     }
 
-    fn object_store(&self) -> Option<&crate::object::s3_writes::S3Target> {
-        self.s3.as_ref()
+    fn run_write_bursts(
+        &self,
+        bursts: &[Vec<crate::trace::trace_writes::WriteCall>],
+        buf: &mut Vec<u8>,
+    ) -> anyhow::Result<Vec<(crate::trace::trace_writes::BurstIo, f64)>> {
+        crate::trace::trace_writes::run_bursts(bursts, buf, self.s3.as_ref())
     }
 
     /// Paced templates (loader threads that read ahead): a burst starts at its recorded
