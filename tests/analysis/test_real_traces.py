@@ -55,8 +55,11 @@ def test_iodepth_1_is_all_qd_1(tmp_path: Path, loop_dev: str) -> None:
         assert {int(k): v for k, v in a["qd_hist_issue"].items()} == {1: 1.0}
     else:
         # the kernel-side in-flight counter waits for the request's next use to learn of
-        # the completion it missed: a few requests see QD 2 meanwhile
-        assert a["qd_hist_issue"].get("1", 0) >= 0.99, a["qd_hist_issue"]
+        # the completion it missed: the requests issued meanwhile see QD 2, at most one
+        # round of the device's request tags per missed completion (one run: 31 of 2048
+        # after one unseen completion, with 128 tags)
+        tags = int(Path(f"/sys/block/{Path(loop_dev).name}/queue/nr_requests").read_text())
+        assert 1 - a["qd_hist_issue"].get("1", 0) <= unseen * tags / 2048, (a["qd_hist_issue"], unseen, tags)
 
 
 def test_16_outstanding_time_weighted_qd_matches_iostat(tmp_path: Path, loop_dev: str) -> None:
