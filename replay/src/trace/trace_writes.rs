@@ -201,6 +201,11 @@ fn upload(
     buf: &[u8],
 ) -> Result<()> {
     let bucket = &s3.store.bucket;
+    let mut numbers: Vec<u32> = parts.iter().map(|p| p.0).collect();
+    numbers.sort_unstable();
+    if !numbers.iter().enumerate().all(|(i, &n)| n as usize == i + 1) {
+        bail!("s3://{bucket}/{key}: the trace's parts are not numbered 1..{}", parts.len());
+    }
     let width = parallel.clamp(1, parts.len().max(1));
     while conns.len() < width {
         conns.push(s3.client());
@@ -233,11 +238,6 @@ fn upload(
     }
     let mut etags = etags.into_inner().unwrap();
     etags.sort_unstable();
-    let numbered = etags.iter().enumerate().all(|(i, (n, _))| *n as usize == i + 1);
-    if !numbered {
-        conns[0].abort_multipart(bucket, key, &id);
-        bail!("s3://{bucket}/{key}: the trace's parts are not numbered 1..{}", parts.len());
-    }
     let etags: Vec<String> = etags.into_iter().map(|(_, e)| e).collect();
     conns[0].complete_multipart(bucket, key, &id, &etags)
 }
