@@ -62,7 +62,7 @@ MORE = [
     # the bench prints (issue #30, open), not a default test.
     Scenario("compute-w2-jpeg", "compute-bound", 2, "jpeg", 256 * KiB, None, realtime=True, double=True),
     Scenario("compute-w2-arrow", "compute-bound", 2, "arrow", 256 * KiB, None, realtime=True, double=True),
-    # Block MiB/s +5.2 to +8.6 % (target 5 % + the job's spread; missed once in three runs):
+    # Block MiB/s +5.2 to +8.6 % (target 5 % + the job's spread; missed in 2 of 4 runs):
     # the job's last untaken batch started two steps after the one before it, the
     # replay's one step (docs/measurements.md, issue #30, open).
     Scenario("compute-w2-wds", "compute-bound", 2, "wds", 256 * KiB, None, realtime=True, double=True),
@@ -77,9 +77,10 @@ SCENARIOS = DEFAULT + (MORE if os.environ.get("TRAINIO_LOADERS") == "all" else [
 #: then 128 KiB windows) comes out the same. The device serves the two differently: the
 #: loop device's reads are done by a kernel worker at normal priority, which the job's
 #: processes (SCHED_FIFO, 0.1-1 CPU of Python) hold off the 2 cores, the replay's (~0.1
-#: CPU) less; in 4 of 5 kept runs the job's reads waited longer there (median 5.2-10.8 ms
-#: against 0.3-2.4 ms), more were in flight at once and QD W1 was 1.00-2.68. How much
-#: depends on the rest of the host's load (docs/measurements.md, issue #30).
+#: CPU) less; in 4 of 6 kept runs the job's reads waited longer there (median 5.2-10.8 ms
+#: against 0.3-2.4 ms), more were in flight at once and QD W1 was 1.00-2.68, in the other
+#: two the replay's (2.3-2.8 ms against 0.6-1.0) and it was 0.21-0.28. Which way depends
+#: on the rest of the host's load (docs/measurements.md, issue #30).
 QD_W1_MISSED = {"storage-w2-wds": 3.0}
 
 
