@@ -251,6 +251,7 @@ def run_scenario(
             job_b = record_job(tmp / "trace-b")
             job_b["blocks"] = block_reads(tmp / "trace-b", majmin)
             job_b["compare"] = compare_blocks(trace, tmp / "trace-b", majmin)
+            job_b["device_p50_us"] = _device_p50_us(tmp / "trace-b", majmin)
     record = job["record_bytes"]
     want_req = record * sc.batch / (sc.compute_ms / 1000) / MiB
     gpus = model["gpus"]
@@ -282,6 +283,7 @@ def run_scenario(
         "blocks": blocks,
         # the mapped-read programs' cost in the job's recording (mapped_layer)
         "mapped_layer": mapped,
-        # reference: the second run of the job (its JSON, its blocks, scored against the first)
+        # reference: the second run of the job (its JSON, its blocks, scored against the
+        # first, its median block-read latency on the data's device)
         "job_b": job_b,
     }
