@@ -19,7 +19,7 @@
 //! Checkpoints (a workload's `checkpoint` section): when one is due after a step, the
 //! loop writes it between the step barrier and the next step, so every simulated GPU of
 //! the job stands still meanwhile, and its time is left out of AU as DLIO leaves it out
-//! (checkpointing.rs, docs/replay.md). A trace's write bursts are written the same way
+//! (checkpointing.rs, docs/checkpoints.md). A trace's write bursts are written the same way
 //! after the step they followed (Program::writes_after, trace_writes.rs).
 //!
 //! This file holds the types and the event loop; beside it in engine/: loader.rs (the

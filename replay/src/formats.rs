@@ -428,7 +428,7 @@ impl ZipExt {
 /// CPython 3.11): the magic, zipfile's search for the end records, the central
 /// directory, the member's local header, then the array through ZipExtFile in numpy's
 /// 256 KiB chunks (format.read_array), all through a BufferedReader of `bs` bytes.
-/// Measured with `trainio record` on numpy.load (docs/replay.md, *Formats*).
+/// Measured with `trainio record` on numpy.load (docs/design/formats.md).
 pub fn npz_plan(s: &Shape, bs: u64) -> Vec<Req> {
     let mut f = PyFile::new(bs, s.size);
     // np.load: the magic, then back to 0.

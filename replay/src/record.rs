@@ -120,7 +120,7 @@ impl Recorder {
 }
 
 /// The file in a `--record` trace directory that holds the recorded replay's results
-/// (traces/SCHEMA.md, *Layout*).
+/// (traces/SCHEMA.md, where it says what a trace directory holds).
 pub const RESULTS_FILE: &str = "replay.json";
 
 /// Saves the replay's results (the --json object) into the trace it recorded of itself.

@@ -45,7 +45,7 @@ CAP = 300 << 20
 # its QD W1 at 1.05 in one CI run), a batch a file: when two workers read one
 # file's rows at once, which one's readahead reaches the shared pages first decides the
 # block requests, and the real reader's CPU time per sample (not modelled) sets that
-# (docs/replay.md, *Formats*).
+# (docs/design/formats.md).
 CASES = [
     ("npz", "pytorch", 1, 1 << 20, 2, None),
     ("npy", "pytorch", 1, 1 << 20, 2, None),

@@ -27,7 +27,7 @@ COPIES = Path(__file__).resolve().parent / "data" / "dlio-configs"
 # MLPerf Storage submission guidelines §2.2.1 Table 2, keyed by hidden size: processes
 # (TP×PP×DP) and checkpoint size in DLIO's GB (2^30 bytes). For 1T the table says 18 TB,
 # the sum of mlpstorage's LLM_SIZE_BY_RANK (2,571 model + 15,426 optimizer); DLIO's
-# formula, which writes the bytes, gives 15,426 GiB in all (docs/replay.md, Checkpoints).
+# formula, which writes the bytes, gives 15,426 GiB in all (docs/design/replay.md, The checkpoint formula).
 TABLE = {4096: (8, 105.0), 8192: (64, 912.0), 16384: (512, 5290.0), 25872: (1024, 15426.0)}
 
 # llama3_405b.yaml scaled to ~290 MiB: the same parallelism kinds (TP, PP, ZeRO 1), so

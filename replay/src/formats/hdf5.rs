@@ -313,7 +313,7 @@ pub fn labels(spf: u64) -> Vec<u8> {
 
 /// h5py's reads (HDF5 2.0, default file access properties) to open a file of `spf`
 /// samples of `sample` bytes and read row `k` of `records_0`, measured with `trainio
-/// record` (docs/replay.md, *Formats*): the signature (8 at 0), the superblock (48 at
+/// record` (docs/design/formats.md): the signature (8 at 0), the superblock (48 at
 /// 0), the root group's object header and the dataset's (512 each, libhdf5's speculative
 /// read), then the row: through the 64 KiB sieve buffer when it is smaller (from the
 /// row to the sieve's size or the dataset's end, whichever comes first), else the row.

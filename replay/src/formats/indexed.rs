@@ -1,5 +1,5 @@
 //! DLIO's `indexed_binary` and `mmap_indexed_binary` formats: the files datagen writes and
-//! the reads DLIO's two readers make of them (docs/replay.md, *Formats*).
+//! the reads DLIO's two readers make of them (docs/design/formats.md).
 //!
 //! Layout (DLIO's IndexedBinaryGenerator): per data file FILE, the samples back to back in
 //! FILE, and two index files beside it, `FILE.off.idx` and `FILE.sz.idx`: one

@@ -1,6 +1,6 @@
 //! Parquet files of a workload's `dataset.parquet` section, as DLIO's parquet generator
 //! writes them with pyarrow, and the reads pyarrow's `ParquetFile.read_row_group` makes
-//! on them (the read plans the workload mode replays; docs/replay.md, *Formats*).
+//! on them (the read plans the workload mode replays; docs/design/formats.md).
 //!
 //! The file: `PAR1`, then per row group one column chunk per column, then the footer
 //! (Thrift compact FileMetaData), its length and `PAR1`. Each column is what pyarrow

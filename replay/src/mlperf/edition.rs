@@ -1,6 +1,6 @@
 //! MLPerf Storage v3.0, the edition submissions are made to now: its training models and
 //! accelerators, the AU threshold of each model, the keys a CLOSED or OPEN run may change,
-//! and its checkpoint table (docs/replay.md, *Run rules*). The facts come from mlcommons/storage: mlpstorage_py/rules/editions.yaml (the
+//! and its checkpoint table (docs/replay.md, *Runs and run rules*; docs/design/replay.md, *The checkpoint formula*). The facts come from mlcommons/storage: mlpstorage_py/rules/editions.yaml (the
 //! workloads, the checker's thresholds, Table 2's checkpoint sizes), mlpstorage_py/config.py
 //! (accelerators, checkpoint models) and Rules.md §3.6.2 (the keys CLOSED and OPEN may change).
 

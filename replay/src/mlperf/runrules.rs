@@ -1,4 +1,4 @@
-//! MLPerf Storage's run rules where a replay can check them (docs/replay.md, *Run rules*):
+//! MLPerf Storage's run rules where a replay can check them (docs/replay.md, *Runs and run rules*):
 //! `--runs N` runs of one workload combined into the mean and spread of AU and
 //! throughput, and the rules checked against the runs' results: the dataset size
 //! (≥ 5 × the clients' RAM and ≥ 500 steps per epoch, computed by `datasize`), the

@@ -57,7 +57,7 @@ impl Library {
         }
     }
 
-    /// Each library's defaults (docs/replay.md, *Object storage*):
+    /// Each library's defaults (docs/object-storage.md):
     /// - s3dlio: `get` fetches the whole object in one request (its parallel range
     ///   download is opt-in); uploads above 32 MiB go multipart in 16 MiB parts;
     /// - minio (minio-py): `get_object` streams the whole object; `put_object` of a known

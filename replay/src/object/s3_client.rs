@@ -185,7 +185,7 @@ impl RequestLog {
         }
     }
 
-    /// The log as the results' `object` section (docs/replay.md, Results).
+    /// The log as the results' `object` section (docs/object-storage.md).
     pub fn to_json(&self) -> serde_json::Value {
         let lat = |k: Kind| {
             let h = self.latency_us.get(&k).cloned().unwrap_or_default();

@@ -2,8 +2,7 @@
 //! dataset layout. GPU g of N reads its own shard (every N-th file), `batch_size` samples
 //! per step, in file order unless the workload asks for shuffling.
 //!
-//! How a sample is read follows the format's real reader (formats.rs, docs/replay.md,
-//! *Formats*): npz and npy as numpy.load reads them, the file opened and closed per
+//! How a sample is read follows the format's real reader (formats.rs, docs/design/formats.md): npz and npy as numpy.load reads them, the file opened and closed per
 //! sample as DLIO's on-demand readers do; hdf5 as h5py opens the file and reads the
 //! sample's row (hdf5.rs), the file opened and closed per sample too; TFRecord files streamed by TensorFlow's
 //! parallel interleave (`read_threads` files at once, each read in buffer-sized preads);
