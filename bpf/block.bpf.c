@@ -316,8 +316,9 @@ static __always_inline void leave_flight(struct req_state *s)
  * The disk's own count of requests in flight, for the queue depth to trust no more than
  * the kernel does. A completion the probe never sees (docs/design/recorder.md) leaves
  * its request in devtab's count until the request is issued again, one round of the
- * device's tags later; the disk's count drops at once, in the same completion, after
- * the tracepoint. It counts a request from its accounting (before issue) to its end
+ * device's tags later; the disk's count drops in that same completion, after the
+ * tracepoint and after the request's bios end (a reader those wake may issue its next
+ * request before the drop, and meet the missed one). It counts a request from its accounting (before issue) to its end
  * (after block_rq_complete), in per-CPU counters of the whole disk's block_device
  * (disk_stats.in_flight): every request devtab counts in flight is in it, except those
  * the disk does not account (passthrough, the flush machinery's own requests, and

@@ -52,8 +52,9 @@ def test_iodepth_1_is_all_qd_1(tmp_path: Path, loop_dev: str) -> None:
     assert unseen <= 3, a["lost_events"]  # 0-3 in 6 recordings (issue #35)
     assert {int(k): v for k, v in a["qd_hist_issue_computed"].items()} == {1: 1.0}
     # A missed completion does not stay in the kernel-side in-flight count: the disk's own
-    # count bounds it (bpf/block.bpf.c, depth_at_issue).
-    assert {int(k): v for k, v in a["qd_hist_issue"].items()} == {1: 1.0}, (a["qd_hist_issue"], unseen)
+    # count bounds it (bpf/block.bpf.c, depth_at_issue), but for the request issued as the
+    # completion wakes fio, before it leaves the disk's count.
+    assert 1 - a["qd_hist_issue"].get("1", 0) <= unseen / a["events"] + 1e-9, (a["qd_hist_issue"], unseen)
 
 
 def test_16_outstanding_time_weighted_qd_matches_iostat(tmp_path: Path, loop_dev: str) -> None:

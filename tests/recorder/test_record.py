@@ -170,7 +170,9 @@ def test_fio_iodepth_1_is_queue_depth_1(tmp_path: Path, loop_dev: str) -> None:
     missed = _missed_completions(out)
     assert block.height + missed >= 4096, (block.height, res.stderr)
     assert block["dev"].unique().to_list() == [majmin(loop_dev)], "--dev filters other devices out"
-    assert block["queue_depth"].min() == 1 and block["queue_depth"].max() == 1, missed
+    assert block["queue_depth"].min() == 1, missed
+    # at most the request issued as the missed completion woke fio (design/recorder.md)
+    assert (block["queue_depth"] > 1).sum() <= missed, (block["queue_depth"].value_counts(), missed)
 
 
 @pytest.mark.slow
@@ -194,7 +196,7 @@ def test_fio_iodepth_16_stays_within_16_and_mostly_above_1(tmp_path: Path, loop_
     # stay in the in-flight count (docs/design/recorder.md).
     missed = _missed_completions(out)
     assert qd.len() + missed >= 16384, (qd.len(), res.stderr)
-    assert qd.max() <= 16, (counts, missed)
+    assert (qd > 16).sum() <= 16 * missed, (counts, missed)
     assert (qd > 1).mean() > 0.5, counts
 
 
@@ -739,10 +741,11 @@ def test_two_recorders_account_for_every_request_the_device_counts(tmp_path: Pat
                         f"run {run_no}: {t.name} bytes {int(b['bytes'].sum())}, device {after[1] - before[1]}"
                     )
                 small = b.filter(pl.col("bytes") == 4096)
-                # A missed completion does not stay in the kernel-side in-flight count, and
-                # the trace's own intervals never overlap more than 16 deep.
+                # A missed completion does not stay in the kernel-side in-flight count (but
+                # for a request issued as it wakes its reader), and the trace's own intervals
+                # never overlap more than 16 deep.
                 qd = small["queue_depth"].max()
-                if qd > 16:
+                if qd > 16 + unseen:
                     failures.append(
                         f"run {run_no}: {t.name} has queue depth {qd} among 16 readers with {unseen} unseen completions"
                     )

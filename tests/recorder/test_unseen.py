@@ -106,8 +106,9 @@ def test_every_completion_the_device_counts_is_a_row_or_counted_and_the_depth_st
     ftrace counting the same device's completions. ftrace sees every completion the device
     counts; the trace has each as a row, or counts it as unseen, in flight at the end, or
     dropped with the ring buffer full. Completions BPF never saw stay within 0.2 % + 4 x
-    iodepth, and no request meets a queue deeper than fio's iodepth (a missed completion
-    does not stay in flight)."""
+    iodepth, and a missed completion does not stay in flight: at most iodepth requests per
+    miss meet a queue deeper than fio's iodepth (before, every request until its request
+    came back, one round of the device's tags)."""
     failures = []
     summary = []
     with loop_device(256) as dev:
@@ -141,8 +142,10 @@ def test_every_completion_the_device_counts_is_a_row_or_counted_and_the_depth_st
                     )
                 if unseen + at_end > 0.002 * device + 4 * iodepth:
                     failures.append(f"{name}: {unseen + at_end} of {device} completions missed")
-                deepest = block["queue_depth"].max()
-                if deepest > iodepth:
-                    failures.append(f"{name}: queue depth {deepest} at iodepth {iodepth} ({unseen} unseen)")
+                # The disk's count bounds the depth at once after a miss, but for requests
+                # issued between the missed completion waking fio and its end in that count.
+                above = block.filter(pl.col("queue_depth") > iodepth).height
+                if above > iodepth * (unseen + at_end):
+                    failures.append(f"{name}: {above} requests deeper than iodepth {iodepth} ({unseen} unseen)")
     print("\n".join(summary))
     assert not failures, failures
