@@ -37,6 +37,8 @@ const volatile bool filter_devs = false;
 struct dev_state {
 	__u32 dev;      /* 0: free */
 	__u32 inflight; /* requests issued and not yet completed */
+	__u32 unacct;   /* of those, requests the disk's own in-flight count leaves out */
+	__u32 pad;
 };
 
 /*
@@ -74,6 +76,7 @@ struct req_state {
 	__u32 cmd_flags;
 	__u32 queue_depth;
 	__u32 dev;
+	__u32 acct;        /* in the disk's own in-flight count (disk_in_flight) */
 	__u32 pid;
 	__u32 tid;
 	char comm[TRAINIO_COMM_LEN];
@@ -147,7 +150,7 @@ struct {
  * completion in a softirq on the way out of an interrupt that hit the issue probe), and
  * a shared word could be overwritten between one program's store and its load.
  */
-enum scratch_word { W_INSERT, W_ISSUE, W_REQUEUE, W_COMPLETE, W_NWORDS };
+enum scratch_word { W_INSERT, W_ISSUE, W_REQUEUE, W_COMPLETE, W_STATS, W_PCPU, W_PCPU_BASE, W_NWORDS };
 
 struct cpu_state {
 	__u64 scratch[W_NWORDS];
@@ -167,14 +170,19 @@ static __always_inline struct cpu_state *cpu_state(void)
 	return bpf_map_lookup_elem(&cpu, &zero);
 }
 
-static __always_inline __u64 rq_key(enum scratch_word word, struct request *rq)
+static __always_inline __u64 as_number(enum scratch_word word, const void *ptr)
 {
 	struct cpu_state *c = cpu_state();
 
 	if (!c || word >= W_NWORDS)
 		return 0;
-	c->scratch[word] = (__u64)rq;
+	c->scratch[word] = (__u64)ptr;
 	return *(volatile __u64 *)&c->scratch[word];
+}
+
+static __always_inline __u64 rq_key(enum scratch_word word, struct request *rq)
+{
+	return as_number(word, rq);
 }
 
 static __always_inline __u32 slot_of(__u64 rq)
@@ -293,12 +301,135 @@ static __always_inline void note_task(struct req_state *s)
 	task_comm(s->comm, task);
 }
 
-static __always_inline void leave_flight(__u32 dev)
+static __always_inline void leave_flight(struct req_state *s)
 {
-	struct dev_state *d = dev_state(dev);
+	struct dev_state *d = dev_state(s->dev);
 
-	if (d)
-		__sync_fetch_and_add(&d->inflight, -1);
+	if (!d)
+		return;
+	if (!s->acct)
+		__sync_fetch_and_add(&d->unacct, -1);
+	__sync_fetch_and_add(&d->inflight, -1);
+}
+
+/*
+ * The disk's own count of requests in flight, for the queue depth to trust no more than
+ * the kernel does. A completion the probe never sees (docs/design/recorder.md) leaves
+ * its request in devtab's count until the request is issued again, one round of the
+ * device's tags later; the disk's count drops in that same completion, after the
+ * tracepoint and after the request's bios end (a reader those wake may issue its next
+ * request before the drop, and meet the missed one). It counts a request from its accounting (before issue) to its end
+ * (after block_rq_complete), in per-CPU counters of the whole disk's block_device
+ * (disk_stats.in_flight): every request devtab counts in flight is in it, except those
+ * the disk does not account (passthrough, the flush machinery's own requests, and
+ * partitions', counted on the partition), which dev_state.unacct counts.
+ *
+ * Reading another CPU's counter takes that CPU's per-CPU offset, which this kernel
+ * exports to BPF neither as a symbol nor through a per-CPU pointer type. The block layer
+ * holds it: a request's software queue (rq->mq_ctx, for CPU mq_ctx->cpu) is an address
+ * in the per-CPU area the queue's queue_ctx points to; their difference is that CPU's
+ * offset. learn_cpu_offsets() keeps each one met (every CPU of the request's hardware
+ * queue, until all are known), and the count is read only once every possible CPU's
+ * offset is known (nr_cpus, set by user space): a counter left out could hold any part
+ * of the sum.
+ *
+ * Returns -1 where the count is not known: kernels that count blk-mq requests by walking
+ * the tags (no per-CPU count: it stays 0 while this request, accounted, is in flight),
+ * before every CPU's offset is known, or on a host with more CPUs than DISK_CPUS.
+ */
+#define DISK_CPUS 256
+#define HCTX_CTXS 64 /* software queues of a hardware queue looked at per issue */
+const volatile __u32 nr_cpus = 0;
+
+__u64 cpu_off[DISK_CPUS];
+__u32 cpu_off_known[DISK_CPUS];
+__u32 cpus_known;
+
+static __always_inline void learn_cpu_offset(__u64 base, struct blk_mq_ctx *ctx)
+{
+	__u32 at, cpu;
+
+	if (!ctx || bpf_probe_read_kernel(&at, sizeof(at), &ctx->cpu) || at >= DISK_CPUS)
+		return;
+	/* The compiler reloads the value from the stack, past its check: mask what it uses. */
+	cpu = at;
+	barrier_var(cpu);
+	cpu &= DISK_CPUS - 1;
+	if (cpu_off_known[cpu])
+		return;
+	cpu_off[cpu] = as_number(W_PCPU, ctx) - base;
+	if (__sync_val_compare_and_swap(&cpu_off_known[cpu], 0, 1) == 0)
+		__sync_fetch_and_add(&cpus_known, 1);
+}
+
+static __always_inline void learn_cpu_offsets(struct request *rq)
+{
+	struct blk_mq_hw_ctx *hctx = rq->mq_hctx;
+	struct blk_mq_ctx **ctxs, *ctx;
+	__u64 base = as_number(W_PCPU_BASE, rq->q->queue_ctx);
+	__u16 n;
+	int i;
+
+	learn_cpu_offset(base, rq->mq_ctx);
+	if (cpus_known >= nr_cpus || !hctx)
+		return;
+	ctxs = hctx->ctxs;
+	n = hctx->nr_ctx;
+	for (i = 0; i < HCTX_CTXS && i < n; i++) {
+		if (bpf_probe_read_kernel(&ctx, sizeof(ctx), &ctxs[i]))
+			return;
+		learn_cpu_offset(base, ctx);
+	}
+}
+
+static __always_inline long disk_in_flight(struct request *rq)
+{
+	struct block_device *part = rq->part;
+	long n = 0, v[2];
+	__u64 stats;
+	__u32 cpu;
+
+	if (!part || nr_cpus == 0 || nr_cpus > DISK_CPUS)
+		return -1;
+	learn_cpu_offsets(rq);
+	if (cpus_known < nr_cpus)
+		return -1;
+	stats = as_number(W_STATS, part->bd_stats) + bpf_core_field_offset(struct disk_stats, in_flight);
+	for (cpu = 0; cpu < DISK_CPUS && cpu < nr_cpus; cpu++) {
+		if (!cpu_off_known[cpu] ||
+		    bpf_probe_read_kernel(v, sizeof(v), (void *)(stats + cpu_off[cpu])))
+			return -1;
+		n += v[0] + v[1];
+	}
+	return n;
+}
+
+/* In the disk's own in-flight count: accounted (RQF_IO_STAT), on the whole disk. */
+static __always_inline bool disk_accounts(struct request *rq)
+{
+	struct gendisk *disk = request_disk(rq);
+
+	if (!bpf_core_enum_value_exists(enum rqf_flags, __RQF_IO_STAT) || !disk)
+		return false;
+	return (rq->rq_flags & (1U << bpf_core_enum_value(enum rqf_flags, __RQF_IO_STAT))) &&
+	       rq->part == disk->part0;
+}
+
+/*
+ * The queue depth request rq meets at issue: devtab's count, bounded by the disk's own
+ * count plus the requests it leaves out.
+ */
+static __always_inline __u32 depth_at_issue(struct request *rq, struct dev_state *d, __u32 qd, bool acct)
+{
+	long disk, bound;
+
+	if (qd <= 1 || !acct)
+		return qd;
+	disk = disk_in_flight(rq);
+	if (disk < 1)
+		return qd; /* rq is in it: 0 means the count is not kept */
+	bound = disk + (long)d->unacct;
+	return bound < qd ? bound : qd;
 }
 
 /*
@@ -309,7 +440,7 @@ static __always_inline void leave_flight(__u32 dev)
  */
 static __always_inline void drop_unseen(struct req_state *s)
 {
-	leave_flight(s->dev);
+	leave_flight(s);
 	s->issue_ns = 0;
 	count_lost(TRAINIO_LOST_BLOCK_UNSEEN);
 }
@@ -369,7 +500,10 @@ static __always_inline void on_issue(struct request *rq, __u64 key)
 	s->offset = rq->__sector << 9;
 	s->remaining = rq->__data_len;
 	s->cmd_flags = rq->cmd_flags;
-	s->queue_depth = __sync_fetch_and_add(&d->inflight, 1) + 1;
+	s->acct = disk_accounts(rq);
+	if (!s->acct)
+		__sync_fetch_and_add(&d->unacct, 1);
+	s->queue_depth = depth_at_issue(rq, d, __sync_fetch_and_add(&d->inflight, 1) + 1, s->acct);
 	s->issue_ns = bpf_ktime_get_ns();
 }
 
@@ -393,7 +527,7 @@ int BPF_PROG(tio_rq_requeue, struct request *rq)
 	struct req_state *s = find_req(rq_key(W_REQUEUE, rq));
 
 	if (s && s->issue_ns) {
-		leave_flight(s->dev);
+		leave_flight(s);
 		s->issue_ns = 0;
 	}
 	return 0;
@@ -480,7 +614,7 @@ static __always_inline void on_complete(__u64 key, blk_status_t error, unsigned 
 		return; /* issued before we attached, or on a device we do not trace */
 	emit(s, bpf_ktime_get_ns(), nr_bytes, error);
 	if (nr_bytes >= s->remaining) {
-		leave_flight(s->dev);
+		leave_flight(s);
 		release_req(s, key);
 	} else {
 		s->offset += nr_bytes;

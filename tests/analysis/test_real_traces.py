@@ -51,15 +51,10 @@ def test_iodepth_1_is_all_qd_1(tmp_path: Path, loop_dev: str) -> None:
     assert a["events"] + unseen == 2048, (a["events"], a["lost_events"])
     assert unseen <= 3, a["lost_events"]  # 0-3 in 6 recordings (issue #35)
     assert {int(k): v for k, v in a["qd_hist_issue_computed"].items()} == {1: 1.0}
-    if unseen == 0:
-        assert {int(k): v for k, v in a["qd_hist_issue"].items()} == {1: 1.0}
-    else:
-        # the kernel-side in-flight counter waits for the request's next use to learn of
-        # the completion it missed: the requests issued meanwhile see QD 2, at most one
-        # round of the device's request tags per missed completion (one run: 31 of 2048
-        # after one unseen completion, with 128 tags)
-        tags = int(Path(f"/sys/block/{Path(loop_dev).name}/queue/nr_requests").read_text())
-        assert 1 - a["qd_hist_issue"].get("1", 0) <= unseen * tags / 2048, (a["qd_hist_issue"], unseen, tags)
+    # A missed completion does not stay in the kernel-side in-flight count: the disk's own
+    # count bounds it (bpf/block.bpf.c, depth_at_issue), but for the request issued as the
+    # completion wakes fio, before it leaves the disk's count.
+    assert 1 - a["qd_hist_issue"].get("1", 0) <= unseen / a["events"] + 1e-9, (a["qd_hist_issue"], unseen)
 
 
 def test_16_outstanding_time_weighted_qd_matches_iostat(tmp_path: Path, loop_dev: str) -> None:

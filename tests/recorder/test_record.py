@@ -165,12 +165,14 @@ def test_fio_iodepth_1_is_queue_depth_1(tmp_path: Path, loop_dev: str) -> None:
     )
     assert res.returncode == 0, res.stderr
     block = rows(out, layer="block", op="read")
-    # A completion the kernel did not hand to the probe is counted, not lost; until its
-    # request comes back, the kernel-side depth counts it as in flight (docs/design/recorder.md).
+    # A completion the kernel did not hand to the probe is counted, not lost, and does not
+    # stay in the kernel-side depth (docs/design/recorder.md).
     missed = _missed_completions(out)
     assert block.height + missed >= 4096, (block.height, res.stderr)
     assert block["dev"].unique().to_list() == [majmin(loop_dev)], "--dev filters other devices out"
-    assert block["queue_depth"].min() == 1 and block["queue_depth"].max() <= 1 + missed, missed
+    assert block["queue_depth"].min() == 1, missed
+    # at most the request issued as the missed completion woke fio (design/recorder.md)
+    assert (block["queue_depth"] > 1).sum() <= missed, (block["queue_depth"].value_counts(), missed)
 
 
 @pytest.mark.slow
@@ -190,11 +192,11 @@ def test_fio_iodepth_16_stays_within_16_and_mostly_above_1(tmp_path: Path, loop_
     # 64 MiB of 4 KiB reads: 16384 requests, of which 0.71-0.95 meet another in flight
     # (the low end with both CPUs busy elsewhere).
     counts = qd.value_counts().sort("queue_depth")
-    # A completion the kernel does not hand to the probe is counted instead (docs/design/recorder.md),
-    # and keeps its request in the in-flight count until the request is issued again.
+    # A completion the kernel does not hand to the probe is counted instead, and does not
+    # stay in the in-flight count (docs/design/recorder.md).
     missed = _missed_completions(out)
     assert qd.len() + missed >= 16384, (qd.len(), res.stderr)
-    assert qd.max() <= 16 + missed, counts
+    assert (qd > 16).sum() <= 16 * missed, (counts, missed)
     assert (qd > 1).mean() > 0.5, counts
 
 
@@ -739,9 +741,9 @@ def test_two_recorders_account_for_every_request_the_device_counts(tmp_path: Pat
                         f"run {run_no}: {t.name} bytes {int(b['bytes'].sum())}, device {after[1] - before[1]}"
                     )
                 small = b.filter(pl.col("bytes") == 4096)
-                # A missed completion keeps its request in the kernel's in-flight count until
-                # the request is issued again: at most one more per unseen completion. The
-                # trace's own intervals never overlap more than 16 deep.
+                # A missed completion does not stay in the kernel-side in-flight count (but
+                # for a request issued as it wakes its reader), and the trace's own intervals
+                # never overlap more than 16 deep.
                 qd = small["queue_depth"].max()
                 if qd > 16 + unseen:
                     failures.append(

@@ -24,7 +24,7 @@ mod nfs_skel {
 /// The skeletons and the event types of bpf/trainio.h, generated at build time.
 mod bpf {
     pub use crate::block_skel::{
-        types::block_event, types::block_pending, types::req_state, BlockSkel, BlockSkelBuilder,
+        types::block_event, types::block_pending, types::dev_state, types::req_state, BlockSkel, BlockSkelBuilder,
     };
     pub use crate::file_skel::types::{file_event, open_event, trainio_file_op, trainio_kind};
     pub use crate::file_skel::types::{

@@ -240,6 +240,9 @@ fn load_block<'o>(
         let ro = open.maps.rodata_data.as_deref_mut().context("block probes: no rodata")?;
         ro.wakeup_bytes = wakeup;
         ro.filter_devs = !s.devs.is_empty();
+        // The CPUs whose counters make up a disk's own in-flight count (block.bpf.c,
+        // disk_in_flight); 0, where unknown, leaves the queue depth to devtab's count.
+        ro.nr_cpus = libbpf_rs::num_possible_cpus().ok().and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
         // Tests shrink the request and device tables to one slot each, so that the
         // hash-map fallbacks behind them are exercised (tests/recorder).
         if std::env::var_os("TRAINIO_TEST_ONE_SLOT_TABLES").is_some() {
@@ -261,7 +264,7 @@ fn load_block<'o>(
         // another selected device has that slot (block.bpf.c, dev_state()).
         let mut taken = HashSet::new();
         for &d in &s.devs {
-            let mut state = [0u8; 8];
+            let mut state = [0u8; std::mem::size_of::<crate::bpf::dev_state>()];
             state[..4].copy_from_slice(&d.to_ne_bytes());
             let h = d.wrapping_mul(0x9E37_79B1);
             let slot = if dev_bits == 0 { 0 } else { h >> (32 - dev_bits) };
