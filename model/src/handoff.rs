@@ -312,7 +312,14 @@ pub(crate) fn setup(ev: &GpuEvidence, steps: &[Step], files: &mut Files) -> (Vec
         }
         // Advice on a file the GPU never reads does not shape its reads.
         let (Some(file), Some(offset)) = (files.get(r), r.offset) else { continue };
-        let read = Read { file, offset: offset.max(0) as u64, len: r.bytes_requested as u64, reader: 0, mapped: false, cpu_after_ns: 0 };
+        let read = Read {
+            file,
+            offset: offset.max(0) as u64,
+            len: r.bytes_requested as u64,
+            reader: 0,
+            mapped: false,
+            cpu_after_ns: 0,
+        };
         out.push(SetupRead { read, advise: true });
     }
     (out, lead_s)

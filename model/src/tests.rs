@@ -1041,8 +1041,14 @@ fn a_ranks_own_reads_before_its_workers_first_batch_are_its_setup() {
     assert_eq!(g.bytes, 40 * MIB, "the setup is not in the steps' bytes");
     let file = g.files.iter().position(|(f, _)| f == read).expect("the file the rank read") as u32;
     let want = [
-        SetupRead { read: Read { file, offset: 0, len: 4096, reader: 0, mapped: false, cpu_after_ns: 0 }, advise: false },
-        SetupRead { read: Read { file, offset: 8192, len: MIB, reader: 0, mapped: false, cpu_after_ns: 0 }, advise: true },
+        SetupRead {
+            read: Read { file, offset: 0, len: 4096, reader: 0, mapped: false, cpu_after_ns: 0 },
+            advise: false,
+        },
+        SetupRead {
+            read: Read { file, offset: 8192, len: MIB, reader: 0, mapped: false, cpu_after_ns: 0 },
+            advise: true,
+        },
     ];
     assert_eq!(g.setup, want);
     // from the setup's first read (950 ms) to the workers' first (1005.11 ms)

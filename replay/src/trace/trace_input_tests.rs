@@ -252,7 +252,15 @@ fn objects_put_go_to_the_copys_folder() {
 }
 
 /// A row of the proc or ipc layer, from `read`'s.
-fn other<'a>(layer: Layer, op: &'a str, pid: u32, comm: &'a str, file: Option<&'a str>, at: i64, bytes: i64) -> Row<'a> {
+fn other<'a>(
+    layer: Layer,
+    op: &'a str,
+    pid: u32,
+    comm: &'a str,
+    file: Option<&'a str>,
+    at: i64,
+    bytes: i64,
+) -> Row<'a> {
     let mut r = read(pid, pid, comm, "0:0", "", 0, at, 10_000);
     r.layer = layer;
     r.op = op;
