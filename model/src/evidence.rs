@@ -163,7 +163,7 @@ impl Files {
         let len = r.bytes as u64;
         let e = &mut self.list[fi as usize].1;
         *e = (*e).max(offset + len);
-        Read { file: fi, offset, len, reader: 0, mapped: mapped::is_mapped_read(r) }
+        Read { file: fi, offset, len, reader: 0, mapped: mapped::is_mapped_read(r), cpu_after_ns: 0 }
     }
 }
 

@@ -81,7 +81,7 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
             if rows.is_empty() {
                 continue; // a message that carried no batch (a status, the end)
             }
-            let reads: Vec<Read> =
+            let mut reads: Vec<Read> =
                 rows.iter().map(|r| Read { reader: rank_of_worker as u32, ..files.add(r) }).collect();
             let first = rows.iter().map(|r| r.issue_ns).min().unwrap_or(at);
             let bytes = reads.iter().map(|r| r.len).sum();
@@ -90,6 +90,12 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
             // Page faults are instants in the trace: a batch read through mmap has no
             // measured I/O time to tell its CPU time from.
             let faulted = reads.iter().any(|r| r.mapped);
+            let cpu_ns = ((done - first) - io).max(0);
+            if !faulted {
+                for (read, after) in reads.iter_mut().zip(cpu_after_reads(rows, done, cpu_ns)) {
+                    read.cpu_after_ns = after;
+                }
+            }
             // The worker's j-th get is its j-th batch; without gets, its j-th batch is
             // its j-th message that carried reads.
             let nth = if gets.is_empty() { seq } else { j };
@@ -104,7 +110,7 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
                     interval_s: None,
                     wait_s: 0.0,
                     period_s: None,
-                    worker_cpu_s: (!faulted).then(|| ((done - first) - io).max(0) as f64 / 1e9),
+                    worker_cpu_s: (!faulted).then(|| cpu_ns as f64 / 1e9),
                     taken: true,
                 },
             ));
@@ -154,6 +160,37 @@ pub(crate) fn steps(ev: &GpuEvidence, files: &mut Files, warnings: &mut Vec<Stri
         handoff_s,
         unfinished_bytes,
     }
+}
+
+/// A worker's time after each read of a batch (`Read::cpu_after_ns`), `rows` sorted by
+/// issue: from the read's end (the latest end so far; overlapping reads leave no gap) to
+/// the next read's start, and from the last read's end to `done`. The worker spends its
+/// time where it falls (a JPEG loader decodes after its first read, importing PIL's
+/// plugins, then reads the rest of the batch back to back), so the replay spends it
+/// there too, not spread evenly. The gaps sum to the batch's `cpu_ns` (its first read to
+/// `done`, less its reads' busy time); when reads end after `done` (a next get issued
+/// before a read's end), the excess comes off the last gaps.
+fn cpu_after_reads(rows: &[&OwnedRow], done: i64, cpu_ns: i64) -> Vec<u64> {
+    let mut end = i64::MIN;
+    let mut gaps: Vec<i64> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            end = end.max(r.complete_ns);
+            let next = rows.get(i + 1).map_or(done, |n| n.issue_ns);
+            (next - end).max(0)
+        })
+        .collect();
+    let mut excess = gaps.iter().sum::<i64>() - cpu_ns;
+    for g in gaps.iter_mut().rev() {
+        if excess <= 0 {
+            break;
+        }
+        let cut = excess.min(*g);
+        *g -= cut;
+        excess -= cut;
+    }
+    gaps.into_iter().map(|g| g as u64).collect()
 }
 
 /// When worker `w` handed off its batches: its writes on the GPU's data pipe, a length
@@ -275,7 +312,14 @@ pub(crate) fn setup(ev: &GpuEvidence, steps: &[Step], files: &mut Files) -> (Vec
         }
         // Advice on a file the GPU never reads does not shape its reads.
         let (Some(file), Some(offset)) = (files.get(r), r.offset) else { continue };
-        let read = Read { file, offset: offset.max(0) as u64, len: r.bytes_requested as u64, reader: 0, mapped: false };
+        let read = Read {
+            file,
+            offset: offset.max(0) as u64,
+            len: r.bytes_requested as u64,
+            reader: 0,
+            mapped: false,
+            cpu_after_ns: 0,
+        };
         out.push(SetupRead { read, advise: true });
     }
     (out, lead_s)

@@ -18,6 +18,12 @@ pub struct Read {
     pub reader: u32,
     /// Read through a memory mapping (its page faults, mapped.rs), not a read syscall.
     pub mapped: bool,
+    /// A DataLoader worker's own time after this read, before its next read of the batch
+    /// (after the batch's last read: before its handoff), ns: its share of the step's
+    /// `worker_cpu_s`, kept where the worker spent it. 0 outside a worker's batch, and in
+    /// a batch read through a mapping (its reads are instants: no CPU time to tell apart).
+    #[serde(skip)]
+    pub cpu_after_ns: u64,
 }
 
 /// What a rank did to its data files itself before its workers' first batch (opening

@@ -165,7 +165,7 @@ mod tests {
         Step {
             reads: reads
                 .iter()
-                .map(|&(reader, offset, len)| Read { file: 0, offset, len, reader, mapped: false })
+                .map(|&(reader, offset, len)| Read { file: 0, offset, len, reader, mapped: false, cpu_after_ns: 0 })
                 .collect(),
             bytes: reads.iter().map(|r| r.2).sum(),
             samples: 1,

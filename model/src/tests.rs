@@ -77,7 +77,7 @@ fn rank_with_workers(
     compute_ms: i64,
     steps: u32,
 ) {
-    rank_with_workers_ext(input, rank, launcher, workers, batch, read_ms, compute_ms, steps, None);
+    rank_with_workers_ext(input, rank, launcher, workers, batch, read_ms, compute_ms, steps, None, 0);
 }
 
 /// A step's all-reduce after the compute: a runloop thread of the rank sends on the
@@ -98,6 +98,7 @@ fn rank_with_workers_ext(
     compute_ms: i64,
     steps: u32,
     collective: Option<&Collective>,
+    decode_ms: i64,
 ) {
     let t0 = 1_000 * MS;
     input.proc_rows.push(proc_row("fork", rank, launcher, "python", t0));
@@ -137,6 +138,9 @@ fn rank_with_workers_ext(
             let per = read_ms * MS / batch as i64;
             input.file.push(file_read(wpids[wi], WORKER_COMM, &f, 0, MIB as i64, t, per));
             t += per + MS / 10;
+            if s == 0 {
+                t += decode_ms * MS; // the worker's CPU after its first read of the batch
+            }
         }
         // The handoff: the worker's feeder thread writes header and payload.
         input.ipc.push(ipc("write", wpids[wi], wpids[wi] + 1000, "QueueFeederThread", &pipe, t, t + 20_000, 4));
@@ -676,7 +680,7 @@ fn a_collectives_first_send_ends_the_compute() {
     // 50.4 ms); the first send on the collective's socket ends the compute.
     let coll = Collective { sync_ns: 400_000, peer_wait: |k| (k as i64 % 4) * MS };
     let mut input = Input::default();
-    rank_with_workers_ext(&mut input, 200, 100, 2, 4, 20, 50, 40, Some(&coll));
+    rank_with_workers_ext(&mut input, 200, 100, 2, 4, 20, 50, 40, Some(&coll), 0);
     let m = infer(&input, &Options::default()).unwrap();
     let g = &m.gpus[0];
     assert_eq!(g.step_signal, "handoff");
@@ -699,7 +703,7 @@ fn sends_on_sockets_that_are_not_every_steps_are_no_collective() {
     // The per-batch sockets of the handoff are each sent on once: no collective.
     let mut input = Input::default();
     let coll = Collective { sync_ns: 400_000, peer_wait: |_| 0 };
-    rank_with_workers_ext(&mut input, 200, 100, 2, 4, 20, 50, 40, Some(&coll));
+    rank_with_workers_ext(&mut input, 200, 100, 2, 4, 20, 50, 40, Some(&coll), 0);
     // The collective's sends in 10 of the 40 steps only.
     let mut seen = 0;
     input.ipc.retain(|r| {
@@ -803,6 +807,24 @@ fn a_workers_time_outside_its_reads_is_its_cpu_per_sample() {
     rank_alone(&mut input, 200, 100, 4, 20, 50, 10);
     let m = infer(&input, &Options::default()).unwrap();
     assert_eq!(m.gpus[0].worker_cpu_s_per_sample, None);
+}
+
+#[test]
+fn a_workers_time_is_kept_after_the_read_it_follows() {
+    // Per batch of 4 reads of 5 ms: 30 ms of decoding after the first read (a JPEG
+    // loader importing PIL's plugins), then the other three back to back, 0.2 ms apart
+    // (an open between), and 0.1 ms from the last read to the handoff.
+    let mut input = Input::default();
+    rank_with_workers_ext(&mut input, 200, 100, 2, 4, 20, 50, 20, None, 30);
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    assert_eq!(g.steps.len(), 20, "{}", describe(&m).join("\n"));
+    for (k, s) in g.steps.iter().enumerate() {
+        let after: Vec<u64> = s.reads.iter().map(|r| r.cpu_after_ns).collect();
+        assert_eq!(after, [30_200_000, 200_000, 200_000, 100_000], "step {k}");
+        let cpu = s.worker_cpu_s.unwrap();
+        assert!((after.iter().sum::<u64>() as f64 - cpu * 1e9).abs() < 2.0, "step {k}: {after:?} against {cpu}");
+    }
 }
 
 fn mapped(op: &str, pid: u32, file: &str, dev: &str, offset: i64, len: i64, t: i64) -> OwnedRow {
@@ -911,6 +933,8 @@ fn shuffled_rows_read_through_a_mapping_are_counted_as_samples() {
     let g = &m.gpus[0];
     assert_eq!(g.steps.len(), 20, "{}", describe(&m).join("\n"));
     assert!(g.steps.iter().all(|s| s.reads.iter().all(|r| r.mapped)));
+    // page faults are instants: no worker time to place after them
+    assert!(g.steps.iter().all(|s| s.worker_cpu_s.is_none() && s.reads.iter().all(|r| r.cpu_after_ns == 0)));
     assert_eq!(g.samples_per_step, 4.0, "{}", describe(&m).join("\n"));
     // each sample less its folio's 64 KiB, and each worker's two headers
     assert_eq!(g.bytes, 80 * (MIB - folio as u64) + 2 * 2 * folio as u64);
@@ -1017,8 +1041,14 @@ fn a_ranks_own_reads_before_its_workers_first_batch_are_its_setup() {
     assert_eq!(g.bytes, 40 * MIB, "the setup is not in the steps' bytes");
     let file = g.files.iter().position(|(f, _)| f == read).expect("the file the rank read") as u32;
     let want = [
-        SetupRead { read: Read { file, offset: 0, len: 4096, reader: 0, mapped: false }, advise: false },
-        SetupRead { read: Read { file, offset: 8192, len: MIB, reader: 0, mapped: false }, advise: true },
+        SetupRead {
+            read: Read { file, offset: 0, len: 4096, reader: 0, mapped: false, cpu_after_ns: 0 },
+            advise: false,
+        },
+        SetupRead {
+            read: Read { file, offset: 8192, len: MIB, reader: 0, mapped: false, cpu_after_ns: 0 },
+            advise: true,
+        },
     ];
     assert_eq!(g.setup, want);
     // from the setup's first read (950 ms) to the workers' first (1005.11 ms)

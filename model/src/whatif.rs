@@ -137,7 +137,14 @@ mod tests {
         let steps: Vec<Step> = (0..3)
             .map(|k| {
                 let reads: Vec<Read> = (0..if k == 2 { 3 } else { 4 })
-                    .map(|i| Read { file: i, offset: k as u64 * MIB, len: MIB, reader: i, mapped: false })
+                    .map(|i| Read {
+                        file: i,
+                        offset: k as u64 * MIB,
+                        len: MIB,
+                        reader: i,
+                        mapped: false,
+                        cpu_after_ns: 0,
+                    })
                     .collect();
                 Step {
                     bytes: reads.len() as u64 * MIB,

@@ -8,9 +8,10 @@
 //! loader: workers reading up to `prefetch_batches` ahead (PyTorch's prefetch_factor 2
 //! per worker), or, for a rank that read its batches itself, each batch read only when
 //! the GPU asks for it. A worker spends its recorded time outside its reads on each
-//! batch (the model's `worker_cpu_s`: decoding, collating) spread over its reads, after
-//! each one, so a decode-bound loader feeds the GPU at its recorded pace. Batches the
-//! workers read ahead that the GPU never took (the model's untaken steps, of a job that
+//! batch (the model's `worker_cpu_s`: decoding, collating) where it spent it: after each
+//! read, the time it took before its next read of the batch or its handoff
+//! (`Read::cpu_after_ns`), so a decode-bound loader feeds the GPU at its recorded pace.
+//! Batches the workers read ahead that the GPU never took (the model's untaken steps, of a job that
 //! stopped at a step count) are read in the last epoch as the job read them, beside its
 //! last steps, with no compute: the GPU computes its taken steps, and the run ends when
 //! the last one's compute does (`Program::untaken_batches`). The replay is closed-loop: steps are paced by the compute time
@@ -169,19 +170,17 @@ pub fn load_templates(
                     .steps
                     .iter()
                     .map(|s| TemplateStep {
-                        // A worker's own time on its batch (decoding, collating), spread
-                        // over its reads: the worker spends it after each, as it did.
-                        reads: {
-                            let think_ns = (s.worker_cpu_s.unwrap_or(0.0) * 1e9 / s.reads.len().max(1) as f64) as u64;
-                            s.reads
-                                .iter()
-                                .map(|r| SampleRead {
-                                    think_ns,
-                                    mapped: r.mapped,
-                                    ..SampleRead::new(r.file, r.offset, r.len)
-                                })
-                                .collect()
-                        },
+                        // A worker's own time on its batch (decoding, collating), after
+                        // the read it followed, as the worker spent it.
+                        reads: s
+                            .reads
+                            .iter()
+                            .map(|r| SampleRead {
+                                think_ns: r.cpu_after_ns,
+                                mapped: r.mapped,
+                                ..SampleRead::new(r.file, r.offset, r.len)
+                            })
+                            .collect(),
                         streams: s.reads.iter().map(|r| r.reader % MAX_READERS as u32).collect(),
                         samples: s.samples,
                         compute_s: if g.paced { s.period_s.unwrap_or(compute) } else { compute },

@@ -250,3 +250,80 @@ fn objects_put_go_to_the_copys_folder() {
         assert!(calls.iter().all(|c| c.object.is_none() && c.sync.is_none()), "files, without a store");
     }
 }
+
+/// A row of the proc or ipc layer, from `read`'s.
+fn other<'a>(
+    layer: Layer,
+    op: &'a str,
+    pid: u32,
+    comm: &'a str,
+    file: Option<&'a str>,
+    at: i64,
+    bytes: i64,
+) -> Row<'a> {
+    let mut r = read(pid, pid, comm, "0:0", "", 0, at, 10_000);
+    r.layer = layer;
+    r.op = op;
+    r.dev = None;
+    r.offset = None;
+    r.bytes = bytes;
+    r.bytes_requested = bytes;
+    r.file = file;
+    r.fd = file.map(|_| 9);
+    r
+}
+
+/// A DataLoader worker (JPEG decoding) that spends 200 ms after the first read of each
+/// batch and reads the other two back to back: the replay's worker thinks after the read
+/// the time followed, not a third of it after each.
+#[test]
+fn a_workers_think_time_follows_the_read_it_followed() {
+    let (rank, worker, t0) = (100u32, 101u32, 1_000 * MS);
+    let (index, data, w) = ("pipe:[7001]", "pipe:[9001]", "pt_data_worker");
+    let mut rows = vec![
+        Row { ppid: Some(1), ..other(Layer::Proc, "fork", rank, "python", None, t0, 0) },
+        Row { ppid: Some(rank), ..other(Layer::Proc, "fork", worker, "python", None, t0 + MS, 0) },
+        Row { ppid: Some(rank), ..other(Layer::Proc, "comm", worker, w, None, t0 + 2 * MS, 0) },
+    ];
+    // PyTorch's loop with one worker, prefetch 2: the rank sends indices 0 and 1, then
+    // index k+2 once it has taken batch k, and computes 50 ms per batch.
+    for k in 0..2 {
+        rows.push(other(Layer::Ipc, "write", rank, "python", Some(index), t0 + 4 * MS + k * 20_000, 40));
+    }
+    let (mut t, mut rank_t, steps) = (t0 + 5 * MS, t0 + 5 * MS, 4i64);
+    let mut taken = Vec::new();
+    for k in 0..steps {
+        if k >= 2 {
+            t = t.max(taken[k as usize - 2]);
+        }
+        rows.push(other(Layer::Ipc, "read", worker, w, Some(index), t, 40));
+        t += 20_000;
+        for j in 0..3 {
+            rows.push(read(worker, worker, w, "7:1", "/d/a", (3 * k + j) * 4096, t, MS));
+            t += MS + MS / 10 + if j == 0 { 200 * MS } else { 0 };
+        }
+        t += 10 * MS;
+        rows.push(other(Layer::Ipc, "write", worker, w, Some(data), t, 300));
+        let ready = t + 10_000;
+        t += 20_000;
+        let got = rank_t.max(ready);
+        rows.push(Row { complete_ns: got, ..other(Layer::Ipc, "wait", rank, "python", Some(data), rank_t, 1) });
+        rows.push(other(Layer::Ipc, "read", rank, "python", Some(data), got + 5_000, 300));
+        taken.push(got + 15_000);
+        if k + 2 < steps {
+            rows.push(other(Layer::Ipc, "write", rank, "python", Some(index), got + 20_000, 40));
+        }
+        rank_t = got + 15_000 + 50 * MS;
+    }
+    let dir = write_trace(&rows);
+    let (t, model) = load_templates(&dir, &Options::default(), false).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let g = &model.gpus[0];
+    assert_eq!((model.gpus.len(), g.workers, g.steps.len()), (1, 1, 4), "{:#?}", model.warnings);
+    for (k, s) in t[0].steps.iter().enumerate() {
+        let think: Vec<u64> = s.reads.iter().map(|r| r.think_ns).collect();
+        assert_eq!(think, [200_100_000, 100_000, 10_100_000], "step {k}");
+        let cpu = g.steps[k].worker_cpu_s.unwrap();
+        assert!((think.iter().sum::<u64>() as f64 - cpu * 1e9).abs() < 2.0, "step {k}: {think:?} against {cpu}");
+    }
+}
