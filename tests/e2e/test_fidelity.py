@@ -12,12 +12,17 @@ apart (6 runs with other builds on the host), and a fresh machine's run once sco
 replay at W1 1.71. So the original is recorded twice, around the replay, and each score
 is the replay's against the nearer of the two, held to the target plus the two originals'
 own distance measured in the same run: a replay that is as faithful as a third run of
-the job passes however loaded the host is, one that is not fails."""
+the job passes however loaded the host is, one that is not fails.
+
+``TRAINIO_FIDELITY_KEEP=DIR`` keeps each run's traces and JSON files in DIR (one directory
+per test and run) for a look afterwards."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -38,11 +43,15 @@ QD_W1 = {"psync": 1.0, "io_uring": 2.0}
 
 
 @pytest.fixture
-def work():
+def work(request):
     d = Path(tempfile.mkdtemp(prefix="trainio-fidelity-"))
     try:
         yield d / "run"
     finally:
+        keep = os.environ.get("TRAINIO_FIDELITY_KEEP")
+        if keep and (d / "run").exists():
+            name = f"{request.node.name}-{time.strftime('%Y%m%dT%H%M%S')}".replace("[", "-").replace("]", "")
+            shutil.copytree(d / "run", Path(keep) / name)
         shutil.rmtree(d, ignore_errors=True)
 
 
