@@ -92,7 +92,7 @@ pub(crate) fn paced_by_arrivals(
     }
     let max = moved_ms.iter().copied().fold(0.0, f64::max);
     notes.push(format!(
-        "{} asynchronous read(s) moved from their submission to when the device saw them (their process's first block read in their span): by {:.3} ms median, {max:.3} ms at most; {cached} the page cache served keep their stamps",
+        "{} asynchronous read(s) moved from their submission to when the device saw them (their process's first block read in their span): by {:.3} ms median, {max:.3} ms at most; {cached} with no block read in their span (the page cache served them, or another file system) keep their stamps",
         moved_ms.len(),
         quantile(&moved_ms, 0.5).unwrap_or(0.0),
     ));
@@ -242,7 +242,7 @@ mod tests {
         // submitted before the device saw the first (by 20 and 10 us): the others are
         // within 50 us of it (arrivals.rs). The 4 the cache served stay.
         assert!(note.starts_with("24 asynchronous read(s)"), "{note}");
-        assert!(note.contains("by 0.020 ms median, 8.000 ms at most; 4 the page cache served"), "{note}");
+        assert!(note.contains("by 0.020 ms median, 8.000 ms at most; 4 with no block read in their span"), "{note}");
     }
 
     #[test]

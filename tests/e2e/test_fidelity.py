@@ -92,6 +92,12 @@ def test_replay_at_the_recorded_gpu_count_reproduces_the_original(work, io_engin
         f"\nAU {orig['au_percent']:.2f} / {orig_b['au_percent']:.2f} vs {rep['au_percent']:.2f}"
     )
 
+    print(
+        f"\n{io_engine}: qd_w1_issue replay {cmp_['qd_w1_issue']:.3f} / {cmp_b['qd_w1_issue']:.3f}"
+        f" (originals {ref['qd_w1_issue']:.3f} apart); throughput {cmp_['throughput_rel_error']:+.4f}"
+        f" / {cmp_b['throughput_rel_error']:+.4f} (originals {ref['throughput_rel_error']:+.4f})"
+    )
+
     def nearer(score) -> float:
         return min(abs(score(cmp_)), abs(score(cmp_b)))
 
