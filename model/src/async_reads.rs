@@ -5,9 +5,22 @@
 //! can only be asynchronous: such a thread is an asynchronous reader. Its requests are
 //! replayed as it kept them in flight: each on one of as many streams as it had requests
 //! outstanding at once (the first stream free when the request was issued).
+//!
+//! An asynchronous request is stamped at its submission (`io_uring_submit_req`), and the
+//! device may see it much later: a rank's first io_uring submission can wait 7-11 ms
+//! (the ring's worker starting) while its next ones, stamped later, go to the device at
+//! once. Paced by those stamps, the replay would issue the first fills of all ranks
+//! together where the job's were staggered. So [`paced_by_arrivals`] moves each such read
+//! to the first block-layer read of its process that arrived between its submission and
+//! its completion (arrivals.rs); a read the page cache served (no arrival in its span)
+//! keeps its stamp.
 
 use std::collections::{HashMap, HashSet};
 use trainio_schema::OwnedRow;
+
+use crate::arrivals::{Arrivals, MAX_ARRIVALS};
+use crate::input::is_data_read;
+use crate::stats::quantile;
 
 /// Overlapping pairs that mark a thread asynchronous: one could be a clock's rounding.
 const MIN_OVERLAPS: usize = 2;
@@ -34,6 +47,56 @@ pub fn async_tids<'a>(reads: impl Iterator<Item = &'a OwnedRow>) -> HashSet<u32>
             (overlaps >= MIN_OVERLAPS).then_some(tid)
         })
         .collect()
+}
+
+/// `file` with the data reads of asynchronous threads ([`async_tids`]) moved to when the
+/// device saw them (the module's doc), or None when no read moves. Says in `notes` how many
+/// moved and by how much, and how many kept their stamps for the bound on arrivals.
+pub(crate) fn paced_by_arrivals(
+    file: &[OwnedRow],
+    arrivals: &Arrivals,
+    notes: &mut Vec<String>,
+) -> Option<Vec<OwnedRow>> {
+    if arrivals.is_empty() {
+        return None;
+    }
+    let tids = async_tids(file.iter().filter(|r| is_data_read(r)));
+    if tids.is_empty() {
+        return None;
+    }
+    let mut rows = file.to_vec();
+    let mut moved_ms: Vec<f64> = Vec::new();
+    let (mut unknown, mut cached) = (0usize, 0usize);
+    for r in rows.iter_mut().filter(|r| tids.contains(&r.tid) && is_data_read(r)) {
+        if !arrivals.known_until(r.complete_ns) {
+            unknown += 1;
+            continue;
+        }
+        match arrivals.first_in(r.pid, r.issue_ns, r.complete_ns) {
+            Some(at) if at > r.issue_ns => {
+                moved_ms.push((at - r.issue_ns) as f64 / 1e6);
+                r.issue_ns = at;
+            }
+            Some(_) => {}
+            None => cached += 1,
+        }
+    }
+    if unknown > 0 {
+        notes.push(format!(
+            "{unknown} asynchronous read(s) in flight from {:.3} s on keep their submission stamps: the model keeps the first {MAX_ARRIVALS} block-read arrivals only",
+            arrivals.dropped_from().unwrap_or(0) as f64 / 1e9
+        ));
+    }
+    if moved_ms.is_empty() {
+        return None;
+    }
+    let max = moved_ms.iter().copied().fold(0.0, f64::max);
+    notes.push(format!(
+        "{} asynchronous read(s) moved from their submission to when the device saw them (their process's first block read in their span): by {:.3} ms median, {max:.3} ms at most; {cached} with no block read in their span (the page cache served them, or another file system) keep their stamps",
+        moved_ms.len(),
+        quantile(&moved_ms, 0.5).unwrap_or(0.0),
+    ));
+    Some(rows)
 }
 
 /// The replay's reader streams of one GPU: one per thread that read synchronously, and
@@ -88,6 +151,7 @@ impl Streams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::Input;
 
     fn read(tid: u32, issue: i64, complete: i64) -> OwnedRow {
         let r = crate::tests::row(trainio_schema::Layer::File, "read", 1, tid, "t", issue, complete);
@@ -116,5 +180,91 @@ mod tests {
         assert_eq!(distinct.len(), 4);
         assert_eq!(of2[4], of2[0], "the first stream is free again at 50");
         assert_ne!(of2[5], of2[4], "the request at 55 overlaps the one at 50");
+    }
+
+    const MS: i64 = 1_000_000;
+
+    /// An io_uring reader: one thread, 4 requests of 1 MiB submitted 10 us apart at each
+    /// step, 50 ms apart; the device sees a step's requests `stall` after the first's
+    /// submission (None: the page cache served them, the block layer saw none).
+    fn uring_rank(input: &mut Input, rank: u32, t0: i64, stalls: &[Option<i64>]) {
+        input.proc_rows.push(OwnedRow {
+            ppid: Some(100),
+            ..crate::tests::row(trainio_schema::Layer::Proc, "fork", rank, rank, "python", t0 - 10 * MS, t0 - 10 * MS)
+        });
+        for (k, stall) in stalls.iter().enumerate() {
+            let at = t0 + k as i64 * 50 * MS;
+            for i in 0..4i64 {
+                let issue = at + i * 10_000;
+                let (arrival, complete) = match stall {
+                    Some(s) => (at + s + i * 5_000, at + s + (i + 1) * 2 * MS),
+                    None => (0, issue + 50_000 + i * 20_000),
+                };
+                let r = read(rank, issue, complete);
+                input.file.push(OwnedRow {
+                    pid: rank,
+                    offset: Some(0),
+                    bytes: 1 << 20,
+                    file: Some(format!("/data/r{rank}/s{k:03}_{i}.bin").into()),
+                    dev: Some("7:3".into()),
+                    ..r
+                });
+                if stall.is_some() {
+                    input.add_block_read(rank, arrival, 1 << 20);
+                    input.arrivals.add(rank, arrival);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_model_starts_an_asynchronous_readers_steps_when_the_device_saw_them() {
+        // The first submission waits 8 ms before the device sees it; later ones 20 us;
+        // the page cache serves step 5.
+        let mut stalls = vec![Some(20_000); 12];
+        stalls[0] = Some(8 * MS);
+        stalls[5] = None;
+        let mut input = Input { has_block: true, ..Input::default() };
+        let t0 = 1_000 * MS;
+        uring_rank(&mut input, 200, t0, &stalls);
+        input.arrivals.finish();
+        let m = crate::infer(&input, &crate::Options::default()).unwrap();
+        let g = &m.gpus[0];
+        let text = crate::describe(&m).join("\n");
+        assert_eq!(g.steps.len(), 12, "{text}");
+        assert!(!g.synchronous && g.readers == 4, "{text}");
+        for (k, (s, stall)) in g.steps.iter().zip(&stalls).enumerate() {
+            let at = t0 + k as i64 * 50 * MS;
+            assert_eq!(s.first_read_ns, at + stall.unwrap_or(0), "step {k}: {text}");
+        }
+        let note = m.warnings.iter().find(|w| w.contains("moved from their submission")).expect(&text);
+        // The first step's 4 reads moved by 7.97-8 ms; of each later step's, the two
+        // submitted before the device saw the first (by 20 and 10 us): the others are
+        // within 50 us of it (arrivals.rs). The 4 the cache served stay.
+        assert!(note.starts_with("24 asynchronous read(s)"), "{note}");
+        assert!(note.contains("by 0.020 ms median, 8.000 ms at most; 4 with no block read in their span"), "{note}");
+    }
+
+    #[test]
+    fn past_the_bound_on_arrivals_reads_keep_their_stamps_and_a_note_says_so() {
+        let mut input = Input { has_block: true, ..Input::default() };
+        // Arrivals of the first 3 steps only kept (one per step: 5 us apart, one bucket).
+        input.arrivals = Arrivals::with_max(3);
+        let t0 = 1_000 * MS;
+        uring_rank(&mut input, 200, t0, &[Some(MS); 6]);
+        input.arrivals.finish();
+        let mut notes = Vec::new();
+        let rows = paced_by_arrivals(&input.file, &input.arrivals, &mut notes).unwrap();
+        for (k, step) in rows.chunks(4).enumerate() {
+            let at = t0 + k as i64 * 50 * MS;
+            let first = step.iter().map(|r| r.issue_ns).min().unwrap();
+            assert_eq!(first, if k < 3 { at + MS } else { at }, "step {k}");
+        }
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(
+            notes[0].starts_with("12 asynchronous read(s) in flight from 1.151 s on keep their submission stamps"),
+            "{notes:?}"
+        );
+        assert!(notes[1].starts_with("12 asynchronous read(s) moved"), "{notes:?}");
     }
 }

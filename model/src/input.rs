@@ -1,11 +1,14 @@
-//! What the model reads from a trace: its file, proc, ipc and object rows and its block
-//! layer summed per process and second, and those rows indexed by process.
+//! What the model reads from a trace: its file, proc, ipc and object rows, its block
+//! layer summed per process and second and its block reads' arrivals (arrivals.rs), and
+//! those rows indexed by process.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use arrow_array::RecordBatch;
 use trainio_schema::{read_batches, BatchOrigin, Layer, OwnedRow, RowDecoder, TraceError};
+
+use crate::arrivals::Arrivals;
 
 /// What the model reads from a trace.
 #[derive(Default)]
@@ -21,6 +24,8 @@ pub struct Input {
     /// The same per device (`MAJ:MIN` of the disk).
     pub block_dev_reads: HashMap<String, HashMap<(u32, i64), u64>>,
     pub has_block: bool,
+    /// When each process's block reads reached the device.
+    pub arrivals: Arrivals,
 }
 
 impl Input {
@@ -85,13 +90,15 @@ impl InputBuilder {
                     if r.op == "read" {
                         let (pid, sec) = (r.pid, r.issue_ns.div_euclid(NS_PER_S));
                         add_block_read(&mut input.block_reads, &mut input.block_dev_reads, r.dev, pid, sec, r.bytes);
+                        input.arrivals.add(pid, r.insert_ns.unwrap_or(r.issue_ns));
                     }
                 }
             },
         )
     }
 
-    pub fn finish(self) -> Input {
+    pub fn finish(mut self) -> Input {
+        self.input.arrivals.finish();
         self.input
     }
 }

@@ -35,7 +35,8 @@
 //! (without), over the typed evidence of evidence.rs; 3 in compute.rs (and the rank's
 //! gets in handoff.rs); 4 in gpu.rs, which builds each GPU from the parts; 5 in
 //! coverage.rs. Beside them: input.rs (what the model reads from a trace, from its files or from
-//! batches the analyzer decoded), job.rs (what
+//! batches the analyzer decoded), async_reads.rs and arrivals.rs (io_uring readers, timed by
+//! when the device saw their requests), job.rs (what
 //! it says), mapped.rs (reads through mmap), object_reads.rs (GETs from an object store
 //! as reads), shards.rs (samples of streamed tar shards),
 //! writes.rs (write bursts), trace_set.rs (a job recorded on several hosts), whatif.rs
@@ -45,6 +46,7 @@ use std::path::{Path, PathBuf};
 
 use trainio_schema::trace_set_members;
 
+mod arrivals;
 mod async_reads;
 mod bursts;
 mod compute;
@@ -129,16 +131,20 @@ fn infer_as_recorded(
 
 /// Infers the job model from rows (`load_input`).
 pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
+    let mut warnings = Vec::new();
     // Reads through mmap are data reads like read syscalls (mapped.rs), and so are GETs
-    // of objects (object_reads.rs).
+    // of objects (object_reads.rs). Asynchronous reads are timed by when the device saw
+    // them (async_reads.rs).
     let mapped_reads = mapped::reads(&input.file, &input.proc_rows);
     let object_reads = object_reads::reads(&input.object);
+    let paced = async_reads::paced_by_arrivals(&input.file, &input.arrivals, &mut warnings);
     let with_mapped;
-    let input = if mapped_reads.is_empty() && object_reads.is_empty() {
+    let input = if mapped_reads.is_empty() && object_reads.is_empty() && paced.is_none() {
         input
     } else {
+        let file = paced.unwrap_or_else(|| input.file.clone());
         with_mapped = Input {
-            file: input.file.iter().cloned().chain(mapped_reads).chain(object_reads).collect(),
+            file: file.into_iter().chain(mapped_reads).chain(object_reads).collect(),
             proc_rows: input.proc_rows.clone(),
             ipc: input.ipc.clone(),
             // Kept for the objects the job put (writes.rs).
@@ -146,10 +152,11 @@ pub fn infer(input: &Input, opts: &Options) -> Result<JobModel, String> {
             block_reads: input.block_reads.clone(),
             block_dev_reads: input.block_dev_reads.clone(),
             has_block: input.has_block,
+            // Used above only.
+            arrivals: Default::default(),
         };
         &with_mapped
     };
-    let mut warnings = Vec::new();
     let procs = Processes::new(input);
     let data = DataReads::new(input, opts, &procs);
     let groups = group(input, opts, &procs, &data, &mut warnings);

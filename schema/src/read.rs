@@ -364,6 +364,8 @@ pub struct BriefRow<'a> {
     pub op: &'a str,
     pub pid: u32,
     pub issue_ns: i64,
+    /// When a block request entered the device's queue, where the trace has it.
+    pub insert_ns: Option<i64>,
     pub bytes: i64,
     pub dev: Option<&'a str>,
 }
@@ -436,6 +438,7 @@ impl RowDecoder {
                     op,
                     pid: n("pid", i).unwrap_or(0) as u32,
                     issue_ns,
+                    insert_ns: n("insert_ns", i),
                     bytes: n("bytes", i).unwrap_or(0),
                     dev: s("dev", i),
                 });
