@@ -327,6 +327,8 @@ fn a_workers_think_time_follows_the_read_it_followed() {
         let cpu = g.steps[k].worker_cpu_s.unwrap();
         assert!((think.iter().sum::<u64>() as f64 - cpu * 1e9).abs() < 2.0, "step {k}: {think:?} against {cpu}");
     }
+}
+
 /// A GPU whose 2 workers took turns (batch i by worker i mod 2) and whose worker 0 read
 /// two batches past the last taken one: they sit two positions apart in the window, as
 /// PyTorch handed them out, with worker 1's position between them empty, so the replay
