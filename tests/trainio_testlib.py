@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -417,6 +418,33 @@ def _remove_cgroup(th: Throttle, base: Path) -> None:
 
 # Progress lines every 0.2 s: a test reads them to know how far a replay is.
 PROGRESS_ENV = {"TRAINIO_PROGRESS_S": "0.2"}
+
+
+def start_recording(*args: str, timeout: float = 120) -> subprocess.Popen[str]:
+    """`trainio record ARGS` with its stderr piped, returned once it says it records (its
+    probes attached); the rest of its stderr is left for the caller. Fails naming its exit
+    and what it printed, or after `timeout` s, killing it."""
+    p = subprocess.Popen([str(TRAINIO), "record", *args], stderr=subprocess.PIPE, text=True)
+    assert p.stderr is not None
+    err = p.stderr
+    seen: list[str] = []
+    ready = threading.Event()
+
+    def watch() -> None:
+        for line in err:
+            seen.append(line)
+            if line.startswith("trainio record: recording "):
+                ready.set()
+                return
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    t.join(timeout)
+    if ready.is_set():
+        return p
+    p.kill()
+    p.wait(timeout=30)
+    raise AssertionError(f"recorder exited {p.returncode} before recording: {''.join(seen)[-2000:]}")
 
 
 def wait_for_steps(job: subprocess.Popen, at_least: int = 1, timeout: float = 60) -> list[str]:

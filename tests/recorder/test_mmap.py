@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 # trainio_testlib puts analysis/ on the path: it goes first.
-from trainio_testlib import TRAINIO, mounted_loop_fs
+from trainio_testlib import mounted_loop_fs, start_recording
 
 # isort: split
 from trainio_analysis.trace import SCHEMA_MINOR, read_metadata, scan_trace
@@ -57,21 +57,6 @@ def _assert_no_file_event_lost(trace: Path) -> None:
     assert all(k.startswith("block_rq_complete:") and k != "block_rq_complete:ringbuf_full" for k in lost), lost
 
 
-def _record(out: Path, *cmd: str) -> subprocess.Popen[str]:
-    """`trainio record --layers block,file -o OUT -- CMD`, returned once it records."""
-    p = subprocess.Popen(
-        [str(TRAINIO), "record", "--layers", "block,file", "-o", str(out), "--", *cmd],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert p.stderr is not None
-    for line in p.stderr:
-        if line.startswith("trainio record: recording "):
-            return p
-    p.wait(timeout=30)
-    raise AssertionError(f"recorder exited {p.returncode} before recording")
-
-
 def test_page_faults_of_a_memmap_are_the_pages_touched_and_only_the_traced_processes(tmp_path: Path) -> None:
     with mounted_loop_fs(256) as (dev, majmin, mnt):
         path = mnt / "data.bin"
@@ -89,7 +74,19 @@ def test_page_faults_of_a_memmap_are_the_pages_touched_and_only_the_traced_proce
 
         go = tmp_path / "go"
         out = tmp_path / "trace"
-        rec = _record(out, sys.executable, "-c", TOUCH, str(path), str(go), *map(str, traced))
+        rec = start_recording(
+            "--layers",
+            "block,file",
+            "-o",
+            str(out),
+            "--",
+            sys.executable,
+            "-c",
+            TOUCH,
+            str(path),
+            str(go),
+            *map(str, traced),
+        )
         other = subprocess.Popen(
             [sys.executable, "-c", TOUCH, str(path), "-", *map(str, untraced)], stderr=subprocess.PIPE, text=True
         )
@@ -161,7 +158,18 @@ def test_pyarrow_memory_map_reads_are_madvise_rows_of_each_range(tmp_path: Path)
         _drop_caches()
         ranges = [(5 * PAGE + 100, 10_000), (9 * MiB + 7, 300_000), (MiB, PAGE)]
         out = tmp_path / "trace"
-        rec = _record(out, sys.executable, "-c", PYARROW_READ, str(path), *(f"{o}:{n}" for o, n in ranges))
+        rec = start_recording(
+            "--layers",
+            "block,file",
+            "-o",
+            str(out),
+            "--",
+            sys.executable,
+            "-c",
+            PYARROW_READ,
+            str(path),
+            *(f"{o}:{n}" for o, n in ranges),
+        )
         _, err = rec.communicate(timeout=120)
         assert rec.returncode == 0, err
         _assert_no_file_event_lost(out)

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 # trainio_testlib puts analysis/ on the path: it goes first.
-from trainio_testlib import TRAINIO, loop_device, majmin, run, trainio
+from trainio_testlib import TRAINIO, loop_device, majmin, run, start_recording, trainio
 
 # isort: split
 from trainio_analysis.trace import SCHEMA_MINOR, read_metadata, scan_trace
@@ -665,21 +665,6 @@ def _max_overlap(starts: list[int], ends: list[int]) -> int:
     return best
 
 
-def _start_recorder(out: Path, dev: str) -> subprocess.Popen[str]:
-    """A block-layer recorder of `dev` around `sleep`, returned once it says it records."""
-    p = subprocess.Popen(
-        [str(TRAINIO), "record", "-o", str(out), "--layers", "block", "--dev", dev, "--", "sleep", "600"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert p.stderr is not None
-    for line in p.stderr:
-        if "recording" in line:
-            return p
-    p.wait(timeout=30)
-    raise AssertionError(f"recorder exited {p.returncode} before recording")
-
-
 def test_two_recorders_account_for_every_request_the_device_counts(tmp_path: Path) -> None:
     """20 runs, each with two recorders of one device at once while it serves three kinds of
     load (16 synchronous 4 KiB readers, direct 1 MiB reads, buffered reads with readahead).
@@ -712,7 +697,9 @@ def test_two_recorders_account_for_every_request_the_device_counts(tmp_path: Pat
         for run_no in range(20):
             Path("/proc/sys/vm/drop_caches").write_text("1")
             traces = [tmp_path / f"r{run_no}-{k}" for k in (0, 1)]
-            recorders = [_start_recorder(t, dev) for t in traces]
+            recorders = [
+                start_recording("-o", str(t), "--layers", "block", "--dev", dev, "--", "sleep", "600") for t in traces
+            ]
             try:
                 before = _sys_stat(dev)
                 for load in loads:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import polars as pl
 import pytest
 
 from trainio_analysis.trace import read_metadata, scan_trace
-from trainio_testlib import TRAINIO, loop_device, run
+from trainio_testlib import loop_device, run, start_recording
 
 pytestmark = [pytest.mark.root]
 
@@ -67,21 +66,6 @@ def ftrace_completions(dev: str) -> Iterator[dict[str, int]]:
                 time.sleep(0.1)
 
 
-def _start_recorder(out: Path, dev: str) -> subprocess.Popen[str]:
-    """A block-layer recorder of `dev` around `sleep`, returned once its probes are attached."""
-    p = subprocess.Popen(
-        [str(TRAINIO), "record", "-o", str(out), "--layers", "block", "--dev", dev, "--", "sleep", "600"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert p.stderr is not None
-    for line in p.stderr:
-        if line.startswith("trainio record: recording "):
-            return p
-    p.wait(timeout=30)
-    raise AssertionError(f"recorder exited {p.returncode} before recording")
-
-
 def _fio(dev: str, iodepth: int) -> list[str]:
     return [
         "fio",
@@ -114,7 +98,7 @@ def test_every_completion_the_device_counts_is_a_row_or_counted_and_the_depth_st
         for iodepth in (1, 32):
             for run_no in range(RUNS):
                 out = tmp_path / f"qd{iodepth}-{run_no}"
-                recorder = _start_recorder(out, dev)
+                recorder = start_recording("-o", str(out), "--layers", "block", "--dev", dev, "--", "sleep", "600")
                 try:
                     with ftrace_completions(dev) as ftrace:
                         before = _completions(dev)
