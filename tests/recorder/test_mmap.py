@@ -57,6 +57,11 @@ def _assert_no_file_event_lost(trace: Path) -> None:
     assert all(k.startswith("block_rq_complete:") and k != "block_rq_complete:ringbuf_full" for k in lost), lost
 
 
+def _record(out: Path, *cmd: str) -> subprocess.Popen[str]:
+    """`trainio record --layers block,file -o OUT -- CMD`, returned once it records."""
+    return start_recording("--layers", "block,file", "-o", str(out), "--", *cmd)
+
+
 def test_page_faults_of_a_memmap_are_the_pages_touched_and_only_the_traced_processes(tmp_path: Path) -> None:
     with mounted_loop_fs(256) as (dev, majmin, mnt):
         path = mnt / "data.bin"
@@ -74,19 +79,7 @@ def test_page_faults_of_a_memmap_are_the_pages_touched_and_only_the_traced_proce
 
         go = tmp_path / "go"
         out = tmp_path / "trace"
-        rec = start_recording(
-            "--layers",
-            "block,file",
-            "-o",
-            str(out),
-            "--",
-            sys.executable,
-            "-c",
-            TOUCH,
-            str(path),
-            str(go),
-            *map(str, traced),
-        )
+        rec = _record(out, sys.executable, "-c", TOUCH, str(path), str(go), *map(str, traced))
         other = subprocess.Popen(
             [sys.executable, "-c", TOUCH, str(path), "-", *map(str, untraced)], stderr=subprocess.PIPE, text=True
         )
@@ -158,18 +151,7 @@ def test_pyarrow_memory_map_reads_are_madvise_rows_of_each_range(tmp_path: Path)
         _drop_caches()
         ranges = [(5 * PAGE + 100, 10_000), (9 * MiB + 7, 300_000), (MiB, PAGE)]
         out = tmp_path / "trace"
-        rec = start_recording(
-            "--layers",
-            "block,file",
-            "-o",
-            str(out),
-            "--",
-            sys.executable,
-            "-c",
-            PYARROW_READ,
-            str(path),
-            *(f"{o}:{n}" for o, n in ranges),
-        )
+        rec = _record(out, sys.executable, "-c", PYARROW_READ, str(path), *(f"{o}:{n}" for o, n in ranges))
         _, err = rec.communicate(timeout=120)
         assert rec.returncode == 0, err
         _assert_no_file_event_lost(out)
