@@ -248,9 +248,8 @@ fn untaken_slots(steps: &[TemplateStep], taken: usize, workers: usize) -> Vec<Op
     // Votes per reader for each residue, over the last taken batches (an epoch's workers
     // start their round at its first batch).
     let mut votes: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-    let from = taken.saturating_sub(8 * workers);
-    for (i, s) in steps[..taken].iter().enumerate().skip(from) {
-        if let Some(r) = reader(s) {
+    for i in taken.saturating_sub(8 * workers)..taken {
+        if let Some(r) = reader(&steps[i]) {
             votes.entry(r).or_insert_with(|| vec![0; workers])[i % workers] += 1;
         }
     }
@@ -260,8 +259,8 @@ fn untaken_slots(steps: &[TemplateStep], taken: usize, workers: usize) -> Vec<Op
     };
     let mut next: BTreeMap<usize, usize> = BTreeMap::new();
     let mut slots: Vec<Option<usize>> = Vec::new();
-    for (k, s) in steps.iter().enumerate().skip(taken) {
-        let Some(p) = reader(s).and_then(position) else { return in_order };
+    for k in taken..steps.len() {
+        let Some(p) = reader(&steps[k]).and_then(position) else { return in_order };
         let at = *next.entry(p).or_insert((p + workers - taken % workers) % workers);
         next.insert(p, at + workers);
         if slots.len() <= at {
