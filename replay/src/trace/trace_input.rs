@@ -75,10 +75,6 @@ pub struct Template {
     /// The GPU's batches: the `taken` it computed on, then those read ahead and never taken.
     pub steps: Vec<TemplateStep>,
     pub taken: usize,
-    /// The loader's window after the taken batches: position k holds the index into
-    /// `steps` of the untaken batch read there, None where no worker read one
-    /// (`untaken_slots`).
-    pub untaken_at: Vec<Option<usize>>,
     /// Readers: the GPU's workers (or the threads that read).
     pub concurrency: usize,
     pub workers: usize,
@@ -192,7 +188,6 @@ pub fn load_templates(
                     })
                     .collect(),
                 taken: g.steps_taken.min(g.steps.len()),
-                untaken_at: Vec::new(),
                 concurrency: g.readers.clamp(1, MAX_READERS),
                 workers: g.workers,
                 synchronous: g.synchronous,
@@ -224,53 +219,8 @@ pub fn load_templates(
                 setup_lead_s: g.setup_lead_s,
             }
         })
-        .map(|mut t: Template| {
-            t.untaken_at = untaken_slots(&t.steps, t.taken, t.workers);
-            t
-        })
         .collect();
     Ok((templates, model))
-}
-
-/// Where a GPU's untaken batches sit in its loader's window. PyTorch's DataLoader hands
-/// batch i to worker i mod workers, so one worker's untaken batches are `workers`
-/// positions apart, its other workers' positions between them (None when they read no
-/// batch there): the replay's window then starts each as late as the job's did. A
-/// worker's position is the residue its last taken batches had; where a batch has more
-/// than one reader or a worker's position is unknown, the untaken batches follow each
-/// other as recorded.
-fn untaken_slots(steps: &[TemplateStep], taken: usize, workers: usize) -> Vec<Option<usize>> {
-    let in_order = (taken..steps.len()).map(Some).collect();
-    let reader = |s: &TemplateStep| s.streams.first().copied().filter(|&f| s.streams.iter().all(|&x| x == f));
-    if workers < 2 || taken == steps.len() {
-        return in_order;
-    }
-    // Votes per reader for each residue, over the last taken batches (an epoch's workers
-    // start their round at its first batch).
-    let mut votes: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-    for i in taken.saturating_sub(8 * workers)..taken {
-        if let Some(r) = reader(&steps[i]) {
-            votes.entry(r).or_insert_with(|| vec![0; workers])[i % workers] += 1;
-        }
-    }
-    let position = |r: u32| {
-        let v = votes.get(&r)?;
-        v.iter().enumerate().max_by_key(|&(p, n)| (n, std::cmp::Reverse(p))).map(|(p, _)| p)
-    };
-    let mut next: BTreeMap<usize, usize> = BTreeMap::new();
-    let mut slots: Vec<Option<usize>> = Vec::new();
-    for k in taken..steps.len() {
-        let Some(p) = reader(&steps[k]).and_then(position) else { return in_order };
-        let at = *next.entry(p).or_insert((p + workers - taken % workers) % workers);
-        next.insert(p, at + workers);
-        if slots.len() <= at {
-            slots.resize(at + 1, None);
-        }
-        if slots[at].replace(k).is_some() {
-            return in_order;
-        }
-    }
-    slots
 }
 
 /// `--map-path OLD=NEW`: a recorded path under OLD is read at NEW (the longest OLD that
@@ -574,7 +524,7 @@ impl TraceProgram {
         let k = if step < self.steps_per_epoch {
             Some(step).filter(|&s| s < t.taken as u64)?
         } else {
-            (*t.untaken_at.get((step - self.steps_per_epoch) as usize)?)? as u64
+            t.taken as u64 + (step - self.steps_per_epoch)
         };
         t.steps.get(k as usize)
     }
@@ -787,7 +737,7 @@ impl Program for TraceProgram {
         if epoch + 1 != self.epochs || (t.taken as u64) > self.steps_per_epoch {
             return 0;
         }
-        t.untaken_at.len() as u64
+        (t.steps.len() - t.taken) as u64
     }
 }
 

@@ -73,7 +73,6 @@ fn template(files: &[&str]) -> Template {
             start_ns: 0,
         }],
         taken: 1,
-        untaken_at: Vec::new(),
         concurrency: 1,
         workers: 0,
         synchronous: true,
@@ -327,46 +326,4 @@ fn a_workers_think_time_follows_the_read_it_followed() {
         let cpu = g.steps[k].worker_cpu_s.unwrap();
         assert!((think.iter().sum::<u64>() as f64 - cpu * 1e9).abs() < 2.0, "step {k}: {think:?} against {cpu}");
     }
-}
-
-/// A GPU whose 2 workers took turns (batch i by worker i mod 2) and whose worker 0 read
-/// two batches past the last taken one: they sit two positions apart in the window, as
-/// PyTorch handed them out, with worker 1's position between them empty, so the replay
-/// starts the second one step later than if they followed each other.
-#[test]
-fn untaken_batches_keep_their_workers_turns() {
-    let step = |reader: u32| TemplateStep {
-        reads: vec![SampleRead::new(0, 0, 4096); 2],
-        streams: vec![reader; 2],
-        samples: 1,
-        compute_s: 0.05,
-        start_ns: 0,
-    };
-    let turns: Vec<TemplateStep> = [0, 1, 0, 1, 0, 1].into_iter().map(step).collect();
-    let with = |untaken: &[u32]| -> Vec<TemplateStep> {
-        turns.iter().cloned().chain(untaken.iter().map(|&r| step(r))).collect()
-    };
-    assert_eq!(untaken_slots(&with(&[0, 0]), 6, 2), vec![Some(6), None, Some(7)]);
-    assert_eq!(untaken_slots(&with(&[1, 0]), 6, 2), vec![Some(7), Some(6)]);
-    assert_eq!(untaken_slots(&with(&[0, 1, 0, 1]), 6, 2), vec![Some(6), Some(7), Some(8), Some(9)]);
-    // a batch two workers read, or no workers: as recorded
-    let mut mixed = with(&[0, 0]);
-    mixed[7].streams = vec![0, 1];
-    assert_eq!(untaken_slots(&mixed, 6, 2), vec![Some(6), Some(7)]);
-    assert_eq!(untaken_slots(&with(&[0, 0]), 6, 0), vec![Some(6), Some(7)]);
-
-    // The program's window: 3 untaken positions, the middle one empty.
-    let mut t = template(&["/d/a"]);
-    t.steps = with(&[0, 0]);
-    t.taken = 6;
-    t.workers = 2;
-    t.untaken_at = untaken_slots(&t.steps, t.taken, t.workers);
-    let root = Path::new("/r");
-    let p = Placement::new(std::slice::from_ref(&t), 1, root, None);
-    let opts = TraceOptions { epochs: 1, max_steps: 0, compute_override: None, prefetch_override: None };
-    let program = TraceProgram::new(vec![t], p, root, 1, &[0], opts);
-    assert_eq!(program.untaken_batches(0, 0), 3);
-    assert_eq!(program.batch(0, 0, 6).reads.len(), 2);
-    assert!(program.batch(0, 0, 7).reads.is_empty(), "worker 1 read no batch there");
-    assert_eq!(program.batch(0, 0, 8).reads.len(), 2);
 }
