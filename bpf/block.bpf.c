@@ -364,12 +364,17 @@ static __always_inline void learn_cpu_offset(__u64 base, struct blk_mq_ctx *ctx)
 
 static __always_inline void learn_cpu_offsets(struct request *rq)
 {
-	struct blk_mq_hw_ctx *hctx = rq->mq_hctx;
+	struct blk_mq_hw_ctx *hctx;
 	struct blk_mq_ctx **ctxs, *ctx;
-	__u64 base = as_number(W_PCPU_BASE, rq->q->queue_ctx);
+	__u64 base;
 	__u16 n;
 	int i;
 
+	/* Learnt once: every later issue goes straight to the counters. */
+	if (cpus_known >= nr_cpus)
+		return;
+	hctx = rq->mq_hctx;
+	base = as_number(W_PCPU_BASE, rq->q->queue_ctx);
 	learn_cpu_offset(base, rq->mq_ctx);
 	if (cpus_known >= nr_cpus || !hctx)
 		return;
