@@ -64,10 +64,11 @@ pub(crate) fn paced_by_arrivals(
     if tids.is_empty() {
         return None;
     }
-    let mut rows = file.to_vec();
+    // (row, its new stamp): the rows are copied only when one moves.
+    let mut moves: Vec<(usize, i64)> = Vec::new();
     let mut moved_ms: Vec<f64> = Vec::new();
     let (mut unknown, mut cached) = (0usize, 0usize);
-    for r in rows.iter_mut().filter(|r| tids.contains(&r.tid) && is_data_read(r)) {
+    for (i, r) in file.iter().enumerate().filter(|(_, r)| tids.contains(&r.tid) && is_data_read(r)) {
         if !arrivals.known_until(r.complete_ns) {
             unknown += 1;
             continue;
@@ -75,7 +76,7 @@ pub(crate) fn paced_by_arrivals(
         match arrivals.first_in(r.pid, r.issue_ns, r.complete_ns) {
             Some(at) if at > r.issue_ns => {
                 moved_ms.push((at - r.issue_ns) as f64 / 1e6);
-                r.issue_ns = at;
+                moves.push((i, at));
             }
             Some(_) => {}
             None => cached += 1,
@@ -96,6 +97,10 @@ pub(crate) fn paced_by_arrivals(
         moved_ms.len(),
         quantile(&moved_ms, 0.5).unwrap_or(0.0),
     ));
+    let mut rows = file.to_vec();
+    for (i, at) in moves {
+        rows[i].issue_ns = at;
+    }
     Some(rows)
 }
 
