@@ -135,6 +135,11 @@ def mounted_loop_fs(size_mb: int, *, quiet: bool = False) -> Iterator[tuple[str,
         shutil.rmtree(mnt, ignore_errors=True)
 
 
+def block_stat(dev: str) -> list[int]:
+    """The fields of /sys/block/NAME/stat of `dev` (a /dev path or a name)."""
+    return [int(x) for x in Path(f"/sys/block/{Path(dev).name}/stat").read_text().split()]
+
+
 def majmin(dev: str) -> str:
     """`MAJ:MIN` of a block device node, as traces spell `dev`."""
     st = os.stat(dev)

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 # trainio_testlib puts analysis/ on the path: it goes first.
-from trainio_testlib import TRAINIO, loop_device, majmin, run, start_recording, trainio
+from trainio_testlib import TRAINIO, block_stat, loop_device, majmin, run, start_recording, trainio
 
 # isort: split
 from trainio_analysis.trace import SCHEMA_MINOR, read_metadata, scan_trace
@@ -651,7 +651,7 @@ def test_batches_still_held_at_the_end_are_written(tmp_path: Path, loop_dev: str
 
 def _sys_stat(dev: str) -> tuple[int, int]:
     """(requests completed, bytes) read and written, from /sys/block/NAME/stat."""
-    f = [int(x) for x in Path(f"/sys/block/{Path(dev).name}/stat").read_text().split()]
+    f = block_stat(dev)
     return f[0] + f[4], (f[2] + f[6]) * 512
 
 

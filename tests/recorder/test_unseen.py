@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 
 from trainio_analysis.trace import read_metadata, scan_trace
-from trainio_testlib import loop_device, run, start_recording
+from trainio_testlib import block_stat, loop_device, run, start_recording
 
 pytestmark = [pytest.mark.root]
 
@@ -28,7 +28,7 @@ MISSED = ("block_rq_complete:unseen", "block_rq_complete:in_flight_at_end")
 
 def _completions(dev: str) -> int:
     """Requests the device completed (reads and writes), from /sys/block/NAME/stat."""
-    f = [int(x) for x in Path(f"/sys/block/{Path(dev).name}/stat").read_text().split()]
+    f = block_stat(dev)
     return f[0] + f[4]
 
 
