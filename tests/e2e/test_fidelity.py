@@ -35,7 +35,7 @@ GPUS = 4
 #: before the device sees it; the model times them by their block-layer arrivals
 #: (model/src/async_reads.rs), so the replay staggers the GPUs' prefetch fills as the job
 #: did. The replay against the nearer original scored 0.10-0.88 in 12 runs (the two
-#: originals 0.19-0.84 apart), against 0.09-1.73 in 9 runs before.
+#: originals 0.19-0.84 apart; docs/measurements.md).
 QD_W1 = {"psync": 1.0, "io_uring": 1.0}
 
 

@@ -85,7 +85,7 @@ QD_W1_MISSED = {"storage-w2-wds": 3.0}
 #: AU bounds where the issue's target (2 points) is not met yet, at the worst measured plus
 #: a margin. Arrow storage-bound: the replay's AU ran 2.6, 2.8 and 3.0 points under the
 #: job's in three runs on a quiet host (job 75.1-75.8, replay 72.5-72.8; block bytes,
-#: MiB/s and QD within target), 1.5 in earlier ones; likely because the replay reads a
+#: MiB/s and QD within target), likely because the replay reads a
 #: mapped batch's pages in whole fault-around windows where the job's faults touched
 #: fewer (issue #30, open).
 AU_MISSED = {"storage-w2-arrow": 4.0}
