@@ -19,6 +19,10 @@ use crate::writes;
 const MIN_STEP_GAP_NS: i64 = 500_000;
 /// The largest gap jump must be at least this ratio to separate batches from their insides.
 const MIN_GAP_RATIO: f64 = 3.0;
+/// A jump with fewer gaps above it than this may be a job's start, end and epochs.
+const MIN_STEPS_ABOVE: usize = 8;
+/// The least jump taken between batches when only a jump below a few long gaps is clearer.
+const WEAK_GAP_RATIO: f64 = 2.0;
 /// Default step gap when the gaps show no clear jump.
 pub const DEFAULT_BURST_GAP_MS: f64 = 10.0;
 
@@ -224,21 +228,37 @@ fn activity<'a>(ev: &GpuEvidence<'a>, warnings: &mut Vec<String>) -> Activity<'a
 
 /// The step gap: the geometric middle of the largest jump between sorted gaps (at least
 /// MIN_GAP_RATIO, above MIN_STEP_GAP_NS), else the default.
+///
+/// A job's start, its end and its epochs' starts leave a few gaps far longer than the
+/// rest, and on a busy host the gaps inside a batch (a stalled read) and between batches
+/// (a loader running behind) can come within MIN_GAP_RATIO of each other. The jump above
+/// those few long gaps then looks the clearest, and a step would be a whole epoch. So a
+/// jump with at least MIN_STEPS_ABOVE gaps above it is preferred: the largest such jump of
+/// at least MIN_GAP_RATIO, else (when only a jump below a few long gaps reaches it) the
+/// largest such jump of at least WEAK_GAP_RATIO.
 pub fn step_gap_ns(gaps: &[i64]) -> (i64, bool) {
     let mut g: Vec<i64> = gaps.iter().copied().filter(|&x| x > 0).collect();
     g.sort_unstable();
-    let mut best: Option<(f64, i64)> = None;
-    for w in g.windows(2) {
-        if w[1] < MIN_STEP_GAP_NS {
-            continue;
-        }
-        let lo = w[0].max(1) as f64;
-        let ratio = w[1] as f64 / lo;
-        if ratio >= MIN_GAP_RATIO && best.is_none_or(|(r, _)| ratio > r) {
-            best = Some((ratio, ((lo * w[1] as f64).sqrt() as i64).max(MIN_STEP_GAP_NS)));
-        }
-    }
-    match best {
+    // (ratio, gap, gaps above) per jump between neighbours, the upper at least MIN_STEP_GAP_NS.
+    let jumps: Vec<(f64, i64, usize)> = g
+        .windows(2)
+        .enumerate()
+        .filter(|(_, w)| w[1] >= MIN_STEP_GAP_NS)
+        .map(|(i, w)| {
+            let lo = w[0].max(1) as f64;
+            (w[1] as f64 / lo, ((lo * w[1] as f64).sqrt() as i64).max(MIN_STEP_GAP_NS), g.len() - 1 - i)
+        })
+        .collect();
+    let best = |min_ratio: f64, min_above: usize| {
+        jumps.iter().filter(|&&(r, _, above)| r >= min_ratio && above >= min_above).fold(
+            None,
+            |b: Option<(f64, i64)>, &(r, t, _)| if b.is_none_or(|(br, _)| r > br) { Some((r, t)) } else { b },
+        )
+    };
+    let clear = best(MIN_GAP_RATIO, 0);
+    let chosen =
+        best(MIN_GAP_RATIO, MIN_STEPS_ABOVE).or_else(|| clear.and(best(WEAK_GAP_RATIO, MIN_STEPS_ABOVE))).or(clear);
+    match chosen {
         Some((_, t)) => (t, true),
         None => ((DEFAULT_BURST_GAP_MS * 1e6) as i64, false),
     }
@@ -270,15 +290,18 @@ fn finish_burst(s: &mut Step, opens: u32, steps: &mut Vec<Step>) -> bool {
 
 /// Loader threads that read ahead fill their prefetch queue at an epoch's start (and catch
 /// up after a stall) with several batches read back to back: one burst that holds k whole
-/// batches. A burst that read k (≥ 2) times as many files as the modal burst's B is split
-/// into k steps of B files each (in the order of their first read), each starting at its
-/// first read; the burst's recorded period is shared evenly between them, so the replay
-/// keeps the recorded pace and the step period stays the compute time. Files, not opens,
-/// count here: a thread reading ahead opens its next sample in one burst and reads it in
-/// the next. Conversely, consecutive bursts that together read B files (a batch whose last
-/// read stalled past the step gap) are one step. Returns the steps, how many bursts were
-/// split, how many steps were joined from several bursts, and the most batches one burst
-/// held.
+/// batches. Conversely a batch whose read stalled past the step gap spreads over several
+/// bursts, and a fill that a stall cut in two holds whole batches only counted together.
+/// So the bursts are taken in runs: from each burst, the fewest consecutive bursts (at
+/// most MAX_RUN) whose files number a multiple of the modal burst's B. A run of one burst
+/// of B files stays as it is; any other run becomes its files / B steps of B files each,
+/// in the order of their first read, each starting at its first read. The run's recorded
+/// periods are shared evenly between its steps, so the replay keeps the recorded pace and
+/// the step period stays the compute time. Files, not opens, count here: a thread reading
+/// ahead opens its next sample in one burst and reads it in the next. A burst that starts
+/// no such run (an epoch's short last batch) stays as it is. Returns the steps, how many
+/// runs were split into more steps than bursts, how many were joined into fewer (or as
+/// many), and the most batches one burst held.
 /// `times`: per step, the (issue, complete) ns of each of its reads.
 fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, usize, usize, usize) {
     // A step's files in the order of their first read (a burst of a storage-bound loader
@@ -287,9 +310,10 @@ fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, us
         let mut seen: HashSet<u32> = HashSet::new();
         s.reads.iter().map(|r| r.file).filter(|&f| seen.insert(f)).collect::<Vec<u32>>()
     };
+    let files: Vec<Vec<u32>> = steps.iter().map(files_of).collect();
     let mut counts: HashMap<usize, usize> = HashMap::new();
-    for s in &steps {
-        *counts.entry(files_of(s).len()).or_default() += 1;
+    for f in &files {
+        *counts.entry(f.len()).or_default() += 1;
     }
     // The modal batch: the most common count of files read (the smaller on a tie), at least 2,
     // seen in at least half the bursts and at least 3 times.
@@ -297,43 +321,78 @@ fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, us
     else {
         return (steps, 0, 0, 1);
     };
-    if batch < 2 || seen < 3 || seen * 2 < steps.len() || times.len() != steps.len() {
+    if batch < 2
+        || seen < 3
+        || seen * 2 < steps.len()
+        || times.len() != steps.len()
+        || steps.iter().zip(times).any(|(s, t)| t.len() != s.reads.len())
+    {
         return (steps, 0, 0, 1);
     }
     let mut out = Vec::with_capacity(steps.len());
     let (mut split, mut joined, mut deepest) = (0, 0, 1);
-    for (s, t) in steps.into_iter().zip(times) {
-        let order = files_of(&s);
-        let k = order.len() / batch;
-        if k < 2 || order.len() % batch != 0 || t.len() != s.reads.len() {
-            out.push(s);
-            continue;
-        }
-        split += 1;
-        deepest = deepest.max(k);
-        // Samples: one per file when the burst counted one per file, else shared evenly.
-        let samples = |i: usize| {
-            if s.samples as usize == order.len() {
-                batch as u32
-            } else {
-                s.samples / k as u32 + u32::from(i < s.samples as usize % k)
+    let mut i = 0;
+    while i < steps.len() {
+        // The run's distinct files (a file read in two bursts counts once).
+        let mut union: HashSet<u32> = HashSet::new();
+        let mut total = 0;
+        let mut end = None;
+        for (j, f) in files.iter().enumerate().skip(i).take(MAX_RUN) {
+            union.extend(f);
+            total = union.len();
+            if total % batch == 0 {
+                end = Some(j + 1);
+                break;
             }
+        }
+        let Some(j) = end.filter(|&j| j > i + 1 || total != batch) else {
+            out.push(steps[i].clone());
+            i += 1;
+            continue;
         };
-        let mut parts: Vec<Step> = (0..k)
-            .map(|i| Step {
-                reads: Vec::new(),
-                bytes: 0,
-                samples: samples(i),
-                first_read_ns: i64::MAX,
-                ready_ns: i64::MIN,
-                interval_s: None,
-                wait_s: 0.0,
-                period_s: s.period_s.map(|p| p / k as f64),
-                worker_cpu_s: None,
-                taken: true,
-            })
-            .collect();
-        let position: HashMap<u32, usize> = order.iter().enumerate().map(|(i, &f)| (f, i)).collect();
+        let parts = regroup_run(&steps[i..j], &times[i..j], &files[i..j], batch);
+        if parts.len() > j - i {
+            split += 1;
+        } else {
+            joined += 1;
+        }
+        deepest = deepest.max(files[i..j].iter().map(|f| f.len().div_ceil(batch)).max().unwrap_or(1));
+        out.extend(parts);
+        i = j;
+    }
+    (out, split, joined, deepest)
+}
+
+/// Bursts read back to back at most: a run longer than this is not one stalled batch or fill.
+const MAX_RUN: usize = 4;
+
+/// The steps of one run of bursts (`regroup_bursts`): its files, in the order of their
+/// first read, cut into batches of `batch`.
+fn regroup_run(run: &[Step], times: &[Vec<(i64, i64)>], files: &[Vec<u32>], batch: usize) -> Vec<Step> {
+    let mut position: HashMap<u32, usize> = HashMap::new();
+    for &f in files.iter().flatten() {
+        let next = position.len();
+        position.entry(f).or_insert(next);
+    }
+    let k = position.len().div_ceil(batch);
+    let samples: u32 = run.iter().map(|s| s.samples).sum();
+    let one_per_file = samples as usize == files.iter().map(Vec::len).sum::<usize>();
+    let period: Option<f64> = run.iter().map(|s| s.period_s).sum();
+    let mut parts: Vec<Step> = (0..k)
+        .map(|i| Step {
+            reads: Vec::new(),
+            bytes: 0,
+            samples: if one_per_file { batch as u32 } else { samples / k as u32 + u32::from(i < samples as usize % k) },
+            first_read_ns: i64::MAX,
+            ready_ns: i64::MIN,
+            interval_s: None,
+            wait_s: 0.0,
+            period_s: period.map(|p| p / k as f64),
+            worker_cpu_s: None,
+            taken: true,
+        })
+        .collect();
+    for (s, t) in run.iter().zip(times) {
         for (r, &(issue, done)) in s.reads.iter().zip(t) {
             let part = &mut parts[position[&r.file] / batch];
             part.reads.push(*r);
@@ -341,54 +400,16 @@ fn regroup_bursts(steps: Vec<Step>, times: &[Vec<(i64, i64)>]) -> (Vec<Step>, us
             part.first_read_ns = part.first_read_ns.min(issue);
             part.ready_ns = part.ready_ns.max(done);
         }
-        // The first batch starts with the burst (its opens included).
-        parts[0].first_read_ns = parts[0].first_read_ns.min(s.first_read_ns);
-        for i in 0..parts.len() {
-            parts[i].wait_s = (parts[i].ready_ns - parts[i].first_read_ns).max(0) as f64 / 1e9;
-            parts[i].interval_s = match parts.get(i + 1) {
-                Some(next) => Some((next.first_read_ns - parts[i].ready_ns).max(0) as f64 / 1e9),
-                None => s.interval_s,
-            };
-        }
-        out.extend(parts);
     }
-    // A batch split by a stalled read: consecutive bursts of fewer files than B whose files
-    // together are B make one step.
-    let mut steps = Vec::with_capacity(out.len());
-    let mut i = 0;
-    while i < out.len() {
-        let mut files: HashSet<u32> = files_of(&out[i]).into_iter().collect();
-        let mut j = i + 1;
-        while files.len() < batch && j < out.len() {
-            let mut union = files.clone();
-            union.extend(files_of(&out[j]));
-            if union.len() > batch {
-                break;
-            }
-            files = union;
-            j += 1;
-        }
-        if j > i + 1 && files.len() == batch {
-            let mut s = out[i].clone();
-            for next in &out[i + 1..j] {
-                s.reads.extend_from_slice(&next.reads);
-                s.bytes += next.bytes;
-                s.samples += next.samples;
-                s.ready_ns = s.ready_ns.max(next.ready_ns);
-                s.interval_s = next.interval_s;
-                s.period_s = match (s.period_s, next.period_s) {
-                    (Some(a), Some(b)) => Some(a + b),
-                    (a, b) => a.or(b),
-                };
-            }
-            s.wait_s = (s.ready_ns - s.first_read_ns).max(0) as f64 / 1e9;
-            steps.push(s);
-            joined += 1;
-            i = j;
-        } else {
-            steps.push(out[i].clone());
-            i += 1;
-        }
+    // The first batch starts with the run (its opens included).
+    parts[0].first_read_ns = parts[0].first_read_ns.min(run[0].first_read_ns);
+    let last_interval = run[run.len() - 1].interval_s;
+    for i in 0..parts.len() {
+        parts[i].wait_s = (parts[i].ready_ns - parts[i].first_read_ns).max(0) as f64 / 1e9;
+        parts[i].interval_s = match parts.get(i + 1) {
+            Some(next) => Some((next.first_read_ns - parts[i].ready_ns).max(0) as f64 / 1e9),
+            None => last_interval,
+        };
     }
-    (steps, split, joined, deepest)
+    parts
 }

@@ -649,6 +649,48 @@ fn a_batch_split_by_a_stalled_read_is_joined_into_one_step() {
 }
 
 #[test]
+fn a_fill_cut_by_a_stall_is_split_into_its_batches() {
+    let mut input = Input::default();
+    rank_with_reader_threads(&mut input, 200, 5, 4, 50, 2, 20);
+    // In each epoch's fill (5 batches, 20 samples read 4 at a time), the last 5 samples
+    // are read 20 ms late: the fill is two bursts of 15 and 5 files, neither whole batches.
+    let reads: Vec<usize> = input.file.iter().enumerate().filter(|(_, r)| &*r.op == "read").map(|(i, _)| i).collect();
+    let epoch = reads.len() / 2;
+    for first in [0, epoch] {
+        let from = input.file[reads[first + 15]].issue_ns;
+        let to = input.file[reads[first + 19]].complete_ns;
+        for r in input.file.iter_mut().filter(|r| r.issue_ns >= from && r.issue_ns <= to) {
+            r.issue_ns += 20 * MS;
+            r.complete_ns += 20 * MS;
+        }
+    }
+    let m = infer(&input, &Options::default()).unwrap();
+    let g = &m.gpus[0];
+    assert_eq!(g.steps.len(), 40, "{}", describe(&m).join("\n"));
+    assert!(g.steps.iter().all(|s| s.samples == 4 && s.bytes == 4 * MIB), "every step one batch");
+    assert!(m.warnings.iter().any(|w| w.contains("held several whole batches")), "{:?}", m.warnings);
+    assert!(close(g.required_mib_s.unwrap(), 80.0, 0.02), "{:?}", g.required_mib_s);
+}
+
+#[test]
+fn a_few_long_gaps_at_a_jobs_start_end_and_epochs_are_not_the_step_gap() {
+    // From a recording on a busy host: reads inside a batch µs apart, a loader running
+    // behind now and then (3 to 15 ms between batches), the compute gaps 41 to 54 ms, and
+    // the job's start, end and second epoch 249 to 307 ms. The jump from 15 to 41 ms is
+    // under MIN_GAP_RATIO; the one below the three long gaps is above it.
+    let mut gaps: Vec<i64> = (0..300).map(|i| 40_000 + (i % 18) * 50_000).collect();
+    gaps.extend([2_140_000, 3_100_000, 5_720_000, 8_840_000, 10_070_000, 12_940_000, 14_540_000]);
+    gaps.extend((0..36).map(|i| 41_020_000 + i * 350_000));
+    gaps.extend([249_000_000, 249_500_000, 307_000_000]);
+    let (g, found) = step_gap_ns(&gaps);
+    assert!(found);
+    assert!(g > 14_540_000 && g < 41_020_000, "{g}");
+    // With few gaps in all (a short job), the largest jump is the step gap as before.
+    let (g, found) = step_gap_ns(&[200_000, 300_000, 51 * MS, 50 * MS, 52 * MS]);
+    assert!(found && g > 300_000 && g < 50 * MS, "{g}");
+}
+
+#[test]
 fn a_trace_sets_model_is_every_hosts_gpus_on_one_clock() {
     // h1: one rank; h2: the same pid (another kernel), a slower reader, its clock 7 s
     // behind h1's (shift +7 s onto the set's clock).
