@@ -83,13 +83,6 @@ pub struct Batch {
     /// that issues it; a reader issues its reads one at a time, in order. Empty: read i
     /// goes to reader i mod workers.
     pub streams: Vec<u32>,
-    /// Recorded mode: the job's worker handed this batch off together with its next one
-    /// (batch step + workers): the GPU gets it only once that one is read too.
-    /// multiprocessing's feeder thread puts a finished batch on the pipe, and it needs
-    /// the GIL, which the worker's main thread keeps while it faults in the pages of its
-    /// next batch (a copy out of a memory mapping): a worker with its next index already
-    /// queued (a loader's first batches) hands off its first batch with its second.
-    pub with_next: bool,
 }
 
 /// What every simulated GPU of this rank does; implemented by the workload and trace modes.

@@ -146,7 +146,6 @@ impl FakeProgram {
                 samples: 3,
                 reads: (0..3).map(|i| SampleRead::new(file_id(g, e, s, i), 0, 65536)).collect(),
                 streams: Vec::new(),
-                with_next: false,
             }),
             not_before: None,
             untaken: 0,
@@ -390,7 +389,6 @@ fn a_short_read_ends_the_request_and_a_full_one_goes_on() {
         samples: 2,
         reads: (0..2).map(|i| SampleRead::new(file_id(g, e, s, i), 0, 3 << 20)).collect(),
         streams: Vec::new(),
-        with_next: false,
     });
     let r = run_with(&p, 1, false, |_| MS, |f| if f % 100 == 0 { 3 << 19 } else { 3 << 20 });
     let reads = |i: u32| -> Vec<(u64, u32)> {
@@ -419,9 +417,9 @@ fn a_streamed_file_closes_after_its_last_read() {
     p.batch = Box::new(move |_, _, s| {
         let read = |file, k: u64, close| SampleRead { close, ..SampleRead::new(file, k * 4096, 4096) };
         match s {
-            0 => Batch { samples: 1, reads: vec![read(a, 0, false), read(b, 0, false)], streams: vec![0, 1], with_next: false },
-            1 => Batch { samples: 1, reads: vec![read(a, 1, false), read(b, 1, true)], streams: vec![0, 1], with_next: false },
-            _ => Batch { samples: 1, reads: vec![read(a, 2, true)], streams: vec![0], with_next: false },
+            0 => Batch { samples: 1, reads: vec![read(a, 0, false), read(b, 0, false)], streams: vec![0, 1] },
+            1 => Batch { samples: 1, reads: vec![read(a, 1, false), read(b, 1, true)], streams: vec![0, 1] },
+            _ => Batch { samples: 1, reads: vec![read(a, 2, true)], streams: vec![0] },
         }
     });
     let r = run_with(&p, 1, false, |s| if s.slot == 0 { 3 * MS } else { MS }, big);
@@ -488,7 +486,7 @@ fn a_readers_cpu_time_after_a_read_delays_its_next_read_and_its_batch() {
     (p.recorded, p.threads, p.prefetch, p.steps, p.compute_ns) = (true, 1, 1, 2, MS);
     p.batch = Box::new(move |_, _, s| {
         let read = |k: u64| SampleRead { think_ns: 5 * MS, ..SampleRead::new(7, (2 * s + k) * 4096, 4096) };
-        Batch { samples: 2, reads: vec![read(0), read(1)], streams: vec![0, 0], with_next: false }
+        Batch { samples: 2, reads: vec![read(0), read(1)], streams: vec![0, 0] }
     });
     let r = run_with(&p, 1, false, |_| MS, big);
     let submits: Vec<u64> =
@@ -530,7 +528,6 @@ fn untaken_batches_are_read_beside_the_last_steps_and_not_computed() {
         samples: 2,
         reads: (0..2).map(|i| SampleRead::new(file_id(g, e, s, i), 0, 4096)).collect(),
         streams: vec![(s % 2) as u32; 2],
-        with_next: false,
     });
     let r = run_with(&p, 1, false, |_| MS, big);
     let batches: Vec<u64> =
@@ -567,7 +564,6 @@ fn at_the_end_a_worker_finishes_the_untaken_batch_it_started_and_no_other() {
         samples: 1,
         reads: (0..3).map(|i| SampleRead::new(file_id(g, e, s, i), 0, 4096)).collect(),
         streams: vec![if s < 2 { s as u32 } else { 0 }; 3],
-        with_next: false,
     });
     let r = run_with(&p, 1, false, |_| 10 * MS, big);
     // Batches 0 and 1 are read by 30 ms; batch 2 starts when step 0 is taken (30 ms),
@@ -580,26 +576,4 @@ fn at_the_end_a_worker_finishes_the_untaken_batch_it_started_and_no_other() {
     assert_eq!((g.steps, g.bytes), (2, 9 * 4096));
     assert_eq!(g.epochs[0].duration_s, 0.032);
     assert_eq!(r.stats.wall_s, 0.060);
-}
-
-/// A batch the job's worker handed off with its next one (`Batch::with_next`) reaches the
-/// GPU once that one is read too, not when its own reads end; the other batches as soon
-/// as they are read.
-#[test]
-fn a_batch_handed_off_with_the_next_waits_for_it() {
-    let clock = Rc::new(Cell::new(0));
-    let mut p = FakeProgram::new(&clock);
-    (p.recorded, p.threads, p.prefetch, p.steps, p.compute_ns) = (true, 2, 4, 4, MS);
-    // Batch s: one read of 4 KiB by worker s mod 2; worker 0 handed batch 0 off with batch 2.
-    p.batch = Box::new(|g, e, s| Batch {
-        samples: 1,
-        reads: vec![SampleRead::new(file_id(g, e, s, 0), 0, 4096)],
-        streams: vec![(s % 2) as u32],
-        with_next: s == 0,
-    });
-    let r = run_with(&p, 1, false, |_| 10 * MS, big);
-    // Batches 0 and 1 are read by 10 ms, 2 and 3 by 20 ms: step 0 starts at 20 ms (with
-    // batch 2), not at 10 ms; steps 1-3 follow at once, their batches long read.
-    let computes = compute_starts(&r.ev, 0);
-    assert_eq!(computes, vec![(0, 20 * MS), (1, 21 * MS), (2, 22 * MS), (3, 23 * MS)]);
 }

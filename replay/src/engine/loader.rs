@@ -267,29 +267,8 @@ impl<'a, P: Program, B: Backend> Engine<'a, P, B> {
     }
 
     /// If GPU `g` is waiting and its next batch is complete, take it and start computing.
-    /// Whether the GPU's oldest batch, done, may be handed off: one the job handed off
-    /// with its worker's next batch (`Batch::with_next`) waits until that one is done too,
-    /// unless that batch is past the loader's end or outside the prefetch window (it
-    /// could not start before this one is taken).
-    fn held_ready(&self, g: usize) -> bool {
-        let gpu = &self.gpus[g];
-        let Some(front) = gpu.slots.front() else { return true };
-        if !front.batch.with_next {
-            return true;
-        }
-        let next = front.step + gpu.workers.len() as u64;
-        let end = self.program.steps_per_epoch() + self.program.untaken_batches(g, gpu.epoch);
-        if next >= end || next >= gpu.consumed + gpu.window {
-            return true;
-        }
-        gpu.slots.get((next - front.step) as usize).is_some_and(|s| s.done)
-    }
-
     pub(super) fn try_consume(&mut self, g: usize) -> Result<()> {
         let now = self.now();
-        if !self.held_ready(g) {
-            return Ok(());
-        }
         let gpu = &mut self.gpus[g];
         let State::WaitBatch { since } = gpu.state else {
             return Ok(());

@@ -50,19 +50,6 @@ use std::path::{Path, PathBuf};
 use trainio_model::writes::WriteOp;
 use trainio_model::{infer_trace, JobModel, Options};
 
-/// Whether GPU `g`'s worker handed step `k`'s batch off together with its next batch
-/// (step k + workers, the same worker's): their handoffs within one message-merge span,
-/// a batch of its own after the first (`Batch::with_next`).
-fn handed_off_with_next(g: &trainio_model::GpuModel, k: usize) -> bool {
-    /// Two handoffs this close are one write of two batches (a feeder thread's backlog).
-    const TOGETHER_NS: i64 = 2_000_000;
-    if g.step_signal != "handoff" || g.workers == 0 {
-        return false;
-    }
-    let (Some(s), Some(next)) = (g.steps.get(k), g.steps.get(k + g.workers)) else { return false };
-    next.first_read_ns < s.ready_ns && (next.ready_ns - s.ready_ns).abs() <= TOGETHER_NS
-}
-
 #[derive(Debug, Clone)]
 pub struct TemplateStep {
     /// `file` is the index into the template's files.
@@ -74,9 +61,6 @@ pub struct TemplateStep {
     /// Paced templates: when the burst's first read was issued, ns after the first read
     /// of the trace (of any template).
     pub start_ns: u64,
-    /// The job's worker handed this batch off together with its next one
-    /// (`Batch::with_next`).
-    pub with_next: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -185,8 +169,7 @@ pub fn load_templates(
                 steps: g
                     .steps
                     .iter()
-                    .enumerate()
-                    .map(|(k, s)| TemplateStep {
+                    .map(|s| TemplateStep {
                         // A worker's own time on its batch (decoding, collating), after
                         // the read it followed, as the worker spent it.
                         reads: s
@@ -202,7 +185,6 @@ pub fn load_templates(
                         samples: s.samples,
                         compute_s: if g.paced { s.period_s.unwrap_or(compute) } else { compute },
                         start_ns: ((s.first_read_ns - origin).max(0) as f64 * scale) as u64,
-                        with_next: handed_off_with_next(g, k),
                     })
                     .collect(),
                 taken: g.steps_taken.min(g.steps.len()),
@@ -583,7 +565,6 @@ impl Program for TraceProgram {
                 samples: s.samples,
                 streams: s.streams.clone(),
                 reads: s.reads.iter().map(|r| SampleRead { file: self.placement.file(g, r.file), ..*r }).collect(),
-                with_next: s.with_next,
             },
             None => Batch::default(),
         }

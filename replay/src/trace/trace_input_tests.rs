@@ -71,7 +71,6 @@ fn template(files: &[&str]) -> Template {
             samples: 1,
             compute_s: 0.0,
             start_ns: 0,
-            with_next: false,
         }],
         taken: 1,
         concurrency: 1,

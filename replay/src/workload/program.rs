@@ -157,7 +157,7 @@ impl WorkloadProgram {
             for &k in &order[from..to] {
                 self.touch_mapped(files[(k as u64 / spf) as usize], k as u64 % spf);
             }
-            return Batch { samples: (to - from) as u32, reads: Vec::new(), streams: Vec::new(), with_next: false };
+            return Batch { samples: (to - from) as u32, reads: Vec::new(), streams: Vec::new() };
         }
         let mut reads = self.index_reads(gpu, epoch, step);
         let samples = order[from..to].iter().map(|&k| (files[(k as u64 / spf) as usize], k as u64 % spf));
@@ -173,11 +173,11 @@ impl WorkloadProgram {
                     last = Some(f);
                 }
             }
-            return Batch { samples: (to - from) as u32, reads, streams: Vec::new(), with_next: false };
+            return Batch { samples: (to - from) as u32, reads, streams: Vec::new() };
         }
         if !self.dali() {
             reads.extend(samples.flat_map(|(f, k)| self.sample_reads(f, k)));
-            return Batch { samples: (to - from) as u32, reads, streams: Vec::new(), with_next: false };
+            return Batch { samples: (to - from) as u32, reads, streams: Vec::new() };
         }
         // DALI: the GPU's process read the index files (stream 0) before its workers start.
         let mut streams = vec![0; reads.len()];
@@ -194,7 +194,7 @@ impl WorkloadProgram {
             streams.extend(std::iter::repeat_n(dali_worker(j, samples.len(), self.read_threads) as u32, sample.len()));
             reads.extend(sample);
         }
-        Batch { samples: (to - from) as u32, reads, streams, with_next: false }
+        Batch { samples: (to - from) as u32, reads, streams }
     }
 
     /// Whether the readers sleep DLIO's `preprocess_time`: set, and not TFRecord (DLIO's
