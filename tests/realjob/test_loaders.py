@@ -83,7 +83,7 @@ SCENARIOS = DEFAULT + (MORE if os.environ.get("TRAINIO_LOADERS") == "all" else [
 #: on the rest of the host's load (docs/measurements.md, issue #30).
 QD_W1_MISSED = {"storage-w2-wds": 3.0}
 #: AU bounds where the issue's target (2 points) is not met yet, at the worst measured plus
-#: a margin. Arrow storage-bound: the replay's AU runs 2.4-3.1 points under the job's on this
+#: a margin. Arrow storage-bound: the replay's AU runs 2.3-3.1 points under the job's on this
 #: host (block bytes, MiB/s and QD within target). Its first step ends ~0.1 s too
 #: soon: the job's workers hand off their first batch together with their second (the
 #: feeder thread waits for the GIL while the worker faults in its next batch), the
