@@ -183,7 +183,9 @@ def run_scenario(
     (compare_blocks). With `reference` (and `record_replay`), the job runs a second time
     after the replay and `job_b` has its figures and its block reads against the first
     run's: the spread between two runs of the job itself. With `keep`, the
-    traces and JSON outputs go to that directory (created) and stay there."""
+    traces and JSON outputs go to that directory (created) and stay there, the job's own
+    figures among them (job.json: its per-step waits and step ends, CLOCK_MONOTONIC as the
+    traces' times, to set against the traces)."""
     data = mnt / sc.name
     majmin = device_of(data)
     if keep is not None:
@@ -208,6 +210,7 @@ def run_scenario(
             ).job
 
         job = record_job(trace)
+        (tmp / "job.json").write_text(json.dumps(job))
         mapped = mapped_layer(trace, job["wall_s"])
         a = subprocess.run(
             [str(TRAINIO), "analyze", str(trace), "--layer", "file", "--json"],
