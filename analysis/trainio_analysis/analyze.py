@@ -33,6 +33,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from trainio_analysis import kernels
 from trainio_analysis import trace as tr
 from trainio_analysis.analyze_decode import Chunk, Decoder, ProcessTotals
 from trainio_analysis.analyze_object import object_requests
@@ -68,7 +69,13 @@ class _Analyzer:
         self.burst_gap_ms = burst_gap_ms
         self.with_model = with_model
         self.step_gap_ms = step_gap_ms
-        self.decoder = Decoder(self.plan)
+        # the job model fed from this pass's decoding (a trace set's members are read
+        # one at a time on their own clocks instead: analyze_result.job_model)
+        nat = kernels._module
+        self.model_rows = None
+        if with_model and trace.members is None and "file" in self.plan.layers_present and nat is not None:
+            self.model_rows = nat.ModelRows(str(trace.path))
+        self.decoder = Decoder(self.plan, model_rows=self.model_rows is not None)
 
     def run(self) -> dict[str, Any]:
         plan = self.plan
@@ -101,6 +108,9 @@ class _Analyzer:
                 nxt = next(todo, None)
                 if nxt is not None:
                     inflight.append(pool.submit(self.decoder.task, nxt, channels))
+                if c.model_rows is not None:
+                    self._push_model_rows(c.model_rows)
+                    c.model_rows = None
                 if c.events:
                     acc.events += c.events
                     acc.reads += c.reads
@@ -166,7 +176,15 @@ class _Analyzer:
             burst_gap_ms=self.burst_gap_ms,
             with_model=self.with_model,
             step_gap_ms=self.step_gap_ms,
+            model_rows=self.model_rows,
         )
+
+    def _push_model_rows(self, rows: pa.Table) -> None:
+        """One row group's rows into the job model, in the trace's order (the units')."""
+        try:
+            self.model_rows.push(rows)
+        except ValueError as e:  # a row the model refuses: its one-line message
+            raise TraceError(str(e)) from None
 
     def _coarsen(self, acc: Chunk, *timelines: np.ndarray) -> list[np.ndarray]:
         """Sum the fine bins into the smallest 1/2/5 x 10^k multiple of them that leaves
