@@ -114,12 +114,14 @@ class Decoder:
         # a chunk return its latencies); it only ever turns False
         self.latency_raw = True
 
-    def task(self, k: int, channels: list[tuple[QueueDepthSweep, TailExchange, bool]]) -> Chunk:
-        """Worker: decode and count one row group, then sweep its ready events."""
+    def task(
+        self, k: int, channels: list[tuple[QueueDepthSweep, TailExchange, bool]], table: pa.Table | None = None
+    ) -> Chunk:
+        """Worker: decode and count one row group, then sweep its ready events. ``table``:
+        the row group read already with every column (by a pass of several analyses)."""
         unit = self.plan.units[k]
-        table = None
         try:
-            if self.model_rows:
+            if self.model_rows and table is None:
                 seg, index = unit[0], unit[1]
                 table = tr.read_row_group(seg, index, tr.segment_columns(seg))
             c = self.prepare(unit, table=table)
@@ -143,7 +145,7 @@ class Decoder:
         if c.issue is not None and c.issue.size:
             c.tl_inflight = self._inflight_bins(c.issue, c.complete)
         c.gid = c.issue = c.complete = None  # swept: free them before the main thread runs
-        if table is not None:
+        if self.model_rows and table is not None:
             c.model_rows = tr.model_rows(table)
         return c
 

@@ -1,5 +1,6 @@
 """A trace is decoded once per command (#34): ``analyze`` builds its job model from the
-row groups its own pass decoded, not from a second read of the trace. Counted at
+row groups its own pass decoded, not from a second read of the trace, and ``report``
+analyzes its layer and the file layer (with the model) in one pass. Counted at
 pyarrow's one decoding call (``ParquetFile.read_row_group``), on the 8-GPU sample
 rewritten into row groups of one layer each (as the recorder writes them) and of both."""
 
@@ -14,8 +15,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from trainio_analysis.analyze import analyze
+from trainio_analysis.analyze import analyze, analyze_with_file_layer
 from trainio_analysis.analyze_result import job_model
+from trainio_analysis.report import write_report
 
 EIGHT = Path(__file__).resolve().parents[2] / "traces" / "unet3d-demo-8gpu"
 
@@ -91,3 +93,20 @@ def test_the_model_from_the_pass_is_the_model_read_alone(trace, layered) -> None
     """The pass pushes the rows the model would have read: the same model, to the byte."""
     path = layered if trace == "layered" else trace
     assert analyze(path)["job_model"] == job_model(path)
+
+
+@pytest.mark.parametrize("layer", [None, "block", "file"])
+def test_report_decodes_each_row_group_once(layered, decodes, tmp_path, layer) -> None:
+    """The report's layer (block by default) and the file layer with the job model, which
+    it shows beside it, come from one pass."""
+    out = write_report([layered], tmp_path / "r.html", layer=layer)
+    assert _rows_decoded(decodes) == collections.Counter(range(_groups(layered))), decodes
+    assert "Per GPU" in out.read_text()  # the file layer's model is shown
+
+
+def test_report_analyses_are_the_analyses_alone(layered) -> None:
+    """The block layer's analysis and the file layer's, from one pass, are what each
+    is analyzed alone."""
+    block, files = analyze_with_file_layer(layered, with_model=False)
+    assert block == analyze(layered, with_model=False)
+    assert files == analyze(layered, layer="file")
