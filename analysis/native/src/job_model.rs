@@ -100,9 +100,6 @@ impl Pushed {
 pub struct ModelRows {
     name: PathBuf,
     rows: Option<Pushed>,
-    /// Rows pushed so far (for the tests: what the model received).
-    #[pyo3(get)]
-    rows_pushed: usize,
 }
 
 #[pymethods]
@@ -110,7 +107,7 @@ impl ModelRows {
     /// `name`: the trace, for messages.
     #[new]
     fn new(name: String) -> Self {
-        ModelRows { name: PathBuf::from(name), rows: Some(Pushed::default()), rows_pushed: 0 }
+        ModelRows { name: PathBuf::from(name), rows: Some(Pushed::default()) }
     }
 
     /// Adds the rows of `rows` (an object with `__arrow_c_stream__`, such as a
@@ -121,10 +118,7 @@ impl ModelRows {
         let Some(pushed) = self.rows.as_mut() else {
             return Err(PyValueError::new_err(format!("{}: rows pushed after the model was built", name.display())));
         };
-        let before = pushed.first_row;
-        py.detach(|| pushed.push_stream(name, stream)).map_err(PyValueError::new_err)?;
-        self.rows_pushed += pushed.first_row - before;
-        Ok(())
+        py.detach(|| pushed.push_stream(name, stream)).map_err(PyValueError::new_err)
     }
 }
 
