@@ -33,6 +33,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from trainio_analysis import kernels
 from trainio_analysis import trace as tr
 from trainio_analysis.analyze_decode import Chunk, Decoder, ProcessTotals
 from trainio_analysis.analyze_object import object_requests
@@ -68,96 +69,100 @@ class _Analyzer:
         self.burst_gap_ms = burst_gap_ms
         self.with_model = with_model
         self.step_gap_ms = step_gap_ms
-        self.decoder = Decoder(self.plan)
+        # the job model fed from this pass's decoding (a trace set's members are read
+        # one at a time on their own clocks instead: analyze_result.job_model)
+        nat = kernels._module
+        self.model_rows = None
+        if with_model and trace.members is None and "file" in self.plan.layers_present and nat is not None:
+            self.model_rows = nat.ModelRows(str(trace.path))
+        self.decoder = Decoder(self.plan, model_rows=self.model_rows is not None)
 
     def run(self) -> dict[str, Any]:
+        return _run_pass([self])[0]
+
+    def start(self) -> None:
+        """The pass's state: the sweeps and what the chunks are summed into."""
         plan = self.plan
-        n_groups = len(plan.group_names)
-        sweep = QueueDepthSweep(window_end=plan.window, burst_gap=self.burst_gap_ns)
-        channels = [(sweep, TailExchange(plan.watermarks), False)]
-        union = None
-        if n_groups > 1:
-            union = QueueDepthSweep(window_end=plan.window, burst_gap=self.burst_gap_ns)
-            channels.append((union, TailExchange(plan.watermarks), True))
-        acc = Chunk(latency=None)
-        latency = QuantileSketch()
-        size_counts = np.zeros(65, np.int64)
-        tl_read = np.zeros(plan.nbins, np.float64)
-        tl_write = np.zeros(plan.nbins, np.float64)
-        tl_inflight = np.zeros(plan.nbins, np.float64)
-        kernel_qd: dict[int, np.ndarray] = {}
-        procs = ProcessTotals(len(plan.group_names))
-        pool = ThreadPoolExecutor(max_workers=self.workers)
-        inflight: deque[Future[Chunk]] = deque()
-        todo = iter(range(len(plan.units)))
-        try:
-            for _ in range(2 * self.workers):
-                k = next(todo, None)
-                if k is not None:
-                    inflight.append(pool.submit(self.decoder.task, k, channels))
-            k_done = 0
-            while inflight:
-                c = inflight.popleft().result()
-                nxt = next(todo, None)
-                if nxt is not None:
-                    inflight.append(pool.submit(self.decoder.task, nxt, channels))
-                if c.events:
-                    acc.events += c.events
-                    acc.reads += c.reads
-                    acc.writes += c.writes
-                    acc.bytes_read += c.bytes_read
-                    acc.bytes_written += c.bytes_written
-                    if c.data_first_ns is not None:
-                        acc.data_first_ns = min(c.data_first_ns, acc.data_first_ns or c.data_first_ns)
-                        acc.data_last_ns = max(c.data_last_ns or 0, acc.data_last_ns or 0)
-                    if c.latency_stats is not None:
-                        latency.add_counted(*c.latency_stats, c.latency_buckets, c.latency)
-                        self.decoder.latency_raw = latency.exact
-                    else:
-                        latency.add(c.latency, buckets=c.latency_buckets)
-                    size_counts += c.size_counts
-                    if c.tl_read is not None:
-                        tl_read += c.tl_read
-                    if c.tl_write is not None:
-                        tl_write += c.tl_write
-                if c.tl_inflight is not None:
-                    tl_inflight += c.tl_inflight
-                    for g, h in c.kernel_qd.items():
-                        prev = kernel_qd.get(g, np.zeros(0, np.int64))
-                        if prev.size < h.size:
-                            prev = np.concatenate((prev, np.zeros(h.size - prev.size, np.int64)))
-                        prev[: h.size] += h
-                        kernel_qd[g] = prev
-                if c.processes is not None:
-                    procs.add(c.processes)
-                for (ch_sweep, exchange, _), summaries in zip(channels, c.summaries, strict=True):
-                    for g, summary in summaries.items():
-                        ch_sweep.apply(g, summary)
-                    exchange.release(k_done)
-                k_done += 1
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-        groups = sweep.finish()
+        self.sweep = QueueDepthSweep(window_end=plan.window, burst_gap=self.burst_gap_ns)
+        self.channels = [(self.sweep, TailExchange(plan.watermarks), False)]
+        self.union = None
+        if len(plan.group_names) > 1:
+            self.union = QueueDepthSweep(window_end=plan.window, burst_gap=self.burst_gap_ns)
+            self.channels.append((self.union, TailExchange(plan.watermarks), True))
+        self.acc = Chunk(latency=None)
+        self.latency = QuantileSketch()
+        self.size_counts = np.zeros(65, np.int64)
+        self.tl_read = np.zeros(plan.nbins, np.float64)
+        self.tl_write = np.zeros(plan.nbins, np.float64)
+        self.tl_inflight = np.zeros(plan.nbins, np.float64)
+        self.kernel_qd: dict[int, np.ndarray] = {}
+        self.procs = ProcessTotals(len(plan.group_names))
+
+    def add(self, c: Chunk, k: int) -> None:
+        """Main thread: chunk ``k`` (in order) summed and swept."""
+        acc = self.acc
+        if c.model_rows is not None:
+            self._push_model_rows(c.model_rows)
+            c.model_rows = None
+        if c.events:
+            acc.events += c.events
+            acc.reads += c.reads
+            acc.writes += c.writes
+            acc.bytes_read += c.bytes_read
+            acc.bytes_written += c.bytes_written
+            if c.data_first_ns is not None:
+                acc.data_first_ns = min(c.data_first_ns, acc.data_first_ns or c.data_first_ns)
+                acc.data_last_ns = max(c.data_last_ns or 0, acc.data_last_ns or 0)
+            if c.latency_stats is not None:
+                self.latency.add_counted(*c.latency_stats, c.latency_buckets, c.latency)
+                self.decoder.latency_raw = self.latency.exact
+            else:
+                self.latency.add(c.latency, buckets=c.latency_buckets)
+            self.size_counts += c.size_counts
+            if c.tl_read is not None:
+                self.tl_read += c.tl_read
+            if c.tl_write is not None:
+                self.tl_write += c.tl_write
+        if c.tl_inflight is not None:
+            self.tl_inflight += c.tl_inflight
+            for g, h in c.kernel_qd.items():
+                prev = self.kernel_qd.get(g, np.zeros(0, np.int64))
+                if prev.size < h.size:
+                    prev = np.concatenate((prev, np.zeros(h.size - prev.size, np.int64)))
+                prev[: h.size] += h
+                self.kernel_qd[g] = prev
+        if c.processes is not None:
+            self.procs.add(c.processes)
+        for (ch_sweep, exchange, _), summaries in zip(self.channels, c.summaries, strict=True):
+            for g, summary in summaries.items():
+                ch_sweep.apply(g, summary)
+            exchange.release(k)
+
+    def finish(self) -> dict[str, Any]:
+        """The result, once every chunk is added."""
+        plan, acc = self.plan, self.acc
+        groups = self.sweep.finish()
         union_state: GroupState | None = None
-        if union is not None:
-            union_state = union.finish().get(0)
+        if self.union is not None:
+            union_state = self.union.finish().get(0)
         elif groups:
             union_state = groups[0]
         if union_state is None:  # selected rows, none counted in a queue (only open/close)
             union_state = GroupState(hist_time=np.array([float(plan.window)]))
+        tl_read, tl_write, tl_inflight = self.tl_read, self.tl_write, self.tl_inflight
         if plan.bin_auto:
             tl_read, tl_write, tl_inflight = self._coarsen(acc, tl_read, tl_write, tl_inflight)
         totals = Totals(
             acc,
-            latency,
-            size_counts,
+            self.latency,
+            self.size_counts,
             tl_read,
             tl_write,
             tl_inflight,
-            kernel_qd,
+            self.kernel_qd,
             groups,
             union_state,
-            procs,
+            self.procs,
             self.decoder.comms,
         )
         return result(
@@ -166,7 +171,15 @@ class _Analyzer:
             burst_gap_ms=self.burst_gap_ms,
             with_model=self.with_model,
             step_gap_ms=self.step_gap_ms,
+            model_rows=self.model_rows,
         )
+
+    def _push_model_rows(self, rows: pa.Table) -> None:
+        """One row group's rows into the job model, in the trace's order (the units')."""
+        try:
+            self.model_rows.push(rows)
+        except ValueError as e:  # a row the model refuses: its one-line message
+            raise TraceError(str(e)) from None
 
     def _coarsen(self, acc: Chunk, *timelines: np.ndarray) -> list[np.ndarray]:
         """Sum the fine bins into the smallest 1/2/5 x 10^k multiple of them that leaves
@@ -194,6 +207,55 @@ class _Analyzer:
             padded[:nbins] = tl
             out.append(padded.reshape(plan.nbins, factor).sum(axis=1))
         return out
+
+
+def _run_pass(analyzers: list[_Analyzer]) -> list[dict[str, Any]]:
+    """One pass over the trace's row groups for one or more analyses of it (their plans
+    list the same units): each row group is read once, on a worker thread, and every
+    analysis decodes its rows from that read; the chunks are added in order."""
+    units = [(str(u[0].path), u[1]) for u in analyzers[0].plan.units]
+    assert all([(str(u[0].path), u[1]) for u in a.plan.units] == units for a in analyzers)
+    workers = analyzers[0].workers
+    for a in analyzers:
+        a.start()
+    shared = len(analyzers) > 1
+
+    def work(k: int) -> list[Chunk]:
+        chunks = []
+        try:
+            table = None
+            if shared:
+                seg, index = analyzers[0].plan.units[k][:2]
+                table = tr.read_row_group(seg, index, tr.segment_columns(seg))
+            for a in analyzers:
+                chunks.append(a.decoder.task(k, a.channels, table))
+        except BaseException:
+            for a in analyzers[len(chunks) :]:  # release whoever waits for this chunk
+                for _, exchange, _ in a.channels:
+                    exchange.fail(k)
+            raise
+        return chunks
+
+    pool = ThreadPoolExecutor(max_workers=workers)
+    inflight: deque[Future[list[Chunk]]] = deque()
+    todo = iter(range(len(units)))
+    try:
+        for _ in range(2 * workers):
+            k = next(todo, None)
+            if k is not None:
+                inflight.append(pool.submit(work, k))
+        k_done = 0
+        while inflight:
+            chunks = inflight.popleft().result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                inflight.append(pool.submit(work, nxt))
+            for a, c in zip(analyzers, chunks, strict=True):
+                a.add(c, k_done)
+            k_done += 1
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [a.finish() for a in analyzers]
 
 
 def _per_host(
@@ -315,8 +377,49 @@ def analyze(
     trace = load_trace(path)
     with _unreadable(trace.path):
         out = _Analyzer(trace, sel, bin_s, burst_gap_ms, workers, with_model, step_gap_ms).run()
-        if trace.members is not None:
-            out["per_host"] = _per_host(trace, out, sel, burst_gap_ms, workers)
-        elif "object" in out["layers_present"]:
-            out["object_requests"] = object_requests(trace)
-        return out
+        return _complete(trace, out, sel, burst_gap_ms, workers)
+
+
+def analyze_with_file_layer(
+    path: str | os.PathLike[str] | tr.Trace,
+    *,
+    layer: str | None = None,
+    dev: str | None = None,
+    pid: int | None = None,
+    bin_s: float | None = None,
+    burst_gap_ms: float = DEFAULT_BURST_GAP_MS,
+    workers: int = 2,
+    with_model: bool = True,
+    file_layer: bool = True,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """:func:`analyze` of ``layer`` and, in the same pass over the trace (each row group
+    read once), of its file layer with the job model, as a report shows them.
+
+    The second result is None unless ``file_layer``, or when the trace has no file layer
+    or none of its file rows is selected (``dev``, ``pid``).
+    """
+    sel = Selection(layer=layer, dev=dev, pid=pid)
+    file_sel = Selection(layer="file", dev=dev, pid=pid)
+    trace = load_trace(path)
+    with _unreadable(trace.path):
+        analyzers = [_Analyzer(trace, sel, bin_s, burst_gap_ms, workers, with_model)]
+        if file_layer and "file" in analyzers[0].plan.layers_present:
+            try:
+                analyzers.append(_Analyzer(trace, file_sel, bin_s, burst_gap_ms, workers))
+            except SelectionError:
+                pass  # no file row selected: no file-layer analysis
+        results = _run_pass(analyzers)
+        out = [_complete(trace, r, s, burst_gap_ms, workers) for r, s in zip(results, (sel, file_sel), strict=False)]
+    return out[0], (out[1] if len(out) > 1 else None)
+
+
+def _complete(
+    trace: tr.Trace, out: dict[str, Any], sel: Selection, burst_gap_ms: float, workers: int
+) -> dict[str, Any]:
+    """A pass's result with what it does not compute: each host's figures in a trace set,
+    the object requests of a trace with an object layer."""
+    if trace.members is not None:
+        out["per_host"] = _per_host(trace, out, sel, burst_gap_ms, workers)
+    elif "object" in out["layers_present"]:
+        out["object_requests"] = object_requests(trace)
+    return out

@@ -6,6 +6,12 @@ what does not need order (requests, bytes, the throughput timeline, sizes, laten
 kernel's queue depths, per-process tallies of the file layer) and keeps the selected
 requests' times for the queue-depth sweep (:mod:`trainio_analysis.qd_sweep`), which it
 then runs on the events that are ready. The result is a :class:`Chunk`.
+
+When the job model is wanted (``model_rows``), each row group is read once with every
+column and that one table serves both: the analysis takes its columns from it, and the
+chunk carries the rows as the model takes them (:func:`trainio_analysis.trace.model_rows`),
+which the pass pushes into the model in row-group order. Row groups of other layers,
+which the analysis skips, are read for the model only.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ class Chunk:
     # first issue and last completion of the data transfers (None: none in the chunk)
     data_first_ns: int | None = None
     data_last_ns: int | None = None
+    # the row group's rows for the job model (ROWS_SCHEMA; None: no model wanted)
+    model_rows: pa.Table | None = None
 
 
 @dataclass
@@ -93,8 +101,10 @@ class Decoder:
     """Decodes the plan's row groups (thread-safe: the file ids and process names it
     collects are shared under a lock)."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, *, model_rows: bool = False) -> None:
         self.plan = plan
+        #: read every column of every row group, and hand its rows to the job model
+        self.model_rows = model_rows
         self._lock = threading.Lock()
         self._file_ids: dict[str, int] = {}
         #: group id -> the comm of its first row in the trace (segment path, row group)
@@ -104,10 +114,17 @@ class Decoder:
         # a chunk return its latencies); it only ever turns False
         self.latency_raw = True
 
-    def task(self, k: int, channels: list[tuple[QueueDepthSweep, TailExchange, bool]]) -> Chunk:
-        """Worker: decode and count one row group, then sweep its ready events."""
+    def task(
+        self, k: int, channels: list[tuple[QueueDepthSweep, TailExchange, bool]], table: pa.Table | None = None
+    ) -> Chunk:
+        """Worker: decode and count one row group, then sweep its ready events. ``table``:
+        the row group read already with every column (by a pass of several analyses)."""
+        unit = self.plan.units[k]
         try:
-            c = self.prepare(self.plan.units[k])
+            if self.model_rows and table is None:
+                seg, index = unit[0], unit[1]
+                table = tr.read_row_group(seg, index, tr.segment_columns(seg))
+            c = self.prepare(unit, table=table)
         except BaseException:
             for _, exchange, _ in channels:
                 exchange.fail(k)
@@ -121,13 +138,15 @@ class Decoder:
             split.append(sweep.split(gid, c.issue, c.complete, self.plan.t0))
             if self.plan.layer == "block" and not union and equal_neighbours(split[0]):
                 # rare: a request that completed in parts, or two events in the same ns
-                c = self.prepare(self.plan.units[k], merge_partials=True)
+                c = self.prepare(unit, merge_partials=True, table=table)
                 split[0] = sweep.split(c.gid, c.issue, c.complete, self.plan.t0)
         for (_, exchange, _), per_group in zip(channels, split, strict=True):
             c.summaries.append(sweep_slices(exchange, k, per_group))
         if c.issue is not None and c.issue.size:
             c.tl_inflight = self._inflight_bins(c.issue, c.complete)
         c.gid = c.issue = c.complete = None  # swept: free them before the main thread runs
+        if self.model_rows and table is not None:
+            c.model_rows = tr.model_rows(table)
         return c
 
     def _inflight_bins(self, issue: np.ndarray, complete: np.ndarray) -> np.ndarray:
@@ -146,11 +165,12 @@ class Decoder:
             out[1:] += sign * w * before.astype(np.float64)
         return out
 
-    def prepare(self, unit: Unit, *, merge_partials: bool = False) -> Chunk:
+    def prepare(self, unit: Unit, *, merge_partials: bool = False, table: pa.Table | None = None) -> Chunk:
         """Read one row group and count what does not need order; keep what the sweep needs.
 
         ``merge_partials``: fold the rows of a block request that completed in parts (same
         device, ``issue_ns`` and ``queue_depth``) into one request (see :func:`_merge_partials`).
+        ``table``: the row group read already with every column (it is not read again).
         """
         seg, index, lo, hi = unit
         plan = self.plan
@@ -161,8 +181,11 @@ class Decoder:
             tr.check_constants(seg, index, const["layer"], const.get("op"))
         if plan.rules_out(const):
             return c  # the statistics say no row of this group is selected
-        cols = plan.columns(const)
-        t = tr.read_row_group(seg, index, cols, layer=const.get("layer"), op=const.get("op"))
+        if table is not None:
+            t = table
+        else:
+            cols = plan.columns(const)
+            t = tr.read_row_group(seg, index, cols, layer=const.get("layer"), op=const.get("op"))
         n = t.num_rows
         check_statistics(seg, index, t, lo, hi)
         ops = tr.OPS[self.plan.layer]
@@ -373,7 +396,7 @@ class Decoder:
         with self._lock:
             unnamed = [int(k) for k in present if self._comm_at.get(int(k), here) >= here]
         if unnamed:
-            cols = tr.read_row_group(seg, index, ["comm"])["comm"]
+            cols = t["comm"] if "comm" in t.column_names else tr.read_row_group(seg, index, ["comm"])["comm"]
             comms = cols if mask is None else cols.filter(pa.array(mask))
             first = np.full(n_groups, -1, np.int64)
             first[gid[::-1]] = np.arange(gid.size - 1, -1, -1)  # the last write wins

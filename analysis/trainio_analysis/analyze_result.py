@@ -65,8 +65,11 @@ def result(
     burst_gap_ms: float,
     with_model: bool = True,
     step_gap_ms: float | None = None,
+    model_rows: Any = None,
 ) -> dict[str, Any]:
-    """The JSON-ready result of the analysis (docs/analysis.md, *analyze --json*)."""
+    """The JSON-ready result of the analysis (docs/analysis.md, *analyze --json*);
+    ``model_rows``: the trace's rows the pass pushed for the job model (see
+    :func:`job_model`), None to read them for it."""
     acc, latency, size_counts = totals.acc, totals.latency, totals.size_counts
     tl_read, tl_write, kernel_qd = totals.tl_read, totals.tl_write, totals.kernel_qd
     groups, union_state = totals.groups, totals.union_state
@@ -177,7 +180,7 @@ def result(
         }
     out["groups"] = per_group
     if with_model and "file" in plan.layers_present:
-        out["job_model"] = job_model(plan.trace, step_gap_ms=step_gap_ms)
+        out["job_model"] = job_model(plan.trace, step_gap_ms=step_gap_ms, rows=model_rows)
         if out["job_model"] is not None:
             out["write_bursts"] = out["job_model"]["writes"]
     if plan.layer == "file":
@@ -299,6 +302,7 @@ def job_model(
     step_gap_ms: float | None = None,
     gpus_per_process: int | None = None,
     compute_scale: float | None = None,
+    rows: Any = None,
 ) -> dict[str, Any] | None:
     """The job model of a trace: the GPUs (a rank and its DataLoader workers), their
     steps, compute time per step and the throughput one GPU needs. ``gpus_per_process``
@@ -308,7 +312,9 @@ def job_model(
     Computed by the native extension from crate ``trainio-model``, the same code that
     ``trainio replay --trace`` replays from (docs/analysis.md, *Job model*), on the rows
     read here (:meth:`~trainio_analysis.trace.Trace.row_batches`, a set's one member at
-    a time): the extension opens no file. None when the extension is not built.
+    a time): the extension opens no file. ``rows``: the trace's rows pushed already into a
+    ``_native.ModelRows`` by a pass that decoded them (the analyzer's), not read again
+    here (a trace, not a set). None when the extension is not built.
     """
     mod = kernels._module
     if mod is None or not hasattr(mod, "job_model"):
@@ -316,7 +322,7 @@ def job_model(
     trace = tr.Trace.of(trace)
     failed: list[Exception] = []
 
-    def rows(t: tr.Trace) -> pa.RecordBatchReader:
+    def member_rows(t: tr.Trace) -> pa.RecordBatchReader:
         def batches() -> Iterator[pa.RecordBatch]:
             try:
                 yield from t.row_batches()
@@ -326,11 +332,13 @@ def job_model(
 
         return pa.RecordBatchReader.from_batches(tr.ROWS_SCHEMA, batches())
 
-    if trace.members is None:
-        parts = [(str(trace.path), None, rows(trace))]
+    if rows is not None:
+        parts = [(str(trace.path), None, rows)]
+    elif trace.members is None:
+        parts = [(str(trace.path), None, member_rows(trace))]
     else:
         parts = [
-            (str(m.path), (m.host, m.shift_ns), rows(t))
+            (str(m.path), (m.host, m.shift_ns), member_rows(t))
             for m, t in zip(trace.members, trace.member_traces, strict=True)
         ]
     try:

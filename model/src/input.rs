@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use arrow_array::RecordBatch;
-use trainio_schema::{read_batches, BatchOrigin, Layer, OwnedRow, RowDecoder, TraceError};
+use trainio_schema::{read_batches, BatchOrigin, Layer, OpenMember, OwnedRow, RowDecoder, TraceError};
 
 use crate::arrivals::Arrivals;
 
@@ -107,6 +107,14 @@ impl InputBuilder {
 pub fn load_input(trace: &Path) -> Result<Input, String> {
     let mut b = InputBuilder::default();
     read_batches(trace, |batch, origin| b.push(batch, origin)).map_err(|e| e.to_string())?;
+    Ok(b.finish())
+}
+
+/// [`load_input`] of a trace set's member, opened when the set was read (its last
+/// segment is not opened again).
+pub fn load_member_input(member: OpenMember) -> Result<Input, String> {
+    let mut b = InputBuilder::default();
+    member.read_batches(|batch, origin| b.push(batch, origin)).map_err(|e| e.to_string())?;
     Ok(b.finish())
 }
 

@@ -44,7 +44,7 @@
 
 use std::path::{Path, PathBuf};
 
-use trainio_schema::trace_set_members;
+use trainio_schema::open_trace_set;
 
 mod arrivals;
 mod async_reads;
@@ -70,7 +70,7 @@ pub mod writes;
 pub use bursts::{step_gap_ns, DEFAULT_BURST_GAP_MS};
 pub use describe::{describe, to_json};
 pub use grouping::WORKER_COMM;
-pub use input::{load_input, Input, InputBuilder};
+pub use input::{load_input, load_member_input, Input, InputBuilder};
 pub use job::{Coverage, GpuModel, JobModel, LeftOut, Member, ObjectSource, Read, SetupRead, Step};
 pub use options::{Grouping, Options};
 pub use trace_set::combine;
@@ -84,12 +84,11 @@ use stats::quantile;
 /// [`combine`]), read from its files.
 pub fn infer_trace(trace: &Path, opts: &Options) -> Result<JobModel, String> {
     let parts: Box<dyn Iterator<Item = Result<Part, String>>> =
-        match trace_set_members(trace).map_err(|e| e.to_string())? {
-            Some(members) => {
-                Box::new(members.into_iter().map(|m| {
-                    Ok(Part { input: load_input(&m.path)?, name: m.path, member: Some((m.host, m.shift_ns)) })
-                }))
-            }
+        match open_trace_set(trace).map_err(|e| e.to_string())? {
+            Some(members) => Box::new(members.into_iter().map(|m| {
+                let (name, member) = (m.member.path.clone(), Some((m.member.host.clone(), m.member.shift_ns)));
+                Ok(Part { input: load_member_input(m)?, name, member })
+            })),
             None => Box::new(std::iter::once_with(|| {
                 Ok(Part { input: load_input(trace)?, name: trace.to_path_buf(), member: None })
             })),

@@ -19,7 +19,7 @@ pub use read::{
     guard_decoder, is_segment_name, one_line, quiet_decoder_panics, read_batches, read_metadata, read_rows,
     segment_paths, BatchOrigin, BriefRow, OwnedRow, RowDecoder, TraceError,
 };
-pub use set::{trace_set_members, Member};
+pub use set::{open_trace_set, trace_set_members, Member, OpenMember};
 pub use write::{Dropped, Retention, SegmentLimits, TraceWriter, RESERVE_NAME};
 
 use std::sync::Arc;

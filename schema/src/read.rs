@@ -137,6 +137,13 @@ pub(crate) fn file_metadata(seg: &Path) -> Result<HashMap<String, String>, Trace
     metadata_of(seg, file)
 }
 
+/// [`file_metadata`] of a segment, and the segment opened (for [`read_segment_batches`]).
+pub(crate) fn open_with_metadata(seg: &Path) -> Result<(File, HashMap<String, String>), TraceError> {
+    let file = File::open(seg).map_err(|e| bad(seg, format!("cannot open: {e}")))?;
+    let meta = metadata_of(seg, file.try_clone().map_err(|e| bad(seg, format!("cannot open: {e}")))?)?;
+    Ok((file, meta))
+}
+
 /// The trainio metadata of the open segment file `file` (named `seg`), checked.
 fn metadata_of(seg: &Path, file: File) -> Result<HashMap<String, String>, TraceError> {
     let reader = guard_decoder(seg, || {
@@ -485,13 +492,27 @@ impl RowDecoder {
 /// then `f` given each batch and where it comes from (a [`RowDecoder`] makes rows of it).
 pub fn read_batches(
     path: &Path,
+    f: impl FnMut(&RecordBatch, &BatchOrigin) -> Result<(), TraceError>,
+) -> Result<(), TraceError> {
+    read_segment_batches(segment_paths(path)?, None, f)
+}
+
+/// [`read_batches`] of the segments `segs` (in order); `held`: the last one, opened
+/// already by the caller (a trace set's member, whose metadata was read through it), read
+/// through that descriptor rather than opened again.
+pub(crate) fn read_segment_batches(
+    segs: Vec<PathBuf>,
+    mut held: Option<File>,
     mut f: impl FnMut(&RecordBatch, &BatchOrigin) -> Result<(), TraceError>,
 ) -> Result<(), TraceError> {
     let known_minor: u32 = SCHEMA_MINOR.parse().expect("SCHEMA_MINOR is a number");
-    let segs = segment_paths(path)?;
     let last = segs.last().cloned();
     for seg in segs {
-        let file = match File::open(&seg) {
+        let opened = match held.take_if(|_| last.as_ref() == Some(&seg)) {
+            Some(file) => Ok(file),
+            None => File::open(&seg),
+        };
+        let file = match opened {
             Ok(f) => f,
             // Removed by a recording's retention since it was listed (SCHEMA.md, *Retention*).
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && last.as_ref() != Some(&seg) => continue,

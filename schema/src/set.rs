@@ -5,10 +5,13 @@
 //! members are read as one job: each member's times are moved onto the first member's
 //! clock by the two traces' `trainio.clock_offset_ns` (wall clock − CLOCK_MONOTONIC), so
 //! an instant has the same time in every member.
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use arrow_array::RecordBatch;
+
 use crate::keys;
-use crate::read::{file_metadata, is_segment_name, segment_paths, TraceError};
+use crate::read::{is_segment_name, open_with_metadata, read_segment_batches, segment_paths, BatchOrigin, TraceError};
 
 /// One host's trace in a set.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +28,24 @@ pub struct Member {
     pub complete: Option<bool>,
 }
 
+/// A member of a set as [`open_trace_set`] found it: its segments, the last one held open
+/// (its metadata was read through it), so reading the member opens that file no more.
+pub struct OpenMember {
+    pub member: Member,
+    segments: Vec<PathBuf>,
+    last: File,
+}
+
+impl OpenMember {
+    /// [`crate::read_batches`] of the member, its last segment read through the held file.
+    pub fn read_batches(
+        self,
+        f: impl FnMut(&RecordBatch, &BatchOrigin) -> Result<(), TraceError>,
+    ) -> Result<(), TraceError> {
+        read_segment_batches(self.segments, Some(self.last), f)
+    }
+}
+
 fn bad(path: &Path, what: impl std::fmt::Display) -> TraceError {
     TraceError(crate::one_line(&format!("{}: {what}", path.display())))
 }
@@ -34,6 +55,11 @@ fn bad(path: &Path, what: impl std::fmt::Display) -> TraceError {
 /// members disagree is refused: a subdirectory that is not a trace, two members recorded
 /// on the same host, members of different schema versions.
 pub fn trace_set_members(path: &Path) -> Result<Option<Vec<Member>>, TraceError> {
+    Ok(open_trace_set(path)?.map(|members| members.into_iter().map(|m| m.member).collect()))
+}
+
+/// [`trace_set_members`], each with its segments and its last segment held open.
+pub fn open_trace_set(path: &Path) -> Result<Option<Vec<OpenMember>>, TraceError> {
     if !path.is_dir() {
         return Ok(None);
     }
@@ -53,7 +79,7 @@ pub fn trace_set_members(path: &Path) -> Result<Option<Vec<Member>>, TraceError>
         return Ok(None);
     }
     dirs.sort();
-    let mut members: Vec<Member> = Vec::new();
+    let mut members: Vec<OpenMember> = Vec::new();
     let mut version: Option<(PathBuf, String)> = None;
     for dir in dirs {
         let segs = segment_paths(&dir).map_err(|_| {
@@ -62,7 +88,7 @@ pub fn trace_set_members(path: &Path) -> Result<Option<Vec<Member>>, TraceError>
                 format!("{} is not a trace (no seg-*.parquet): a trace set holds only per-host traces", dir.display()),
             )
         })?;
-        let meta = file_metadata(segs.last().expect("a segment"))?;
+        let (last, meta) = open_with_metadata(segs.last().expect("a segment"))?;
         let host = meta.get(keys::HOSTNAME).map(|h| h.trim().to_string()).unwrap_or_default();
         if host.is_empty() {
             return Err(bad(&dir, "no trainio.hostname: a member of a trace set must name its host"));
@@ -86,7 +112,7 @@ pub fn trace_set_members(path: &Path) -> Result<Option<Vec<Member>>, TraceError>
             }
             _ => {}
         }
-        if let Some(other) = members.iter().find(|m| m.host == host) {
+        if let Some(other) = members.iter().map(|m| &m.member).find(|m| m.host == host) {
             return Err(bad(
                 path,
                 format!(
@@ -106,11 +132,12 @@ pub fn trace_set_members(path: &Path) -> Result<Option<Vec<Member>>, TraceError>
             })?,
         };
         let complete = crate::recording_complete(&meta);
-        members.push(Member { host, path: dir, clock_offset_ns, shift_ns: 0, complete });
+        let member = Member { host, path: dir, clock_offset_ns, shift_ns: 0, complete };
+        members.push(OpenMember { member, segments: segs, last });
     }
-    let base = members[0].clock_offset_ns;
+    let base = members[0].member.clock_offset_ns;
     for m in &mut members {
-        m.shift_ns = m.clock_offset_ns.saturating_sub(base);
+        m.member.shift_ns = m.member.clock_offset_ns.saturating_sub(base);
     }
     Ok(Some(members))
 }

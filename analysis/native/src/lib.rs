@@ -6,11 +6,12 @@
 //! Every function releases the GIL while it loops, so the analyzer's worker threads run
 //! on all cores.
 
-use arrow_array::ffi_stream::{FFI_ArrowArrayStream, RecordBatchStreamReader};
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyCapsule, PyDict};
+use pyo3::types::PyDict;
+
+mod job_model;
 
 /// `sketch.SUB_BITS`, `sketch.N_BUCKETS`: log buckets with 128 sub-buckets per octave.
 const SUB_BITS: i64 = 7;
@@ -520,72 +521,6 @@ impl Counts {
     }
 }
 
-/// The job model of a trace (crate `trainio-model`, the one `trainio replay --trace`
-/// uses), as JSON: GPUs found, their steps, compute time and throughput need. It is built
-/// from the rows the analyzer read, not from the trace's files: `parts` is the trace's one
-/// `(name, None, rows)`, or a set's members' `(name, (host, shift_ns), rows)` in member
-/// order, where `rows` is an Arrow C stream (an object with `__arrow_c_stream__`, such as
-/// a `pyarrow.RecordBatchReader`) of every row of the trace, checked as SCHEMA.md's
-/// *Readers* section says. `grouping` is `auto`, `process` or a comma-separated list of
-/// rank pids; `step_gap_ms` None lets the model find the gap between batches.
-/// `gpus_per_process` and `compute_scale` are the model's what-ifs (crate
-/// `trainio-model`, whatif.rs), as `replay --trace` takes them. Raises ValueError with a
-/// one-line message.
-#[pyfunction]
-#[pyo3(signature = (parts, grouping = "auto", step_gap_ms = None, gpus_per_process = None, compute_scale = None))]
-fn job_model(
-    py: Python<'_>,
-    parts: Vec<RowsPart<'_>>,
-    grouping: &str,
-    step_gap_ms: Option<f64>,
-    gpus_per_process: Option<u32>,
-    compute_scale: Option<f64>,
-) -> PyResult<String> {
-    let grouping = trainio_model::Grouping::parse(grouping).map_err(PyValueError::new_err)?;
-    let opts =
-        trainio_model::Options { grouping, burst_gap_ms: step_gap_ms, gpus_per_process, compute_scale, dev: None };
-    let mut streams = Vec::with_capacity(parts.len());
-    for (name, member, rows) in parts {
-        streams.push((std::path::PathBuf::from(name), member, import_stream(&rows)?));
-    }
-    py.detach(|| {
-        let parts = streams.into_iter().map(|(name, member, rows)| {
-            let input = input_of(&name, rows)?;
-            Ok(trainio_model::Part { name, member, input })
-        });
-        trainio_model::infer_parts(parts, &opts).map(|m| trainio_model::to_json(&m))
-    })
-    .map_err(PyValueError::new_err)
-}
-
-/// One trace of [`job_model`]'s `parts`: its name, a set member's (host, shift_ns), its rows.
-type RowsPart<'py> = (String, Option<(String, i64)>, Bound<'py, PyAny>);
-
-/// The Arrow C stream `obj` exports (`__arrow_c_stream__`), taken over: its batches are
-/// read here and released when done.
-fn import_stream(obj: &Bound<'_, PyAny>) -> PyResult<RecordBatchStreamReader> {
-    let capsule = obj.call_method0("__arrow_c_stream__")?;
-    let capsule = capsule.cast_into::<PyCapsule>()?;
-    let raw = capsule.pointer_checked(Some(c"arrow_array_stream"))?;
-    // SAFETY: a capsule named arrow_array_stream holds an ArrowArrayStream (the Arrow
-    // PyCapsule interface); from_raw moves it out and leaves a released one behind, so
-    // the capsule's destructor does not release it again.
-    let stream = unsafe { FFI_ArrowArrayStream::from_raw(raw.as_ptr().cast::<FFI_ArrowArrayStream>()) };
-    RecordBatchStreamReader::try_new(stream).map_err(|e| PyValueError::new_err(format!("rows stream: {e}")))
-}
-
-/// The model's input from a stream of a trace's rows (`name`: the trace, for messages).
-fn input_of(name: &std::path::Path, rows: RecordBatchStreamReader) -> Result<trainio_model::Input, String> {
-    let mut input = trainio_model::InputBuilder::default();
-    let mut first_row = 0;
-    for batch in rows {
-        let batch = batch.map_err(|e| format!("{}: {}", name.display(), trainio_schema::one_line(&e.to_string())))?;
-        input.push(&batch, &trainio_schema::BatchOrigin::checked(name, first_row)).map_err(|e| e.to_string())?;
-        first_row += batch.num_rows();
-    }
-    Ok(input.finish())
-}
-
 /// An Arrow type as pyarrow prints it (`str(pa.DataType)`), for the types of the trace schema.
 fn pyarrow_type_name(t: &arrow_schema::DataType) -> String {
     use arrow_schema::DataType as T;
@@ -683,7 +618,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // the trace reader turns a Parquet decoder's panic on a corrupt file into the file's
     // one-line error (a ValueError here): no panic message on stderr besides
     trainio_schema::quiet_decoder_panics();
-    m.add_function(wrap_pyfunction!(job_model, m)?)?;
+    m.add_function(wrap_pyfunction!(job_model::job_model, m)?)?;
+    m.add_class::<job_model::ModelRows>()?;
     m.add_function(wrap_pyfunction!(schema_columns, m)?)?;
     m.add_function(wrap_pyfunction!(layer_ops, m)?)?;
     m.add_function(wrap_pyfunction!(schema_version, m)?)?;

@@ -14,8 +14,8 @@ from typing import Any
 
 from plotly.offline import get_plotlyjs
 
-from trainio_analysis.analyze import analyze, load_trace
-from trainio_analysis.errors import SelectionError, TrainioError
+from trainio_analysis.analyze import analyze_with_file_layer, load_trace
+from trainio_analysis.errors import TrainioError
 from trainio_analysis.report.figures import OBJECT_PLOT_IDS, PLOT_IDS, SWEEP_ID, _figures, _object_figures
 from trainio_analysis.report.summary import _object_streams, _object_table, _summary
 
@@ -153,9 +153,12 @@ def write_report(
         # inferred from its own I/O
         replay = replay_results(t)
         # the file layer's analysis with the job model (GPUs, compute and bytes per step):
-        # one pass when the report's layer is the file layer, else a second one
+        # the report's own when its layer is the file layer, else a second analysis in
+        # the same pass over the trace (each row group read once)
         with_model = replay is None and layer == "file"
-        r = analyze(trace, layer=layer, with_model=with_model, **opts)
+        r, file_r = analyze_with_file_layer(
+            trace, layer=layer, with_model=with_model, file_layer=replay is None and not with_model, **opts
+        )
         layer = layer or r["selection"]["layer"]  # the same layer for every trace
         results.append((name, r))
         replays.append(replay)
@@ -164,10 +167,7 @@ def write_report(
         elif with_model:
             files.append((name, r))
         else:
-            try:
-                files.append((name, analyze(trace, layer="file", **opts)))
-            except SelectionError:
-                files.append((name, None))
+            files.append((name, file_r))
     text = render(results, files, sweep_data, replays)
     out = Path(output)
     try:

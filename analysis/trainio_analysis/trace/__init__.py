@@ -38,6 +38,7 @@ from trainio_analysis.trace.read import (
     ROWS_SCHEMA,
     Trace,
     iter_row_groups,
+    model_rows,
     open_trace,
     read_metadata,
     read_row_group,
@@ -47,6 +48,7 @@ from trainio_analysis.trace.read import (
     row_group_min,
     scan_segments,
     scan_trace,
+    segment_columns,
 )
 from trainio_analysis.trace.schema import (
     COLUMN_TYPES,
@@ -127,6 +129,8 @@ __all__ = [
     "read_metadata",
     "scan_trace",
     "scan_segments",
+    "segment_columns",
+    "model_rows",
     "iter_row_groups",
     "read_row_group",
     "read_rows",

@@ -214,15 +214,33 @@ class Trace:
         if self.members is not None:
             msg = f"{self.path}: a trace set's rows are read one member at a time"
             raise ValueError(msg)
-        for t in _known_row_groups(self.segments):
-            cols = [_as_rows_type(t, name, typ) for name, typ in zip(ROWS_SCHEMA.names, ROWS_SCHEMA.types, strict=True)]
-            yield from pa.table(cols, schema=ROWS_SCHEMA).to_batches()
+        for seg in self.segments:
+            for i in range(len(seg.row_groups)):
+                yield from model_rows(read_row_group(seg, i, segment_columns(seg))).to_batches()
 
 
 #: The rows :meth:`Trace.row_batches` hands over: every column, the string columns
 #: dictionary-encoded with 32-bit indices whatever the writer used (one schema for every
 #: segment), the integer columns in their SCHEMA.md types.
 ROWS_SCHEMA = pa.schema([pa.field(n, DICT32 if n in STRING_COLUMNS else t, nullable=null) for n, t, null in COLUMNS])
+
+
+def segment_columns(segment: Segment) -> list[str]:
+    """The schema's columns a segment has (an earlier minor lacks some), in schema order:
+    what :meth:`Trace.row_batches` reads of each row group."""
+    names = (segment.arrow_schema or SCHEMA).names
+    return [n for n, _, _ in COLUMNS if n in names]
+
+
+def model_rows(table: pa.Table) -> pa.Table:
+    """A row group read with :func:`segment_columns` (and checked, as
+    :func:`read_row_group` does) as the job model takes it: in :data:`ROWS_SCHEMA`,
+    without the rows of layers or ops that a later schema minor added."""
+    keep = known_rows(table)
+    if keep is not None:
+        table = table.filter(keep)
+    cols = [_as_rows_type(table, name, typ) for name, typ in zip(ROWS_SCHEMA.names, ROWS_SCHEMA.types, strict=True)]
+    return pa.table(cols, schema=ROWS_SCHEMA)
 
 
 def _as_rows_type(table: pa.Table, name: str, typ: pa.DataType) -> pa.ChunkedArray:
@@ -354,8 +372,7 @@ def _known_row_groups(segments: Iterable[Segment]) -> Iterator[pa.Table]:
     """Each row group of `segments` in turn, every column its segment has, checked, without
     the rows of layers or ops that a later schema minor added."""
     for seg in segments:
-        names = (seg.arrow_schema or SCHEMA).names
-        present = [n for n, _, _ in COLUMNS if n in names]
+        present = segment_columns(seg)
         for i in range(len(seg.row_groups)):
             t = read_row_group(seg, i, present)
             keep = known_rows(t)

@@ -1,0 +1,112 @@
+"""A trace is decoded once per command (#34): ``analyze`` builds its job model from the
+row groups its own pass decoded, not from a second read of the trace, and ``report``
+analyzes its layer and the file layer (with the model) in one pass. Counted at
+pyarrow's one decoding call (``ParquetFile.read_row_group``), on the 8-GPU sample
+rewritten into row groups of one layer each (as the recorder writes them) and of both."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from trainio_analysis.analyze import analyze, analyze_with_file_layer
+from trainio_analysis.analyze_result import job_model
+from trainio_analysis.report import write_report
+
+EIGHT = Path(__file__).resolve().parents[2] / "traces" / "unet3d-demo-8gpu"
+
+
+#: what the plan reads of each row group before the pass, to number the selection's
+#: devices or processes when the statistics do not prove them (analyze_plan.py)
+PLAN_COLUMNS = {"layer", "dev", "pid"}
+
+
+@pytest.fixture
+def decodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[tuple[int, str]]]:
+    """How many times each column of each row group (by index: the traces here have one
+    segment) was decoded."""
+    counts: collections.Counter[tuple[int, str]] = collections.Counter()
+    real = pq.ParquetFile.read_row_group
+
+    def counting(self: pq.ParquetFile, i: int, columns: list[str] | None = None, **kwargs: object) -> pa.Table:
+        for c in columns if columns is not None else self.schema_arrow.names:
+            counts[(i, c)] += 1
+        return real(self, i, columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counting)
+    yield counts
+
+
+def _rows_decoded(decodes: collections.Counter[tuple[int, str]]) -> collections.Counter[int]:
+    """How many times each row group's rows were decoded (their issue_ns, which every
+    reader of the rows takes), and that no column but the plan's was decoded twice."""
+    twice = {k: n for k, n in decodes.items() if n > 1 and k[1] not in PLAN_COLUMNS}
+    assert not twice, twice
+    return collections.Counter({i: n for (i, c), n in decodes.items() if c == "issue_ns"})
+
+
+@pytest.fixture(scope="module")
+def layered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 8-GPU sample with its rows grouped by layer (stable: each layer's rows keep
+    their order) in row groups of 1000 rows: some hold one layer, one holds both."""
+    seg = EIGHT / "seg-000000.parquet"
+    table = pq.read_table(seg)
+    order = pc.sort_indices(table["layer"].cast(pa.string()))  # stable: block, then file
+    out = tmp_path_factory.mktemp("layered") / "t"
+    out.mkdir()
+    layered = table.take(order).replace_schema_metadata(pq.read_metadata(seg).metadata)
+    pq.write_table(layered, out / seg.name, row_group_size=1000)
+    return out
+
+
+def _groups(trace: Path) -> int:
+    return pq.ParquetFile(trace / "seg-000000.parquet").metadata.num_row_groups
+
+
+@pytest.mark.parametrize("layer", [None, "block", "file"])
+def test_analyze_decodes_each_row_group_once_for_statistics_and_model(layered, decodes, layer) -> None:
+    out = analyze(layered, layer=layer)
+    n = _groups(layered)
+    assert n >= 5
+    # every row group once: the model needs them all, the statistics share the decode
+    assert _rows_decoded(decodes) == collections.Counter(range(n)), decodes
+    assert out["job_model"]["steps"] == 40  # the demo's steps (model/tests/golden)
+
+
+def test_analyze_without_the_model_decodes_only_its_layer(layered, decodes) -> None:
+    out = analyze(layered, layer="file", with_model=False)
+    assert "job_model" not in out
+    # the block layer's row groups are ruled out by their statistics, never decoded
+    rows = _rows_decoded(decodes)
+    assert 0 < len(rows) < _groups(layered)
+    assert set(rows.values()) == {1}
+
+
+@pytest.mark.parametrize("trace", [EIGHT, "layered"], ids=["sample", "layered"])
+def test_the_model_from_the_pass_is_the_model_read_alone(trace, layered) -> None:
+    """The pass pushes the rows the model would have read: the same model, to the byte."""
+    path = layered if trace == "layered" else trace
+    assert analyze(path)["job_model"] == job_model(path)
+
+
+@pytest.mark.parametrize("layer", [None, "block", "file"])
+def test_report_decodes_each_row_group_once(layered, decodes, tmp_path, layer) -> None:
+    """The report's layer (block by default) and the file layer with the job model, which
+    it shows beside it, come from one pass."""
+    out = write_report([layered], tmp_path / "r.html", layer=layer)
+    assert _rows_decoded(decodes) == collections.Counter(range(_groups(layered))), decodes
+    assert "Per GPU" in out.read_text()  # the file layer's model is shown
+
+
+def test_report_analyses_are_the_analyses_alone(layered) -> None:
+    """The block layer's analysis and the file layer's, from one pass, are what each
+    is analyzed alone."""
+    block, files = analyze_with_file_layer(layered, with_model=False)
+    assert block == analyze(layered, with_model=False)
+    assert files == analyze(layered, layer="file")
