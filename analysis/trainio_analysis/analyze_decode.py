@@ -30,6 +30,10 @@ from trainio_analysis.errors import TraceError
 from trainio_analysis.qd_sweep import CODE_ISSUE, QueueDepthSweep, TailExchange, sweep_slices
 from trainio_analysis.sketch import N_BUCKETS, log_bucket, pow2_bucket
 
+#: More requests in flight than any device or process holds (the histograms of queue
+#: depths are counted in arrays as long as the deepest): a corrupt value, refused.
+MAX_QUEUE_DEPTH = 1 << 20
+
 
 @dataclass
 class Chunk:
@@ -213,6 +217,7 @@ class Decoder:
         complete = pick(column_numpy(t["complete_ns"]), mask)
         nbytes = pick(column_numpy(t["bytes"]), mask)
         kqd_all = pick(column_numpy(t["queue_depth"]), mask)
+        _check_queue_depths(seg, index, kqd_all)
         if "op" in const:
             op_code = None
             only_op = const["op"]
@@ -487,3 +492,14 @@ def _merge_partials(
         None if op_code is None else op_code[order][starts],
         g[starts],
     )
+
+
+def _check_queue_depths(seg: Any, index: int, qd: np.ndarray) -> None:
+    """Refuses a row group whose queue_depth holds more than MAX_QUEUE_DEPTH, in one line."""
+    if qd.size and int(qd.max()) > MAX_QUEUE_DEPTH:
+        row = int(np.argmax(qd > MAX_QUEUE_DEPTH))
+        msg = (
+            f"{seg.path}: row group {index}: queue_depth {int(qd[row])} is more requests in flight "
+            f"than a device or process holds (at most {MAX_QUEUE_DEPTH}; corrupt file)"
+        )
+        raise TraceError(msg)

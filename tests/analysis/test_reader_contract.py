@@ -263,3 +263,15 @@ def test_every_standard_codec_reads_the_same_rows_in_both_readers(codec: str, tm
     assert py_rows == rs_rows
     assert py_rows == python_read(sample.parent)[0]
     assert len(py_rows) == pf.metadata.num_rows
+
+
+def test_analyze_refuses_a_queue_depth_no_device_holds_in_one_line(tmp_path: Path) -> None:
+    """A block row at QD 2^31 (a flipped bit in a fuzzed segment) is readable, but the
+    analysis counts queue depths in arrays as long as the deepest: it is refused, named,
+    rather than allocating 16 GiB and running for minutes."""
+    trace = tmp_path / "trace"
+    _write(_seg(trace), _with(_base(), "queue_depth", [1, 1 << 31, 1, 1]))
+    analyzed = run_cli("analyze", str(trace), "--json")
+    assert analyzed.returncode == 2, analyzed.stderr
+    (line,) = analyzed.stderr.splitlines()
+    assert str(trace) in line and f"queue_depth {1 << 31}" in line and "row group 0" in line, line
