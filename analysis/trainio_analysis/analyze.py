@@ -71,7 +71,7 @@ class _Analyzer:
         self.step_gap_ms = step_gap_ms
         # the job model fed from this pass's decoding (a trace set's members are read
         # one at a time on their own clocks instead: analyze_result.job_model)
-        nat = kernels._module
+        nat = kernels.module()
         self.model_rows = None
         if with_model and trace.members is None and "file" in self.plan.layers_present and nat is not None:
             self.model_rows = nat.ModelRows(str(trace.path))
@@ -371,7 +371,7 @@ def analyze(
         found from the gaps.
     with_model
         Infer the job model (``job_model``, ``steps``, each process's GPU); callers that
-        use none of them (report, compare) skip reading the trace once more for it.
+        use none of them (report, compare) skip building it.
     """
     sel = Selection(layer=layer, dev=dev, pid=pid)
     trace = load_trace(path)

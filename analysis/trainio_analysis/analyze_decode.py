@@ -494,7 +494,7 @@ def _merge_partials(
     )
 
 
-def _check_queue_depths(seg: Any, index: int, qd: np.ndarray) -> None:
+def _check_queue_depths(seg: tr.Segment, index: int, qd: np.ndarray) -> None:
     """Refuses a row group whose queue_depth holds more than MAX_QUEUE_DEPTH, in one line."""
     if qd.size and int(qd.max()) > MAX_QUEUE_DEPTH:
         row = int(np.argmax(qd > MAX_QUEUE_DEPTH))

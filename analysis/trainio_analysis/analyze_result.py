@@ -316,7 +316,7 @@ def job_model(
     ``_native.ModelRows`` by a pass that decoded them (the analyzer's), not read again
     here (a trace, not a set). None when the extension is not built.
     """
-    mod = kernels._module
+    mod = kernels.module()
     if mod is None or not hasattr(mod, "job_model"):
         return None
     trace = tr.Trace.of(trace)

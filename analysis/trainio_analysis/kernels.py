@@ -32,6 +32,12 @@ def native() -> ModuleType | None:
     return _module if _enabled else None
 
 
+def module() -> ModuleType | None:
+    """The native module when it is built, whichever path is selected: for what has no
+    numpy path (the job model)."""
+    return _module
+
+
 def available() -> bool:
     """Whether the native module was built."""
     return _module is not None
