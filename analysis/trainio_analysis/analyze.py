@@ -370,8 +370,9 @@ def analyze(
         The job model's gap between the batches of a rank that reads them itself; None:
         found from the gaps.
     with_model
-        Infer the job model (``job_model``, ``steps``, each process's GPU); callers that
-        use none of them (report, compare) skip building it.
+        Infer the job model (``job_model``, ``steps``, each process's GPU); a caller
+        that uses none of them (report at another layer than the file layer) skips
+        building it.
     """
     sel = Selection(layer=layer, dev=dev, pid=pid)
     trace = load_trace(path)

@@ -85,10 +85,13 @@ def write_scores(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str
     }
 
 
-def _writes(trace: tr.Trace) -> dict[str, Any] | None:
+def _writes(trace: tr.Trace, analysis: dict[str, Any]) -> dict[str, Any] | None:
+    """The write bursts of the trace's job model: the one its analysis built from the
+    rows it decoded (a trace with file rows), read apart only where the analysis built
+    none."""
     if "file" not in (trace.meta.get("layers") or []):
         return None
-    m = job_model(trace)
+    m = analysis["job_model"] if "job_model" in analysis else job_model(trace)
     return None if m is None else m["writes"]
 
 
@@ -107,11 +110,11 @@ def compare(
     When no layer is given, B is analyzed at the layer chosen for A.
     """
     ta = load_trace(a)
-    ra = analyze(ta, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms, with_model=False)
+    ra = analyze(ta, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms)
     layer = layer or ra["selection"]["layer"]
     tb = load_trace(b)
-    rb = analyze(tb, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms, with_model=False)
-    writes = write_scores(_writes(ta), _writes(tb))
+    rb = analyze(tb, layer=layer, dev=dev, pid=pid, bin_s=bin_s, burst_gap_ms=burst_gap_ms)
+    writes = write_scores(_writes(ta, ra), _writes(tb, rb))
     return {"a": str(a), "b": str(b), "layer": layer, **scores(ra, rb), "writes": writes}
 
 

@@ -26,9 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from trainio_analysis.errors import TraceError
 from trainio_analysis.interop import InputError, output_directory, write_text_atomically
-from trainio_analysis.trace import Trace, trace_set_members
+from trainio_analysis.trace import STRING_COLUMNS, Trace, trace_set_members
 
 IOLOG_HEADER = "fio version 3 iolog"
 #: trainio op -> fio iolog action, per layer; other ops have no fio equivalent.
@@ -52,6 +55,33 @@ def _layer_rows(trace: Trace, layer: str) -> pl.DataFrame:
     """Every row of ``layer``, all ops, the columns export uses: read once for the
     requests and the ops left out."""
     return trace.scan().filter(pl.col("layer") == layer).select(_COLUMNS).collect()
+
+
+def _layer_rows_and_gpus(trace: Trace, layer: str) -> tuple[pl.DataFrame, dict[int, int] | None]:
+    """:func:`_layer_rows` and the GPU of each pid in the trace's job model (the
+    analyzer's, from the file, proc and ipc layers), from one read of the trace: each row
+    group is decoded once, its rows pushed into the job model (as the analyzer's pass
+    does) and its ``layer`` rows kept. No GPUs (None) without a file layer."""
+    from trainio_analysis import kernels
+    from trainio_analysis.analyze_plan import layers_present
+    from trainio_analysis.analyze_result import job_model
+
+    if "file" not in layers_present(trace):
+        return _layer_rows(trace, layer), None
+    nat = kernels.module()
+    model = nat.ModelRows(str(trace.path)) if nat is not None else None
+    parts = []
+    for batch in trace.row_batches():
+        rows = pa.Table.from_batches([batch])
+        if model is not None:
+            try:
+                model.push(rows)
+            except ValueError as e:  # a row the model refuses: its one-line message
+                raise TraceError(str(e)) from None
+        parts.append(pl.from_arrow(rows.filter(pc.equal(rows["layer"], layer)).select(_COLUMNS)))
+    df = pl.concat(parts, how="vertical") if parts else pl.DataFrame()
+    df = df.with_columns(pl.col(sorted(c for c in _COLUMNS if c in STRING_COLUMNS)).cast(pl.String))
+    return df, _gpus(job_model(trace, rows=model) if model is not None else None)
 
 
 def _requests(rows: pl.DataFrame, layer: str, dev: str | None, pid: int | None, under: str | None) -> pl.DataFrame:
@@ -114,7 +144,7 @@ def export_fio(
     if under is not None and layer != "file":
         msg = f"{trace}: --under selects files: it needs --layer file"
         raise InputError(msg)
-    rows = _layer_rows(opened, layer)
+    rows, gpu_of = _layer_rows_and_gpus(opened, layer) if by == "gpu" else (_layer_rows(opened, layer), None)
     df = _requests(rows, layer, dev_id, pid, under)
     if df.is_empty():
         given = [
@@ -129,7 +159,9 @@ def export_fio(
     del rows
     left_out = 0
     if by == "gpu":
-        gpu_of = _gpu_of(opened)
+        if gpu_of is None:
+            msg = f"{trace}: --by gpu needs the file layer, where the job model comes from"
+            raise InputError(msg)
         grouped = df.with_columns(
             pl.col("pid").replace_strict(gpu_of, default=None, return_dtype=pl.Int64).alias("job")
         )
@@ -190,16 +222,8 @@ def export_fio(
     }
 
 
-def _gpu_of(trace: Trace) -> dict[int, int]:
-    """pid -> GPU index of the trace's job model (the analyzer's, from the file layer)."""
-    from trainio_analysis.analyze_plan import layers_present
-    from trainio_analysis.analyze_result import job_model
-
-    if "file" not in layers_present(trace):
-        msg = f"{trace.path}: --by gpu needs the file layer, where the job model comes from"
-        raise InputError(msg)
-    model = job_model(trace) or {}
-    return {int(m["pid"]): int(g["index"]) for g in model.get("gpus", []) for m in g["members"]}
+def _gpus(model: dict[str, Any] | None) -> dict[int, int]:
+    return {int(m["pid"]): int(g["index"]) for g in (model or {}).get("gpus", []) for m in g["members"]}
 
 
 def _job_file(trace: str, layer: str, jobs: list[dict[str, Any]]) -> str:

@@ -1,8 +1,11 @@
 """A trace is decoded once per command (#34): ``analyze`` builds its job model from the
 row groups its own pass decoded, not from a second read of the trace, and ``report``
-analyzes its layer and the file layer (with the model) in one pass. Counted at
-pyarrow's one decoding call (``ParquetFile.read_row_group``), on the 8-GPU sample
-rewritten into row groups of one layer each (as the recorder writes them) and of both."""
+analyzes its layer and the file layer (with the model) in one pass; ``compare`` takes the
+write bursts it scores from the model its analysis built, and ``export --fio --by gpu``
+reads its rows and the model's in one pass. Counted at pyarrow's one decoding call
+(``ParquetFile.read_row_group``) and at polars' scan of a trace (``Trace.scan``), on the
+8-GPU sample rewritten into row groups of one layer each (as the recorder writes them)
+and of both."""
 
 from __future__ import annotations
 
@@ -15,8 +18,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from trainio_analysis import trace as tr
 from trainio_analysis.analyze import analyze, analyze_with_file_layer
 from trainio_analysis.analyze_result import job_model
+from trainio_analysis.compare import compare
+from trainio_analysis.export_fio import export_fio
 from trainio_analysis.report import write_report
 
 EIGHT = Path(__file__).resolve().parents[2] / "traces" / "unet3d-demo-8gpu"
@@ -39,7 +45,14 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[tup
             counts[(i, c)] += 1
         return real(self, i, columns, **kwargs)
 
+    real_scan = tr.Trace.scan
+
+    def counting_scan(self: tr.Trace) -> object:
+        counts[(-1, "scan")] += 1  # a lazy frame over every row group: decoded when collected
+        return real_scan(self)
+
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", counting)
+    monkeypatch.setattr(tr.Trace, "scan", counting_scan)
     yield counts
 
 
@@ -48,6 +61,7 @@ def _rows_decoded(decodes: collections.Counter[tuple[int, str]]) -> collections.
     reader of the rows takes), and that no column but the plan's was decoded twice."""
     twice = {k: n for k, n in decodes.items() if n > 1 and k[1] not in PLAN_COLUMNS}
     assert not twice, twice
+    assert (-1, "scan") not in decodes, "the rows were scanned apart from the row groups' decode"
     return collections.Counter({i: n for (i, c), n in decodes.items() if c == "issue_ns"})
 
 
@@ -110,3 +124,30 @@ def test_report_analyses_are_the_analyses_alone(layered) -> None:
     block, files = analyze_with_file_layer(layered, with_model=False)
     assert block == analyze(layered, with_model=False)
     assert files == analyze(layered, layer="file")
+
+
+@pytest.mark.parametrize("layer", [None, "file"])
+def test_compare_decodes_each_row_group_of_each_trace_once(layered, decodes, layer) -> None:
+    """compare analyzes both traces and scores their write bursts from the job model: the
+    model of each comes from its analysis's pass. The same trace twice, so each row group
+    is decoded twice in all, once per side."""
+    out = compare(layered, layered, layer=layer)
+    n = _groups(layered)
+    assert max(v for k, v in decodes.items() if k[1] not in PLAN_COLUMNS) == 2, decodes
+    assert collections.Counter({i: v for (i, c), v in decodes.items() if c == "issue_ns"}) == {i: 2 for i in range(n)}
+    assert out["writes"] is not None and out["writes"]["count"]["a"] == out["writes"]["count"]["b"]
+    assert out["throughput_rel_error"] == 0.0
+
+
+@pytest.mark.parametrize("layer", ["block", "file"])
+def test_export_by_gpu_decodes_each_row_group_once(layered, decodes, tmp_path, layer) -> None:
+    """export --fio --by gpu reads the layer's requests and the job model's rows (every
+    layer) in one pass; the iologs are those of the rows read apart."""
+    summary = export_fio(str(layered), tmp_path / "x", layer=layer, by="gpu")
+    assert _rows_decoded(decodes) == collections.Counter(range(_groups(layered))), decodes
+    assert summary["jobs"] and summary["by"] == "gpu"
+    decodes.clear()
+    alone = export_fio(str(EIGHT), tmp_path / "y", layer=layer, by="gpu")
+    assert summary == alone
+    for job in summary["jobs"]:
+        assert (tmp_path / "x" / job["iolog"]).read_text() == (tmp_path / "y" / job["iolog"]).read_text()
