@@ -69,13 +69,42 @@ class _Analyzer:
         self.burst_gap_ms = burst_gap_ms
         self.with_model = with_model
         self.step_gap_ms = step_gap_ms
-        # the job model fed from this pass's decoding (a trace set's members are read
-        # one at a time on their own clocks instead: analyze_result.job_model)
+        # the job model fed from this pass's decoding: the trace's rows, or a set's
+        # members' rows each on its own clock (one ModelRows per member, pushed by the pass)
         nat = kernels.module()
-        self.model_rows = None
-        if with_model and trace.members is None and "file" in self.plan.layers_present and nat is not None:
-            self.model_rows = nat.ModelRows(str(trace.path))
-        self.decoder = Decoder(self.plan, model_rows=self.model_rows is not None)
+        self.model_rows: Any = None
+        if with_model and "file" in self.plan.layers_present and nat is not None:
+            if trace.members is None:
+                self.model_rows = nat.ModelRows(str(trace.path))
+            else:
+                self.model_rows = [nat.ModelRows(str(m.path)) for m in trace.members]
+        self.decoder = Decoder(self.plan, model_rows=self.model_rows is not None and trace.members is None)
+        #: a trace set's members, each with its own analysis of the selection (None when
+        #: nothing of it is on that host), run in the set's pass (:meth:`with_hosts`)
+        self.hosts: list[tuple[tr.Member, _Analyzer | None]] | None = None
+        #: after the pass: each member's result, None where it had no analysis
+        self.host_results: list[dict[str, Any] | None] = []
+
+    def with_hosts(self) -> _Analyzer:
+        """A trace set's analysis, with each member analyzed alone in the same pass (the
+        set's layer, the selection's device when it is on that host, its pid)."""
+        trace, sel = self.plan.trace, self.plan.sel
+        self.hosts = []
+        for m, member in zip(trace.members or (), trace.member_traces, strict=True):
+            host_analyzer = None
+            dev = sel.dev
+            if dev is not None and "/" in dev:
+                host, _, dev = dev.partition("/")
+                if host != m.host:
+                    self.hosts.append((m, None))
+                    continue
+            try:
+                host_sel = Selection(layer=self.plan.layer, dev=dev, pid=sel.pid)
+                host_analyzer = _Analyzer(member, host_sel, None, self.burst_gap_ms, self.workers, with_model=False)
+            except SelectionError:
+                pass  # nothing of the selection on this host
+            self.hosts.append((m, host_analyzer))
+        return self
 
     def run(self) -> dict[str, Any]:
         return _run_pass([self])[0]
@@ -102,7 +131,7 @@ class _Analyzer:
         """Main thread: chunk ``k`` (in order) summed and swept."""
         acc = self.acc
         if c.model_rows is not None:
-            self._push_model_rows(c.model_rows)
+            _push_model_rows(self.model_rows, c.model_rows)
             c.model_rows = None
         if c.events:
             acc.events += c.events
@@ -174,13 +203,6 @@ class _Analyzer:
             model_rows=self.model_rows,
         )
 
-    def _push_model_rows(self, rows: pa.Table) -> None:
-        """One row group's rows into the job model, in the trace's order (the units')."""
-        try:
-            self.model_rows.push(rows)
-        except ValueError as e:  # a row the model refuses: its one-line message
-            raise TraceError(str(e)) from None
-
     def _coarsen(self, acc: Chunk, *timelines: np.ndarray) -> list[np.ndarray]:
         """Sum the fine bins into the smallest 1/2/5 x 10^k multiple of them that leaves
         at most AUTO_BINS bins over the active span (the window when nothing moved)."""
@@ -212,32 +234,47 @@ class _Analyzer:
 def _run_pass(analyzers: list[_Analyzer]) -> list[dict[str, Any]]:
     """One pass over the trace's row groups for one or more analyses of it (their plans
     list the same units): each row group is read once, on a worker thread, and every
-    analysis decodes its rows from that read; the chunks are added in order."""
-    units = [(str(u[0].path), u[1]) for u in analyzers[0].plan.units]
+    analysis decodes its rows from that read; the chunks are added in order. In a trace
+    set the same read also feeds each member's own analysis (``hosts``, the member's rows
+    on its own clock) and each member's job-model rows."""
+    first = analyzers[0]
+    units = [(str(u[0].path), u[1]) for u in first.plan.units]
     assert all([(str(u[0].path), u[1]) for u in a.plan.units] == units for a in analyzers)
-    workers = analyzers[0].workers
+    workers = first.workers
+    is_set = first.plan.trace.members is not None
+    consumers = _consumers(analyzers, units)
+    # a set's job models (one per analysis that builds one), each a ModelRows per member
+    models = [a.model_rows for a in analyzers if is_set and a.model_rows is not None]
+    member_of = _member_of(first.plan) if is_set else []
     for a in analyzers:
         a.start()
-    shared = len(analyzers) > 1
+        for _, h in a.hosts or ():
+            if h is not None:
+                h.start()
+    shared = len(analyzers) > 1 or is_set
 
-    def work(k: int) -> list[Chunk]:
-        chunks = []
+    def work(k: int) -> tuple[list[Chunk], pa.Table | None]:
+        chunks: list[Chunk] = []
         try:
-            table = None
+            table = own = None
             if shared:
-                seg, index = analyzers[0].plan.units[k][:2]
-                table = tr.read_row_group(seg, index, tr.segment_columns(seg))
-            for a in analyzers:
-                chunks.append(a.decoder.task(k, a.channels, table))
+                seg, index = first.plan.units[k][:2]
+                if is_set:
+                    own, table = tr.read_member_row_group(seg, index, tr.segment_columns(seg))
+                else:
+                    table = tr.read_row_group(seg, index, tr.segment_columns(seg))
+            for a, ka, on_own_clock in consumers[k]:
+                chunks.append(a.decoder.task(ka, a.channels, own if on_own_clock else table))
+            rows = tr.model_rows(own) if models and own is not None else None
         except BaseException:
-            for a in analyzers[len(chunks) :]:  # release whoever waits for this chunk
+            for a, ka, _ in consumers[k][len(chunks) :]:  # release whoever waits for this chunk
                 for _, exchange, _ in a.channels:
-                    exchange.fail(k)
+                    exchange.fail(ka)
             raise
-        return chunks
+        return chunks, rows
 
     pool = ThreadPoolExecutor(max_workers=workers)
-    inflight: deque[Future[list[Chunk]]] = deque()
+    inflight: deque[Future[tuple[list[Chunk], pa.Table | None]]] = deque()
     todo = iter(range(len(units)))
     try:
         for _ in range(2 * workers):
@@ -246,29 +283,63 @@ def _run_pass(analyzers: list[_Analyzer]) -> list[dict[str, Any]]:
                 inflight.append(pool.submit(work, k))
         k_done = 0
         while inflight:
-            chunks = inflight.popleft().result()
+            chunks, rows = inflight.popleft().result()
             nxt = next(todo, None)
             if nxt is not None:
                 inflight.append(pool.submit(work, nxt))
-            for a, c in zip(analyzers, chunks, strict=True):
-                a.add(c, k_done)
+            for (a, ka, _), c in zip(consumers[k_done], chunks, strict=True):
+                a.add(c, ka)
+            for per_member in models if rows is not None else ():
+                _push_model_rows(per_member[member_of[k_done]], rows)
             k_done += 1
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+    for a in analyzers:
+        a.host_results = [None if h is None else h.finish() for _, h in a.hosts or ()]
     return [a.finish() for a in analyzers]
 
 
-def _per_host(
-    trace: tr.Trace, job: dict[str, Any], sel: Selection, burst_gap_ms: float, workers: int
-) -> list[dict[str, Any]]:
-    """Each host's figures in a trace set's analysis: its member analyzed alone (the
-    job's layer, the selection's device when it is on that host, its pid), placed on the
-    job's clock; its GPUs are the job model's GPUs on that host."""
+def _consumers(analyzers: list[_Analyzer], units: list[tuple[str, int]]) -> list[list[tuple[_Analyzer, int, bool]]]:
+    """Per unit of the pass, who decodes it: (analysis, the unit's index in its plan, whether
+    it takes the member's own rows). A set member's units are, in order, the set's units of
+    that member (the set's segments are its members', member after member)."""
+    out: list[list[tuple[_Analyzer, int, bool]]] = [[(a, k, False) for a in analyzers] for k in range(len(units))]
+    for a in analyzers:
+        for m, h in a.hosts or ():
+            if h is None:
+                continue
+            own = [(str(u[0].path), u[1]) for u in h.plan.units]
+            own_set = set(own)
+            mine = [k for k, u in enumerate(units) if u in own_set]
+            assert [units[k] for k in mine] == own, m.host
+            for kh, k in enumerate(mine):
+                out[k].append((h, kh, True))
+    return out
+
+
+def _member_of(plan: Plan) -> list[int]:
+    """Per unit of a trace set's plan, the index of the member it belongs to."""
+    index = {m.host: j for j, m in enumerate(plan.trace.members or ())}
+    return [index[u[0].host] for u in plan.units]
+
+
+def _push_model_rows(model_rows: Any, rows: pa.Table) -> None:
+    """One row group's rows into the job model, in the trace's order (the units')."""
+    try:
+        model_rows.push(rows)
+    except ValueError as e:  # a row the model refuses: its one-line message
+        raise TraceError(str(e)) from None
+
+
+def _per_host(analyzer: _Analyzer, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each host's figures in a trace set's analysis: its member's own analysis from the
+    set's pass (:meth:`_Analyzer.with_hosts`), placed on the job's clock; its GPUs are the
+    job model's GPUs on that host."""
     gpus: dict[str, int] = {}
     for g in (job.get("job_model") or {}).get("gpus", []):
         gpus[g.get("host")] = gpus.get(g.get("host"), 0) + 1
     out = []
-    for m, member in zip(trace.members or (), trace.member_traces, strict=True):
+    for (m, _), r in zip(analyzer.hosts or (), analyzer.host_results, strict=True):
         entry: dict[str, Any] = {
             "host": m.host,
             "path": str(m.path),
@@ -277,22 +348,7 @@ def _per_host(
             "gpus": gpus.get(m.host, 0),
             "complete": m.complete,
         }
-        dev = sel.dev
-        if dev is not None and "/" in dev:
-            host, _, dev = dev.partition("/")
-            if host != m.host:
-                out.append({**entry, "events": 0})
-                continue
-        try:
-            r = _Analyzer(
-                member,
-                Selection(layer=job["selection"]["layer"], dev=dev, pid=sel.pid),
-                None,
-                burst_gap_ms,
-                workers,
-                with_model=False,
-            ).run()
-        except SelectionError:
+        if r is None:
             out.append({**entry, "events": 0})  # nothing of the selection on this host
             continue
         tp = r["throughput_mib_s"]
@@ -377,8 +433,10 @@ def analyze(
     sel = Selection(layer=layer, dev=dev, pid=pid)
     trace = load_trace(path)
     with _unreadable(trace.path):
-        out = _Analyzer(trace, sel, bin_s, burst_gap_ms, workers, with_model, step_gap_ms).run()
-        return _complete(trace, out, sel, burst_gap_ms, workers)
+        analyzer = _Analyzer(trace, sel, bin_s, burst_gap_ms, workers, with_model, step_gap_ms)
+        if trace.members is not None:
+            analyzer.with_hosts()
+        return _complete(analyzer, analyzer.run())
 
 
 def analyze_with_file_layer(
@@ -409,18 +467,20 @@ def analyze_with_file_layer(
                 analyzers.append(_Analyzer(trace, file_sel, bin_s, burst_gap_ms, workers))
             except SelectionError:
                 pass  # no file row selected: no file-layer analysis
+        if trace.members is not None:
+            for a in analyzers:
+                a.with_hosts()
         results = _run_pass(analyzers)
-        out = [_complete(trace, r, s, burst_gap_ms, workers) for r, s in zip(results, (sel, file_sel), strict=False)]
+        out = [_complete(a, r) for a, r in zip(analyzers, results, strict=True)]
     return out[0], (out[1] if len(out) > 1 else None)
 
 
-def _complete(
-    trace: tr.Trace, out: dict[str, Any], sel: Selection, burst_gap_ms: float, workers: int
-) -> dict[str, Any]:
+def _complete(analyzer: _Analyzer, out: dict[str, Any]) -> dict[str, Any]:
     """A pass's result with what it does not compute: each host's figures in a trace set,
     the object requests of a trace with an object layer."""
+    trace = analyzer.plan.trace
     if trace.members is not None:
-        out["per_host"] = _per_host(trace, out, sel, burst_gap_ms, workers)
+        out["per_host"] = _per_host(analyzer, out)
     elif "object" in out["layers_present"]:
         out["object_requests"] = object_requests(trace)
     return out

@@ -314,7 +314,8 @@ def job_model(
     read here (:meth:`~trainio_analysis.trace.Trace.row_batches`, a set's one member at
     a time): the extension opens no file. ``rows``: the trace's rows pushed already into a
     ``_native.ModelRows`` by a pass that decoded them (the analyzer's), not read again
-    here (a trace, not a set). None when the extension is not built.
+    here; for a trace set, one per member in member order. None when the extension is
+    not built.
     """
     mod = kernels.module()
     if mod is None or not hasattr(mod, "job_model"):
@@ -332,14 +333,13 @@ def job_model(
 
         return pa.RecordBatchReader.from_batches(tr.ROWS_SCHEMA, batches())
 
-    if rows is not None:
-        parts = [(str(trace.path), None, rows)]
-    elif trace.members is None:
-        parts = [(str(trace.path), None, member_rows(trace))]
+    if trace.members is None:
+        parts = [(str(trace.path), None, member_rows(trace) if rows is None else rows)]
     else:
+        pushed = rows if rows is not None else [None] * len(trace.members)
         parts = [
-            (str(m.path), (m.host, m.shift_ns), member_rows(t))
-            for m, t in zip(trace.members, trace.member_traces, strict=True)
+            (str(m.path), (m.host, m.shift_ns), member_rows(t) if r is None else r)
+            for m, t, r in zip(trace.members, trace.member_traces, pushed, strict=True)
         ]
     try:
         return json.loads(mod.job_model(parts, grouping, step_gap_ms, gpus_per_process, compute_scale))

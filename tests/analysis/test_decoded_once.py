@@ -151,3 +151,79 @@ def test_export_by_gpu_decodes_each_row_group_once(layered, decodes, tmp_path, l
     assert summary == alone
     for job in summary["jobs"]:
         assert (tmp_path / "x" / job["iolog"]).read_text() == (tmp_path / "y" / job["iolog"]).read_text()
+
+
+@pytest.fixture(scope="module")
+def layered_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trace set of two hosts: the 1-GPU sample on h1 and the 8-GPU one on h2, 3 s
+    apart, each grouped by layer into row groups of 700 rows."""
+    job = tmp_path_factory.mktemp("set") / "job"
+    for host, src, offset in (("h1", "unet3d-demo-1gpu", 10**12), ("h2", "unet3d-demo-8gpu", 10**12 + 3 * 10**9)):
+        seg = EIGHT.parent / src / "seg-000000.parquet"
+        table = pq.read_table(seg)
+        meta = dict(pq.read_metadata(seg).metadata)
+        meta.update({b"trainio.hostname": host.encode(), b"trainio.clock_offset_ns": str(offset).encode()})
+        (job / host).mkdir(parents=True)
+        order = pc.sort_indices(table["layer"].cast(pa.string()))
+        pq.write_table(table.take(order).replace_schema_metadata(meta), job / host / seg.name, row_group_size=700)
+    return job
+
+
+@pytest.fixture
+def set_decodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[tuple[int, int, str]]]:
+    """How many times each column of each row group was decoded, by (the segment's rows
+    (the members' differ), row group, column)."""
+    counts: collections.Counter[tuple[int, int, str]] = collections.Counter()
+    real = pq.ParquetFile.read_row_group
+
+    def counting(self: pq.ParquetFile, i: int, columns: list[str] | None = None, **kwargs: object) -> pa.Table:
+        for c in columns if columns is not None else self.schema_arrow.names:
+            counts[(self.metadata.num_rows, i, c)] += 1
+        return real(self, i, columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counting)
+    yield counts
+
+
+def _set_row_groups(job: Path) -> set[tuple[int, int]]:
+    out = set()
+    for host in ("h1", "h2"):
+        md = pq.ParquetFile(job / host / "seg-000000.parquet").metadata
+        out |= {(md.num_rows, i) for i in range(md.num_row_groups)}
+    return out
+
+
+@pytest.mark.parametrize("layer", [None, "file"])
+def test_a_trace_set_is_decoded_once_for_the_job_its_hosts_and_its_model(layered_set, set_decodes, layer) -> None:
+    """analyze of a set: the job's figures (on one clock), each host's own and each
+    member's job-model rows come from one read of each row group."""
+    out = analyze(layered_set, layer=layer)
+    twice = {k: n for k, n in set_decodes.items() if n > 1 and k[2] not in PLAN_COLUMNS}
+    assert not twice, twice
+    rows = {(n, i) for (n, i, c) in set_decodes if c == "issue_ns"}
+    assert rows == _set_row_groups(layered_set)
+    assert [h["events"] > 0 for h in out["per_host"]] == [True, True]
+    assert [g["host"] for g in out["job_model"]["gpus"]] == ["h1", "h2"]
+
+
+def test_a_trace_sets_report_is_decoded_once(layered_set, set_decodes, tmp_path) -> None:
+    """report of a set: its layer and the file layer, each with each host's figures, and
+    the model, from one read of each row group."""
+    write_report([layered_set], tmp_path / "r.html")
+    twice = {k: n for k, n in set_decodes.items() if n > 1 and k[2] not in PLAN_COLUMNS}
+    assert not twice, twice
+
+
+def test_a_trace_sets_figures_from_its_pass_are_each_hosts_alone(layered_set) -> None:
+    """Each host's figures and the model, from the set's one pass, are what the member's
+    own analysis and the model read apart give."""
+    out = analyze(layered_set)
+    assert out["job_model"] == job_model(layered_set)
+    for h, host in zip(out["per_host"], ("h1", "h2"), strict=True):
+        alone = analyze(layered_set / host, layer=out["selection"]["layer"], with_model=False)
+        assert (h["events"], h["bytes_read"], h["duration_s"]) == (
+            alone["events"],
+            alone["bytes_read"],
+            alone["duration_s"],
+        )
+        assert h["latency_us"] == alone["latency_us"]

@@ -322,6 +322,14 @@ def read_row_group(
     return _on_set_clock(segment, table) if segment.host is not None else table
 
 
+def read_member_row_group(segment: Segment, index: int, columns: Sequence[str]) -> tuple[pa.Table, pa.Table]:
+    """A trace set's row group (``segment`` of the set, :attr:`Trace.segments`) read once,
+    as its member reads it (its own clock and devices, as :meth:`Trace.row_batches` of the
+    member) and as the set reads it (:func:`read_row_group`)."""
+    own = read_row_group(replace(segment, shift_ns=0, host=None), index, columns)
+    return own, _on_set_clock(segment, own)
+
+
 def _host_dev(host: str, dev: Any) -> Any:
     return None if dev is None else f"{host}/{dev}"
 
