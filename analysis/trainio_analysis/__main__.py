@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         _refuse_outputs_onto_inputs(args)
         if args.command == "analyze":
             from trainio_analysis.analyze import analyze
-            from trainio_analysis.summary import format_summary
+            from trainio_analysis.analyze.summary import format_summary
 
             result = analyze(args.trace, step_gap_ms=args.step_gap_ms, **_selection(args))
             print(dumps(result) if args.json else format_summary(result))
@@ -303,14 +303,14 @@ def main(argv: list[str] | None = None) -> int:
             result = compare(args.a, args.b, **_selection(args))
             print(dumps(result) if args.json else format_compare(result))
         elif args.command == "export":
-            from trainio_analysis.export_fio import export_fio, format_export
+            from trainio_analysis.interop.export_fio import export_fio, format_export
 
             result = export_fio(
                 args.fio, args.output, layer=args.layer, dev=args.dev, pid=args.pid, under=args.under, by=args.by
             )
             print(dumps(result) if args.json else format_export(result, args.output))
         elif args.command == "import":
-            from trainio_analysis.import_trace import format_import, import_blktrace, import_dftracer
+            from trainio_analysis.interop.import_trace import format_import, import_blktrace, import_dftracer
 
             if args.dftracer:
                 result = import_dftracer(args.dftracer, args.output)

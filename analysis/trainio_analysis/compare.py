@@ -24,7 +24,7 @@ from typing import Any
 
 from trainio_analysis import trace as tr
 from trainio_analysis.analyze import analyze, load_trace
-from trainio_analysis.analyze_result import job_model, w1_distance
+from trainio_analysis.analyze.result import job_model, w1_distance
 
 
 def _ratio(b: float | None, a: float | None) -> float | None:

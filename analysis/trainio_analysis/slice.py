@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trainio_analysis import trace as tr
-from trainio_analysis.interop import InputError, output_directory
+from trainio_analysis.interop.common import InputError, output_directory
 
 #: Columns a slice reads and writes: every column of the schema.
 _COLUMNS = [name for name, _, _ in tr.COLUMNS]

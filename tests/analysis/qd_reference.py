@@ -1,6 +1,6 @@
 """A deliberately naive queue-depth reference: O(n^2), written from the definitions.
 
-Conventions (the same as trainio_analysis.qd_sweep documents): at equal timestamps a
+Conventions (the same as trainio_analysis.analyze.qd_sweep documents): at equal timestamps a
 completion counts before an issue, except that a zero-latency request still counts
 itself; issues at the same instant are numbered in any order.
 """

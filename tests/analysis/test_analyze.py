@@ -10,7 +10,7 @@ import pytest
 from analysis_helpers import US, block, fread, run_cli
 
 from trainio_analysis.analyze import analyze
-from trainio_analysis.analyze_result import w1_distance
+from trainio_analysis.analyze.result import w1_distance
 from trainio_analysis.trace import write_trace
 
 MIB = 1 << 20

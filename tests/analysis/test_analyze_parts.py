@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from analysis_helpers import US, block, fread
 
-from trainio_analysis.analyze_decode import Chunk, Decoder, ProcessTotals
-from trainio_analysis.analyze_plan import Plan, Selection
-from trainio_analysis.analyze_result import MIB, Totals, result
+from trainio_analysis.analyze.decode import Chunk, Decoder, ProcessTotals
+from trainio_analysis.analyze.plan import Plan, Selection
+from trainio_analysis.analyze.qd_sweep import GroupState
+from trainio_analysis.analyze.result import MIB, Totals, result
+from trainio_analysis.analyze.sketch import QuantileSketch
 from trainio_analysis.errors import SelectionError
-from trainio_analysis.qd_sweep import GroupState
-from trainio_analysis.sketch import QuantileSketch
 from trainio_analysis.trace import write_trace
 
 BASE = ["issue_ns", "complete_ns", "bytes", "queue_depth"]

@@ -20,16 +20,16 @@ import pytest
 
 from trainio_analysis import trace as tr
 from trainio_analysis.analyze import analyze, analyze_with_file_layer
-from trainio_analysis.analyze_result import job_model
+from trainio_analysis.analyze.result import job_model
 from trainio_analysis.compare import compare
-from trainio_analysis.export_fio import export_fio
+from trainio_analysis.interop.export_fio import export_fio
 from trainio_analysis.report import write_report
 
 EIGHT = Path(__file__).resolve().parents[2] / "traces" / "unet3d-demo-8gpu"
 
 
 #: what the plan reads of each row group before the pass, to number the selection's
-#: devices or processes when the statistics do not prove them (analyze_plan.py)
+#: devices or processes when the statistics do not prove them (analyze/plan.py)
 PLAN_COLUMNS = {"layer", "dev", "pid"}
 
 

@@ -107,7 +107,7 @@ def test_the_model_of_the_analyzers_rows_is_the_model_of_the_files(trace) -> Non
     """The two entry points of crate trainio-model agree: from the rows the analyzer hands
     over, the model is the golden copy that `cargo test -p trainio-model` holds the model
     read from the files to (model/tests/golden)."""
-    from trainio_analysis.analyze_result import job_model
+    from trainio_analysis.analyze.result import job_model
 
     golden = json.loads((ROOT / "model" / "tests" / "golden" / f"{trace.name}.json").read_text())
     assert job_model(trace) == golden
@@ -116,7 +116,7 @@ def test_the_model_of_the_analyzers_rows_is_the_model_of_the_files(trace) -> Non
 def test_rows_of_any_width_the_schema_allows_model_the_same(tmp_path) -> None:
     """A trace rewritten by pyarrow with plain strings and 64-bit integers (as a tool
     that filters a trace may leave it) hands over the same rows: the same model."""
-    from trainio_analysis.analyze_result import job_model
+    from trainio_analysis.analyze.result import job_model
 
     seg = EIGHT / "seg-000000.parquet"
     table = pq.read_table(seg)

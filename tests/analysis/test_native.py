@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from trainio_analysis import kernels
 from trainio_analysis.analyze import analyze
-from trainio_analysis.qd_sweep import ChunkSummary, _sort_keys, event_keys, merge_sorted, summarize
+from trainio_analysis.analyze.qd_sweep import ChunkSummary, _sort_keys, event_keys, merge_sorted, summarize
 from trainio_analysis.trace import write_trace
 
 NATIVE = kernels._module  # the built module, whatever TRAINIO_ANALYSIS_NATIVE says

@@ -11,7 +11,7 @@ import pytest
 
 from trainio_analysis import trace as tr
 from trainio_analysis.analyze import analyze
-from trainio_analysis.analyze_object import object_requests
+from trainio_analysis.analyze.objects import object_requests
 
 MS = 1_000_000
 A, B = "10.0.0.1:9000", "10.0.0.2:9000"

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from qd_reference import naive_qd
 
 from trainio_analysis.analyze import analyze
+from trainio_analysis.analyze.qd_sweep import QueueDepthSweep
 from trainio_analysis.errors import SelectionError
-from trainio_analysis.qd_sweep import QueueDepthSweep
 from trainio_analysis.trace import write_trace
 
 
@@ -199,7 +199,7 @@ def test_analyze_histograms_equal_naive_reference(tmp_path_factory, reqs, group_
 
 
 def test_tail_exchange_reports_only_failures_a_chunk_depends_on() -> None:
-    from trainio_analysis.qd_sweep import TailExchange
+    from trainio_analysis.analyze.qd_sweep import TailExchange
 
     ex = TailExchange([10, 20, 30, None])
     ex.publish(0, {0: np.array([4 * 12, 4 * 25], np.int64)})

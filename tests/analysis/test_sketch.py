@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainio_analysis.sketch import QuantileSketch, bucket_bounds, log_bucket, pow2_bucket
+from trainio_analysis.analyze.sketch import QuantileSketch, bucket_bounds, log_bucket, pow2_bucket
 
 
 def test_folded_quantiles_are_within_the_bucket_precision() -> None:

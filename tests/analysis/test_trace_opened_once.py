@@ -13,7 +13,7 @@ import pytest
 
 from trainio_analysis.analyze import analyze
 from trainio_analysis.compare import compare
-from trainio_analysis.export_fio import export_fio
+from trainio_analysis.interop.export_fio import export_fio
 from trainio_analysis.report import write_report
 from trainio_analysis.slice import slice_trace
 from trainio_analysis.trace import (

@@ -183,7 +183,7 @@ def test_gpus_per_process_doubles_the_gpus_and_splits_their_batches(tmpfs_dir):
 
 
 def test_the_analyzers_job_model_takes_the_same_what_ifs(tmpfs_dir):
-    from trainio_analysis.analyze_result import job_model
+    from trainio_analysis.analyze.result import job_model
 
     trace = tmpfs_dir / "trace"
     write_trace(trace, synthetic_rows())

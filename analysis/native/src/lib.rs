@@ -131,7 +131,7 @@ fn merge_with(a: &[i64], nb: usize, b: impl Fn(usize) -> i64) -> Vec<i64> {
 }
 
 /// Whether two sorted keys are equal and one of them is an issue:
-/// `analyze_decode.equal_neighbours` for one group.
+/// `analyze.decode.equal_neighbours` for one group.
 #[pyfunction]
 fn equal_issue_neighbours(py: Python<'_>, keys: PyReadonlyArray1<'_, i64>) -> PyResult<bool> {
     let k = slice(&keys, "keys")?;
@@ -265,7 +265,7 @@ fn sweep(k: &[i64]) -> (i64, i64, i64, i64, Vec<i64>, Vec<f64>, Vec<i64>, Vec<i6
     (k[0] >> 2, prev_t, lo, q, levels, time, ends, starts)
 }
 
-/// The counting half of `analyze_decode.Decoder.prepare` in one pass over a row group.
+/// The counting half of `analyze.decode.Decoder.prepare` in one pass over a row group.
 ///
 /// Rows are those where `mask` is true (all when None). `op` holds each row's op code
 /// (None: every row has op code `only_op`); `kind[op]` is 0 read, 1 write, 2 other and

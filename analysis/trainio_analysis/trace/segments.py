@@ -12,8 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainio_analysis import footer
 from trainio_analysis.errors import TraceError
+from trainio_analysis.trace import footer
 from trainio_analysis.trace.schema import (
     COLUMNS,
     KNOWN_SCHEMA_VERSIONS,

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainio_analysis import kernels
-from trainio_analysis.sketch import QuantileSketch
+from trainio_analysis.analyze.sketch import QuantileSketch
 
 CODE_COMPLETE = 0
 CODE_ISSUE = 1

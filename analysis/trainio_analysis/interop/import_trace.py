@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from trainio_analysis.errors import TrainioError
 from trainio_analysis.guard import capped_lines, input_file
-from trainio_analysis.interop import InputError, output_directory, per_issue_queue_depth
+from trainio_analysis.interop.common import InputError, output_directory, per_issue_queue_depth
 from trainio_analysis.trace import write_trace
 
 # --------------------------------------------------------------------------- dftracer

@@ -1,6 +1,6 @@
 """Results: the analysis's JSON object, assembled from what the pass summed.
 
-:func:`result` turns the plan (:mod:`trainio_analysis.analyze_plan`) and the pass's
+:func:`result` turns the plan (:mod:`trainio_analysis.analyze.plan`) and the pass's
 :class:`Totals` into the object ``trainio analyze --json`` prints (docs/analysis.md,
 *analyze --json*); the helpers here (histogram fractions and distances, bursts, the
 latency CDF, the recording's description, the job model) are its parts.
@@ -20,11 +20,11 @@ import pyarrow as pa
 
 from trainio_analysis import kernels
 from trainio_analysis import trace as tr
-from trainio_analysis.analyze_decode import Chunk, ProcessTotals
-from trainio_analysis.analyze_plan import Plan
+from trainio_analysis.analyze.decode import Chunk, ProcessTotals
+from trainio_analysis.analyze.plan import Plan
+from trainio_analysis.analyze.qd_sweep import GroupState
+from trainio_analysis.analyze.sketch import QuantileSketch, pow2_label
 from trainio_analysis.errors import TraceError
-from trainio_analysis.qd_sweep import GroupState
-from trainio_analysis.sketch import QuantileSketch, pow2_label
 
 MIB = float(1 << 20)
 

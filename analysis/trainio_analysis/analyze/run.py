@@ -2,15 +2,15 @@
 
 One streaming pass over the row groups does everything that grows with the trace
 (counting, the throughput timeline, size and latency distributions, the queue-depth
-sweep of :mod:`trainio_analysis.qd_sweep`); a thread pool decodes and pre-sorts the next
+sweep of :mod:`trainio_analysis.analyze.qd_sweep`); a thread pool decodes and pre-sorts the next
 row groups while the main thread sweeps the current one, so both cores work and at most
 ``2 * workers`` row groups are in memory. The small per-process table of the file layer
 is a polars streaming group-by.
 
 The pass has three parts, one module each: the plan (which row groups and columns are
-read, the window and bins: :mod:`~trainio_analysis.analyze_plan`), the decoding of one
-row group into its contribution (:mod:`~trainio_analysis.analyze_decode`, on the worker
-threads) and the assembly of the result (:mod:`~trainio_analysis.analyze_result`); this
+read, the window and bins: :mod:`~trainio_analysis.analyze.plan`), the decoding of one
+row group into its contribution (:mod:`~trainio_analysis.analyze.decode`, on the worker
+threads) and the assembly of the result (:mod:`~trainio_analysis.analyze.result`); this
 module runs the pass that joins them.
 
 Example
@@ -35,13 +35,13 @@ import pyarrow as pa
 
 from trainio_analysis import kernels
 from trainio_analysis import trace as tr
-from trainio_analysis.analyze_decode import Chunk, Decoder, ProcessTotals
-from trainio_analysis.analyze_object import object_requests
-from trainio_analysis.analyze_plan import Plan, Selection
-from trainio_analysis.analyze_result import Totals, result
+from trainio_analysis.analyze.decode import Chunk, Decoder, ProcessTotals
+from trainio_analysis.analyze.objects import object_requests
+from trainio_analysis.analyze.plan import Plan, Selection
+from trainio_analysis.analyze.qd_sweep import GroupState, QueueDepthSweep, TailExchange
+from trainio_analysis.analyze.result import Totals, result
+from trainio_analysis.analyze.sketch import QuantileSketch
 from trainio_analysis.errors import SelectionError, TraceError
-from trainio_analysis.qd_sweep import GroupState, QueueDepthSweep, TailExchange
-from trainio_analysis.sketch import QuantileSketch
 
 DEFAULT_BURST_GAP_MS = 10.0
 # automatic bin: the pass sums its fine bins into the smallest 1/2/5 x 10^k bin that

@@ -3,7 +3,7 @@
 From the footers alone where they suffice (``trainio.events``, the row groups'
 statistics), :class:`Plan` chooses the layer, orders the row groups into *units* with the
 bounds of their times, derives the time window, the timeline's bins and the watermarks of
-the streaming queue-depth sweep (:mod:`trainio_analysis.qd_sweep`), and numbers the
+the streaming queue-depth sweep (:mod:`trainio_analysis.analyze.qd_sweep`), and numbers the
 selection's devices or processes. For each row group it says whether the statistics
 already rule it out and which columns must be read.
 """

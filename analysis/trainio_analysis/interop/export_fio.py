@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trainio_analysis.errors import TraceError
-from trainio_analysis.interop import InputError, output_directory, write_text_atomically
+from trainio_analysis.interop.common import InputError, output_directory, write_text_atomically
 from trainio_analysis.trace import STRING_COLUMNS, Trace, trace_set_members
 
 IOLOG_HEADER = "fio version 3 iolog"
@@ -63,8 +63,8 @@ def _layer_rows_and_gpus(trace: Trace, layer: str) -> tuple[pl.DataFrame, dict[i
     group is decoded once, its rows pushed into the job model (as the analyzer's pass
     does) and its ``layer`` rows kept. No GPUs (None) without a file layer."""
     from trainio_analysis import kernels
-    from trainio_analysis.analyze_plan import layers_present
-    from trainio_analysis.analyze_result import job_model
+    from trainio_analysis.analyze.plan import layers_present
+    from trainio_analysis.analyze.result import job_model
 
     if "file" not in layers_present(trace):
         return _layer_rows(trace, layer), None

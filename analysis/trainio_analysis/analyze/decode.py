@@ -1,10 +1,10 @@
 """Decoding: one row group into what it contributes to the analysis.
 
 A :class:`Decoder` runs on the worker threads: it reads the columns the plan
-(:mod:`trainio_analysis.analyze_plan`) names for a row group, selects its rows, counts
+(:mod:`trainio_analysis.analyze.plan`) names for a row group, selects its rows, counts
 what does not need order (requests, bytes, the throughput timeline, sizes, latencies, the
 kernel's queue depths, per-process tallies of the file layer) and keeps the selected
-requests' times for the queue-depth sweep (:mod:`trainio_analysis.qd_sweep`), which it
+requests' times for the queue-depth sweep (:mod:`trainio_analysis.analyze.qd_sweep`), which it
 then runs on the events that are ready. The result is a :class:`Chunk`.
 
 When the job model is wanted (``model_rows``), each row group is read once with every
@@ -25,10 +25,10 @@ import pyarrow as pa
 
 from trainio_analysis import kernels
 from trainio_analysis import trace as tr
-from trainio_analysis.analyze_plan import Plan, Unit, column_codes, column_numpy
+from trainio_analysis.analyze.plan import Plan, Unit, column_codes, column_numpy
+from trainio_analysis.analyze.qd_sweep import CODE_ISSUE, QueueDepthSweep, TailExchange, sweep_slices
+from trainio_analysis.analyze.sketch import N_BUCKETS, log_bucket, pow2_bucket
 from trainio_analysis.errors import TraceError
-from trainio_analysis.qd_sweep import CODE_ISSUE, QueueDepthSweep, TailExchange, sweep_slices
-from trainio_analysis.sketch import N_BUCKETS, log_bucket, pow2_bucket
 
 #: More requests in flight than any device or process holds (the histograms of queue
 #: depths are counted in arrays as long as the deepest): a corrupt value, refused.

@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from trainio_analysis import trace as tr
-from trainio_analysis.sketch import pow2_label
+from trainio_analysis.analyze.sketch import pow2_label
 
 MIB = 1 << 20
 #: The CDF's probabilities (as analyze's latency_cdf_us: every percent, then finer).

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainio_analysis.analyze.qd_sweep import event_keys
 from trainio_analysis.errors import TrainioError
-from trainio_analysis.qd_sweep import event_keys
 
 
 class InputError(TrainioError):
@@ -76,7 +76,7 @@ def per_issue_queue_depth(issue: np.ndarray, complete: np.ndarray, group: np.nda
     """Requests in flight in the same ``group`` (device, process) at each request's issue,
     itself included: the schema's ``queue_depth``, computed from the intervals with the
     analyzer's conventions (a completion at the instant of an issue counts before it,
-    except a zero-latency request's own; trainio_analysis.qd_sweep).
+    except a zero-latency request's own; trainio_analysis.analyze.qd_sweep).
 
     >>> per_issue_queue_depth(np.array([0, 5, 10]), np.array([10, 20, 30]), np.zeros(3, int)).tolist()
     [1, 2, 2]
