@@ -75,11 +75,53 @@ fn looks_like_code(path: &str) -> bool {
             .any(|d| path.starts_with(d))
 }
 
+/// The mappings the kernel made for the programs it started (`exec`): the program's file
+/// and its interpreter's, mapped by the exec itself and never by an `mmap` of the process.
+/// The trace names such a mapping by the file's own path (`/proc/PID/maps`), the exec by
+/// the path it was run by (a symlink: `envs/x/bin/python` for `python3.11`, a directory
+/// linked elsewhere), so the path alone does not match them.
+struct KernelMapped<'a> {
+    /// Each process's exec times, in order.
+    execs: HashMap<u32, Vec<i64>>,
+    /// Each process's own `mmap` times of each file, in order.
+    mmaps: HashMap<(u32, &'a str), Vec<i64>>,
+}
+
+impl<'a> KernelMapped<'a> {
+    fn new(file: &'a [OwnedRow], proc_rows: &[OwnedRow]) -> Self {
+        let mut execs: HashMap<u32, Vec<i64>> = HashMap::new();
+        for r in proc_rows.iter().filter(|r| &*r.op == "exec") {
+            execs.entry(r.pid).or_default().push(r.issue_ns);
+        }
+        let mut mmaps: HashMap<(u32, &str), Vec<i64>> = HashMap::new();
+        for r in file.iter().filter(|r| &*r.op == "mmap" && r.error == 0) {
+            if let Some(f) = r.file.as_deref() {
+                mmaps.entry((r.pid, f)).or_default().push(r.issue_ns);
+            }
+        }
+        for times in execs.values_mut().chain(mmaps.values_mut()) {
+            times.sort_unstable();
+        }
+        KernelMapped { execs, mmaps }
+    }
+
+    /// Whether mapped row `r` is on a mapping its process's last exec made: the process
+    /// was seen starting its program before `r`, and did not map `r`'s file itself since.
+    /// A process forked without an exec (a DataLoader worker) keeps its parent's mappings,
+    /// data included: it is never matched here.
+    fn holds(&self, r: &OwnedRow) -> bool {
+        let (Some(execs), Some(f)) = (self.execs.get(&r.pid), r.file.as_deref()) else { return false };
+        let Some(&exec) = execs[..execs.partition_point(|&t| t <= r.issue_ns)].last() else { return false };
+        !self.mmaps.get(&(r.pid, f)).is_some_and(|ts| ts.iter().any(|&t| t >= exec && t <= r.issue_ns))
+    }
+}
+
 /// The `read` rows of a trace's mapped reads (`file`: its file-layer rows, any order): one
 /// per run of newly readable pages, at the mapped row's time, in time order. Faults on
 /// code are not data reads: on a file some process mapped executable (`mmap` with
-/// PROT_EXEC: shared libraries) or executed (`exec` in `proc_rows`), or on a file the
-/// recorder could not name; nor are faults on a file some process mapped writable
+/// PROT_EXEC: shared libraries) or executed (`exec` in `proc_rows`), on a mapping an exec
+/// made (the program and its interpreter, whatever name they were run by), or on a file
+/// the recorder could not name; nor are faults on a file some process mapped writable
 /// (memory shared between processes).
 pub fn reads(file: &[OwnedRow], proc_rows: &[OwnedRow]) -> Vec<OwnedRow> {
     if !file.iter().any(is_mapped) {
@@ -93,6 +135,7 @@ pub fn reads(file: &[OwnedRow], proc_rows: &[OwnedRow]) -> Vec<OwnedRow> {
         .chain(proc_rows.iter().filter(|r| &*r.op == "exec"))
         .filter_map(|r| r.file.as_deref())
         .collect();
+    let kernel_mapped = KernelMapped::new(file, proc_rows);
     let mut rows: Vec<&OwnedRow> = file
         .iter()
         .filter(|r| is_mapped(r) || (&*r.op == "mmap" && r.error == 0))
@@ -100,6 +143,7 @@ pub fn reads(file: &[OwnedRow], proc_rows: &[OwnedRow]) -> Vec<OwnedRow> {
         // the loader's own view of an executable) is not a data file the replay could
         // lay out: left out with code.
         .filter(|r| r.file.as_deref().is_some_and(|f| !code.contains(f) && !looks_like_code(f)))
+        .filter(|r| !(is_mapped(r) && kernel_mapped.holds(r)))
         .collect();
     rows.sort_by_key(|r| (r.issue_ns, r.tid));
     let mut seen: HashMap<MappingKey, Seen> = HashMap::new();

@@ -1001,6 +1001,38 @@ fn a_new_mapping_of_a_file_counts_its_pages_again() {
 }
 
 #[test]
+fn a_program_run_by_another_name_is_code_not_data() {
+    // pid 5 runs /env/bin/python, a symlink to /env/bin/python3.11: the kernel maps the
+    // real file at the exec, and the trace names the mapping by it. pid 6, its worker,
+    // forked without an exec, faults on the data file pid 5 mapped before the fork; pid 5
+    // maps and reads a second data file itself.
+    let (prog, data, more) = ("/env/bin/python3.11", "/data/a.arrow", "/data/b.arrow");
+    let mut exec = proc_row("exec", 5, 1, "python", MS);
+    exec.file = Some(Arc::from("/env/bin/python"));
+    let rows = vec![
+        mapped("map_pages", 5, prog, "7:3", 0, 16 * 4096, 2 * MS),
+        mmap_row(5, data, "7:3", 1 << 20, 1, 3 * MS),
+        mapped("fault", 6, prog, "7:3", 0, 4096, 4 * MS),
+        mapped("fault", 6, data, "7:3", 0, 4096, 5 * MS),
+        mmap_row(5, more, "7:3", 1 << 20, 1, 6 * MS),
+        mapped("map_pages", 5, more, "7:3", 0, 8 * 4096, 7 * MS),
+        mapped("fault", 5, prog, "7:3", 16 * 4096, 4096, 8 * MS),
+    ];
+    let got: Vec<_> = mapped::reads(&rows, &[exec.clone()]).iter().map(|r| (r.pid, r.file.clone().unwrap())).collect();
+    // pid 6's fault on the program is counted: a forked process's mappings are its
+    // parent's, and only an exec the trace saw says which are the kernel's
+    let want: Vec<(u32, Arc<str>)> = vec![(6, prog.into()), (6, data.into()), (5, more.into())];
+    assert_eq!(got, want);
+    // Without the exec (it came before the recording), the program's pages are counted.
+    assert_eq!(mapped::reads(&rows, &[]).len(), 5);
+    // A program that maps its own file again reads it as data from then on.
+    let mut again = rows.clone();
+    again.push(mmap_row(5, prog, "7:3", 1 << 20, 1, 9 * MS));
+    again.push(mapped("fault", 5, prog, "7:3", 32 * 4096, 4096, 10 * MS));
+    assert_eq!(mapped::reads(&again, &[exec]).len(), 4);
+}
+
+#[test]
 fn libraries_paged_in_from_another_disk_do_not_make_the_trace_incomplete() {
     // The ranks page in 200 MiB of their libraries from the root disk while they train
     // (block reads on 254:0, no read syscall behind them); their workers' samples on 7:3
