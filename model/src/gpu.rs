@@ -113,18 +113,21 @@ fn place_writes(ev: &GpuEvidence, gpu: &mut GpuModel, warnings: &mut Vec<String>
         ));
     }
     gpu.write_bursts = bursts;
-    writes::place(&mut gpu.write_bursts, &taken_ns(ev, &gpu.steps));
+    let calls = calls(ev, gpu);
+    writes::place(&mut gpu.write_bursts, |t| calls.by(t));
 }
 
-/// When the rank took each batch, which places its writes between its steps. With
-/// workers, its takes off the data pipes (handoff::rank_takes): a batch is handed off
-/// (`ready_ns`) up to 2 × workers batches before the rank takes it, and waits in the pipe
-/// while the rank computes or saves. Without workers (or without those reads in the
-/// trace), the steps' `ready_ns`.
-fn taken_ns(ev: &GpuEvidence, steps: &[crate::job::Step]) -> Vec<i64> {
+/// The rank's calls for its batches, which place its writes between its steps. With
+/// workers, from its takes off the data pipes (handoff::rank_takes, handoff::Calls): a
+/// batch is handed off (`ready_ns`) up to 2 × workers batches before the rank takes it,
+/// and waits in the pipe while the rank computes or saves. Without workers (or without
+/// those reads in the trace), the steps' `ready_ns`, one call each.
+fn calls(ev: &GpuEvidence, gpu: &GpuModel) -> handoff::Calls {
     match handoff::rank_takes(ev) {
-        Some(took) if !ev.data_pipes.is_empty() && !took.is_empty() => took,
-        _ => steps.iter().map(|s| s.ready_ns).collect(),
+        Some(took) if !ev.data_pipes.is_empty() && !took.is_empty() => {
+            handoff::Calls::new(&took, gpu.compute_s.map_or(0, |c| (c * 1e9) as i64))
+        }
+        _ => handoff::Calls::new(&gpu.steps.iter().map(|s| s.ready_ns).collect::<Vec<_>>(), 0),
     }
 }
 

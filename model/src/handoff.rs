@@ -282,6 +282,61 @@ pub(crate) fn rank_takes(ev: &GpuEvidence) -> Option<Vec<i64>> {
     Some(took)
 }
 
+/// The rank's calls for its next batch, counted from its takes off the data pipes
+/// ([`rank_takes`]) and its compute per step. A DataLoader returns batches in order: a
+/// batch that comes off the pipe before an earlier one (another worker was quicker) is
+/// kept, and the call that needs it later returns it without reading. So one call can
+/// take several batches (takes closer together than half a step's compute: no step lies
+/// between them), and after it the rank makes one call per step's compute that reads
+/// nothing, while any batch is kept.
+pub(crate) struct Calls {
+    /// Takes in one call each: (first, last, how many).
+    calls: Vec<(i64, i64, u64)>,
+    compute_ns: i64,
+}
+
+impl Calls {
+    /// `took` in time order; `compute_ns` 0 when the GPU's compute is not known: every
+    /// take is then a call of its own.
+    pub(crate) fn new(took: &[i64], compute_ns: i64) -> Calls {
+        let mut calls: Vec<(i64, i64, u64)> = Vec::new();
+        for &t in took {
+            match calls.last_mut() {
+                Some(c) if compute_ns > 0 && t - c.1 < compute_ns / 2 => (c.1, c.2) = (t, c.2 + 1),
+                _ => calls.push((t, t, 1)),
+            }
+        }
+        Calls { calls, compute_ns }
+    }
+
+    /// The calls the rank had made by `t`: the steps it had begun.
+    pub(crate) fn by(&self, t: i64) -> u64 {
+        let (mut made, mut kept) = (0u64, 0u64);
+        for (i, &(first, last, takes)) in self.calls.iter().enumerate() {
+            if first > t {
+                break;
+            }
+            made += 1;
+            kept += takes - 1;
+            if kept == 0 {
+                continue;
+            }
+            // Calls that read nothing, after this call's own step: one per compute up to the
+            // next call that read (whole computes in the gap), or up to `t`.
+            let c = self.compute_ns as f64;
+            let computes = match self.calls.get(i + 1) {
+                Some(&(next, _, _)) if next <= t => ((next - last) as f64 / c).round(),
+                _ => ((t - last) as f64 / c).floor(),
+            } as i64
+                - 1;
+            let unread = (computes.max(0) as u64).min(kept);
+            made += unread;
+            kept -= unread;
+        }
+        made
+    }
+}
+
 /// `madvise`/`posix_fadvise` advice WILLNEED (traces/SCHEMA.md, *mapped reads*).
 const WILLNEED: u32 = 3;
 

@@ -1265,3 +1265,28 @@ fn objects_a_rank_puts_are_write_bursts_after_their_step() {
     assert!(m.gpus[0].write_bursts.is_empty());
     assert!(m.warnings.iter().any(|w| w.contains("to other stores than the data's (7:3)")), "{:?}", m.warnings);
 }
+
+#[test]
+fn a_batch_kept_out_of_order_is_no_step_before_a_checkpoint() {
+    // A rank's takes off its workers' pipe (ms) in a recorded job of 100 ms steps that saved
+    // a checkpoint after steps 4, 8 and 12. Its second call took three batches at once
+    // (the next two had come off the pipe first), and returned the two it kept from its
+    // third and fifth calls without reading: 12 takes, 10 calls that read.
+    let took: Vec<i64> = [1718.1, 1823.1, 1824.3, 1824.8, 2031.4, 2342.0, 2444.2, 2546.2, 2862.3, 2964.1, 3065.9, 3169.5]
+        .iter()
+        .map(|ms| (ms * 1e6) as i64)
+        .collect();
+    let calls = crate::handoff::Calls::new(&took, 100 * MS);
+    let at = |ms: f64| calls.by((ms * 1e6) as i64);
+    assert_eq!([at(2163.0), at(2791.3), at(3294.1)], [4, 8, 12]);
+    assert_eq!([at(1000.0), at(1718.1), at(1900.0), at(2031.4)], [0, 1, 2, 4]);
+    // Every take a call of its own when the compute is not known, or takes are a step apart.
+    let apart = crate::handoff::Calls::new(&took, 0);
+    assert_eq!([apart.by((2163.0 * 1e6) as i64), apart.by((3294.1 * 1e6) as i64)], [5, 12]);
+    let spaced: Vec<i64> = (1..=12).map(|k| k * 103 * MS).collect();
+    let spaced_calls = crate::handoff::Calls::new(&spaced, 100 * MS);
+    assert!((0..40).all(|i| {
+        let t = i * 37 * MS;
+        spaced_calls.by(t) == spaced.iter().filter(|&&s| s <= t).count() as u64
+    }));
+}

@@ -354,10 +354,11 @@ pub fn summarize(bursts: Vec<WriteBurst>) -> WriteSummary {
     }
 }
 
-/// Places each burst after the batches taken before it began (`ready_ns` of the steps).
-pub fn place(bursts: &mut [WriteBurst], ready_ns: &[i64]) {
+/// Places each burst after the steps its GPU had begun when it began (`steps_by`: the
+/// steps begun by a time).
+pub fn place(bursts: &mut [WriteBurst], steps_by: impl Fn(i64) -> u64) {
     for b in bursts {
-        let taken = ready_ns.iter().filter(|&&t| t <= b.start_ns).count() as u64;
+        let taken = steps_by(b.start_ns);
         b.after_step = (taken > 0).then_some(taken);
     }
 }
