@@ -1272,10 +1272,11 @@ fn a_batch_kept_out_of_order_is_no_step_before_a_checkpoint() {
     // a checkpoint after steps 4, 8 and 12. Its second call took three batches at once
     // (the next two had come off the pipe first), and returned the two it kept from its
     // third and fifth calls without reading: 12 takes, 10 calls that read.
-    let took: Vec<i64> = [1718.1, 1823.1, 1824.3, 1824.8, 2031.4, 2342.0, 2444.2, 2546.2, 2862.3, 2964.1, 3065.9, 3169.5]
-        .iter()
-        .map(|ms| (ms * 1e6) as i64)
-        .collect();
+    let took: Vec<i64> =
+        [1718.1, 1823.1, 1824.3, 1824.8, 2031.4, 2342.0, 2444.2, 2546.2, 2862.3, 2964.1, 3065.9, 3169.5]
+            .iter()
+            .map(|ms| (ms * 1e6) as i64)
+            .collect();
     let calls = crate::handoff::Calls::new(&took, 100 * MS);
     let at = |ms: f64| calls.by((ms * 1e6) as i64);
     assert_eq!([at(2163.0), at(2791.3), at(3294.1)], [4, 8, 12]);
