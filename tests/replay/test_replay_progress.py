@@ -25,6 +25,10 @@ def test_a_terminal_shows_a_bar_that_moves_while_the_replay_runs(tmp_path: Path)
     env = {**os.environ, **MPI_ENV, "TERM": "xterm-256color"}
     rc, got, ended = under_a_terminal([TRAINIO, "datagen", "--workload", wl, "--data-dir", data], env)
     assert rc == 0, b"".join(c for _, c in got)
+    # Each draw: "datagen <bar> K MiB/64.00 MiB ...", several with distinct K before it ended.
+    early = b"".join(c for t, c in got if t < ended).decode(errors="replace")
+    done = sorted({float(k) for k in re.findall(r"datagen \S+ ([\d.]+) MiB/64\.00 MiB", early)})
+    assert len(done) >= 3 and done[0] < 32, (done, early[-2000:])
     rc, got, ended = under_a_terminal([TRAINIO, "replay", "--workload", wl, "--data-dir", data, "--steps", STEPS], env)
     text = b"".join(c for _, c in got).decode(errors="replace")
     assert rc == 0, text
