@@ -86,13 +86,16 @@ def test_model_and_replay_of_a_real_job(fs, sc: Scenario) -> None:
         assert g["compute_signal"] == "collective", g
         assert 0 < g["sync_s"] < 0.01, g["sync_s"]
     # The compute the job measured around its sleep (oversleep included), per step: the
-    # reference, measured in the same run. The nominal sleep is only a floor: the job runs
-    # without SCHED_FIFO, and a busy host oversleeps it by more than 5 %.
+    # reference, measured in the same run, held to the target (5 %). The nominal
+    # sleep is only a floor: the job runs without SCHED_FIFO, and a busy host oversleeps
+    # it by more than 5 %. A rank that loads its batch itself (no workers) decodes it
+    # between its last read and its collective, in the model's compute: 3.2 % over the
+    # sleep in one quiet run (51.8 ms for 50.2 slept).
     for c in r["compute_ms"]:
         assert c >= 0.95 * sc.compute_ms, c
     slept_ms = 1e3 * sum(k["compute_s"] for k in job["ranks"]) / sum(k["steps"] - 1 for k in job["ranks"])
     for c in r["compute_ms"]:
-        assert c == pytest.approx(slept_ms, rel=0.03), (c, slept_ms)
+        assert c == pytest.approx(slept_ms, rel=0.05), (c, slept_ms)
     for req in r["required_mib_s"]:
         assert req == pytest.approx(r["required_true_mib_s"], rel=0.10)
     # The replay reads every GPU's whole data, at the job's pace.
