@@ -104,18 +104,25 @@ def test_checkpoints_of_a_real_job_are_replayed_after_their_steps(tmp_path: Path
     with dataset_fs({"data": (n_files, SAMPLE, "npz")}, slack_mb=slack) as (_dev, _mm, mnt):
         trace, replay_trace = tmp_path / "job", tmp_path / "replay"
         ckdir = mnt / "checkpoints"
-        run = run_job(
-            mnt / "data",
-            ranks=RANKS,
-            workers=0,
-            batch=BATCH,
-            compute_ms=50,
-            fmt="npz",
-            record_dir=trace,
-            steps=STEPS,
-            throttle_wbps=WRITE_CAP,
-            extra=("--checkpoint-every", str(EVERY), "--checkpoint-dir", str(ckdir), "--checkpoint-mib", str(CKPT_MIB)),
-        )
+
+        def recorded_job(record_dir: Path):
+            return run_job(
+                mnt / "data",
+                ranks=RANKS,
+                workers=0,
+                batch=BATCH,
+                compute_ms=50,
+                fmt="npz",
+                record_dir=record_dir,
+                steps=STEPS,
+                throttle_wbps=WRITE_CAP,
+                extra=(
+                    *("--checkpoint-every", str(EVERY), "--checkpoint-dir", str(ckdir)),
+                    *("--checkpoint-mib", str(CKPT_MIB)),
+                ),
+            )
+
+        run = recorded_job(trace)
         saves = [c for r in run.job["ranks"] for c in r["checkpoints"]]
         steps = [EVERY * (k + 1) for k in range(checkpoints)]
         assert sorted({c["step"] for c in saves}) == steps and len(saves) == checkpoints * RANKS
@@ -212,18 +219,7 @@ def test_checkpoints_of_a_real_job_are_replayed_after_their_steps(tmp_path: Path
         # The job's own spread, from a second run of it: its MiB/s while writing moves
         # with the page cache's writeback (57.6-61.3 MiB/s under the 64 MiB/s cap).
         again = tmp_path / "again"
-        run_job(
-            mnt / "data",
-            ranks=RANKS,
-            workers=0,
-            batch=BATCH,
-            compute_ms=50,
-            fmt="npz",
-            record_dir=again,
-            steps=STEPS,
-            throttle_wbps=WRITE_CAP,
-            extra=("--checkpoint-every", str(EVERY), "--checkpoint-dir", str(ckdir), "--checkpoint-mib", str(CKPT_MIB)),
-        )
+        recorded_job(again)
         spread = abs(trainio_json("compare", str(trace), str(again), "--layer", "file")["writes"]["mib_s_rel_error"])
         print(f"the job again: MiB/s while writing {spread:.2%} from its first run")
         assert abs(w["mib_s_rel_error"]) <= 0.05 + spread
