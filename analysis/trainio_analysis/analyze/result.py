@@ -295,6 +295,15 @@ def _bursts(state: GroupState, gap_ms: float, nbytes: float | None) -> dict[str,
     return out
 
 
+def push_model_rows(model_rows: Any, rows: pa.Table) -> None:
+    """One row group's rows into a ``_native.ModelRows``, in the trace's order; a row the
+    model refuses raises TraceError with its one-line message."""
+    try:
+        model_rows.push(rows)
+    except ValueError as e:
+        raise TraceError(str(e)) from None
+
+
 def job_model(
     trace: str | os.PathLike[str] | tr.Trace,
     *,

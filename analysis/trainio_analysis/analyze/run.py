@@ -39,7 +39,7 @@ from trainio_analysis.analyze.decode import Chunk, Decoder, ProcessTotals
 from trainio_analysis.analyze.objects import object_requests
 from trainio_analysis.analyze.plan import Plan, Selection
 from trainio_analysis.analyze.qd_sweep import GroupState, QueueDepthSweep, TailExchange
-from trainio_analysis.analyze.result import Totals, result
+from trainio_analysis.analyze.result import Totals, push_model_rows, result
 from trainio_analysis.analyze.sketch import QuantileSketch
 from trainio_analysis.errors import SelectionError, TraceError
 
@@ -131,7 +131,7 @@ class _Analyzer:
         """Main thread: chunk ``k`` (in order) summed and swept."""
         acc = self.acc
         if c.model_rows is not None:
-            _push_model_rows(self.model_rows, c.model_rows)
+            push_model_rows(self.model_rows, c.model_rows)
             c.model_rows = None
         if c.events:
             acc.events += c.events
@@ -290,7 +290,7 @@ def _run_pass(analyzers: list[_Analyzer]) -> list[dict[str, Any]]:
             for (a, ka, _), c in zip(consumers[k_done], chunks, strict=True):
                 a.add(c, ka)
             for per_member in models if rows is not None else ():
-                _push_model_rows(per_member[member_of[k_done]], rows)
+                push_model_rows(per_member[member_of[k_done]], rows)
             k_done += 1
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -321,14 +321,6 @@ def _member_of(plan: Plan) -> list[int]:
     """Per unit of a trace set's plan, the index of the member it belongs to."""
     index = {m.host: j for j, m in enumerate(plan.trace.members or ())}
     return [index[u[0].host] for u in plan.units]
-
-
-def _push_model_rows(model_rows: Any, rows: pa.Table) -> None:
-    """One row group's rows into the job model, in the trace's order (the units')."""
-    try:
-        model_rows.push(rows)
-    except ValueError as e:  # a row the model refuses: its one-line message
-        raise TraceError(str(e)) from None
 
 
 def _per_host(analyzer: _Analyzer, job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -430,13 +422,18 @@ def analyze(
         that uses none of them (report at another layer than the file layer) skips
         building it.
     """
-    sel = Selection(layer=layer, dev=dev, pid=pid)
-    trace = load_trace(path)
-    with _unreadable(trace.path):
-        analyzer = _Analyzer(trace, sel, bin_s, burst_gap_ms, workers, with_model, step_gap_ms)
-        if trace.members is not None:
-            analyzer.with_hosts()
-        return _complete(analyzer, analyzer.run())
+    return analyze_with_file_layer(
+        path,
+        layer=layer,
+        dev=dev,
+        pid=pid,
+        bin_s=bin_s,
+        burst_gap_ms=burst_gap_ms,
+        workers=workers,
+        with_model=with_model,
+        step_gap_ms=step_gap_ms,
+        file_layer=False,
+    )[0]
 
 
 def analyze_with_file_layer(
@@ -449,6 +446,7 @@ def analyze_with_file_layer(
     burst_gap_ms: float = DEFAULT_BURST_GAP_MS,
     workers: int = 2,
     with_model: bool = True,
+    step_gap_ms: float | None = None,
     file_layer: bool = True,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """:func:`analyze` of ``layer`` and, in the same pass over the trace (each row group
@@ -461,7 +459,7 @@ def analyze_with_file_layer(
     file_sel = Selection(layer="file", dev=dev, pid=pid)
     trace = load_trace(path)
     with _unreadable(trace.path):
-        analyzers = [_Analyzer(trace, sel, bin_s, burst_gap_ms, workers, with_model)]
+        analyzers = [_Analyzer(trace, sel, bin_s, burst_gap_ms, workers, with_model, step_gap_ms)]
         if file_layer and "file" in analyzers[0].plan.layers_present:
             try:
                 analyzers.append(_Analyzer(trace, file_sel, bin_s, burst_gap_ms, workers))

@@ -29,7 +29,6 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trainio_analysis.errors import TraceError
 from trainio_analysis.interop.common import InputError, output_directory, write_text_atomically
 from trainio_analysis.trace import STRING_COLUMNS, Trace, trace_set_members
 
@@ -64,7 +63,7 @@ def _layer_rows_and_gpus(trace: Trace, layer: str) -> tuple[pl.DataFrame, dict[i
     does) and its ``layer`` rows kept. No GPUs (None) without a file layer."""
     from trainio_analysis import kernels
     from trainio_analysis.analyze.plan import layers_present
-    from trainio_analysis.analyze.result import job_model
+    from trainio_analysis.analyze.result import job_model, push_model_rows
 
     if "file" not in layers_present(trace):
         return _layer_rows(trace, layer), None
@@ -74,13 +73,10 @@ def _layer_rows_and_gpus(trace: Trace, layer: str) -> tuple[pl.DataFrame, dict[i
     for batch in trace.row_batches():
         rows = pa.Table.from_batches([batch])
         if model is not None:
-            try:
-                model.push(rows)
-            except ValueError as e:  # a row the model refuses: its one-line message
-                raise TraceError(str(e)) from None
+            push_model_rows(model, rows)
         parts.append(pl.from_arrow(rows.filter(pc.equal(rows["layer"], layer)).select(_COLUMNS)))
-    df = pl.concat(parts, how="vertical") if parts else pl.DataFrame()
-    df = df.with_columns(pl.col(sorted(c for c in _COLUMNS if c in STRING_COLUMNS)).cast(pl.String))
+    strings = sorted(c for c in _COLUMNS if c in STRING_COLUMNS)
+    df = pl.concat(parts, how="vertical").with_columns(pl.col(strings).cast(pl.String))
     return df, _gpus(job_model(trace, rows=model) if model is not None else None)
 
 
