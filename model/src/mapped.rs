@@ -83,7 +83,7 @@ fn looks_like_code(path: &str) -> bool {
 struct KernelMapped<'a> {
     /// Each process's exec times, in order.
     execs: HashMap<u32, Vec<i64>>,
-    /// Each process's own `mmap` times of each file, in order.
+    /// Each process's own `mmap` times of each file.
     mmaps: HashMap<(u32, &'a str), Vec<i64>>,
 }
 
@@ -99,7 +99,7 @@ impl<'a> KernelMapped<'a> {
                 mmaps.entry((r.pid, f)).or_default().push(r.issue_ns);
             }
         }
-        for times in execs.values_mut().chain(mmaps.values_mut()) {
+        for times in execs.values_mut() {
             times.sort_unstable();
         }
         KernelMapped { execs, mmaps }
